@@ -1,0 +1,580 @@
+/*
+ * Block driver for VMAR block maps (read-only)
+ *
+ * A VMAR map (doc/source/map-format.rst of vmar-openstack) describes a
+ * virtual disk as extents of blocks read from other images ("targets");
+ * blocks no extent covers read as zeros.  The map file is the "file" child;
+ * target i is either the raw file <base-dir>/<uuid> (opened here, read-only,
+ * cache.direct=off unless base-cache-direct=on) or the existing node named
+ * <base-node-prefix><uuid> (so that several vmar nodes share one node per
+ * base file).
+ *
+ * Set VMAR_STATS_FILE in the environment to get one JSON line of lookup
+ * counters appended to that file whenever a vmar node is closed.
+ *
+ * This work is licensed under the terms of the GNU GPL, version 2 or later.
+ * See the COPYING file in the top-level directory.
+ */
+
+#include "qemu/osdep.h"
+#include "qapi/error.h"
+#include "qapi/qmp/qdict.h"
+#include "qemu/cutils.h"
+#include "qemu/module.h"
+#include "qemu/option.h"
+#include "block/block_int.h"
+#include "block/aio_task.h"
+
+#include "vmar-map.h"
+
+#define VMAR_OPT_BASE_DIR           "base-dir"
+#define VMAR_OPT_BASE_NODE_PREFIX   "base-node-prefix"
+#define VMAR_OPT_BASE_CACHE_DIRECT  "base-cache-direct"
+
+/* Largest map file we load (a map holds 16 bytes per extent) */
+#define VMAR_MAX_MAP_FILE_SIZE      (1ULL << 30)
+#define VMAR_READ_CHUNK             (64 * 1024 * 1024)
+#define VMAR_MAX_WORKERS            8
+
+typedef struct BDRVVmarState {
+    VmarMap *map;
+    uint32_t n_targets;
+    BdrvChild **targets;
+
+    /* Counters, reported through VMAR_STATS_FILE at close */
+    uint64_t requests;
+    uint64_t bytes_read;
+    uint64_t bytes_zero;
+    uint64_t target_reads;
+    uint64_t block_status_calls;
+} BDRVVmarState;
+
+typedef struct VmarAioTask {
+    AioTask task;
+    BdrvChild *child;
+    uint64_t offset;
+    uint64_t bytes;
+    QEMUIOVector *qiov;
+    size_t qiov_offset;
+} VmarAioTask;
+
+static QemuOptsList vmar_runtime_opts = {
+    .name = "vmar",
+    .head = QTAILQ_HEAD_INITIALIZER(vmar_runtime_opts.head),
+    .desc = {
+        {
+            .name = VMAR_OPT_BASE_DIR,
+            .type = QEMU_OPT_STRING,
+            .help = "Directory holding the target images named by UUID",
+        },
+        {
+            .name = VMAR_OPT_BASE_NODE_PREFIX,
+            .type = QEMU_OPT_STRING,
+            .help = "Use existing nodes named <prefix><uuid> as targets",
+        },
+        {
+            .name = VMAR_OPT_BASE_CACHE_DIRECT,
+            .type = QEMU_OPT_BOOL,
+            .help = "Open targets in base-dir with cache.direct=on "
+                    "(default: off)",
+        },
+        { /* end of list */ }
+    },
+};
+
+static const char *const vmar_strong_runtime_opts[] = {
+    VMAR_OPT_BASE_DIR,
+    VMAR_OPT_BASE_NODE_PREFIX,
+
+    NULL
+};
+
+/*
+ * Byte length of a node.  bdrv_getlength() is rounded up to 512 bytes, so
+ * ask a protocol driver directly, which knows the exact length; *exact
+ * tells whether that worked.
+ */
+static int64_t vmar_node_length(BlockDriverState *nbs, bool *exact)
+{
+    if (nbs->drv && nbs->drv->protocol_name && nbs->drv->bdrv_getlength) {
+        *exact = true;
+        return nbs->drv->bdrv_getlength(nbs);
+    }
+    *exact = false;
+    return bdrv_getlength(nbs);
+}
+
+static int vmar_load_map(BlockDriverState *bs, BDRVVmarState *s, Error **errp)
+{
+    const char *name = bs->file->bs->filename;
+    char err[VMAR_ERR_LEN];
+    VmarHeader hdr;
+    int64_t len, off;
+    uint8_t *buf;
+    bool exact;
+    int ret;
+
+    len = vmar_node_length(bs->file->bs, &exact);
+    if (len < 0) {
+        error_setg_errno(errp, -len, "vmar map %s: cannot get its size",
+                         name);
+        return len;
+    }
+    if (len > VMAR_MAX_MAP_FILE_SIZE) {
+        error_setg(errp, "vmar map %s: file too large (%" PRId64 " bytes)",
+                   name, len);
+        return -EFBIG;
+    }
+    if (len < VMAR_HEADER_SIZE) {
+        error_setg(errp, "vmar map %s: file too short (%" PRId64 " bytes)",
+                   name, len);
+        return -EINVAL;
+    }
+
+    buf = g_try_malloc(len);
+    if (!buf) {
+        error_setg(errp, "vmar map %s: cannot allocate %" PRId64 " bytes",
+                   name, len);
+        return -ENOMEM;
+    }
+    for (off = 0; off < len; off += VMAR_READ_CHUNK) {
+        int64_t n = MIN(len - off, VMAR_READ_CHUNK);
+        ret = bdrv_pread(bs->file, off, n, buf + off, 0);
+        if (ret < 0) {
+            error_setg_errno(errp, -ret, "vmar map %s: read error", name);
+            g_free(buf);
+            return ret;
+        }
+    }
+
+    /* Only the length rounded up to 512 bytes is known: trust the header */
+    if (!exact && vmar_header_parse(buf, len, &hdr, NULL, 0) == 0 &&
+        ROUND_UP(hdr.file_size, BDRV_SECTOR_SIZE) == len) {
+        len = hdr.file_size;
+    }
+
+    ret = vmar_map_parse(buf, len, &s->map, err, sizeof(err));
+    g_free(buf);
+    if (ret < 0) {
+        error_setg(errp, "vmar map %s: %s", name, err);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int vmar_open_targets(BlockDriverState *bs, BDRVVmarState *s,
+                             QDict *options, const char *base_dir,
+                             const char *prefix, bool cache_direct,
+                             Error **errp)
+{
+    VmarMap *map = s->map;
+    uint32_t i;
+
+    s->n_targets = map->hdr.n_targets;
+    s->targets = g_new0(BdrvChild *, s->n_targets);
+
+    for (i = 0; i < s->n_targets; i++) {
+        const VmarTarget *t = &map->targets[i];
+        g_autofree char *key = g_strdup_printf("targets.%" PRIu32, i);
+        g_autofree char *path = NULL;
+        char uuid[37];
+        int64_t len;
+        uint64_t expect;
+        bool exact;
+
+        vmar_uuid_format(t->image_id, uuid);
+        if (prefix) {
+            g_autofree char *node = g_strdup_printf("%s%s", prefix, uuid);
+            qdict_put_str(options, key, node);
+        } else {
+            g_autofree char *k_driver = g_strdup_printf("%s.driver", key);
+            g_autofree char *k_file = g_strdup_printf("%s.filename", key);
+            g_autofree char *k_ro = g_strdup_printf("%s.read-only", key);
+            g_autofree char *k_direct =
+                g_strdup_printf("%s." BDRV_OPT_CACHE_DIRECT, key);
+
+            path = g_strdup_printf("%s/%s", base_dir, uuid);
+            qdict_put_str(options, k_driver, "file");
+            qdict_put_str(options, k_file, path);
+            qdict_put_str(options, k_ro, "on");
+            /* Host page cache for base files whatever the parent's mode */
+            qdict_put_str(options, k_direct, cache_direct ? "on" : "off");
+        }
+
+        s->targets[i] = bdrv_open_child(NULL, options, key, bs, &child_of_bds,
+                                        BDRV_CHILD_DATA, false, errp);
+        if (!s->targets[i]) {
+            error_prepend(errp, "vmar target %" PRIu32 " (%s): ", i, uuid);
+            return -EINVAL;
+        }
+
+        len = vmar_node_length(s->targets[i]->bs, &exact);
+        if (len < 0) {
+            error_setg_errno(errp, -len, "vmar target %" PRIu32 " (%s): "
+                             "cannot get its size", i, uuid);
+            return len;
+        }
+        /* A non-protocol node only knows its size to 512 bytes */
+        expect = exact ? t->size : ROUND_UP(t->size, BDRV_SECTOR_SIZE);
+        if ((uint64_t)len != expect) {
+            error_setg(errp, "vmar target %" PRIu32 " (%s): size is %" PRId64
+                       " bytes, the map says %" PRIu64, i, uuid, len,
+                       t->size);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+static void vmar_free_state(BlockDriverState *bs, BDRVVmarState *s)
+{
+    uint32_t i;
+
+    if (s->targets) {
+        for (i = 0; i < s->n_targets; i++) {
+            if (s->targets[i]) {
+                bdrv_unref_child(bs, s->targets[i]);
+            }
+        }
+        g_free(s->targets);
+        s->targets = NULL;
+    }
+    s->n_targets = 0;
+    vmar_map_free(s->map);
+    s->map = NULL;
+}
+
+static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
+                     Error **errp)
+{
+    BDRVVmarState *s = bs->opaque;
+    QemuOpts *opts;
+    const char *base_dir, *prefix;
+    bool cache_direct;
+    int ret;
+
+    ret = bdrv_apply_auto_read_only(bs, "vmar images are read-only", errp);
+    if (ret < 0) {
+        return ret;
+    }
+
+    opts = qemu_opts_create(&vmar_runtime_opts, NULL, 0, &error_abort);
+    if (!qemu_opts_absorb_qdict(opts, options, errp)) {
+        ret = -EINVAL;
+        goto out;
+    }
+    base_dir = qemu_opt_get(opts, VMAR_OPT_BASE_DIR);
+    prefix = qemu_opt_get(opts, VMAR_OPT_BASE_NODE_PREFIX);
+    cache_direct = qemu_opt_get_bool(opts, VMAR_OPT_BASE_CACHE_DIRECT, false);
+    if (!base_dir == !prefix) {
+        error_setg(errp, "vmar needs exactly one of the options '"
+                   VMAR_OPT_BASE_DIR "' and '" VMAR_OPT_BASE_NODE_PREFIX "'");
+        ret = -EINVAL;
+        goto out;
+    }
+
+    ret = bdrv_open_file_child(NULL, options, "file", bs, errp);
+    if (ret < 0) {
+        goto out;
+    }
+
+    ret = vmar_load_map(bs, s, errp);
+    if (ret < 0) {
+        goto out;
+    }
+
+    ret = vmar_open_targets(bs, s, options, base_dir, prefix, cache_direct,
+                            errp);
+    if (ret < 0) {
+        goto out;
+    }
+
+    bs->total_sectors = DIV_ROUND_UP(s->map->hdr.virtual_size,
+                                     BDRV_SECTOR_SIZE);
+    ret = 0;
+
+out:
+    if (ret < 0) {
+        vmar_free_state(bs, s);
+    }
+    qemu_opts_del(opts);
+    return ret;
+}
+
+static void vmar_json_string(FILE *f, const char *str)
+{
+    const unsigned char *p;
+
+    fputc('"', f);
+    for (p = (const unsigned char *)str; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            fprintf(f, "\\%c", *p);
+        } else if (*p < 0x20) {
+            fprintf(f, "\\u%04x", *p);
+        } else {
+            fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static void vmar_write_stats(BlockDriverState *bs, BDRVVmarState *s)
+{
+    const char *path = getenv("VMAR_STATS_FILE");
+    char *line = NULL;
+    size_t size = 0;
+    FILE *f;
+    int fd;
+
+    if (!path || !*path || !s->map) {
+        return;
+    }
+    f = open_memstream(&line, &size);
+    if (!f) {
+        return;
+    }
+    fputs("{\"node\": ", f);
+    vmar_json_string(f, bdrv_get_node_name(bs));
+    fputs(", \"map\": ", f);
+    vmar_json_string(f, bs->file ? bs->file->bs->filename : "");
+    fprintf(f, ", \"lookups\": %" PRIu64 ", \"probes\": %" PRIu64
+            ", \"requests\": %" PRIu64 ", \"bytes_read\": %" PRIu64
+            ", \"bytes_zero\": %" PRIu64 ", \"target_reads\": %" PRIu64
+            ", \"block_status_calls\": %" PRIu64 ", \"n_extents\": %" PRIu32
+            "}\n", s->map->lookups, s->map->probes, s->requests,
+            s->bytes_read, s->bytes_zero, s->target_reads,
+            s->block_status_calls, s->map->hdr.n_extents);
+    fclose(f);
+
+    /* One write() with O_APPEND, so concurrent writers do not interleave */
+    fd = qemu_open_old(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+        if (write(fd, line, size) < 0) {
+            /* statistics are best effort */
+        }
+        close(fd);
+    }
+    free(line);
+}
+
+static void vmar_close(BlockDriverState *bs)
+{
+    BDRVVmarState *s = bs->opaque;
+
+    vmar_write_stats(bs, s);
+    vmar_free_state(bs, s);
+}
+
+static int vmar_reopen_prepare(BDRVReopenState *state,
+                               BlockReopenQueue *queue, Error **errp)
+{
+    if (state->flags & BDRV_O_RDWR) {
+        error_setg(errp, "vmar images are read-only");
+        return -EPERM;
+    }
+    return 0;
+}
+
+static int64_t vmar_getlength(BlockDriverState *bs)
+{
+    BDRVVmarState *s = bs->opaque;
+
+    return s->map->hdr.virtual_size;
+}
+
+static coroutine_fn int vmar_co_read_task_entry(AioTask *task)
+{
+    VmarAioTask *t = container_of(task, VmarAioTask, task);
+
+    return bdrv_co_preadv_part(t->child, t->offset, t->bytes, t->qiov,
+                               t->qiov_offset, 0);
+}
+
+static coroutine_fn int vmar_add_read_task(AioTaskPool *pool,
+                                           BdrvChild *child, uint64_t offset,
+                                           uint64_t bytes, QEMUIOVector *qiov,
+                                           size_t qiov_offset)
+{
+    VmarAioTask local_task;
+    VmarAioTask *task = pool ? g_new(VmarAioTask, 1) : &local_task;
+
+    *task = (VmarAioTask) {
+        .task.func = vmar_co_read_task_entry,
+        .child = child,
+        .offset = offset,
+        .bytes = bytes,
+        .qiov = qiov,
+        .qiov_offset = qiov_offset,
+    };
+
+    if (!pool) {
+        return vmar_co_read_task_entry(&task->task);
+    }
+
+    aio_task_pool_start_task(pool, &task->task);
+    return 0;
+}
+
+static coroutine_fn int vmar_co_preadv_part(BlockDriverState *bs,
+                                            int64_t offset, int64_t bytes,
+                                            QEMUIOVector *qiov,
+                                            size_t qiov_offset,
+                                            BdrvRequestFlags flags)
+{
+    BDRVVmarState *s = bs->opaque;
+    VmarMap *map = s->map;
+    uint32_t shift = map->block_shift;
+    uint64_t mask = ((uint64_t)1 << shift) - 1;
+    uint64_t vsize = map->hdr.virtual_size;
+    AioTaskPool *aio = NULL;
+    int ret = 0;
+
+    s->requests++;
+
+    /* Bytes past virtual_size (up to the next sector) read as zeros */
+    if ((uint64_t)offset + bytes > vsize) {
+        uint64_t start = MAX((uint64_t)offset, vsize);
+        uint64_t tail = (uint64_t)offset + bytes - start;
+        qemu_iovec_memset(qiov, qiov_offset + (start - offset), 0, tail);
+        s->bytes_zero += tail;
+        bytes -= tail;
+    }
+
+    while (bytes > 0 && aio_task_pool_status(aio) == 0) {
+        uint64_t end = (uint64_t)offset + bytes;
+        uint64_t block = (uint64_t)offset >> shift;
+        uint64_t run_end;
+        uint64_t cur;
+        VmarRun run;
+
+        vmar_map_lookup(map, block, (end + mask) >> shift, &run);
+        run_end = MIN((block + run.n_blocks) << shift, end);
+        cur = run_end - offset;
+
+        if (!run.mapped) {
+            qemu_iovec_memset(qiov, qiov_offset, 0, cur);
+            s->bytes_zero += cur;
+        } else {
+            const VmarExtent *e = &map->extents[run.extent];
+            uint64_t toff = (run.target_block << shift) + (offset & mask);
+
+            if (!aio && cur != (uint64_t)bytes) {
+                aio = aio_task_pool_new(VMAR_MAX_WORKERS);
+            }
+            s->target_reads++;
+            s->bytes_read += cur;
+            ret = vmar_add_read_task(aio, s->targets[e->target], toff, cur,
+                                     qiov, qiov_offset);
+            if (ret < 0) {
+                goto out;
+            }
+        }
+
+        bytes -= cur;
+        offset += cur;
+        qiov_offset += cur;
+    }
+
+out:
+    if (aio) {
+        aio_task_pool_wait_all(aio);
+        if (ret == 0) {
+            ret = aio_task_pool_status(aio);
+        }
+        g_free(aio);
+    }
+    return ret;
+}
+
+static coroutine_fn int vmar_co_block_status(BlockDriverState *bs,
+                                             bool want_zero, int64_t offset,
+                                             int64_t bytes, int64_t *pnum,
+                                             int64_t *map,
+                                             BlockDriverState **file)
+{
+    BDRVVmarState *s = bs->opaque;
+    VmarMap *m = s->map;
+    uint32_t shift = m->block_shift;
+    uint64_t vsize = m->hdr.virtual_size;
+    uint64_t block, run_end;
+    VmarRun run;
+
+    s->block_status_calls++;
+    if ((uint64_t)offset >= vsize) {
+        /* Tail of the last sector past virtual_size */
+        *pnum = bytes;
+        return BDRV_BLOCK_ZERO;
+    }
+
+    /* @bytes is a hint: report the whole run, up to virtual_size */
+    block = (uint64_t)offset >> shift;
+    vmar_map_lookup(m, block, m->n_blocks, &run);
+    run_end = MIN((block + run.n_blocks) << shift, vsize);
+    *pnum = run_end - offset;
+
+    if (!run.mapped) {
+        return BDRV_BLOCK_ZERO;
+    }
+    *map = (run.target_block << shift) + (offset & (((uint64_t)1 << shift) -
+                                                     1));
+    *file = s->targets[m->extents[run.extent].target]->bs;
+    return BDRV_BLOCK_DATA | BDRV_BLOCK_OFFSET_VALID;
+}
+
+static coroutine_fn int vmar_co_pwritev_part(BlockDriverState *bs,
+                                             int64_t offset, int64_t bytes,
+                                             QEMUIOVector *qiov,
+                                             size_t qiov_offset,
+                                             BdrvRequestFlags flags)
+{
+    return -EPERM;
+}
+
+static coroutine_fn int vmar_co_pwrite_zeroes(BlockDriverState *bs,
+                                              int64_t offset, int64_t bytes,
+                                              BdrvRequestFlags flags)
+{
+    return -EPERM;
+}
+
+static coroutine_fn int vmar_co_pdiscard(BlockDriverState *bs,
+                                         int64_t offset, int64_t bytes)
+{
+    return -EPERM;
+}
+
+static coroutine_fn int vmar_co_truncate(BlockDriverState *bs, int64_t offset,
+                                         bool exact, PreallocMode prealloc,
+                                         BdrvRequestFlags flags, Error **errp)
+{
+    error_setg(errp, "vmar images are read-only");
+    return -EPERM;
+}
+
+static BlockDriver bdrv_vmar = {
+    .format_name                = "vmar",
+    .instance_size              = sizeof(BDRVVmarState),
+    .is_format                  = true,
+
+    .bdrv_open                  = vmar_open,
+    .bdrv_close                 = vmar_close,
+    .bdrv_reopen_prepare        = vmar_reopen_prepare,
+    .bdrv_child_perm            = bdrv_default_perms,
+    .bdrv_getlength             = vmar_getlength,
+
+    .bdrv_co_preadv_part        = vmar_co_preadv_part,
+    .bdrv_co_block_status       = vmar_co_block_status,
+    .bdrv_co_pwritev_part       = vmar_co_pwritev_part,
+    .bdrv_co_pwrite_zeroes      = vmar_co_pwrite_zeroes,
+    .bdrv_co_pdiscard           = vmar_co_pdiscard,
+    .bdrv_co_truncate           = vmar_co_truncate,
+
+    .strong_runtime_opts        = vmar_strong_runtime_opts,
+};
+
+static void bdrv_vmar_init(void)
+{
+    bdrv_register(&bdrv_vmar);
+}
+
+block_init(bdrv_vmar_init);

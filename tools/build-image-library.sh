@@ -1,0 +1,459 @@
+#!/bin/bash
+#
+# Build a small, realistic, byte-reproducible library of Debian test images.
+#
+# Every image is a raw ext4 disk image (no partition table) of virtual size
+# $VMAR_IMAGE_SIZE (default 1G), built without mounts:
+#
+#   minbase     debootstrap --variant=minbase
+#   python3     minbase + python3
+#   postgresql  minbase + postgresql
+#   nginx       minbase + nginx
+#
+# Usage:
+#   build-image-library.sh [--force] [OUTDIR] [IMAGE...]
+#   build-image-library.sh --check-reproducible[=IMAGE] [--keep]
+#
+# OUTDIR defaults to $VMAR_IMAGE_LIBRARY or /var/cache/vmar-openstack/images.
+# Progress goes to stderr.  The last stdout lines are "<name> <path>", one
+# per image.  An image is rebuilt only when its stamp file
+# (<name>.raw.stamp) does not match the hash of this script and of the
+# build parameters; --force rebuilds anyway.
+#
+# --check-reproducible builds one image (default: minbase) twice in
+# scratch directories, ignoring the library and its stamps, and compares
+# the sha256 of the two images.  It exits 0 if they match, 1 if not
+# (--keep keeps both images, for comparing them).
+#
+# Reproducibility: the same script, parameters and mirror state give
+# byte-identical images.  The mirror is a moving target (point releases,
+# security updates), so images built on different days may differ.
+#
+# Environment:
+#   VMAR_IMAGE_LIBRARY       output directory
+#   VMAR_IMAGE_SIZE          virtual image size for mke2fs (default 1G)
+#   VMAR_DEBIAN_MIRROR       default: first URI for the suite in
+#                            /etc/apt/sources.list.d/debian.sources
+#   VMAR_DEBIAN_SUITE        default: bookworm
+#   VMAR_DEBOOTSTRAP_CACHE   .deb cache shared by all builds
+#                            (default /var/cache/vmar-openstack/debootstrap)
+#   SOURCE_DATE_EPOCH        timestamp for the whole build
+#                            (default 1747699200, 2025-05-20T00:00:00Z)
+#   VMAR_VERBOSE=1           stream debootstrap's output to stderr
+#   TMPDIR                   where the debootstrap trees are built
+#                            (default /var/tmp)
+
+set -euo pipefail
+
+readonly ALL_IMAGES=(minbase python3 postgresql nginx)
+
+# Extra packages per image, on top of debootstrap's minbase set.
+declare -A IMAGE_INCLUDES=(
+    [minbase]=""
+    [python3]="python3"
+    [postgresql]="postgresql"
+    [nginx]="nginx"
+)
+
+SCRIPT_PATH=$(readlink -f "${BASH_SOURCE[0]}")
+readonly SCRIPT_PATH
+
+DEFAULT_LIBRARY=/var/cache/vmar-openstack/images
+IMAGE_SIZE=${VMAR_IMAGE_SIZE:-1G}
+SUITE=${VMAR_DEBIAN_SUITE:-bookworm}
+DEB_CACHE=${VMAR_DEBOOTSTRAP_CACHE:-/var/cache/vmar-openstack/debootstrap}
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1747699200}
+VERBOSE=${VMAR_VERBOSE:-0}
+WORK_BASE=${TMPDIR:-/var/tmp}
+
+# Scratch directories and temporary files removed on exit.
+CLEANUP_DIRS=()
+CLEANUP_FILES=()
+
+log() {
+    printf '%s build-image-library: %s\n' "$(date +%H:%M:%S)" "$*" >&2
+}
+
+die() {
+    log "ERROR: $*"
+    exit 1
+}
+
+usage() {
+    sed -n '2,/^$/s/^# \{0,1\}//p' "$SCRIPT_PATH" >&2
+}
+
+# Unmount anything still mounted below $1 (deepest first), e.g. /proc or
+# /sys left behind by an interrupted debootstrap, so that rm cannot reach
+# the host's files through them.
+umount_below() {
+    local dir=$1 mnt
+    dir=$(readlink -f "$dir")
+    while read -r mnt; do
+        [ -n "$mnt" ] || continue
+        log "unmounting leftover mount $mnt"
+        umount "$mnt" 2>/dev/null || umount -l "$mnt" || true
+    done < <(awk -v d="$dir/" 'index($2, d) == 1 { print $2 }' \
+        /proc/mounts | sort -r)
+}
+
+remove_tree() {
+    local dir=$1
+    [ -d "$dir" ] || return 0
+    umount_below "$dir"
+    rm -rf --one-file-system -- "$dir"
+}
+
+cleanup() {
+    local f d
+    for f in "${CLEANUP_FILES[@]}"; do
+        rm -f -- "$f"
+    done
+    for d in "${CLEANUP_DIRS[@]}"; do
+        remove_tree "$d"
+    done
+}
+
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+ensure_tools() {
+    local missing=()
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+    command -v mke2fs >/dev/null || missing+=(e2fsprogs)
+    command -v debugfs >/dev/null || missing+=(e2fsprogs)
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    [ "$(id -u)" -eq 0 ] || die "need root to install ${missing[*]}"
+    log "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >&2
+}
+
+# First URI of the deb822 stanza in debian.sources that lists $SUITE.
+default_mirror() {
+    local sources=/etc/apt/sources.list.d/debian.sources uri=""
+    if [ -r "$sources" ]; then
+        uri=$(awk -v suite="$SUITE" '
+            BEGIN { RS = ""; FS = "\n" }
+            {
+                uris = ""; hit = 0
+                for (i = 1; i <= NF; i++) {
+                    if ($i ~ /^URIs:/) {
+                        split($i, a, /[ \t]+/); uris = a[2]
+                    }
+                    if ($i ~ /^Suites:/) {
+                        n = split($i, s, /[ \t]+/)
+                        for (j = 2; j <= n; j++) if (s[j] == suite) hit = 1
+                    }
+                }
+                if (hit && uris != "") { print uris; exit }
+            }' "$sources")
+    fi
+    printf '%s\n' "${uri:-http://deb.debian.org/debian}"
+}
+
+# A fixed, valid-looking UUID per image name.
+image_uuid() {
+    local h
+    h=$(printf 'vmar-openstack image library: %s' "$1" | sha256sum)
+    printf '%s-%s-4%s-8%s-%s\n' \
+        "${h:0:8}" "${h:8:4}" "${h:13:3}" "${h:17:3}" "${h:20:12}"
+}
+
+sha256_of() {
+    openssl dgst -sha256 -r "$1" | cut -d' ' -f1
+}
+
+# Everything that determines an image's bytes, hashed.
+image_key() {
+    local name=$1
+    {
+        printf 'script %s\n' "$(sha256sum < "$SCRIPT_PATH" | cut -d' ' -f1)"
+        printf 'name %s\n' "$name"
+        printf 'include %s\n' "${IMAGE_INCLUDES[$name]}"
+        printf 'uuid %s\n' "$(image_uuid "$name")"
+        printf 'size %s\n' "$IMAGE_SIZE"
+        printf 'suite %s\n' "$SUITE"
+        printf 'mirror %s\n' "$MIRROR"
+        printf 'arch %s\n' "$ARCH"
+        printf 'source_date_epoch %s\n' "$SOURCE_DATE_EPOCH"
+        dpkg-query -W -f='${Package} ${Version}\n' debootstrap e2fsprogs
+        printf 'mke2fs.conf %s\n' \
+            "$(sha256sum < /etc/mke2fs.conf | cut -d' ' -f1)"
+    } | sha256sum | cut -d' ' -f1
+}
+
+run_debootstrap() {
+    local name=$1 root=$2 logfile=$3
+    local include=${IMAGE_INCLUDES[$name]}
+    local args=(--variant=minbase "--arch=$ARCH" "--cache-dir=$DEB_CACHE")
+    if [ -n "$include" ]; then
+        args+=("--include=$include")
+    fi
+    args+=("$SUITE" "$root" "$MIRROR")
+    log "$name: debootstrap ${args[*]}"
+    if [ "$VERBOSE" = 1 ]; then
+        debootstrap "${args[@]}" 2>&1 | tee "$logfile" >&2
+    elif ! debootstrap "${args[@]}" >"$logfile" 2>&1; then
+        tail -n 30 "$logfile" >&2
+        [ -f "$root/debootstrap/debootstrap.log" ] &&
+            tail -n 30 "$root/debootstrap/debootstrap.log" >&2
+        die "$name: debootstrap failed"
+    fi
+}
+
+# Remove what differs between two otherwise identical builds: logs, caches,
+# host data copied in by debootstrap, ids and keys generated at install
+# time.  Then clamp every mtime to SOURCE_DATE_EPOCH.
+normalise_tree() {
+    local root=$1 d
+    umount_below "$root"
+
+    # apt: binary caches, downloaded .debs, index files of the mirror.
+    rm -f "$root"/var/cache/apt/*.bin
+    if [ -d "$root/var/cache/apt/archives" ]; then
+        find "$root/var/cache/apt/archives" -maxdepth 1 -name '*.deb' -delete
+    fi
+    if [ -d "$root/var/lib/apt/lists" ]; then
+        find "$root/var/lib/apt/lists" -mindepth 1 -maxdepth 1 \
+            ! -name partial ! -name lock -exec rm -rf {} +
+    fi
+
+    # Logs: keep the files packages created, but empty.
+    rm -f "$root/var/log/bootstrap.log"
+    find "$root/var/log" -type f -exec truncate -s 0 {} +
+
+    # Backups and caches written with build-time data.
+    rm -f "$root"/var/cache/debconf/*-old "$root"/var/lib/dpkg/*-old
+    rm -f "$root/var/cache/ldconfig/aux-cache"
+
+    # Host data copied by debootstrap, per-machine ids and keys.
+    rm -f "$root/etc/hostname"
+    printf 'localhost\n' > "$root/etc/hostname"
+    rm -f "$root/etc/resolv.conf"
+    if [ -e "$root/etc/machine-id" ]; then
+        : > "$root/etc/machine-id"
+    fi
+    if [ ! -L "$root/var/lib/dbus/machine-id" ]; then
+        rm -f "$root/var/lib/dbus/machine-id"
+    fi
+    rm -f "$root"/etc/ssh/ssh_host_*
+    rm -f "$root/etc/ssl/private/ssl-cert-snakeoil.key" \
+        "$root/etc/ssl/certs/ssl-cert-snakeoil.pem"
+    if [ -d "$root/etc/ssl/certs" ]; then
+        find "$root/etc/ssl/certs" -lname '*ssl-cert-snakeoil.pem' -delete
+    fi
+
+    # PostgreSQL: the cluster made by the postinst has a random system
+    # identifier; a booted image recreates it with pg_createcluster.
+    for d in "$root"/var/lib/postgresql/*/main \
+        "$root"/etc/postgresql/*/main; do
+        [ -d "$d" ] && rm -rf -- "$d"
+    done
+    for d in "$root"/var/lib/postgresql/* "$root"/etc/postgresql/*; do
+        [ -d "$d" ] && rmdir --ignore-fail-on-non-empty -- "$d"
+    done
+
+    # Scratch space.
+    for d in run tmp var/tmp; do
+        if [ -d "$root/$d" ] && [ ! -L "$root/$d" ]; then
+            find "$root/$d" -mindepth 1 -delete
+        fi
+    done
+
+    find "$root" -xdev -newermt "@$SOURCE_DATE_EPOCH" \
+        -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+}
+
+# mke2fs -d copies each inode's ctime and atime from the source tree.
+# Neither can be set there (ctime is always "now", and reading the tree
+# moves atimes), so set both to SOURCE_DATE_EPOCH on every used inode.
+fix_inode_times() {
+    local image=$1 cmds=$2
+    dumpe2fs "$image" 2>/dev/null | awk -v t="$SOURCE_DATE_EPOCH" '
+        /^Inodes per group:/ { ipg = $4 }
+        /^First inode:/ { first = $3 }
+        /^Group [0-9]+:/ { g = $2; sub(":", "", g); groups = g + 1 }
+        /^  Free inodes:/ {
+            line = $0; sub(/^  Free inodes: */, "", line)
+            n = split(line, r, /, */)
+            for (i = 1; i <= n; i++) {
+                if (r[i] == "") continue
+                if (split(r[i], ab, "-") == 2) {
+                    for (j = ab[1]; j <= ab[2]; j++) free[j] = 1
+                } else {
+                    free[r[i]] = 1
+                }
+            }
+        }
+        END {
+            if (!ipg || !first || !groups) exit 1
+            for (i = 1; i <= groups * ipg; i++) {
+                if ((i == 2 || i >= first) && !(i in free)) {
+                    printf "sif <%d> ctime @%d\n", i, t
+                    printf "sif <%d> atime @%d\n", i, t
+                }
+            }
+        }' > "$cmds" || die "cannot list the inodes of $image"
+    E2FSPROGS_FAKE_TIME=$SOURCE_DATE_EPOCH debugfs -w -f "$cmds" "$image" \
+        >/dev/null 2>"$cmds.err" ||
+        { cat "$cmds.err" >&2; die "debugfs failed on $image"; }
+    if grep -v '^debugfs [0-9]' "$cmds.err" | grep -q .; then
+        cat "$cmds.err" >&2
+        die "debugfs reported errors on $image"
+    fi
+}
+
+# build_image NAME DEST: build NAME into the file DEST (created through a
+# temporary file in the same directory and renamed at the end).
+build_image() {
+    local name=$1 dest=$2
+    local uuid work root tmpimg start
+    uuid=$(image_uuid "$name")
+    start=$SECONDS
+
+    work=$(mktemp -d "$WORK_BASE/vmar-image-$name.XXXXXX")
+    CLEANUP_DIRS+=("$work")
+    root=$work/root
+    mkdir -m 0755 "$root"
+
+    run_debootstrap "$name" "$root" "$work/debootstrap.log"
+    log "$name: debootstrap done ($((SECONDS - start)) s)," \
+        "$(du -sm "$root" | cut -f1) MB"
+    normalise_tree "$root"
+    chmod 0755 "$root"
+
+    tmpimg=$(mktemp "$(dirname "$dest")/.$name.raw.XXXXXX")
+    CLEANUP_FILES+=("$tmpimg")
+    log "$name: mke2fs -t ext4 -U $uuid $IMAGE_SIZE"
+    E2FSPROGS_FAKE_TIME=$SOURCE_DATE_EPOCH mke2fs -q -F -t ext4 \
+        -L "$name" -U "$uuid" -E "hash_seed=$uuid,root_owner=0:0" \
+        -d "$root" "$tmpimg" "$IMAGE_SIZE" >&2
+    fix_inode_times "$tmpimg" "$work/debugfs.cmds"
+    e2fsck -fn "$tmpimg" >"$work/fsck.log" 2>&1 ||
+        { cat "$work/fsck.log" >&2; die "$name: e2fsck found errors"; }
+    chmod 0644 "$tmpimg"
+    mv -f -- "$tmpimg" "$dest"
+
+    remove_tree "$work"
+    log "$name: built $dest ($((SECONDS - start)) s)"
+}
+
+# Build NAME into OUTDIR unless a matching stamp says it is up to date.
+build_cached() {
+    local name=$1 outdir=$2
+    local dest=$outdir/$name.raw stamp=$outdir/$name.raw.stamp key sum tmp
+    key=$(image_key "$name")
+    if [ "$FORCE" = 0 ] && [ -f "$dest" ] && [ -f "$stamp" ]; then
+        if grep -qx "key $key" "$stamp"; then
+            log "$name: up to date ($dest)"
+            return 0
+        fi
+    fi
+    rm -f -- "$stamp"
+    build_image "$name" "$dest"
+    sum=$(sha256_of "$dest")
+    tmp=$(mktemp "$outdir/.$name.raw.stamp.XXXXXX")
+    CLEANUP_FILES+=("$tmp")
+    {
+        printf 'key %s\n' "$key"
+        printf 'sha256 %s\n' "$sum"
+        printf 'include %s\n' "${IMAGE_INCLUDES[$name]}"
+        printf 'size %s\n' "$IMAGE_SIZE"
+        printf 'mirror %s\n' "$MIRROR"
+        printf 'source_date_epoch %s\n' "$SOURCE_DATE_EPOCH"
+        printf 'built %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    } > "$tmp"
+    chmod 0644 "$tmp"
+    mv -f -- "$tmp" "$stamp"
+    log "$name: sha256 $sum"
+}
+
+check_reproducible() {
+    local name=$1 dir a b sa sb
+    dir=$(mktemp -d "$WORK_BASE/vmar-repro-$name.XXXXXX")
+    [ "$KEEP" = 1 ] || CLEANUP_DIRS+=("$dir")
+    a=$dir/1/$name.raw
+    b=$dir/2/$name.raw
+    mkdir -p "$dir/1" "$dir/2"
+    log "reproducibility check of $name: first build"
+    build_image "$name" "$a"
+    log "reproducibility check of $name: second build"
+    build_image "$name" "$b"
+    sa=$(sha256_of "$a")
+    sb=$(sha256_of "$b")
+    log "$name build 1: $sa"
+    log "$name build 2: $sb"
+    if [ "$sa" = "$sb" ]; then
+        log "$name is reproducible"
+        [ "$KEEP" = 1 ] && log "images kept in $dir"
+        return 0
+    fi
+    log "$name is NOT reproducible; first differing bytes (offset a b):"
+    cmp -l "$a" "$b" | head -n 20 >&2 || true
+    [ "$KEEP" = 1 ] && log "images kept in $dir"
+    return 1
+}
+
+main() {
+    local outdir="" name check="" images=() valid
+    FORCE=0
+    KEEP=0
+    while [ $# -gt 0 ]; do
+        case $1 in
+            -h | --help) usage; exit 0 ;;
+            --force) FORCE=1 ;;
+            --keep) KEEP=1 ;;
+            --check-reproducible) check=minbase ;;
+            --check-reproducible=*) check=${1#*=} ;;
+            --) shift; break ;;
+            -*) usage; die "unknown option $1" ;;
+            *) break ;;
+        esac
+        shift
+    done
+    if [ $# -gt 0 ]; then
+        outdir=$1
+        shift
+    fi
+    outdir=${outdir:-${VMAR_IMAGE_LIBRARY:-$DEFAULT_LIBRARY}}
+    images=("$@")
+    [ "${#images[@]}" -gt 0 ] || images=("${ALL_IMAGES[@]}")
+    if [ -n "$check" ]; then
+        images=("$check")
+    fi
+    for name in "${images[@]}"; do
+        valid=0
+        [ -n "${IMAGE_INCLUDES[$name]+set}" ] && valid=1
+        [ "$valid" = 1 ] ||
+            die "unknown image '$name' (known: ${ALL_IMAGES[*]})"
+    done
+
+    [ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap, chroot)"
+    ensure_tools
+    umask 022
+    export LC_ALL=C TZ=UTC SOURCE_DATE_EPOCH DEBIAN_FRONTEND=noninteractive
+    unset LANG LANGUAGE
+    MIRROR=${VMAR_DEBIAN_MIRROR:-$(default_mirror)}
+    ARCH=$(dpkg --print-architecture)
+    mkdir -p "$DEB_CACHE" "$WORK_BASE"
+    DEB_CACHE=$(readlink -f "$DEB_CACHE")
+    log "suite $SUITE, mirror $MIRROR, arch $ARCH, size $IMAGE_SIZE," \
+        "SOURCE_DATE_EPOCH $SOURCE_DATE_EPOCH"
+
+    if [ -n "$check" ]; then
+        check_reproducible "$check"
+        return
+    fi
+
+    mkdir -p "$outdir"
+    outdir=$(readlink -f "$outdir")
+    for name in "${images[@]}"; do
+        build_cached "$name" "$outdir"
+    done
+    for name in "${images[@]}"; do
+        printf '%s %s\n' "$name" "$outdir/$name.raw"
+    done
+}
+
+main "$@"

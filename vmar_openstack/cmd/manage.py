@@ -1,0 +1,352 @@
+"""``vmar-manage``: operate the VMAR image library.
+
+Sub-commands: ``db sync|version``, ``image add|update|delete|list``,
+``map show|verify``, ``stats`` and ``check``. Options come from
+``--config-file`` like any OpenStack service.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+from oslo_config import cfg
+from oslo_log import log as logging
+import sqlalchemy as sa
+import tqdm
+
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import migration
+from vmar_openstack.db import models
+from vmar_openstack.db import session as db_session
+from vmar_openstack import fingerprint
+from vmar_openstack import ingest
+from vmar_openstack.ingest import check as check_mod
+from vmar_openstack import mapformat
+
+CONF = vmar_conf.CONF
+LOG = logging.getLogger(__name__)
+
+
+class CommandError(Exception):
+    pass
+
+
+def _progress(total, desc):
+    """A tqdm bar on a terminal, nothing otherwise."""
+    return tqdm.tqdm(total=total, desc=desc, unit='B', unit_scale=True,
+                     disable=not sys.stderr.isatty(), leave=False)
+
+
+def _out(text=''):
+    print(text)
+
+
+# -- db ---------------------------------------------------------------------
+
+def db_sync():
+    migration.upgrade('head')
+    _out('database at revision %s' % migration.current())
+
+
+def db_version():
+    _out(migration.current() or 'none')
+
+
+# -- image ------------------------------------------------------------------
+
+def image_add():
+    a = CONF.category
+    lib = ingest.Library(CONF)
+    size = os.stat(a.path).st_size if os.path.exists(a.path) else 0
+    with _progress(size, 'hashing') as bar:
+        out = lib.add(a.id, a.path, disk_format=a.format, owner=a.owner,
+                      visibility=a.visibility, expected_size=a.size,
+                      progress=bar.update)
+    _out('added %s: seq %d, map v%d, %.1f%% of data blocks redirected'
+         % (out.image_id, out.seq, out.map_version,
+            100 * out.shared_fraction))
+    _report_regenerated(out)
+
+
+def image_update():
+    a = CONF.category
+    lib = ingest.Library(CONF)
+    if a.path:
+        with _progress(os.stat(a.path).st_size, 'hashing') as bar:
+            out = lib.update_content(a.id, a.path, disk_format=a.format,
+                                     progress=bar.update)
+    if a.owner is not None or a.visibility is not None:
+        out = lib.update_metadata(a.id, owner=a.owner,
+                                  visibility=a.visibility)
+    elif not a.path:
+        raise CommandError('nothing to update: give PATH, --owner or '
+                           '--visibility')
+    _out('updated %s: map v%d' % (out.image_id, out.map_version))
+    _report_regenerated(out)
+
+
+def _report_regenerated(out):
+    for image_id, version in sorted(out.regenerated.items()):
+        _out('regenerated map of %s: v%d' % (image_id, version))
+
+
+def image_delete():
+    out = ingest.Library(CONF).delete(CONF.category.id)
+    _out('deleted %s' % out.image_id)
+    _report_regenerated(out)
+
+
+def image_list():
+    with db_session.reader() as s:
+        rows = [(i.seq, i.image_id, i.owner or '-', i.visibility,
+                 i.disk_format, i.virtual_size, i.map_version, i.state)
+                for i in db_api.list_images(s)]
+    _table(('seq', 'id', 'owner', 'visibility', 'format', 'virtual size',
+            'map', 'state'), rows)
+
+
+def _table(header, rows):
+    cols = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = '  '.join('%%-%ds' % w for w in cols)
+    _out(line % tuple(header))
+    for r in rows:
+        _out(line % tuple(r))
+
+
+# -- map --------------------------------------------------------------------
+
+def _current_map(image_id, version=None):
+    with db_session.reader() as s:
+        img = db_api.get_image(s, image_id)
+        if img is None:
+            raise CommandError('image %s is not in the library' % image_id)
+        version = version or img.map_version
+        mv = s.get(models.MapVersion, (img.seq, version))
+        if mv is None:
+            raise CommandError('image %s has no map v%d' % (image_id,
+                                                            version))
+        sha = mv.sha256
+    path = ingest.map_path(CONF, image_id, version)
+    with open(path, 'rb') as f:
+        data = f.read()
+    import hashlib
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise CommandError('map %s does not match its recorded checksum'
+                           % path)
+    return path, mapformat.decode(data)
+
+
+def map_show():
+    a = CONF.category
+    path, m = _current_map(a.id, a.version)
+    info = {
+        'path': path, 'image_id': m.image_id, 'map_version': m.map_version,
+        'virtual_size': m.virtual_size, 'block_size': m.block_size,
+        'file_size': m.file_size, 'extents': len(m.extents),
+        'mapped_blocks': m.mapped_blocks(), 'section_shift': m.section_shift,
+        'filter_shift': m.filter_shift,
+        'targets': [{'image_id': t.image_id, 'size': t.size,
+                     'self': t.is_self} for t in m.targets]}
+    if a.extents:
+        info['extent_list'] = [
+            {'src': int(e['src']), 'length': int(e['length']),
+             'target': m.targets[int(e['target'])].image_id,
+             'target_block': int(e['target_block'])} for e in m.extents]
+    _out(json.dumps(info, indent=2))
+
+
+def map_verify():
+    a = CONF.category
+    path, m = _current_map(a.id)
+    source = a.source or ingest.base_path(CONF, a.id)
+    fmt = a.format
+    with fingerprint.raw_view(source, fmt, qemu_img=CONF.vmar.qemu_img,
+                              work_dir=CONF.vmar.work_dir) as raw:
+        os.makedirs(CONF.vmar.work_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=CONF.vmar.work_dir) as out:
+            mapformat.reconstruct(
+                m, lambda tid: ingest.base_path(CONF, tid), out)
+            out.flush()
+            bad = _first_difference(raw, out.fileno(), m.virtual_size)
+    if bad is not None:
+        raise CommandError('map v%d of %s differs from %s at byte %d'
+                           % (m.map_version, a.id, source, bad))
+    _out('map v%d of %s reconstructs %s byte for byte (%d bytes)'
+         % (m.map_version, a.id, source, m.virtual_size))
+
+
+def _first_difference(path, fd2, size, chunk=8 << 20):
+    with open(path, 'rb') as f:
+        if os.fstat(f.fileno()).st_size != size:
+            return min(size, os.fstat(f.fileno()).st_size)
+        with _progress(size, 'verifying') as bar:
+            for off in range(0, size, chunk):
+                a = os.pread(f.fileno(), chunk, off)
+                b = os.pread(fd2, chunk, off)
+                if a != b:
+                    n = min(len(a), len(b))
+                    diff = np.flatnonzero(np.frombuffer(a[:n], np.uint8)
+                                          != np.frombuffer(b[:n], np.uint8))
+                    return off + (int(diff[0]) if len(diff) else n)
+                bar.update(len(a))
+    return None
+
+
+# -- stats and check ----------------------------------------------------------
+
+def collect_stats(conf=None):
+    conf = conf or CONF
+    out = {'images': [], 'clusters': 0}
+    with db_session.reader(conf) as s:
+        images = db_api.list_images(s)
+        out['clusters'] = s.execute(sa.select(sa.func.count()).select_from(
+            models.Cluster)).scalar()
+        for img in images:
+            d = db_api.load_digests(
+                s, img, fingerprint.DIGEST_SIZES[img.algorithm])
+            mask = db_api.shareable_mask(d, img.virtual_size, img.block_size)
+            keys = db_api.block_keys(d[mask], img.space_key)
+            kc_keys, kc_cl = db_api.key_clusters(s, img.seq)
+            mem = db_api.cluster_members(s, np.unique(kc_cl))
+            single = np.array([mem[c] == {img.seq} for c in kc_cl.tolist()],
+                              dtype=bool)
+            cl_single = single[np.searchsorted(kc_keys, keys)] if len(
+                keys) else np.zeros(0, bool)
+            mv = s.get(models.MapVersion, (img.seq, img.map_version))
+            data_blocks = img.n_blocks - img.zero_blocks
+            gib = img.virtual_size / float(1 << 30)
+            out['images'].append({
+                'seq': img.seq, 'image_id': img.image_id,
+                'virtual_size': img.virtual_size,
+                'blocks': img.n_blocks, 'zero_blocks': img.zero_blocks,
+                'data_blocks': data_blocks,
+                'unique_blocks': int(cl_single.sum()),
+                'redirected_blocks': img.redirected_blocks,
+                'redirected_fraction': (img.redirected_blocks / data_blocks
+                                        if data_blocks else 0.0),
+                'extents': img.n_extents,
+                'map_version': img.map_version,
+                'map_bytes': mv.size if mv else 0,
+                'map_mb_per_gib': (mv.size / 1e6 / gib) if mv else 0.0,
+            })
+    imgs = out['images']
+    out['total_map_bytes'] = sum(i['map_bytes'] for i in imgs)
+    total_gib = sum(i['virtual_size'] for i in imgs) / float(1 << 30)
+    out['map_mb_per_gib'] = (out['total_map_bytes'] / 1e6 / total_gib
+                             if total_gib else 0.0)
+    data = sum(i['data_blocks'] for i in imgs)
+    out['data_blocks'] = data
+    out['redirected_fraction'] = (sum(i['redirected_blocks'] for i in imgs)
+                                  / data if data else 0.0)
+    return out
+
+
+def stats():
+    st = collect_stats()
+    if CONF.category.json:
+        _out(json.dumps(st, indent=2))
+        return
+    rows = [(i['seq'], i['image_id'][:8], i['blocks'], i['zero_blocks'],
+             i['unique_blocks'], i['redirected_blocks'],
+             '%.1f%%' % (100 * i['redirected_fraction']), i['extents'],
+             i['map_bytes'], '%.3f' % i['map_mb_per_gib'])
+            for i in st['images']]
+    _table(('seq', 'image', 'blocks', 'zero', 'unique', 'redirected',
+            'redir %', 'extents', 'map bytes', 'MB/GiB'), rows)
+    _out('clusters: %d  map bytes: %d (%.3f MB per GiB)  redirected: %.1f%% '
+         'of data blocks' % (st['clusters'], st['total_map_bytes'],
+                             st['map_mb_per_gib'],
+                             100 * st['redirected_fraction']))
+
+
+def check():
+    problems, warnings = check_mod.check(CONF)
+    for w in warnings:
+        _out('warning: %s' % w)
+    for p in problems:
+        _out('problem: %s' % p)
+    if problems:
+        raise CommandError('%d problems found' % len(problems))
+    _out('library consistent')
+
+
+# -- argument parsing ---------------------------------------------------------
+
+def add_command_parsers(subparsers):
+    db = subparsers.add_parser('db', help='database schema')
+    dbs = db.add_subparsers(dest='action')
+    dbs.add_parser('sync', help='create or upgrade the cluster tables'
+                   ).set_defaults(func=db_sync)
+    dbs.add_parser('version', help='print the schema revision'
+                   ).set_defaults(func=db_version)
+
+    image = subparsers.add_parser('image', help='images in the library')
+    imgs = image.add_subparsers(dest='action')
+    p = imgs.add_parser('add', help='fingerprint an image and map it')
+    p.add_argument('--id', required=True, help='Glance image id (UUID)')
+    p.add_argument('--owner', help='owning project id')
+    p.add_argument('--visibility', default='private',
+                   choices=db_api.VISIBILITIES)
+    p.add_argument('--format', default='raw', help='disk format (pinned)')
+    p.add_argument('--size', type=int,
+                   help='expected file size in bytes (detects truncation)')
+    p.add_argument('path')
+    p.set_defaults(func=image_add)
+    p = imgs.add_parser('update', help='new content, owner or visibility')
+    p.add_argument('id')
+    p.add_argument('--owner')
+    p.add_argument('--visibility', choices=db_api.VISIBILITIES)
+    p.add_argument('--format', default='raw')
+    p.add_argument('path', nargs='?')
+    p.set_defaults(func=image_update)
+    p = imgs.add_parser('delete', help='remove an image')
+    p.add_argument('id')
+    p.set_defaults(func=image_delete)
+    imgs.add_parser('list', help='list images').set_defaults(func=image_list)
+
+    mp = subparsers.add_parser('map', help='block maps')
+    mps = mp.add_subparsers(dest='action')
+    p = mps.add_parser('show', help='describe a map')
+    p.add_argument('id')
+    p.add_argument('--version', type=int)
+    p.add_argument('--extents', action='store_true')
+    p.set_defaults(func=map_show)
+    p = mps.add_parser('verify', help='reconstruct an image through its map '
+                       'and compare byte for byte')
+    p.add_argument('id')
+    p.add_argument('--source', help='original image (default: its base file)')
+    p.add_argument('--format', default='raw')
+    p.set_defaults(func=map_verify)
+
+    p = subparsers.add_parser('stats', help='dedup and map figures')
+    p.add_argument('--json', action='store_true')
+    p.set_defaults(func=stats)
+    subparsers.add_parser('check', help='verify the library invariants'
+                          ).set_defaults(func=check)
+
+
+def main(argv=None):
+    CONF.register_cli_opt(cfg.SubCommandOpt(
+        'category', title='commands', handler=add_command_parsers))
+    logging.register_options(CONF)
+    CONF(sys.argv[1:] if argv is None else argv, project='vmar')
+    logging.setup(CONF, 'vmar')
+    func = getattr(CONF.category, 'func', None)
+    if func is None:
+        CONF.print_help()
+        return 2
+    try:
+        func()
+    except (CommandError, ingest.ImageNotFound, ingest.ImageExists,
+            fingerprint.ImageRejected, mapformat.MapFormatError,
+            ValueError, OSError) as e:
+        print('vmar-manage: error: %s' % e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Configuration options of vmar-openstack, and nothing else.
+
+Every option lives here, in two groups: ``[vmar]`` for the library and the
+hosts, ``[vmar_database]`` for the cluster database. :func:`list_opts` is the
+``oslo.config.opts`` entry point used by ``oslo-config-generator``.
+"""
+
+import os
+
+from oslo_config import cfg
+
+CONF = cfg.CONF
+
+vmar_group = cfg.OptGroup(
+    'vmar', title='VMAR options',
+    help='Block fingerprinting, deduplication scope and map storage.')
+
+database_group = cfg.OptGroup(
+    'vmar_database', title='VMAR cluster database',
+    help='Where the VMAR cluster tables live.')
+
+HASH_ALGORITHMS = ('sha256', 'sha512', 'sha1', 'blake2b')
+DEDUP_SCOPES = ('project', 'public', 'global')
+
+
+def _power_of_two(value):
+    return value > 0 and value & (value - 1) == 0
+
+
+class BlockSize(cfg.types.Integer):
+    """A power of two between 4 KiB and 2 MiB."""
+
+    def __init__(self):
+        super().__init__(min=4096, max=2 * 1024 * 1024,
+                         type_name='power-of-two integer')
+
+    def __call__(self, value):
+        value = super().__call__(value)
+        if not _power_of_two(value):
+            raise ValueError('block size %d is not a power of two' % value)
+        return value
+
+
+vmar_opts = [
+    cfg.StrOpt('state_dir', default='/var/lib/vmar',
+               help='Directory for VMAR state: the embedded database, maps '
+                    'and base files unless configured elsewhere.'),
+    cfg.StrOpt('map_dir', default='$state_dir/maps',
+               help='Directory where block maps are written. Maps are '
+                    'immutable files named <image id>.<version>.vmap.'),
+    cfg.StrOpt('base_dir', default='$state_dir/bases',
+               help='Directory holding the raw content of each ingested image, '
+                    'named by image id. Maps point into these files.'),
+    cfg.StrOpt('work_dir', default='$state_dir/tmp',
+               help='Scratch directory for converting non-raw images to raw '
+                    'before hashing. Needs room for the virtual size of the '
+                    'largest image (sparse).'),
+    cfg.Opt('block_size', type=BlockSize(), default=4096,
+            help='Fingerprint block size in bytes for newly ingested images; '
+                 'a power of two from 4096 to 2097152. Recorded per image; '
+                 'images of different block sizes never share blocks.'),
+    cfg.StrOpt('hash_algorithm', default='sha256', choices=HASH_ALGORITHMS,
+               help='Fingerprint hash for newly ingested images. Recorded '
+                    'per image; images hashed differently never share '
+                    'blocks.'),
+    cfg.StrOpt('dedup_scope', default='project', choices=[
+        ('project', 'An image may redirect reads to public images and to '
+                    'images of its own owner.'),
+        ('public', 'An image may redirect reads to public images and to '
+                   'itself only.'),
+        ('global', 'An image may redirect reads to any image. Reads of one '
+                   'tenant may then be served from another tenant\'s '
+                   'private image.')],
+               help='Which images a map may point into.'),
+    cfg.IntOpt('hash_workers', default=os.cpu_count() or 1, min=1,
+               sample_default='<number of CPUs>',
+               help='Processes that hash an image in parallel.'),
+    cfg.StrOpt('qemu_img', default='qemu-img',
+               help='qemu-img binary used to inspect and convert non-raw '
+                    'images.'),
+    cfg.IntOpt('max_virtual_size_gb', default=2048, min=1,
+               help='Largest virtual size accepted for an image, in GiB.'),
+]
+
+database_opts = [
+    cfg.StrOpt('connection', secret=True,
+               default='sqlite:///$vmar.state_dir/vmar.sqlite',
+               help='SQLAlchemy URL of the cluster database, for example '
+                    'sqlite:////var/lib/vmar/vmar.sqlite, '
+                    'mysql+pymysql://vmar:secret@db/vmar or '
+                    'postgresql+psycopg2://vmar:secret@db/vmar.'),
+    cfg.IntOpt('lock_timeout', default=600, min=1,
+               help='Seconds a mutation waits for the library lock held by '
+                    'another ingest before it fails.'),
+    cfg.BoolOpt('connection_debug', default=False,
+                help='Log every SQL statement.'),
+]
+
+
+def register_opts(conf=CONF):
+    conf.register_group(vmar_group)
+    conf.register_group(database_group)
+    conf.register_opts(vmar_opts, group=vmar_group)
+    conf.register_opts(database_opts, group=database_group)
+
+
+def list_opts():
+    """Return the options for oslo-config-generator."""
+    return [(vmar_group, vmar_opts), (database_group, database_opts)]
+
+
+register_opts()

@@ -1,0 +1,87 @@
+"""Set-based statements over large lists of fingerprint keys.
+
+An ingest touches up to millions of fingerprint keys. Sending them one
+statement per key costs microseconds of Python each, so the keys travel as
+one JSON array per batch and the database expands it in C:
+
+* SQLite: ``json_each``;
+* PostgreSQL: ``jsonb_array_elements_text``;
+* MariaDB/MySQL: ``JSON_TABLE``.
+
+Batches stay under MariaDB's default 16 MiB packet limit.
+"""
+
+import json
+
+import numpy as np
+import sqlalchemy as sa
+
+BATCH = 200000
+
+
+def _source(dialect):
+    if dialect == 'sqlite':
+        return 'json_each(:keys) AS j', 'j.value'
+    if dialect == 'postgresql':
+        return ('jsonb_array_elements_text(CAST(:keys AS jsonb)) AS j(v)',
+                'CAST(j.v AS BIGINT)')
+    if dialect in ('mysql', 'mariadb'):
+        return ("JSON_TABLE(:keys, '$[*]' COLUMNS (v BIGINT PATH '$')) AS j",
+                'j.v')
+    raise NotImplementedError('unsupported database dialect %s' % dialect)
+
+
+def _batches(keys):
+    keys = np.asarray(keys, dtype=np.int64)
+    for i in range(0, len(keys), BATCH):
+        yield json.dumps(keys[i:i + BATCH].tolist())
+
+
+def lookup(session, dialect, keys):
+    """Return (keys, cluster_ids) arrays of the keys present in the table."""
+    src, col = _source(dialect)
+    stmt = sa.text('SELECT f.fp_key, f.cluster_id FROM %s '
+                   'JOIN vmar_fingerprints f ON f.fp_key = %s' % (src, col))
+    found_k, found_c = [], []
+    for batch in _batches(keys):
+        rows = session.execute(stmt, {'keys': batch}).fetchall()
+        if rows:
+            arr = np.array(rows, dtype=np.int64)
+            found_k.append(arr[:, 0])
+            found_c.append(arr[:, 1])
+    if not found_k:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(found_k), np.concatenate(found_c)
+
+
+def insert(session, dialect, keys, cluster_id):
+    src, col = _source(dialect)
+    stmt = sa.text('INSERT INTO vmar_fingerprints (fp_key, cluster_id) '
+                   'SELECT %s, :cid FROM %s' % (col, src))
+    for batch in _batches(keys):
+        session.execute(stmt, {'keys': batch, 'cid': int(cluster_id)})
+
+
+def move(session, dialect, keys, cluster_id):
+    """Point the given existing keys at ``cluster_id``."""
+    src, col = _source(dialect)
+    if dialect in ('mysql', 'mariadb'):
+        stmt = sa.text('UPDATE vmar_fingerprints f JOIN %s ON f.fp_key = %s '
+                       'SET f.cluster_id = :cid' % (src, col))
+    else:
+        stmt = sa.text('UPDATE vmar_fingerprints SET cluster_id = :cid '
+                       'WHERE fp_key IN (SELECT %s FROM %s)' % (col, src))
+    for batch in _batches(keys):
+        session.execute(stmt, {'keys': batch, 'cid': int(cluster_id)})
+
+
+def delete(session, dialect, keys):
+    src, col = _source(dialect)
+    if dialect in ('mysql', 'mariadb'):
+        stmt = sa.text('DELETE f FROM vmar_fingerprints f JOIN %s '
+                       'ON f.fp_key = %s' % (src, col))
+    else:
+        stmt = sa.text('DELETE FROM vmar_fingerprints WHERE fp_key IN '
+                       '(SELECT %s FROM %s)' % (col, src))
+    for batch in _batches(keys):
+        session.execute(stmt, {'keys': batch})

@@ -1,0 +1,110 @@
+"""SQLAlchemy models of the cluster tables.
+
+* ``vmar_images``: one row per ingested image. ``seq`` is the monotonically
+  increasing sequence id that decides the canonical order.
+* ``vmar_image_digests``: the image's block-ordered digest list, stored as
+  chunked blobs (see doc/source/design.rst for why not one row per block).
+* ``vmar_fingerprints``: one row per distinct fingerprint key in the library,
+  naming the cluster it belongs to.
+* ``vmar_clusters`` and ``vmar_cluster_members``: a cluster is a set of images;
+  it holds the fingerprints found in exactly those images (paper Fig. 4-5).
+* ``vmar_maps``: every map version written, with its checksum.
+* ``vmar_locks``: the row that serialises library mutations.
+"""
+
+import datetime
+
+import sqlalchemy as sa
+from sqlalchemy import orm
+
+BigInt = sa.BigInteger().with_variant(sa.Integer(), 'sqlite')
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+
+
+class Base(orm.DeclarativeBase):
+    pass
+
+
+class Image(Base):
+    __tablename__ = 'vmar_images'
+    __table_args__ = {'sqlite_autoincrement': True}
+
+    seq = sa.Column(BigInt, primary_key=True, autoincrement=True)
+    image_id = sa.Column(sa.String(36), nullable=False, unique=True)
+    owner = sa.Column(sa.String(255))
+    visibility = sa.Column(sa.String(16), nullable=False)
+    disk_format = sa.Column(sa.String(16), nullable=False)
+    virtual_size = sa.Column(sa.BigInteger, nullable=False)
+    block_size = sa.Column(sa.Integer, nullable=False)
+    algorithm = sa.Column(sa.String(32), nullable=False)
+    space_key = sa.Column(sa.BigInteger, nullable=False)
+    state = sa.Column(sa.String(16), nullable=False)
+    n_blocks = sa.Column(sa.BigInteger, nullable=False)
+    zero_blocks = sa.Column(sa.BigInteger, nullable=False)
+    content_sha256 = sa.Column(sa.String(64), nullable=False)
+    map_version = sa.Column(sa.Integer, nullable=False, default=0)
+    redirected_blocks = sa.Column(sa.BigInteger, nullable=False, default=0)
+    n_extents = sa.Column(sa.BigInteger, nullable=False, default=0)
+    created_at = sa.Column(sa.DateTime, nullable=False, default=_now)
+    updated_at = sa.Column(sa.DateTime, nullable=False, default=_now,
+                           onupdate=_now)
+
+
+class ImageDigests(Base):
+    __tablename__ = 'vmar_image_digests'
+
+    seq = sa.Column(BigInt, sa.ForeignKey('vmar_images.seq',
+                                          ondelete='CASCADE'),
+                    primary_key=True)
+    chunk = sa.Column(sa.Integer, primary_key=True, autoincrement=False)
+    data = sa.Column(sa.LargeBinary(length=2 ** 32 - 1), nullable=False)
+
+
+class Fingerprint(Base):
+    __tablename__ = 'vmar_fingerprints'
+
+    fp_key = sa.Column(BigInt, primary_key=True, autoincrement=False)
+    cluster_id = sa.Column(BigInt, sa.ForeignKey('vmar_clusters.id'),
+                           nullable=False, index=True)
+
+
+class Cluster(Base):
+    __tablename__ = 'vmar_clusters'
+    __table_args__ = {'sqlite_autoincrement': True}
+
+    id = sa.Column(BigInt, primary_key=True, autoincrement=True)
+    members_hash = sa.Column(sa.String(64), nullable=False, unique=True)
+    n_images = sa.Column(sa.Integer, nullable=False)
+    n_fingerprints = sa.Column(sa.BigInteger, nullable=False)
+
+
+class ClusterMember(Base):
+    __tablename__ = 'vmar_cluster_members'
+
+    cluster_id = sa.Column(BigInt, sa.ForeignKey('vmar_clusters.id',
+                                                 ondelete='CASCADE'),
+                           primary_key=True)
+    seq = sa.Column(BigInt, sa.ForeignKey('vmar_images.seq'),
+                    primary_key=True, index=True)
+
+
+class MapVersion(Base):
+    __tablename__ = 'vmar_maps'
+
+    seq = sa.Column(BigInt, sa.ForeignKey('vmar_images.seq',
+                                          ondelete='CASCADE'),
+                    primary_key=True)
+    version = sa.Column(sa.Integer, primary_key=True, autoincrement=False)
+    sha256 = sa.Column(sa.String(64), nullable=False)
+    size = sa.Column(sa.BigInteger, nullable=False)
+    n_extents = sa.Column(sa.BigInteger, nullable=False)
+    created_at = sa.Column(sa.DateTime, nullable=False, default=_now)
+
+
+class Lock(Base):
+    __tablename__ = 'vmar_locks'
+
+    name = sa.Column(sa.String(64), primary_key=True)

@@ -1,0 +1,282 @@
+"""Block fingerprints of an image's virtual disk content.
+
+This package owns two things: deciding whether an image file is safe to read
+(format pinned, ``oslo_utils`` format inspector, qemu-img for non-raw
+formats), and hashing its virtual disk in fixed-size blocks on every core.
+The result is a :class:`Fingerprints`: one digest per block, all-zero rows for
+zero blocks. It touches no database.
+"""
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+from oslo_log import log as logging
+from oslo_utils.imageutils import format_inspector
+
+LOG = logging.getLogger(__name__)
+
+DIGEST_SIZES = {'sha256': 32, 'sha512': 64, 'sha1': 20, 'blake2b': 64}
+# Formats that are raw bytes on disk: hashed as they are.
+RAW_LIKE = {'raw': ('raw', 'gpt'), 'iso': ('iso',)}
+# Formats qemu-img converts to raw before hashing.
+QEMU_FORMATS = ('qcow2', 'vmdk', 'vhd', 'vhdx', 'vdi', 'qed')
+_QEMU_NAMES = {'vhd': 'vpc'}
+CHUNK = 32 << 20
+
+
+class ImageRejected(ValueError):
+    """The image is unsafe, corrupt, or not what the caller claims."""
+
+
+@dataclasses.dataclass
+class Fingerprints:
+    """Digests of every block of an image, in block order.
+
+    ``digests`` is an ``(n_blocks, digest_size)`` uint8 array; a zero row
+    marks a zero block. When ``virtual_size`` is not a multiple of
+    ``block_size`` the last block is partial: it is hashed zero-padded but
+    never shared (see mapgen).
+    """
+
+    algorithm: str
+    block_size: int
+    virtual_size: int
+    digests: np.ndarray
+
+    @property
+    def n_blocks(self):
+        return len(self.digests)
+
+    @property
+    def zero_mask(self):
+        return ~self.digests.any(axis=1)
+
+    @property
+    def tail_partial(self):
+        return self.virtual_size % self.block_size != 0
+
+
+def _qemu_img_info(qemu_img, path, fmt):
+    cmd = [qemu_img, 'info', '--output=json', '-f', _QEMU_NAMES.get(fmt, fmt),
+           path]
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env=dict(os.environ, LC_ALL='C'))
+    if proc.returncode:
+        raise ImageRejected('qemu-img cannot read %s as %s: %s'
+                            % (path, fmt, proc.stderr.strip()))
+    return json.loads(proc.stdout)
+
+
+def inspect(path, claimed_format, qemu_img='qemu-img', expected_size=None,
+            max_virtual_size=None):
+    """Check that ``path`` is a safe image of ``claimed_format``.
+
+    Returns the virtual size. Raises :class:`ImageRejected` with the reason
+    otherwise: a format that differs from the claim, a backing file or data
+    file, vmdk extents, a truncated or corrupt file.
+    """
+    if claimed_format not in RAW_LIKE and claimed_format not in QEMU_FORMATS:
+        raise ImageRejected('unsupported disk format %r' % claimed_format)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ImageRejected('cannot read %s: %s' % (path, e.strerror))
+    if expected_size is not None and st.st_size != expected_size:
+        raise ImageRejected('%s is %d bytes, expected %d: truncated or '
+                            'changed' % (path, st.st_size, expected_size))
+    if st.st_size == 0:
+        raise ImageRejected('%s is empty' % path)
+    try:
+        inspector = format_inspector.detect_file_format(path)
+    except format_inspector.ImageFormatError as e:
+        raise ImageRejected('cannot determine the format of %s: %s'
+                            % (path, e))
+    detected = str(inspector) if inspector else 'raw'
+    allowed = RAW_LIKE.get(claimed_format, (claimed_format,))
+    if detected not in allowed:
+        raise ImageRejected('%s claims to be %s but its content is %s'
+                            % (path, claimed_format, detected))
+    try:
+        inspector.safety_check()
+    except (format_inspector.SafetyCheckFailed,
+            format_inspector.ImageFormatError) as e:
+        raise ImageRejected('%s failed the %s safety check: %s'
+                            % (path, detected, e))
+    if claimed_format in RAW_LIKE:
+        vsize = st.st_size
+    else:
+        info = _qemu_img_info(qemu_img, path, claimed_format)
+        for key in ('backing-filename', 'full-backing-filename'):
+            if info.get(key):
+                raise ImageRejected('%s has a backing file' % path)
+        data_file = info.get('format-specific', {}).get('data', {}).get(
+            'data-file')
+        if data_file:
+            raise ImageRejected('%s has an external data file' % path)
+        vsize = int(info['virtual-size'])
+        if claimed_format == 'qcow2':
+            _qcow2_check(qemu_img, path)
+    if max_virtual_size is not None and vsize > max_virtual_size:
+        raise ImageRejected('%s has virtual size %d, above the limit %d'
+                            % (path, vsize, max_virtual_size))
+    return vsize
+
+
+def _qcow2_check(qemu_img, path):
+    proc = subprocess.run(
+        [qemu_img, 'check', '-f', 'qcow2', '--output=json', path],
+        capture_output=True, text=True, env=dict(os.environ, LC_ALL='C'))
+    # 0: clean, 3: leaked clusters only (harmless). Anything else is damage.
+    if proc.returncode not in (0, 3):
+        raise ImageRejected('%s is a corrupt qcow2: %s'
+                            % (path, (proc.stderr or proc.stdout).strip()))
+
+
+@contextlib.contextmanager
+def raw_view(path, fmt, qemu_img='qemu-img', work_dir=None):
+    """Yield a path to the raw virtual disk content of an inspected image.
+
+    Raw-like images are used in place; others are converted, sparse, into a
+    temporary file that is removed afterwards, whatever happens.
+    """
+    if fmt in RAW_LIKE:
+        yield path
+        return
+    if work_dir:
+        os.makedirs(work_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='vmar-raw-', dir=work_dir)
+    os.close(fd)
+    try:
+        proc = subprocess.run(
+            [qemu_img, 'convert', '-f', _QEMU_NAMES.get(fmt, fmt), '-O',
+             'raw', '-S', '4k', path, tmp],
+            capture_output=True, text=True,
+            env=dict(os.environ, LC_ALL='C'))
+        if proc.returncode:
+            raise ImageRejected('qemu-img could not convert %s from %s: %s'
+                                % (path, fmt, proc.stderr.strip()))
+        yield tmp
+    finally:
+        os.unlink(tmp)
+
+
+def data_ranges(fd, size):
+    """Yield (start, end) of the data regions of a file (SEEK_DATA/HOLE)."""
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:  # ENXIO: only a hole is left
+            return
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, min(end, size)
+        pos = end
+
+
+def _hash_range(path, start, end, block_size, algorithm):
+    """Worker: digests of blocks [start, end) (byte offsets, aligned)."""
+    new = getattr(hashlib, algorithm)
+    dsize = DIGEST_SIZES[algorithm]
+    n = (end - start + block_size - 1) // block_size
+    out = bytearray(n * dsize)
+    buf = bytearray(min(CHUNK, n * block_size))
+    words = block_size // 8
+    with open(path, 'rb', buffering=0) as f:
+        fd = f.fileno()
+        pos = start
+        i = 0
+        while pos < end:
+            want = min(len(buf), end - pos)
+            view = memoryview(buf)[:want]
+            got = os.preadv(fd, [view], pos)
+            if got < want:
+                # past EOF inside the virtual size: zeros
+                view[got:] = bytes(want - got)
+            nb = (want + block_size - 1) // block_size
+            if want % block_size:
+                view = memoryview(buf)[:nb * block_size]
+                view[want:] = bytes(nb * block_size - want)
+            arr = np.frombuffer(buf, dtype=np.uint64, count=nb * words)
+            nonzero = arr.reshape(nb, words).any(axis=1)
+            mv = memoryview(buf)
+            for b in np.flatnonzero(nonzero).tolist():
+                o = b * block_size
+                d = new(mv[o:o + block_size]).digest()
+                j = (i + b) * dsize
+                out[j:j + dsize] = d
+            i += nb
+            pos += want
+    return start, bytes(out)
+
+
+def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
+              workers=None, progress=None):
+    """Fingerprint the raw file ``path`` (``virtual_size`` bytes).
+
+    Holes are skipped without reading them. Work is split into aligned
+    chunks hashed by ``workers`` processes. ``progress(nbytes)`` is called as
+    chunks finish.
+    """
+    if algorithm not in DIGEST_SIZES:
+        raise ValueError('unknown hash algorithm %r' % algorithm)
+    dsize = DIGEST_SIZES[algorithm]
+    n_blocks = (virtual_size + block_size - 1) // block_size
+    digests = np.zeros((n_blocks, dsize), dtype=np.uint8)
+    jobs = []
+    with open(path, 'rb') as f:
+        for start, end in data_ranges(f.fileno(), virtual_size):
+            start -= start % block_size
+            end = min(-(-end // block_size) * block_size,
+                      n_blocks * block_size)
+            for s in range(start, end, CHUNK):
+                jobs.append((s, min(s + CHUNK, end)))
+    # merge adjacent jobs split by the alignment above
+    total = sum(e - s for s, e in jobs)
+    workers = workers or os.cpu_count() or 1
+    if workers == 1 or len(jobs) <= 1:
+        results = (_hash_range(path, s, e, block_size, algorithm)
+                   for s, e in jobs)
+        _collect(results, digests, block_size, dsize, progress)
+    else:
+        with concurrent.futures.ProcessPoolExecutor(workers) as ex:
+            futures = [ex.submit(_hash_range, path, s, e, block_size,
+                                 algorithm) for s, e in jobs]
+            _collect((fu.result() for fu in
+                      concurrent.futures.as_completed(futures)),
+                     digests, block_size, dsize, progress)
+    LOG.debug('hashed %d data bytes of %s in %d chunks', total, path,
+              len(jobs))
+    return Fingerprints(algorithm, block_size, virtual_size, digests)
+
+
+def _collect(results, digests, block_size, dsize, progress):
+    flat = digests.reshape(-1)
+    for start, raw in results:
+        first = start // block_size
+        flat[first * dsize:first * dsize + len(raw)] = np.frombuffer(
+            raw, dtype=np.uint8)
+        if progress:
+            progress(len(raw) // dsize * block_size)
+
+
+def fingerprint_image(path, fmt, block_size=4096, algorithm='sha256',
+                      workers=None, qemu_img='qemu-img', work_dir=None,
+                      expected_size=None, max_virtual_size=None,
+                      progress=None):
+    """Inspect, then fingerprint, an image file of a pinned format."""
+    vsize = inspect(path, fmt, qemu_img=qemu_img, expected_size=expected_size,
+                    max_virtual_size=max_virtual_size)
+    with raw_view(path, fmt, qemu_img=qemu_img, work_dir=work_dir) as raw:
+        size = os.stat(raw).st_size
+        if size != vsize:
+            raise ImageRejected('raw view of %s is %d bytes, expected %d'
+                                % (path, size, vsize))
+        return hash_file(raw, vsize, block_size, algorithm, workers,
+                         progress)

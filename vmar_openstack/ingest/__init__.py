@@ -1,0 +1,325 @@
+"""Add, update and delete images in the library (paper Fig. 7).
+
+This module is the only place that combines the other packages: it
+fingerprints an image (outside any lock), then in one locked transaction
+updates the cluster tables, works out which other images' maps change,
+writes the new map versions atomically and records them. Map files written by
+a transaction that does not commit are removed; a killed process leaves at
+most unreferenced files, which ``vmar-manage check`` reports.
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import subprocess
+import uuid
+
+import numpy as np
+from oslo_log import log as logging
+import sqlalchemy as sa
+
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import models
+from vmar_openstack.db import session as db_session
+from vmar_openstack import fingerprint
+from vmar_openstack import mapformat
+from vmar_openstack import mapgen
+
+LOG = logging.getLogger(__name__)
+
+
+class ImageNotFound(LookupError):
+    pass
+
+
+class ImageExists(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class Outcome:
+    image_id: str
+    seq: int
+    map_version: int
+    regenerated: dict          # image id -> new map version, other images
+    shared_fraction: float = 0.0
+
+
+def map_path(conf, image_id, version):
+    return os.path.join(conf.vmar.map_dir, '%s.%d.vmap' % (image_id, version))
+
+
+def base_path(conf, image_id):
+    return os.path.join(conf.vmar.base_dir, image_id)
+
+
+def _check_uuid(image_id):
+    try:
+        return str(uuid.UUID(image_id))
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError('%r is not an image id (UUID)' % (image_id,))
+
+
+def _content_id(fps):
+    h = hashlib.sha256(b'%s/%d/%d/' % (fps.algorithm.encode(),
+                                       fps.block_size, fps.virtual_size))
+    h.update(np.ascontiguousarray(fps.digests).data)
+    return h.hexdigest()
+
+
+def _place_base(src, dest):
+    """Put the raw content at ``dest`` (hard link if possible, else copy)."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = dest + '.tmp-%d' % os.getpid()
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            subprocess.run(['cp', '--sparse=always', '--reflink=auto', src,
+                            tmp], check=True, capture_output=True)
+        os.rename(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class Library:
+    """The image library described by one configuration."""
+
+    def __init__(self, conf=None):
+        self.conf = conf or vmar_conf.CONF
+
+    # -- public operations -------------------------------------------------
+
+    def add(self, image_id, path, disk_format='raw', owner=None,
+            visibility='private', expected_size=None, progress=None,
+            keep_base=True):
+        """Ingest a new image. Idempotent for identical content."""
+        image_id = _check_uuid(image_id)
+        if visibility not in db_api.VISIBILITIES:
+            raise ValueError('visibility must be one of %s'
+                             % ', '.join(db_api.VISIBILITIES))
+        with db_session.reader(self.conf) as s:
+            existing = db_api.get_image(s, image_id)
+            if existing is not None:
+                return self._existing(existing, path, disk_format)
+        fps, raw_placed = self._fingerprint(image_id, path, disk_format,
+                                            expected_size, progress,
+                                            keep_base)
+        try:
+            return self._commit_add(image_id, fps, disk_format, owner,
+                                    visibility)
+        except BaseException:
+            if raw_placed:
+                self._unplace(image_id)
+            raise
+
+    def update_content(self, image_id, path, disk_format='raw',
+                       expected_size=None, progress=None, keep_base=True):
+        """Replace an image's content, keeping its sequence id (Fig. 7)."""
+        image_id = _check_uuid(image_id)
+        fps, _placed = self._fingerprint(image_id, path, disk_format,
+                                         expected_size, progress, keep_base)
+        with self._mutation() as (s, written):
+            img = self._get(s, image_id)
+            old = db_api.load_digests(s, img, self._dsize(img))
+            old_keys = db_api.image_key_set(img, old)
+            affected = self._affected(s, img)
+            db_api.remove_keys(s, img.seq, old_keys)
+            self._fill_image(img, fps, disk_format)
+            db_api.store_digests(s, img.seq, fps.digests)
+            db_api.add_keys(s, img.seq, db_api.image_key_set(img,
+                                                             fps.digests))
+            s.flush()
+            affected |= self._affected(s, img)
+            return self._regenerate(s, written, img, affected)
+
+    def update_metadata(self, image_id, owner=None, visibility=None):
+        """Change owner and/or visibility: an update for dedup scope."""
+        image_id = _check_uuid(image_id)
+        if visibility is not None and visibility not in db_api.VISIBILITIES:
+            raise ValueError('visibility must be one of %s'
+                             % ', '.join(db_api.VISIBILITIES))
+        with self._mutation() as (s, written):
+            img = self._get(s, image_id)
+            affected = self._affected(s, img)
+            if owner is not None:
+                img.owner = owner
+            if visibility is not None:
+                img.visibility = visibility
+            s.flush()
+            affected |= self._affected(s, img)
+            return self._regenerate(s, written, img, affected)
+
+    def delete(self, image_id):
+        """Remove an image; regenerate the maps that pointed into it."""
+        image_id = _check_uuid(image_id)
+        with self._mutation() as (s, written):
+            img = self._get(s, image_id)
+            digests = db_api.load_digests(s, img, self._dsize(img))
+            affected = self._affected(s, img)
+            db_api.remove_keys(s, img.seq, db_api.image_key_set(img,
+                                                                digests))
+            old_versions = s.execute(sa.select(models.MapVersion.version)
+                                     .where(models.MapVersion.seq == img.seq)
+                                     ).scalars().all()
+            s.execute(sa.delete(models.MapVersion).where(
+                models.MapVersion.seq == img.seq))
+            s.execute(sa.delete(models.ImageDigests).where(
+                models.ImageDigests.seq == img.seq))
+            s.delete(img)
+            s.flush()
+            regenerated = self._write_maps(s, affected, written)
+        for v in old_versions:
+            _unlink(map_path(self.conf, image_id, v))
+        self._unplace(image_id)
+        return Outcome(image_id, 0, 0, regenerated)
+
+    # -- helpers -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _mutation(self):
+        """One locked transaction; map files it wrote go if it fails."""
+        written = []
+        try:
+            with db_session.locked_writer(self.conf) as s:
+                yield s, written
+        except BaseException:
+            for p in written:
+                _unlink(p)
+            raise
+
+    def _dsize(self, img):
+        return fingerprint.DIGEST_SIZES[img.algorithm]
+
+    def _get(self, s, image_id):
+        img = db_api.get_image(s, image_id)
+        if img is None:
+            raise ImageNotFound('image %s is not in the library' % image_id)
+        return img
+
+    def _existing(self, img, path, disk_format):
+        raise ImageExists('image %s is already in the library (seq %d, map '
+                          'v%d); use update to change it'
+                          % (img.image_id, img.seq, img.map_version))
+
+    def _fingerprint(self, image_id, path, disk_format, expected_size,
+                     progress, keep_base):
+        c = self.conf.vmar
+        vsize = fingerprint.inspect(
+            path, disk_format, qemu_img=c.qemu_img,
+            expected_size=expected_size,
+            max_virtual_size=c.max_virtual_size_gb << 30)
+        with fingerprint.raw_view(path, disk_format, qemu_img=c.qemu_img,
+                                  work_dir=c.work_dir) as raw:
+            if os.stat(raw).st_size != vsize:
+                raise fingerprint.ImageRejected(
+                    'raw view of %s is not %d bytes' % (path, vsize))
+            fps = fingerprint.hash_file(raw, vsize, c.block_size,
+                                        c.hash_algorithm, c.hash_workers,
+                                        progress)
+            placed = False
+            if keep_base:
+                dest = base_path(self.conf, image_id)
+                if os.path.realpath(raw) != os.path.realpath(dest):
+                    _place_base(raw, dest)
+                    placed = True
+        return fps, placed
+
+    def _unplace(self, image_id):
+        _unlink(base_path(self.conf, image_id))
+
+    def _fill_image(self, img, fps, disk_format):
+        img.disk_format = disk_format
+        img.virtual_size = fps.virtual_size
+        img.block_size = fps.block_size
+        img.algorithm = fps.algorithm
+        img.space_key = db_api.space_key(fps.algorithm, fps.block_size)
+        img.n_blocks = fps.n_blocks
+        img.zero_blocks = int(fps.zero_mask.sum())
+        img.content_sha256 = _content_id(fps)
+
+    def _commit_add(self, image_id, fps, disk_format, owner, visibility):
+        with self._mutation() as (s, written):
+            if db_api.get_image(s, image_id) is not None:
+                raise ImageExists('image %s was added concurrently'
+                                  % image_id)
+            img = models.Image(image_id=image_id, owner=owner,
+                               visibility=visibility, state='active',
+                               map_version=0)
+            self._fill_image(img, fps, disk_format)
+            s.add(img)
+            s.flush()
+            db_api.store_digests(s, img.seq, fps.digests)
+            db_api.add_keys(s, img.seq, db_api.image_key_set(img,
+                                                             fps.digests))
+            s.flush()
+            affected = self._affected(s, img)
+            return self._regenerate(s, written, img, affected)
+
+    def _affected(self, s, img):
+        """Other images whose canonical target is ``img`` for some cluster.
+
+        Called before and after a change; the union of both answers is the
+        set of maps the change can alter (paper Fig. 7, update_list).
+        """
+        scope = self.conf.vmar.dedup_scope
+        cids = db_api.clusters_of_image(s, img.seq)
+        members = db_api.cluster_members(s, cids)
+        seqs = set().union(*members.values()) if members else set()
+        imgs = db_api.images_by_seq(s, seqs)
+        imgs[img.seq] = img
+        out = set()
+        for m in members.values():
+            for y in m:
+                if y == img.seq or y in out or y not in imgs:
+                    continue
+                src = imgs[y]
+                allowed = [t for t in m if t in imgs
+                           and mapgen.may_redirect(src, imgs[t], scope)]
+                if img.seq in allowed and min(allowed) == img.seq:
+                    out.add(y)
+        return out
+
+    def _regenerate(self, s, written, img, affected):
+        versions = self._write_maps(s, {img.seq} | set(affected), written)
+        version = versions.pop(img.image_id)
+        LOG.info('image %s: map v%d, %d other maps regenerated',
+                 img.image_id, version, len(versions))
+        shared = img.n_blocks - img.zero_blocks
+        frac = (img.redirected_blocks / shared) if shared else 0.0
+        return Outcome(img.image_id, img.seq, version, versions, frac)
+
+    def _write_maps(self, s, seqs, written):
+        resolver = mapgen.Resolver(s, self.conf.vmar.dedup_scope)
+        out = {}
+        imgs = db_api.images_by_seq(s, seqs)
+        for seq in sorted(seqs):
+            image = imgs[seq]
+            result = resolver.build(image)
+            version = image.map_version + 1
+            data = mapformat.encode(
+                image.image_id, image.virtual_size, image.block_size,
+                version, result.targets, result.extents)
+            path = map_path(self.conf, image.image_id, version)
+            mapformat.write_atomic(path, data)
+            written.append(path)
+            s.add(models.MapVersion(
+                seq=seq, version=version, size=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+                n_extents=len(result.extents)))
+            image.map_version = version
+            image.redirected_blocks = result.redirected_blocks
+            image.n_extents = len(result.extents)
+            out[image.image_id] = version
+        s.flush()
+        return out
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,145 @@
+"""Invariant checker: the tables against each other, and against the maps.
+
+Recomputes, from every image's digest list, which images hold each
+fingerprint key, and compares that with the fingerprint, cluster and member
+tables. Then re-reads every current map file, checks its checksum and
+structure, and compares its extents with a freshly generated map.
+
+Returns ``(problems, warnings)``: problems break an invariant; warnings are
+leftovers that harm nothing, such as a map file written by a transaction
+that was killed before it committed.
+"""
+
+import collections
+import hashlib
+import os
+
+import numpy as np
+import sqlalchemy as sa
+
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import models
+from vmar_openstack.db import session as db_session
+from vmar_openstack import fingerprint
+from vmar_openstack import ingest
+from vmar_openstack import mapformat
+from vmar_openstack import mapgen
+
+
+def check(conf):
+    problems = []
+    with db_session.reader(conf) as s:
+        images = db_api.list_images(s)
+        by_seq = {i.seq: i for i in images}
+        digests = {}
+        expected = collections.defaultdict(set)   # key -> member seqs
+        for img in images:
+            try:
+                d = db_api.load_digests(
+                    s, img, fingerprint.DIGEST_SIZES[img.algorithm])
+            except RuntimeError as e:
+                problems.append(str(e))
+                continue
+            digests[img.seq] = d
+            if int((~d.any(axis=1)).sum()) != img.zero_blocks:
+                problems.append('image %s: zero_blocks %d does not match its '
+                                'digests' % (img.image_id, img.zero_blocks))
+            for k in db_api.image_key_set(img, d).tolist():
+                expected[k].add(img.seq)
+        rows = s.execute(sa.select(models.Fingerprint.fp_key,
+                                   models.Fingerprint.cluster_id)).fetchall()
+        clusters = {c.id: c for c in s.execute(
+            sa.select(models.Cluster)).scalars()}
+        members = collections.defaultdict(set)
+        for cid, seq in s.execute(sa.select(models.ClusterMember.cluster_id,
+                                            models.ClusterMember.seq)):
+            members[cid].add(seq)
+            if seq not in by_seq:
+                problems.append('cluster %d names missing image seq %d'
+                                % (cid, seq))
+        counts = collections.Counter()
+        actual_keys = set()
+        for key, cid in rows:
+            actual_keys.add(key)
+            counts[cid] += 1
+            if cid not in clusters:
+                problems.append('fingerprint %d points to missing cluster %d'
+                                % (key, cid))
+                continue
+            want = expected.get(key)
+            if want is None:
+                problems.append('fingerprint %d is in no image' % key)
+            elif want != members[cid]:
+                problems.append('fingerprint %d is in cluster %s but in '
+                                'images %s' % (key, sorted(members[cid]),
+                                               sorted(want)))
+        missing = set(expected) - actual_keys
+        if missing:
+            problems.append('%d fingerprint keys of images are missing from '
+                            'the fingerprint table' % len(missing))
+        for cid, c in clusters.items():
+            if counts[cid] != c.n_fingerprints:
+                problems.append('cluster %d counts %d fingerprints, has %d'
+                                % (cid, c.n_fingerprints, counts[cid]))
+            if counts[cid] == 0:
+                problems.append('cluster %d is empty' % cid)
+            if c.members_hash != db_api.members_hash(members[cid]):
+                problems.append('cluster %d members_hash is stale' % cid)
+            if c.n_images != len(members[cid]):
+                problems.append('cluster %d n_images is stale' % cid)
+        problems.extend(_check_maps(conf, s, images))
+        warnings = _orphans(conf, images)
+    return problems, warnings
+
+
+def _check_maps(conf, s, images):
+    problems = []
+    resolver = mapgen.Resolver(s, conf.vmar.dedup_scope)
+    for img in images:
+        mv = s.get(models.MapVersion, (img.seq, img.map_version))
+        if mv is None:
+            problems.append('image %s: current map v%d is not recorded'
+                            % (img.image_id, img.map_version))
+            continue
+        path = ingest.map_path(conf, img.image_id, img.map_version)
+        try:
+            with open(path, 'rb') as f:
+                data = f.read()
+        except OSError as e:
+            problems.append('image %s: map %s unreadable: %s'
+                            % (img.image_id, path, e.strerror))
+            continue
+        if hashlib.sha256(data).hexdigest() != mv.sha256:
+            problems.append('image %s: map %s checksum mismatch'
+                            % (img.image_id, path))
+            continue
+        try:
+            bmap = mapformat.decode(data)
+        except mapformat.MapFormatError as e:
+            problems.append('image %s: %s' % (img.image_id, e))
+            continue
+        fresh = resolver.build(img)
+        if (not np.array_equal(bmap.extents, fresh.extents)
+                or bmap.targets != fresh.targets):
+            problems.append('image %s: map v%d is stale: the cluster tables '
+                            'give a different map' % (img.image_id,
+                                                      img.map_version))
+    return problems
+
+
+def _orphans(conf, images):
+    """Map files no transaction recorded (e.g. after a kill -9)."""
+    current = {'%s.%d.vmap' % (i.image_id, v)
+               for i in images for v in range(1, i.map_version + 1)}
+    problems = []
+    try:
+        names = os.listdir(conf.vmar.map_dir)
+    except FileNotFoundError:
+        return problems
+    for name in names:
+        if name.startswith('.tmp-'):
+            problems.append('leftover temporary map file %s' % name)
+        elif name.endswith('.vmap') and name not in current:
+            problems.append('unrecorded map file %s (harmless; remove it)'
+                            % name)
+    return problems

@@ -1,0 +1,456 @@
+"""The VMAR block map file: writer, validating parser and lookups.
+
+This module owns the binary format specified in
+``doc/source/map-format.rst`` (the only specification). It knows nothing of
+databases or images: it turns extents into bytes and bytes back into
+validated extents. The C reader in ``qemu/`` implements the same rules and is
+checked against the same vectors in ``tests/vectors/``.
+"""
+
+import dataclasses
+import os
+import struct
+import tempfile
+import uuid
+import zlib
+
+import numpy as np
+
+MAGIC = b'VMARMAP\0'
+FORMAT_VERSION = 1
+HEADER_SIZE = 128
+TARGET_SIZE = 32
+EXTENT_SIZE = 16
+INDEX_ENTRY_SIZE = 8
+MIN_BLOCK_SIZE = 4096
+MAX_BLOCK_SIZE = 2 * 1024 * 1024
+MAX_TARGETS = 65536
+TARGET_FLAG_SELF = 1
+
+_HEADER = struct.Struct('<8sIIII QQ16s IIIIII QQQQQ II')
+assert _HEADER.size == HEADER_SIZE
+
+EXTENT_DTYPE = np.dtype([('src', '<u4'), ('length', '<u4'),
+                         ('target_block', '<u4'), ('target', '<u4')])
+INDEX_DTYPE = np.dtype([('first', '<u4'), ('count', '<u4')])
+
+
+class MapFormatError(ValueError):
+    """A map file breaks a rule of the specification.
+
+    ``reason`` is one of: header, magic, version, crc, bounds, targets,
+    extents, index, filter.
+    """
+
+    def __init__(self, reason, message):
+        super().__init__('invalid VMAR map (%s): %s' % (reason, message))
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    image_id: str
+    size: int
+    is_self: bool = False
+
+
+@dataclasses.dataclass
+class BlockMap:
+    """A parsed, validated map."""
+
+    image_id: str
+    virtual_size: int
+    block_size: int
+    map_version: int
+    targets: list
+    extents: np.ndarray          # EXTENT_DTYPE, sorted by src
+    section_shift: int
+    index: np.ndarray            # INDEX_DTYPE
+    filter_shift: int
+    filter_bits: np.ndarray      # uint8, LSB first
+    file_size: int
+
+    @property
+    def n_blocks(self):
+        return _ceil_div(self.virtual_size, self.block_size)
+
+    def mapped_blocks(self):
+        return int(self.extents['length'].sum(dtype=np.uint64))
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _align8(n):
+    return (n + 7) & ~7
+
+
+def _n_blocks(size, block_size):
+    return _ceil_div(size, block_size)
+
+
+def _choose_shift(n_units, budget):
+    """Smallest shift with ceil(n_units / 2**shift) <= budget."""
+    shift = 0
+    while shift < 31 and _ceil_div(n_units, 1 << shift) > budget:
+        shift += 1
+    return shift
+
+
+def build_index(extents, n_blocks, section_shift):
+    """Section index of the spec, computed from sorted extents."""
+    n_sections = max(1, _ceil_div(n_blocks, 1 << section_shift))
+    starts = np.arange(n_sections, dtype=np.uint64) << np.uint64(
+        section_shift)
+    ends = np.minimum(starts + np.uint64(1 << section_shift),
+                      np.uint64(n_blocks))
+    src = extents['src'].astype(np.uint64)
+    src_end = src + extents['length'].astype(np.uint64)
+    # first extent that ends after the section start
+    first = np.searchsorted(src_end, starts, side='right')
+    # extents that start before the section end
+    upto = np.searchsorted(src, ends, side='left')
+    count = np.maximum(upto.astype(np.int64) - first.astype(np.int64), 0)
+    index = np.zeros(n_sections, dtype=INDEX_DTYPE)
+    index['first'] = first
+    index['count'] = count
+    return index
+
+
+def build_filter(extents, n_blocks, filter_shift):
+    """Occupancy bitmap of the spec, computed from extents."""
+    n_granules = max(1, _ceil_div(n_blocks, 1 << filter_shift))
+    diff = np.zeros(n_granules + 1, dtype=np.int64)
+    src = extents['src'].astype(np.int64)
+    last = src + extents['length'].astype(np.int64) - 1
+    np.add.at(diff, src >> filter_shift, 1)
+    np.add.at(diff, (last >> filter_shift) + 1, -1)
+    occupied = np.cumsum(diff[:-1]) > 0
+    return np.packbits(occupied, bitorder='little')
+
+
+def _layout(n_targets, n_extents, n_sections, filter_bytes):
+    targets_off = HEADER_SIZE
+    extents_off = targets_off + TARGET_SIZE * n_targets
+    index_off = extents_off + EXTENT_SIZE * n_extents
+    filter_off = index_off + INDEX_ENTRY_SIZE * n_sections
+    file_size = _align8(filter_off + filter_bytes)
+    return targets_off, extents_off, index_off, filter_off, file_size
+
+
+def encode(image_id, virtual_size, block_size, map_version, targets,
+           extents):
+    """Serialise a map; returns bytes.
+
+    :param targets: list of :class:`Target`.
+    :param extents: array of EXTENT_DTYPE sorted by ``src``.
+    """
+    extents = np.ascontiguousarray(extents, dtype=EXTENT_DTYPE)
+    n_blocks = _n_blocks(virtual_size, block_size)
+    n_extents = len(extents)
+    section_shift = _choose_shift(n_blocks, max(1, n_extents))
+    index = build_index(extents, n_blocks, section_shift)
+    filter_shift = _choose_shift(_ceil_div(n_blocks, 8), max(8, 2 * n_extents))
+    filt = build_filter(extents, n_blocks, filter_shift)
+    offs = _layout(len(targets), n_extents, len(index), len(filt))
+    targets_off, extents_off, index_off, filter_off, file_size = offs
+
+    body = bytearray(file_size - HEADER_SIZE)
+    pos = 0
+    for t in targets:
+        struct.pack_into('<16sQII', body, pos, uuid.UUID(t.image_id).bytes,
+                         t.size, TARGET_FLAG_SELF if t.is_self else 0, 0)
+        pos += TARGET_SIZE
+    for arr in (extents, index, filt):
+        raw = arr.tobytes()
+        body[pos:pos + len(raw)] = raw
+        pos += len(raw)
+    body_crc = zlib.crc32(body)
+    header = bytearray(_HEADER.pack(
+        MAGIC, FORMAT_VERSION, HEADER_SIZE, block_size, 0, virtual_size,
+        map_version, uuid.UUID(image_id).bytes, len(targets), n_extents,
+        section_shift, len(index), filter_shift, len(filt), targets_off,
+        extents_off, index_off, filter_off, file_size, body_crc, 0))
+    struct.pack_into('<I', header, 124, zlib.crc32(header[:124]))
+    return bytes(header) + bytes(body)
+
+
+def write_atomic(path, data):
+    """Write ``data`` to ``path``: temp file, fsync, rename, fsync dir.
+
+    A reader sees either no file or the whole file, never part of it.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=directory)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _fail(reason, message, *args):
+    raise MapFormatError(reason, message % args if args else message)
+
+
+def decode(data):
+    """Parse and fully validate a map. Returns :class:`BlockMap`.
+
+    :raises MapFormatError: naming the first broken rule.
+    """
+    data = memoryview(data).cast('B')
+    if len(data) < HEADER_SIZE:
+        _fail('header', 'file is %d bytes, shorter than the header',
+              len(data))
+    (magic, version, header_size, block_size, flags, virtual_size,
+     map_version, image_id, n_targets, n_extents, section_shift, n_sections,
+     filter_shift, filter_bytes, targets_off, extents_off, index_off,
+     filter_off, file_size, body_crc, header_crc) = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        _fail('magic', 'bad magic %r', bytes(magic))
+    if version != FORMAT_VERSION:
+        _fail('version', 'unsupported format version %d', version)
+    if zlib.crc32(data[:124]) != header_crc:
+        _fail('crc', 'header checksum mismatch')
+    if header_size != HEADER_SIZE:
+        _fail('header', 'header_size %d is not %d', header_size, HEADER_SIZE)
+    if flags:
+        _fail('header', 'unknown flags 0x%x', flags)
+    if (block_size < MIN_BLOCK_SIZE or block_size > MAX_BLOCK_SIZE
+            or block_size & (block_size - 1)):
+        _fail('header', 'block_size %d is not a power of two in [%d, %d]',
+              block_size, MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
+    if virtual_size == 0:
+        _fail('header', 'virtual_size is 0')
+    n_blocks = _n_blocks(virtual_size, block_size)
+    if n_blocks >= 1 << 32:
+        _fail('header', 'virtual_size %d needs %d blocks, too many',
+              virtual_size, n_blocks)
+    if map_version == 0:
+        _fail('header', 'map_version is 0')
+    if not 1 <= n_targets <= MAX_TARGETS:
+        _fail('header', 'n_targets %d out of range', n_targets)
+    if section_shift > 31 or filter_shift > 31:
+        _fail('header', 'section_shift %d or filter_shift %d above 31',
+              section_shift, filter_shift)
+    if n_sections != max(1, _ceil_div(n_blocks, 1 << section_shift)):
+        _fail('index', 'n_sections %d does not match the block count',
+              n_sections)
+    n_granules = max(1, _ceil_div(n_blocks, 1 << filter_shift))
+    if filter_bytes != _ceil_div(n_granules, 8):
+        _fail('filter', 'filter_bytes %d does not match the block count',
+              filter_bytes)
+    expect = _layout(n_targets, n_extents, n_sections, filter_bytes)
+    if (targets_off, extents_off, index_off, filter_off,
+            file_size) != expect:
+        _fail('bounds', 'section offsets %r differ from the layout %r',
+              (targets_off, extents_off, index_off, filter_off, file_size),
+              expect)
+    if file_size != len(data):
+        _fail('bounds', 'file_size %d but the file has %d bytes', file_size,
+              len(data))
+    if zlib.crc32(data[HEADER_SIZE:file_size]) != body_crc:
+        _fail('crc', 'body checksum mismatch')
+    if any(data[filter_off + filter_bytes:file_size]):
+        _fail('bounds', 'non-zero padding after the filter')
+
+    src_id = str(uuid.UUID(bytes=bytes(image_id)))
+    targets = []
+    seen = set()
+    n_self = 0
+    for i in range(n_targets):
+        tid, size, tflags, reserved = struct.unpack_from(
+            '<16sQII', data, targets_off + i * TARGET_SIZE)
+        tid = str(uuid.UUID(bytes=tid))
+        if tflags & ~TARGET_FLAG_SELF or reserved:
+            _fail('targets', 'target %d has unknown flags', i)
+        if size == 0:
+            _fail('targets', 'target %d has size 0', i)
+        if tid in seen:
+            _fail('targets', 'target %s listed twice', tid)
+        seen.add(tid)
+        is_self = bool(tflags & TARGET_FLAG_SELF)
+        if is_self:
+            n_self += 1
+            if tid != src_id or size != virtual_size:
+                _fail('targets', 'self target %d does not match the header',
+                      i)
+        targets.append(Target(tid, size, is_self))
+    if n_self > 1:
+        _fail('targets', 'more than one self target')
+
+    extents = np.frombuffer(data, dtype=EXTENT_DTYPE, count=n_extents,
+                            offset=extents_off)
+    _check_extents(extents, n_blocks, virtual_size, block_size, targets)
+    index = np.frombuffer(data, dtype=INDEX_DTYPE, count=n_sections,
+                          offset=index_off)
+    if not np.array_equal(index, build_index(extents, n_blocks,
+                                             section_shift)):
+        _fail('index', 'section index does not match the extents')
+    filt = np.frombuffer(data, dtype=np.uint8, count=filter_bytes,
+                         offset=filter_off)
+    if not np.array_equal(filt, build_filter(extents, n_blocks,
+                                             filter_shift)):
+        _fail('filter', 'occupancy filter does not match the extents')
+    return BlockMap(src_id, virtual_size, block_size, map_version, targets,
+                    extents.copy(), section_shift, index.copy(),
+                    filter_shift, filt.copy(), file_size)
+
+
+def _check_extents(extents, n_blocks, virtual_size, block_size, targets):
+    if not len(extents):
+        return
+    src = extents['src'].astype(np.int64)
+    length = extents['length'].astype(np.int64)
+    tblock = extents['target_block'].astype(np.int64)
+    tidx = extents['target'].astype(np.int64)
+    if (length == 0).any():
+        _fail('extents', 'extent %d has length 0',
+              int(np.argmax(length == 0)))
+    end = src + length
+    if (end > n_blocks).any():
+        _fail('extents', 'extent %d ends past the virtual size',
+              int(np.argmax(end > n_blocks)))
+    bad = end[:-1] > src[1:]
+    if bad.any():
+        _fail('extents', 'extents %d and %d are unsorted or overlap',
+              int(np.argmax(bad)), int(np.argmax(bad)) + 1)
+    if (tidx >= len(targets)).any():
+        _fail('extents', 'extent %d names target %d of %d',
+              int(np.argmax(tidx >= len(targets))),
+              int(tidx.max()), len(targets))
+    sizes = np.array([t.size for t in targets], dtype=np.int64)
+    tsize = sizes[tidx]
+    tblocks = -(-tsize // block_size)
+    tend = tblock + length
+    if (tend > tblocks).any():
+        i = int(np.argmax(tend > tblocks))
+        _fail('extents', 'extent %d reads past the end of target %s', i,
+              targets[int(tidx[i])].image_id)
+    # Partial last block of a target: only the source's equally long
+    # partial last block may map onto it.
+    src_tail = virtual_size - (n_blocks - 1) * block_size
+    t_tail = tsize - (tblocks - 1) * block_size
+    touches = (tend == tblocks) & (t_tail != block_size)
+    ok = (end == n_blocks) & (t_tail == src_tail)
+    if (touches & ~ok).any():
+        i = int(np.argmax(touches & ~ok))
+        _fail('extents', 'extent %d maps onto the partial last block of '
+              'target %s from a different position', i,
+              targets[int(tidx[i])].image_id)
+
+
+def read(path):
+    """Read and validate the map at ``path``."""
+    with open(path, 'rb') as f:
+        return decode(f.read())
+
+
+class Lookup:
+    """Block lookups through index and filter, counting probes.
+
+    Mirrors the lookup of the C driver so the benchmark can report the
+    probe figures the spec defines.
+    """
+
+    def __init__(self, bmap):
+        self.map = bmap
+        self.src = bmap.extents['src'].astype(np.int64)
+        self.end = self.src + bmap.extents['length'].astype(np.int64)
+        self.last = -1
+        self.lookups = 0
+        self.probes = 0
+
+    def find(self, block):
+        """Return the extent index covering ``block``, or None if zero."""
+        self.lookups += 1
+        m = self.map
+        if self.last >= 0 and self.src[self.last] <= block < self.end[
+                self.last]:
+            return self.last
+        g = block >> m.filter_shift
+        if not (m.filter_bits[g >> 3] >> (g & 7)) & 1:
+            return None
+        first, count = m.index[block >> m.section_shift]
+        lo, hi = int(first), int(first) + int(count)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            self.probes += 1
+            if self.end[mid] <= block:
+                lo = mid + 1
+            elif self.src[mid] > block:
+                hi = mid
+            else:
+                self.last = mid
+                return mid
+        return None
+
+
+def iter_ranges(bmap):
+    """Yield ``(offset, length, target_index, target_offset)`` in bytes.
+
+    The ranges cover ``[0, virtual_size)`` in order; ``target_index`` is None
+    for zero ranges. This is the reference semantics of a map.
+    """
+    bs = bmap.block_size
+    pos = 0
+    for src, length, tblock, tidx in bmap.extents.tolist():
+        start = src * bs
+        if start > pos:
+            yield pos, start - pos, None, 0
+        end = min((src + length) * bs, bmap.virtual_size)
+        yield start, end - start, tidx, tblock * bs
+        pos = end
+    if pos < bmap.virtual_size:
+        yield pos, bmap.virtual_size - pos, None, 0
+
+
+def reconstruct(bmap, target_path, out, chunk=8 << 20):
+    """Write the content a map describes to the binary file ``out``.
+
+    :param target_path: function from a target image id to a raw file path.
+    Zero ranges are skipped with seek, so ``out`` comes out sparse.
+    """
+    files = {}
+    try:
+        for t in bmap.targets:
+            f = open(target_path(t.image_id), 'rb')
+            files[t.image_id] = f
+            size = os.fstat(f.fileno()).st_size
+            if size != t.size:
+                raise MapFormatError(
+                    'targets', 'target %s is %d bytes, the map says %d'
+                    % (t.image_id, size, t.size))
+        for offset, length, tidx, toff in iter_ranges(bmap):
+            if tidx is None:
+                continue
+            f = files[bmap.targets[tidx].image_id]
+            out.seek(offset)
+            done = 0
+            while done < length:
+                n = min(chunk, length - done)
+                buf = os.pread(f.fileno(), n, toff + done)
+                if len(buf) != n:
+                    raise IOError('short read from target %s'
+                                  % bmap.targets[tidx].image_id)
+                out.write(buf)
+                done += n
+        out.truncate(bmap.virtual_size)
+    finally:
+        for f in files.values():
+            f.close()

@@ -1,0 +1,206 @@
+"""Map generation: from cluster tables to an image's extents.
+
+For every shareable block of an image, the canonical target is the image
+with the smallest sequence id among the images this image may redirect to
+(``[vmar] dedup_scope``) that holds the same content, then the smallest block
+number in it. Zero blocks are left out. Runs of blocks that map contiguously
+into one target become one extent.
+
+Candidate targets come from the clusters that contain the image; the full
+digests of the candidate are compared before a block is redirected, so a
+fingerprint key collision can never redirect a read to other content.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from vmar_openstack.db import api as db_api
+from vmar_openstack.fingerprint import DIGEST_SIZES
+from vmar_openstack import mapformat
+
+
+def may_redirect(src, tgt, scope):
+    """Whether image ``src`` may read blocks from image ``tgt``."""
+    if tgt.seq == src.seq:
+        return True
+    if (tgt.space_key, tgt.algorithm, tgt.block_size) != (
+            src.space_key, src.algorithm, src.block_size):
+        return False
+    if tgt.state != 'active':
+        return False
+    if scope == 'global' or tgt.visibility == 'public':
+        return True
+    if scope == 'project':
+        return src.owner is not None and tgt.owner == src.owner
+    return False
+
+
+class FirstOccurrence:
+    """Find the first block of an image holding a given full digest."""
+
+    def __init__(self, image, digests):
+        mask = db_api.shareable_mask(digests, image.virtual_size,
+                                     image.block_size)
+        blocks = np.flatnonzero(mask)
+        keys = db_api.block_keys(digests[blocks], 0)
+        order = np.argsort(keys, kind='stable')
+        self.keys = keys[order]
+        self.blocks = blocks[order]
+        self.digests = digests
+
+    def find(self, qdigests):
+        """Return (found mask, block numbers) for rows of ``qdigests``."""
+        qkeys = db_api.block_keys(qdigests, 0)
+        pos = np.searchsorted(self.keys, qkeys, side='left')
+        found = np.zeros(len(qkeys), dtype=bool)
+        blocks = np.zeros(len(qkeys), dtype=np.int64)
+        n = len(self.keys)
+        pending = np.flatnonzero(pos < n)
+        while len(pending):
+            p = pos[pending]
+            same_key = self.keys[p] == qkeys[pending]
+            pending, p = pending[same_key], p[same_key]
+            cand = self.blocks[p]
+            equal = (self.digests[cand] == qdigests[pending]).all(axis=1)
+            found[pending[equal]] = True
+            blocks[pending[equal]] = cand[equal]
+            # a key collision: look at the next entry with the same key
+            pending = pending[~equal]
+            pos[pending] += 1
+            pending = pending[pos[pending] < n]
+        return found, blocks
+
+
+@dataclasses.dataclass
+class MapResult:
+    targets: list
+    extents: np.ndarray
+    redirected_blocks: int
+    mapped_blocks: int
+    target_seqs: list
+
+
+class Resolver:
+    """Builds maps for several images in one transaction, sharing lookups."""
+
+    def __init__(self, session, scope):
+        self.session = session
+        self.scope = scope
+        self._digests = {}
+        self._first = {}
+
+    def digests(self, image):
+        d = self._digests.get(image.seq)
+        if d is None:
+            d = db_api.load_digests(self.session, image,
+                                    DIGEST_SIZES[image.algorithm])
+            self._digests[image.seq] = d
+        return d
+
+    def first(self, image):
+        f = self._first.get(image.seq)
+        if f is None:
+            f = FirstOccurrence(image, self.digests(image))
+            self._first[image.seq] = f
+        return f
+
+    def build(self, image):
+        digests = self.digests(image)
+        n = image.n_blocks
+        mask = db_api.shareable_mask(digests, image.virtual_size,
+                                     image.block_size)
+        blocks = np.flatnonzero(mask)
+        bkeys = db_api.block_keys(digests[blocks], image.space_key)
+        ukeys, first_idx, inverse = np.unique(bkeys, return_index=True,
+                                              return_inverse=True)
+        # cluster of every key
+        kc_keys, kc_clusters = db_api.key_clusters(self.session, image.seq)
+        pos = np.searchsorted(kc_keys, ukeys)
+        ok = pos < len(kc_keys)
+        ok[ok] = kc_keys[pos[ok]] == ukeys[ok]
+        if not ok.all():
+            raise RuntimeError('image %s: %d fingerprint keys are in no '
+                               'cluster of the image; run vmar-manage check'
+                               % (image.image_id, int((~ok).sum())))
+        ucluster = kc_clusters[pos]
+        members = db_api.cluster_members(self.session, np.unique(ucluster))
+        all_seqs = set().union(*members.values()) if members else set()
+        imgs = db_api.images_by_seq(self.session, all_seqs | {image.seq})
+        # Resolve each distinct digest of the image. Each block with the
+        # same key (and therefore nearly always the same digest) resolves
+        # through the digest of its first occurrence; blocks whose digest
+        # differs from that first one are resolved on their own below.
+        udig = digests[blocks[first_idx]]
+        u_tseq = np.full(len(ukeys), -1, dtype=np.int64)
+        u_tblk = np.zeros(len(ukeys), dtype=np.int64)
+        order = np.argsort(ucluster, kind='stable')
+        bounds = np.flatnonzero(np.diff(ucluster[order])) + 1
+        for grp in np.split(order, bounds):
+            if not len(grp):
+                continue
+            cands = sorted(s for s in members[int(ucluster[grp[0]])]
+                           if s in imgs and may_redirect(image, imgs[s],
+                                                         self.scope))
+            if image.seq not in cands:
+                cands.append(image.seq)  # always holds its own content
+            self._resolve(grp, cands, imgs, udig, u_tseq, u_tblk)
+        b_tseq = u_tseq[inverse]
+        b_tblk = u_tblk[inverse]
+        # blocks whose digest differs from their key's first digest
+        same = (digests[blocks] == udig[inverse]).all(axis=1)
+        if not same.all():
+            odd = np.flatnonzero(~same)
+            b_tseq[odd] = image.seq
+            b_tblk[odd] = blocks[odd]
+        tseq = np.full(n, -1, dtype=np.int64)
+        tblk = np.zeros(n, dtype=np.int64)
+        tseq[blocks] = b_tseq
+        tblk[blocks] = b_tblk
+        if image.virtual_size % image.block_size and digests[-1].any():
+            tseq[-1], tblk[-1] = image.seq, n - 1
+        return self._extents(image, imgs, tseq, tblk)
+
+    def _resolve(self, grp, cands, imgs, udig, u_tseq, u_tblk):
+        pending = grp
+        for s in cands:
+            found, blk = self.first(imgs[s]).find(udig[pending])
+            u_tseq[pending[found]] = s
+            u_tblk[pending[found]] = blk[found]
+            pending = pending[~found]
+            if not len(pending):
+                return
+        raise RuntimeError('a digest of image %d is not in the image itself'
+                           % cands[-1])
+
+    def _extents(self, image, imgs, tseq, tblk):
+        mapped = np.flatnonzero(tseq >= 0)
+        target_seqs = sorted(set(np.unique(tseq[mapped]).tolist()))
+        tindex = {s: i for i, s in enumerate(target_seqs)}
+        targets = [mapformat.Target(imgs[s].image_id, imgs[s].virtual_size,
+                                    s == image.seq) for s in target_seqs]
+        if not len(mapped):
+            extents = np.zeros(0, dtype=mapformat.EXTENT_DTYPE)
+        else:
+            t = tseq[mapped]
+            b = tblk[mapped]
+            brk = np.ones(len(mapped), dtype=bool)
+            brk[1:] = ((np.diff(mapped) != 1) | (np.diff(t) != 0)
+                       | (np.diff(b) != 1))
+            starts = np.flatnonzero(brk)
+            lengths = np.diff(np.append(starts, len(mapped)))
+            extents = np.zeros(len(starts), dtype=mapformat.EXTENT_DTYPE)
+            extents['src'] = mapped[starts]
+            extents['length'] = lengths
+            extents['target_block'] = b[starts]
+            lut = np.array(target_seqs, dtype=np.int64)
+            extents['target'] = np.searchsorted(lut, t[starts])
+        redirected = int(((tseq[mapped] != image.seq)
+                          | (tblk[mapped] != mapped)).sum())
+        if not targets:
+            # an all-zero image still names itself, as the spec requires
+            targets = [mapformat.Target(image.image_id, image.virtual_size,
+                                        True)]
+            target_seqs = [image.seq]
+        return MapResult(targets, extents, redirected, len(mapped),
+                         target_seqs)
