@@ -277,7 +277,7 @@ def vectors(outdir, seeds_only=False):
     bs = base["bs"]
     case = dict(base, name="c-invalid-partial-last", vsize=10 * bs,
                 targets=[(uuid.uuid4().bytes, 3 * bs + 100, 0)],
-                extents=[(0, 3, 0, 0)])
+                extents=[(0, 4, 0, 0)])
     write_vector(outdir, case, reason="partial-last")
 
     def index_tweak(f, body):

@@ -124,8 +124,9 @@ def build_filter(extents, n_blocks, filter_shift):
     diff = np.zeros(n_granules + 1, dtype=np.int64)
     src = extents['src'].astype(np.int64)
     last = src + extents['length'].astype(np.int64) - 1
-    np.add.at(diff, src >> filter_shift, 1)
-    np.add.at(diff, (last >> filter_shift) + 1, -1)
+    ok = (last >= src) & (last < n_blocks)
+    np.add.at(diff, src[ok] >> filter_shift, 1)
+    np.add.at(diff, (last[ok] >> filter_shift) + 1, -1)
     occupied = np.cumsum(diff[:-1]) > 0
     return np.packbits(occupied, bitorder='little')
 
