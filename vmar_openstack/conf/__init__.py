@@ -49,8 +49,9 @@ vmar_opts = [
                help='Directory where block maps are written. Maps are '
                     'immutable files named <image id>.<version>.vmap.'),
     cfg.StrOpt('base_dir', default='$state_dir/bases',
-               help='Directory holding the raw content of each ingested image, '
-                    'named by image id. Maps point into these files.'),
+               help='Directory holding the raw content of each ingested '
+                    'image, named by image id. Maps point into these '
+                    'files.'),
     cfg.StrOpt('work_dir', default='$state_dir/tmp',
                help='Scratch directory for converting non-raw images to raw '
                     'before hashing. Needs room for the virtual size of the '

@@ -135,8 +135,12 @@ def _qcow2_check(qemu_img, path):
         capture_output=True, text=True, env=dict(os.environ, LC_ALL='C'))
     # 0: clean, 3: leaked clusters only (harmless). Anything else is damage.
     if proc.returncode not in (0, 3):
-        raise ImageRejected('%s is a corrupt qcow2: %s'
-                            % (path, (proc.stderr or proc.stdout).strip()))
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        detail = lines[0] if lines else 'qemu-img check failed'
+        if len(lines) > 1:
+            detail += ' (and %d more lines)' % (len(lines) - 1)
+        raise ImageRejected('%s is a corrupt or truncated qcow2: %s'
+                            % (path, detail))
 
 
 @contextlib.contextmanager

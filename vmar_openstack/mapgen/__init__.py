@@ -127,32 +127,30 @@ class Resolver:
         members = db_api.cluster_members(self.session, np.unique(ucluster))
         all_seqs = set().union(*members.values()) if members else set()
         imgs = db_api.images_by_seq(self.session, all_seqs | {image.seq})
-        # Resolve each distinct digest of the image. Each block with the
-        # same key (and therefore nearly always the same digest) resolves
-        # through the digest of its first occurrence; blocks whose digest
-        # differs from that first one are resolved on their own below.
+        # Resolve each distinct key through the digest of its first block.
         udig = digests[blocks[first_idx]]
         u_tseq = np.full(len(ukeys), -1, dtype=np.int64)
         u_tblk = np.zeros(len(ukeys), dtype=np.int64)
+        cands = {}
         order = np.argsort(ucluster, kind='stable')
         bounds = np.flatnonzero(np.diff(ucluster[order])) + 1
         for grp in np.split(order, bounds):
             if not len(grp):
                 continue
-            cands = sorted(s for s in members[int(ucluster[grp[0]])]
-                           if s in imgs and may_redirect(image, imgs[s],
-                                                         self.scope))
-            if image.seq not in cands:
-                cands.append(image.seq)  # always holds its own content
-            self._resolve(grp, cands, imgs, udig, u_tseq, u_tblk)
+            cid = int(ucluster[grp[0]])
+            cands[cid] = self._candidates(image, members[cid], imgs)
+            self._resolve(grp, cands[cid], imgs, udig, u_tseq, u_tblk)
         b_tseq = u_tseq[inverse]
         b_tblk = u_tblk[inverse]
-        # blocks whose digest differs from their key's first digest
+        # Blocks whose digest differs from the first digest of their key (a
+        # key collision) are resolved on their own full digest.
         same = (digests[blocks] == udig[inverse]).all(axis=1)
-        if not same.all():
-            odd = np.flatnonzero(~same)
-            b_tseq[odd] = image.seq
-            b_tblk[odd] = blocks[odd]
+        for i in np.flatnonzero(~same).tolist():
+            one = np.array([0])
+            ts, tb = np.full(1, -1, np.int64), np.zeros(1, np.int64)
+            self._resolve(one, cands[int(ucluster[inverse[i]])], imgs,
+                          digests[blocks[i:i + 1]], ts, tb)
+            b_tseq[i], b_tblk[i] = ts[0], tb[0]
         tseq = np.full(n, -1, dtype=np.int64)
         tblk = np.zeros(n, dtype=np.int64)
         tseq[blocks] = b_tseq
@@ -160,6 +158,15 @@ class Resolver:
         if image.virtual_size % image.block_size and digests[-1].any():
             tseq[-1], tblk[-1] = image.seq, n - 1
         return self._extents(image, imgs, tseq, tblk)
+
+    def _candidates(self, image, members, imgs):
+        """Images of a cluster ``image`` may read from, smallest seq first."""
+        cands = sorted(s for s in members
+                       if s in imgs and may_redirect(image, imgs[s],
+                                                     self.scope))
+        if image.seq not in cands:
+            cands.append(image.seq)  # always holds its own content
+        return cands
 
     def _resolve(self, grp, cands, imgs, udig, u_tseq, u_tblk):
         pending = grp
@@ -176,7 +183,6 @@ class Resolver:
     def _extents(self, image, imgs, tseq, tblk):
         mapped = np.flatnonzero(tseq >= 0)
         target_seqs = sorted(set(np.unique(tseq[mapped]).tolist()))
-        tindex = {s: i for i, s in enumerate(target_seqs)}
         targets = [mapformat.Target(imgs[s].image_id, imgs[s].virtual_size,
                                     s == image.seq) for s in target_seqs]
         if not len(mapped):

@@ -1,0 +1,160 @@
+"""Fingerprinting: correct digests, holes skipped, hostile images rejected."""
+
+import hashlib
+import os
+import subprocess
+
+import sqlalchemy as sa
+
+from tests import base
+from vmar_openstack.db import models
+from vmar_openstack.db import session as db_session
+from vmar_openstack import fingerprint
+from vmar_openstack import ingest
+
+ID = '0f000000-0000-4000-8000-00000000000f'
+
+
+def _oracle(path, bs, algorithm='sha256'):
+    with open(path, 'rb') as f:
+        data = f.read()
+    out = []
+    for i in range(0, len(data), bs):
+        blk = data[i:i + bs].ljust(bs, b'\0')
+        out.append(bytes(len(hashlib.new(algorithm).digest()))
+                   if not any(blk) else hashlib.new(algorithm, blk).digest())
+    return out
+
+
+def _qemu_img(*args):
+    subprocess.run(('qemu-img',) + args, check=True, capture_output=True)
+
+
+class TestHashing(base.LibraryTestCase):
+
+    def test_digests_match_hashlib_with_zero_blocks_and_tail(self):
+        path = self.image('a', [1, None, 2, 3, None, None, 4], tail=b'x' * 7)
+        for workers in (1, 2):
+            fps = fingerprint.hash_file(path, os.path.getsize(path),
+                                        workers=workers)
+            self.assertEqual(_oracle(path, 4096),
+                             [bytes(r) for r in fps.digests])
+            self.assertEqual(3, int(fps.zero_mask.sum()))
+            self.assertTrue(fps.tail_partial)
+
+    def test_other_block_size_and_algorithm(self):
+        path = self.image('a', list(range(1, 9)))
+        fps = fingerprint.hash_file(path, os.path.getsize(path),
+                                    block_size=8192, algorithm='sha512')
+        self.assertEqual(_oracle(path, 8192, 'sha512'),
+                         [bytes(r) for r in fps.digests])
+
+    def test_holes_are_not_read(self):
+        path = os.path.join(self.tmp, 'sparse.raw')
+        with open(path, 'wb') as f:
+            f.truncate(1 << 30)
+            f.seek(100 << 20)
+            f.write(base.block(1) * 4)
+        read = []
+        real = os.preadv
+
+        def counting(fd, bufs, off):
+            n = real(fd, bufs, off)
+            read.append(n)
+            return n
+        self.patch(os, 'preadv', counting)
+        fps = fingerprint.hash_file(path, 1 << 30, workers=1)
+        # 16 KiB of data; file systems report data in pages or extents,
+        # never anything near the 1 GiB of the file
+        self.assertLess(sum(read), 4 << 20)
+        self.assertEqual(4, int((~fps.zero_mask).sum()))
+        self.assertEqual(bytes(fps.digests[25600]),
+                         hashlib.sha256(base.block(1)).digest())
+
+    def test_qcow2_is_hashed_as_its_virtual_content(self):
+        raw = self.image('a', [1, None, 2, 3])
+        qcow = os.path.join(self.tmp, 'a.qcow2')
+        _qemu_img('convert', '-f', 'raw', '-O', 'qcow2', raw, qcow)
+        fps = fingerprint.fingerprint_image(qcow, 'qcow2')
+        self.assertEqual(_oracle(raw, 4096), [bytes(r) for r in fps.digests])
+
+
+class TestHostileImages(base.LibraryTestCase):
+    """Each bad image is refused with a reason, and nothing is written."""
+
+    def _assert_rejected(self, path, fmt, words, **kw):
+        e = self.assertRaises(fingerprint.ImageRejected, self.lib.add, ID,
+                              path, disk_format=fmt, **kw)
+        for w in words:
+            self.assertIn(w, str(e))
+        with db_session.reader(self.conf) as s:
+            for table in (models.Image, models.Fingerprint, models.Cluster,
+                          models.ImageDigests, models.MapVersion):
+                self.assertEqual(0, s.execute(sa.select(sa.func.count())
+                                              .select_from(table)).scalar())
+        self.assertFalse(os.path.exists(ingest.base_path(self.conf, ID)))
+        maps = self.conf.vmar.map_dir
+        self.assertEqual([], os.listdir(maps) if os.path.isdir(maps) else [])
+        work = self.conf.vmar.work_dir
+        self.assertEqual([], os.listdir(work) if os.path.isdir(work) else [])
+
+    def test_qcow2_with_backing_file(self):
+        backing = self.image('b', [1, 2])
+        path = os.path.join(self.tmp, 'x.qcow2')
+        _qemu_img('create', '-f', 'qcow2', '-b', backing, '-F', 'raw', path)
+        self._assert_rejected(path, 'qcow2', ['backing'])
+
+    def test_qcow2_with_data_file(self):
+        path = os.path.join(self.tmp, 'x.qcow2')
+        _qemu_img('create', '-f', 'qcow2', '-o',
+                  'data_file=%s' % os.path.join(self.tmp, 'x.data'), path,
+                  '1M')
+        self._assert_rejected(path, 'qcow2', ['data'])
+
+    def test_vmdk_with_flat_extent(self):
+        path = os.path.join(self.tmp, 'x.vmdk')
+        _qemu_img('create', '-f', 'vmdk', '-o', 'subformat=monolithicFlat',
+                  path, '1M')
+        self._assert_rejected(path, 'vmdk', ['safety check'])
+
+    def test_truncated_qcow2(self):
+        raw = self.image('a', list(range(1, 300)))
+        path = os.path.join(self.tmp, 'x.qcow2')
+        _qemu_img('convert', '-f', 'raw', '-O', 'qcow2', raw, path)
+        os.truncate(path, os.path.getsize(path) // 2)
+        self._assert_rejected(path, 'qcow2', ['truncated'])
+
+    def test_truncated_raw_against_expected_size(self):
+        path = self.image('a', [1, 2, 3])
+        self._assert_rejected(path, 'raw', ['expected'],
+                              expected_size=4 * 4096)
+
+    def test_qcow2_claimed_as_raw(self):
+        raw = self.image('a', [1, 2])
+        path = os.path.join(self.tmp, 'x.qcow2')
+        _qemu_img('convert', '-f', 'raw', '-O', 'qcow2', raw, path)
+        self._assert_rejected(path, 'raw', ['claims to be raw', 'qcow2'])
+
+    def test_raw_claimed_as_qcow2(self):
+        path = self.image('a', [1, 2])
+        self._assert_rejected(path, 'qcow2', ['claims to be qcow2'])
+
+    def test_unknown_format(self):
+        path = self.image('a', [1])
+        self._assert_rejected(path, 'floppy', ['unsupported'])
+
+    def test_empty_file(self):
+        path = os.path.join(self.tmp, 'empty')
+        open(path, 'wb').close()
+        self._assert_rejected(path, 'raw', ['empty'])
+
+    def test_too_large(self):
+        path = os.path.join(self.tmp, 'big.raw')
+        with open(path, 'wb') as f:
+            f.truncate(3 << 30)
+        self.conf.set_override('max_virtual_size_gb', 2, group='vmar')
+        self._assert_rejected(path, 'raw', ['above the limit'])
+
+    def test_missing_file(self):
+        self._assert_rejected(os.path.join(self.tmp, 'nope'), 'raw',
+                              ['cannot read'])
