@@ -193,20 +193,10 @@ def remove_keys(session, seq, keys):
 
 def key_clusters(session, seq):
     """All (keys, cluster_ids) of clusters that contain image ``seq``."""
-    cids = clusters_of_image(session, seq)
-    keys, clusters = [], []
-    for i in range(0, len(cids), 500):
-        rows = session.execute(
-            sa.select(models.Fingerprint.fp_key, models.Fingerprint.cluster_id)
-            .where(models.Fingerprint.cluster_id.in_(cids[i:i + 500]))
-        ).fetchall()
-        if rows:
-            arr = np.array(rows, dtype=np.int64)
-            keys.append(arr[:, 0])
-            clusters.append(arr[:, 1])
-    if not keys:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    keys, clusters = np.concatenate(keys), np.concatenate(clusters)
+    keys, clusters = bulk.fetch_pairs(
+        session, 'SELECT f.fp_key, f.cluster_id FROM vmar_fingerprints f '
+        'JOIN vmar_cluster_members m ON m.cluster_id = f.cluster_id '
+        'WHERE m.seq = ?', (int(seq),))
     order = np.argsort(keys)
     return keys[order], clusters[order]
 

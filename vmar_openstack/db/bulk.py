@@ -11,6 +11,7 @@ one JSON array per batch and the database expands it in C:
 Batches stay under MariaDB's default 16 MiB packet limit.
 """
 
+import itertools
 import json
 
 import numpy as np
@@ -31,6 +32,28 @@ def _source(dialect):
     raise NotImplementedError('unsupported database dialect %s' % dialect)
 
 
+def fetch_pairs(session, sql, params=()):
+    """Run a two-integer-column query; return two int64 arrays.
+
+    Uses the DB-API cursor of the session's connection (same transaction):
+    building a SQLAlchemy row object per result row costs more than the
+    query itself when an image has a million blocks. ``sql`` marks
+    parameters with ``?``.
+    """
+    conn = session.connection()
+    if conn.dialect.paramstyle != 'qmark':
+        sql = sql.replace('%', '%%').replace('?', '%s')
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql, tuple(params))
+        rows = cur.fetchall()
+    finally:
+        cur.close()
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64,
+                       count=2 * len(rows))
+    return flat[0::2].copy(), flat[1::2].copy()
+
+
 def _batches(keys):
     keys = np.asarray(keys, dtype=np.int64)
     for i in range(0, len(keys), BATCH):
@@ -40,17 +63,14 @@ def _batches(keys):
 def lookup(session, dialect, keys):
     """Return (keys, cluster_ids) arrays of the keys present in the table."""
     src, col = _source(dialect)
-    stmt = sa.text('SELECT f.fp_key, f.cluster_id FROM %s '
-                   'JOIN vmar_fingerprints f ON f.fp_key = %s' % (src, col))
-    found_k, found_c = [], []
+    sql = ('SELECT f.fp_key, f.cluster_id FROM %s '
+           'JOIN vmar_fingerprints f ON f.fp_key = %s'
+           % (src.replace(':keys', '?'), col))
+    found_k, found_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     for batch in _batches(keys):
-        rows = session.execute(stmt, {'keys': batch}).fetchall()
-        if rows:
-            arr = np.array(rows, dtype=np.int64)
-            found_k.append(arr[:, 0])
-            found_c.append(arr[:, 1])
-    if not found_k:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
+        k, c = fetch_pairs(session, sql, (batch,))
+        found_k.append(k)
+        found_c.append(c)
     return np.concatenate(found_k), np.concatenate(found_c)
 
 

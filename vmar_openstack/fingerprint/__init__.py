@@ -189,8 +189,9 @@ def _hash_range(path, start, end, block_size, algorithm):
     new = getattr(hashlib, algorithm)
     dsize = DIGEST_SIZES[algorithm]
     n = (end - start + block_size - 1) // block_size
-    out = bytearray(n * dsize)
+    out = np.zeros((n, dsize), dtype=np.uint8)
     buf = bytearray(min(CHUNK, n * block_size))
+    mv = memoryview(buf)
     words = block_size // 8
     with open(path, 'rb', buffering=0) as f:
         fd = f.fileno()
@@ -198,26 +199,27 @@ def _hash_range(path, start, end, block_size, algorithm):
         i = 0
         while pos < end:
             want = min(len(buf), end - pos)
-            view = memoryview(buf)[:want]
-            got = os.preadv(fd, [view], pos)
-            if got < want:
-                # past EOF inside the virtual size: zeros
-                view[got:] = bytes(want - got)
             nb = (want + block_size - 1) // block_size
-            if want % block_size:
-                view = memoryview(buf)[:nb * block_size]
-                view[want:] = bytes(nb * block_size - want)
+            got = os.preadv(fd, [mv[:want]], pos)
+            # past EOF inside the virtual size, and the partial last block,
+            # read as zeros
+            mv[got:nb * block_size] = bytes(nb * block_size - got)
             arr = np.frombuffer(buf, dtype=np.uint64, count=nb * words)
-            nonzero = arr.reshape(nb, words).any(axis=1)
-            mv = memoryview(buf)
-            for b in np.flatnonzero(nonzero).tolist():
-                o = b * block_size
-                d = new(mv[o:o + block_size]).digest()
-                j = (i + b) * dsize
-                out[j:j + dsize] = d
+            nonzero = np.flatnonzero(arr.reshape(nb, words).any(axis=1))
+            if len(nonzero) == nb:
+                offsets = range(0, nb * block_size, block_size)
+                rows = slice(i, i + nb)
+            else:
+                offsets = (nonzero * block_size).tolist()
+                rows = nonzero + i
+            if len(nonzero):
+                digests = b''.join([new(mv[o:o + block_size]).digest()
+                                    for o in offsets])
+                out[rows] = np.frombuffer(digests, np.uint8).reshape(
+                    -1, dsize)
             i += nb
             pos += want
-    return start, bytes(out)
+    return start, out.tobytes()
 
 
 def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Ingest benchmarks of the core issue, with same-run baselines.
+
+Prints, each as a ratio against a baseline measured in the same run:
+
+1. hashing: the fingerprint stage on a fully allocated image (page cache
+   hot) against 2 x single-core ``openssl speed -evp sha256 -bytes 4096``.
+   Goal >= 0.8.
+2. ingest: end-to-end ``Library.add`` (hash + cluster update + map write,
+   SQLite) of a fully allocated image with 50 % new blocks, against the
+   hashing rate of item 1. Goal >= 0.5.
+3. scale: adding the 200th image of a synthetic library against adding the
+   10th, at equal image size. Goal <= 1.2.
+
+Usage: bench_ingest.py [--size-gib 4] [--scale-images 200]
+       [--scale-mib 32] [--workdir DIR] [--json OUT]
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import numpy as np
+from oslo_config import cfg
+
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.db import migration
+from vmar_openstack import fingerprint
+from vmar_openstack import ingest
+
+BS = 4096
+
+
+def openssl_single_core_mb_s(seconds=3):
+    out = subprocess.run(
+        ['openssl', 'speed', '-evp', 'sha256', '-bytes', '4096',
+         '-seconds', str(seconds)], capture_output=True, text=True,
+        check=True).stdout
+    line = [x for x in out.splitlines() if x.startswith('sha256')][-1]
+    kb = float(re.findall(r'([\d.]+)k', line)[-1])
+    return kb * 1000 / 1e6   # openssl's "k" is 1000 bytes
+
+
+def make_conf(state):
+    conf = cfg.ConfigOpts()
+    vmar_conf.register_opts(conf)
+    conf([], project='vmar', default_config_files=[])
+    conf.set_override('state_dir', state, group='vmar')
+    conf.set_override('connection', 'sqlite:///%s/vmar.sqlite' % state,
+                      group='vmar_database')
+    migration.upgrade('head', conf=conf)
+    return conf
+
+
+def write_blocks(path, seeds, chunk_blocks=8192):
+    """Write blocks whose content is a function of an integer seed."""
+    with open(path, 'wb') as f:
+        for i in range(0, len(seeds), chunk_blocks):
+            part = np.asarray(seeds[i:i + chunk_blocks], dtype=np.uint64)
+            words = BS // 8
+            base = part[:, None] * np.uint64(0x9E3779B97F4A7C15)
+            idx = np.arange(words, dtype=np.uint64)[None, :]
+            x = base + idx * np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(31)
+            x *= np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(29)
+            f.write(x.astype('<u8').tobytes())
+
+
+def warm(path):
+    with open(path, 'rb') as f:
+        while f.read(64 << 20):
+            pass
+
+
+def bench_hash_and_ingest(workdir, size_gib):
+    n = int(size_gib * (1 << 30)) // BS
+    a = os.path.join(workdir, 'a.raw')
+    b = os.path.join(workdir, 'b.raw')
+    write_blocks(a, np.arange(1, n + 1))
+    seeds_b = np.arange(1, n + 1)
+    seeds_b[1::2] += 10 ** 9          # every other block is new: 50 %
+    write_blocks(b, seeds_b)
+    warm(a)
+    warm(b)
+    size = n * BS
+    best = None
+    for _ in range(3):
+        t = time.perf_counter()
+        fingerprint.hash_file(b, size, workers=os.cpu_count())
+        dt = time.perf_counter() - t
+        best = dt if best is None else min(best, dt)
+    hash_mb_s = size / best / 1e6
+
+    state = os.path.join(workdir, 'state')
+    conf = make_conf(state)
+    lib = ingest.Library(conf)
+    lib.add(str(uuid.uuid4()), a, keep_base=False, visibility='public')
+    warm(b)
+    t = time.perf_counter()
+    out = lib.add(str(uuid.uuid4()), b, keep_base=False,
+                  visibility='public')
+    ingest_s = time.perf_counter() - t
+    return {'image_bytes': size, 'hash_s': best, 'hash_mb_s': hash_mb_s,
+            'ingest_s': ingest_s, 'ingest_mb_s': size / ingest_s / 1e6,
+            'shared_fraction': out.shared_fraction}
+
+
+def bench_scale(workdir, n_images, mib):
+    """A synthetic library: a common OS pool plus per-image packages."""
+    state = os.path.join(workdir, 'scale-state')
+    conf = make_conf(state)
+    lib = ingest.Library(conf)
+    n = mib * (1 << 20) // BS
+    rnd = np.random.default_rng(42)
+    pool = 4 * n                        # shared "distribution" blocks
+    times = []
+    path = os.path.join(workdir, 'scale.raw')
+    for i in range(n_images):
+        seeds = np.empty(n, dtype=np.int64)
+        common = int(n * 0.7)
+        start = int(rnd.integers(0, pool - common))
+        seeds[:common] = np.arange(start, start + common) + 1
+        seeds[common:] = 10 ** 9 + i * n + np.arange(n - common)
+        seeds[rnd.random(n) < 0.1] = 0          # zero blocks
+        write_blocks(path, seeds)
+        warm(path)
+        t = time.perf_counter()
+        lib.add(str(uuid.uuid4()), path, keep_base=False,
+                visibility='public' if i % 3 else 'private',
+                owner='p%d' % (i % 5))
+        times.append(time.perf_counter() - t)
+    w = 5
+    t10 = statistics.median(times[9 - w // 2:9 + w // 2 + 1])
+    tlast = statistics.median(times[-w:])
+    return {'images': n_images, 'image_mib': mib,
+            'add_10th_s': times[9], 'add_last_s': times[-1],
+            'median_around_10th_s': t10, 'median_last5_s': tlast,
+            'ratio_single': times[-1] / times[9],
+            'ratio_median': tlast / t10}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--size-gib', type=float, default=4)
+    p.add_argument('--scale-images', type=int, default=200)
+    p.add_argument('--scale-mib', type=int, default=32)
+    p.add_argument('--workdir')
+    p.add_argument('--json')
+    p.add_argument('--skip-scale', action='store_true')
+    args = p.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix='vmar-bench-')
+    os.makedirs(workdir, exist_ok=True)
+    try:
+        ossl = openssl_single_core_mb_s()
+        res = {'openssl_sha256_4k_single_core_mb_s': ossl,
+               'cpus': os.cpu_count()}
+        res.update(bench_hash_and_ingest(workdir, args.size_gib))
+        res['hash_ratio'] = res['hash_mb_s'] / (2 * ossl)
+        res['ingest_ratio'] = res['ingest_mb_s'] / res['hash_mb_s']
+        print('openssl sha256 4 KiB, one core : %8.0f MB/s' % ossl)
+        print('hashing stage (%d workers)     : %8.0f MB/s  ratio to 2 x '
+              'openssl = %.2f (goal >= 0.80)'
+              % (os.cpu_count(), res['hash_mb_s'], res['hash_ratio']))
+        print('ingest %.1f GiB, %.0f%% shared   : %8.0f MB/s  ratio to '
+              'hashing = %.2f (goal >= 0.50)'
+              % (args.size_gib, 100 * res['shared_fraction'],
+                 res['ingest_mb_s'], res['ingest_ratio']))
+        if not args.skip_scale:
+            sc = bench_scale(workdir, args.scale_images, args.scale_mib)
+            res['scale'] = sc
+            print('scale, %d images of %d MiB   : add #10 %.3f s, add #%d '
+                  '%.3f s, ratio %.2f (median of 5: %.2f) (goal <= 1.20)'
+                  % (sc['images'], sc['image_mib'], sc['add_10th_s'],
+                     sc['images'], sc['add_last_s'], sc['ratio_single'],
+                     sc['ratio_median']))
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(res, f, indent=2)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
