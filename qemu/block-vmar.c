@@ -5,9 +5,11 @@
  * virtual disk as extents of blocks read from other images ("targets");
  * blocks no extent covers read as zeros.  The map file is the "file" child;
  * target i is either the raw file <base-dir>/<uuid> (opened here, read-only,
- * cache.direct=off unless base-cache-direct=on) or the existing node named
- * <base-node-prefix><uuid> (so that several vmar nodes share one node per
- * base file).
+ * cache.direct=off unless base-cache-direct=on), or the existing node named
+ * <base-node-prefix><id> where <id> is the UUID in 22 characters of
+ * base64url (node names are limited to 31 characters), or whatever the
+ * "targets" list gives for it; the last two let several vmar nodes share
+ * one node per base file.
  *
  * Set VMAR_STATS_FILE in the environment to get one JSON line of lookup
  * counters appended to that file whenever a vmar node is closed.
@@ -70,7 +72,8 @@ static QemuOptsList vmar_runtime_opts = {
         {
             .name = VMAR_OPT_BASE_NODE_PREFIX,
             .type = QEMU_OPT_STRING,
-            .help = "Use existing nodes named <prefix><uuid> as targets",
+            .help = "Use existing nodes named <prefix><base64url id> as "
+                    "targets",
         },
         {
             .name = VMAR_OPT_BASE_CACHE_DIRECT,
@@ -162,6 +165,26 @@ static int vmar_load_map(BlockDriverState *bs, BDRVVmarState *s, Error **errp)
     return 0;
 }
 
+/* Whether @options hold a reference or options for the child @key */
+static bool vmar_has_child_options(QDict *options, const char *key)
+{
+    size_t len = strlen(key);
+    const QDictEntry *e;
+
+    for (e = qdict_first(options); e; e = qdict_next(options, e)) {
+        const char *k = qdict_entry_key(e);
+        if (!strncmp(k, key, len) && (k[len] == '\0' || k[len] == '.')) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/*
+ * Open target i as child "targets.<i>": as given by the user in the
+ * "targets" list if it is there, else as node <prefix><id> (base-node-prefix)
+ * or as file <base-dir>/<uuid> (base-dir).
+ */
 static int vmar_open_targets(BlockDriverState *bs, BDRVVmarState *s,
                              QDict *options, const char *base_dir,
                              const char *prefix, bool cache_direct,
@@ -183,10 +206,16 @@ static int vmar_open_targets(BlockDriverState *bs, BDRVVmarState *s,
         bool exact;
 
         vmar_uuid_format(t->image_id, uuid);
-        if (prefix) {
-            g_autofree char *node = g_strdup_printf("%s%s", prefix, uuid);
+        if (vmar_has_child_options(options, key)) {
+            /* given explicitly, e.g. "targets": ["node-a", "node-b"] */
+        } else if (prefix) {
+            char id[VMAR_ID_B64_LEN + 1];
+            g_autofree char *node = NULL;
+
+            vmar_id_b64url(t->image_id, id);
+            node = g_strdup_printf("%s%s", prefix, id);
             qdict_put_str(options, key, node);
-        } else {
+        } else if (base_dir) {
             g_autofree char *k_driver = g_strdup_printf("%s.driver", key);
             g_autofree char *k_file = g_strdup_printf("%s.filename", key);
             g_autofree char *k_ro = g_strdup_printf("%s.read-only", key);
@@ -199,6 +228,11 @@ static int vmar_open_targets(BlockDriverState *bs, BDRVVmarState *s,
             qdict_put_str(options, k_ro, "on");
             /* Host page cache for base files whatever the parent's mode */
             qdict_put_str(options, k_direct, cache_direct ? "on" : "off");
+        } else {
+            error_setg(errp, "vmar target %" PRIu32 " (%s): no '%s' given, "
+                       "and neither '" VMAR_OPT_BASE_DIR "' nor '"
+                       VMAR_OPT_BASE_NODE_PREFIX "'", i, uuid, key);
+            return -EINVAL;
         }
 
         s->targets[i] = bdrv_open_child(NULL, options, key, bs, &child_of_bds,
@@ -266,9 +300,16 @@ static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
     base_dir = qemu_opt_get(opts, VMAR_OPT_BASE_DIR);
     prefix = qemu_opt_get(opts, VMAR_OPT_BASE_NODE_PREFIX);
     cache_direct = qemu_opt_get_bool(opts, VMAR_OPT_BASE_CACHE_DIRECT, false);
-    if (!base_dir == !prefix) {
-        error_setg(errp, "vmar needs exactly one of the options '"
-                   VMAR_OPT_BASE_DIR "' and '" VMAR_OPT_BASE_NODE_PREFIX "'");
+    if (base_dir && prefix) {
+        error_setg(errp, "vmar options '" VMAR_OPT_BASE_DIR "' and '"
+                   VMAR_OPT_BASE_NODE_PREFIX "' are mutually exclusive");
+        ret = -EINVAL;
+        goto out;
+    }
+    if (prefix && strlen(prefix) + VMAR_ID_B64_LEN >= sizeof(bs->node_name)) {
+        error_setg(errp, "vmar option '" VMAR_OPT_BASE_NODE_PREFIX "' is "
+                   "longer than %zu characters",
+                   sizeof(bs->node_name) - 1 - VMAR_ID_B64_LEN);
         ret = -EINVAL;
         goto out;
     }

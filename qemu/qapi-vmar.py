@@ -3,8 +3,9 @@
 
 Without this, blockdev-add, qemu-storage-daemon --blockdev and every other
 QAPI-validated path reject driver "vmar" (qemu-img/qemu-io "json:" filenames
-work without it).  The edit is idempotent and fails loudly if the schema
-does not look as expected.
+work without it).  The edit is idempotent (it starts from a saved copy of
+the original each time) and fails loudly if the schema does not look as
+expected.
 
 Usage: qapi-vmar.py QEMU_SOURCE_DIR
 """
@@ -23,10 +24,16 @@ STRUCT = """##
 #            "file" node with cache.direct=off
 #
 # @base-node-prefix: if set, target i is the existing node named
-#                    <prefix><uuid> instead of a file in @base-dir
+#                    <prefix><id>, <id> being the target's UUID as 22
+#                    characters of unpadded base64url (RFC 4648); the
+#                    prefix is at most 9 characters
 #
 # @base-cache-direct: open the targets in @base-dir with cache.direct=on
 #                     (default: false)
+#
+# @targets: the targets in the order of the map's target table; an entry
+#           given here takes precedence over @base-dir and
+#           @base-node-prefix
 #
 # Since: 7.2
 ##
@@ -34,7 +41,8 @@ STRUCT = """##
   'base': 'BlockdevOptionsGenericFormat',
   'data': { '*base-dir': 'str',
             '*base-node-prefix': 'str',
-            '*base-cache-direct': 'bool' } }
+            '*base-cache-direct': 'bool',
+            '*targets': [ 'BlockdevRef' ] } }
 
 """
 
@@ -55,15 +63,24 @@ def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     path = pathlib.Path(sys.argv[1]) / "qapi" / "block-core.json"
-    text = path.read_text()
-    if "BlockdevOptionsVmar" in text:
-        return
+    # Always edit Debian's original, so a changed declaration replaces the
+    # old one; rewrite only on change, so nothing is rebuilt needlessly.
+    orig = path.with_name("block-core.json.vmar-orig")
+    if not orig.exists():
+        text = path.read_text()
+        if "BlockdevOptionsVmar" in text:
+            sys.exit("qapi-vmar.py: %s is already edited and %s is missing"
+                     % (path, orig))
+        orig.write_text(text)
+    old = path.read_text()
+    text = orig.read_text()
     text = replace_once(text, ENUM_OLD, ENUM_NEW, "BlockdevDriver enum")
     text = replace_once(text, UNION_ANCHOR, UNION_NEW + UNION_ANCHOR,
                         "BlockdevOptions union")
     text = replace_once(text, STRUCT_ANCHOR, STRUCT + STRUCT_ANCHOR,
                         "BlockdevOptions documentation")
-    path.write_text(text)
+    if text != old:
+        path.write_text(text)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,25 @@ void vmar_uuid_format(const uint8_t id[16], char out[37])
     out[j] = '\0';
 }
 
+void vmar_id_b64url(const uint8_t id[16], char out[VMAR_ID_B64_LEN + 1])
+{
+    static const char b64[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    uint32_t acc = 0;
+    int bits = 0, i, j = 0;
+
+    for (i = 0; i < 16; i++) {
+        acc = (acc << 8) | id[i];
+        bits += 8;
+        while (bits >= 6) {
+            bits -= 6;
+            out[j++] = b64[(acc >> bits) & 63];
+        }
+    }
+    out[j++] = b64[(acc << (6 - bits)) & 63];   /* 128 = 21 * 6 + 2 */
+    out[j] = '\0';
+}
+
 /* Smallest shift in [0, VMAR_MAX_SHIFT] with ceil(n >> shift) <= max_units */
 static uint32_t vmar_smallest_shift(uint64_t n, uint64_t max_units,
                                     uint32_t per_byte)

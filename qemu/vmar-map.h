@@ -128,4 +128,13 @@ void vmar_map_lookup(VmarMap *map, uint64_t block, uint64_t limit,
 /* Format a 16-byte UUID as 36 lowercase characters plus NUL */
 void vmar_uuid_format(const uint8_t id[16], char out[37]);
 
+/*
+ * Format a 16-byte UUID as 22 characters of unpadded base64url (RFC 4648,
+ * section 5) plus NUL.  QEMU node names are at most 31 characters, too
+ * short for a canonical UUID; this form leaves room for a 9-character
+ * prefix.  Python: base64.urlsafe_b64encode(u.bytes).rstrip(b"=").
+ */
+#define VMAR_ID_B64_LEN 22
+void vmar_id_b64url(const uint8_t id[16], char out[VMAR_ID_B64_LEN + 1]);
+
 #endif /* VMAR_MAP_H */

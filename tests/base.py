@@ -33,12 +33,13 @@ def write_image(path, seeds, tail=b''):
 class LibraryTestCase(testtools.TestCase):
     """A test with its own configuration and library database.
 
-    The database URL comes from ``VMAR_TEST_DB_URL`` when set (the
-    functional suite points it at MariaDB or PostgreSQL), otherwise a
-    SQLite file in the test's temporary directory.
+    The database is a SQLite file in the test's temporary directory;
+    functional tests override :meth:`database_url` to run the same tests on
+    MariaDB and PostgreSQL.
     """
 
-    db_url = None
+    def database_url(self):
+        return 'sqlite:///%s/vmar.sqlite' % self.tmp
 
     def setUp(self):
         super().setUp()
@@ -48,8 +49,8 @@ class LibraryTestCase(testtools.TestCase):
         self.conf([], project='vmar', default_config_files=[])
         self.conf.set_override('state_dir', self.tmp, group='vmar')
         self.conf.set_override('hash_workers', 2, group='vmar')
-        url = self.db_url or 'sqlite:///%s/vmar.sqlite' % self.tmp
-        self.conf.set_override('connection', url, group='vmar_database')
+        self.conf.set_override('connection', self.database_url(),
+                               group='vmar_database')
         migration.upgrade('head', conf=self.conf)
         self.lib = ingest.Library(self.conf)
         self.images = os.path.join(self.tmp, 'src')

@@ -59,8 +59,8 @@ else
 fi
 
 {
-    echo "VMAR map parser fuzzing (libFuzzer; clang -fsanitize=fuzzer," \
-        "address,undefined)"
+    printf '%s%s\n' "VMAR map parser fuzzing (libFuzzer; clang " \
+        "-fsanitize=fuzzer,address,undefined)"
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "command: fuzz/run.sh ${limit[*]} $*"
     echo "clang: $("${CLANG}" --version | head -n 1)"

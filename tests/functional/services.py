@@ -1,0 +1,97 @@
+"""Start the real database servers the functional tests use.
+
+The functional suite needs MariaDB and PostgreSQL. Debian installs them
+(tools/install-deps.sh --test) but, without systemd, nothing starts them, so
+the harness does: ``mysqld_safe`` for MariaDB and ``pg_ctlcluster`` for
+PostgreSQL, then creates a ``vmar`` role and a ``vmar_test`` database in each.
+Starting is idempotent; servers are left running for the rest of the run.
+"""
+
+import functools
+import glob
+import os
+import shutil
+import subprocess
+import time
+
+import sqlalchemy as sa
+
+USER = 'vmar'
+PASSWORD = 'vmar-test'
+DATABASE = 'vmar_test'
+
+
+class Unavailable(RuntimeError):
+    pass
+
+
+def _wait(check, what, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise Unavailable('%s did not come up within %ds' % (what, timeout))
+
+
+def _ok(cmd):
+    return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+@functools.lru_cache(maxsize=None)
+def mariadb_url():
+    if not shutil.which('mysqld_safe'):
+        raise Unavailable('MariaDB is not installed; run '
+                          'tools/install-deps.sh --test')
+    if not _ok(['mysqladmin', 'ping']):
+        os.makedirs('/run/mysqld', exist_ok=True)
+        shutil.chown('/run/mysqld', 'mysql', 'mysql')
+        subprocess.Popen(['mysqld_safe', '--skip-syslog'],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+        _wait(lambda: _ok(['mysqladmin', 'ping']), 'MariaDB')
+    sql = ("CREATE DATABASE IF NOT EXISTS {db};"
+           "CREATE USER IF NOT EXISTS '{u}'@'localhost' IDENTIFIED BY '{p}';"
+           "GRANT ALL ON {db}.* TO '{u}'@'localhost';"
+           "GRANT ALL ON `{db}_%`.* TO '{u}'@'localhost';"
+           ).format(db=DATABASE, u=USER, p=PASSWORD)
+    subprocess.run(['mysql', '-e', sql], check=True, capture_output=True)
+    return 'mysql+pymysql://%s:%s@localhost/%s?charset=utf8mb4' % (
+        USER, PASSWORD, DATABASE)
+
+
+def _psql(sql, db='postgres'):
+    return subprocess.run(['runuser', '-u', 'postgres', '--', 'psql', '-d',
+                           db, '-tAc', sql], capture_output=True, text=True)
+
+
+@functools.lru_cache(maxsize=None)
+def postgresql_url():
+    clusters = glob.glob('/etc/postgresql/*/main')
+    if not clusters or not shutil.which('pg_ctlcluster'):
+        raise Unavailable('PostgreSQL is not installed; run '
+                          'tools/install-deps.sh --test')
+    version = os.path.basename(os.path.dirname(sorted(clusters)[-1]))
+    if not _ok(['pg_isready', '-q']):
+        subprocess.run(['pg_ctlcluster', version, 'main', 'start'],
+                       check=True, capture_output=True)
+        _wait(lambda: _ok(['pg_isready', '-q']), 'PostgreSQL')
+    if _psql("SELECT 1 FROM pg_roles WHERE rolname='%s'" % USER
+             ).stdout.strip() != '1':
+        _psql("CREATE ROLE %s LOGIN PASSWORD '%s'" % (USER, PASSWORD))
+    if _psql("SELECT 1 FROM pg_database WHERE datname='%s'" % DATABASE
+             ).stdout.strip() != '1':
+        _psql('CREATE DATABASE %s OWNER %s' % (DATABASE, USER))
+    return 'postgresql+psycopg2://%s:%s@localhost/%s' % (USER, PASSWORD,
+                                                        DATABASE)
+
+
+def reset(url):
+    """Drop every table of the test database."""
+    engine = sa.create_engine(url)
+    try:
+        meta = sa.MetaData()
+        meta.reflect(engine)
+        meta.drop_all(engine)
+    finally:
+        engine.dispose()

@@ -1,0 +1,142 @@
+"""The library on real MariaDB and PostgreSQL servers.
+
+The oracle, scope and collision tests of the unit suite run again here on
+each server, plus concurrent ingests from separate processes.
+"""
+
+import os
+import subprocess
+import sys
+import threading
+
+from tests import base
+from tests.functional import services
+from tests.unit import test_mapgen
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import session as db_session
+from vmar_openstack.ingest import check
+
+
+class MariaDB:
+    def database_url(self):
+        try:
+            url = services.mariadb_url()
+        except services.Unavailable as e:
+            self.fail(str(e))
+        services.reset(url)
+        return url
+
+
+class PostgreSQL:
+    def database_url(self):
+        try:
+            url = services.postgresql_url()
+        except services.Unavailable as e:
+            self.fail(str(e))
+        services.reset(url)
+        return url
+
+
+class TestOracleMariaDB(MariaDB, test_mapgen.TestMapsAgainstOracle):
+    pass
+
+
+class TestOraclePostgreSQL(PostgreSQL, test_mapgen.TestMapsAgainstOracle):
+    pass
+
+
+class TestScopeMariaDB(MariaDB, test_mapgen.TestScopeIsolation):
+    pass
+
+
+class TestScopePostgreSQL(PostgreSQL, test_mapgen.TestScopeIsolation):
+    pass
+
+
+class TestCollisionMariaDB(MariaDB, test_mapgen.TestKeyCollision):
+    pass
+
+
+class TestCollisionPostgreSQL(PostgreSQL, test_mapgen.TestKeyCollision):
+    pass
+
+
+class ConcurrentIngests:
+    """Several ``vmar-manage image add`` processes at once, same library.
+
+    The images share most blocks, so every ingest moves fingerprints that
+    the others also move: a lost update would show as a wrong cluster or a
+    stale map in ``check``.
+    """
+
+    def _config(self):
+        path = os.path.join(self.tmp, 'vmar.conf')
+        with open(path, 'w') as f:
+            f.write('[vmar]\nstate_dir = %s\nhash_workers = 1\n'
+                    '[vmar_database]\nconnection = %s\n'
+                    % (self.tmp, self.conf.vmar_database.connection))
+        return path
+
+    def test_concurrent_ingests_lose_nothing(self):
+        conf_file = self._config()
+        n = 6
+        common = list(range(1, 200))
+        procs = []
+        for i in range(n):
+            seeds = common[i * 5:] + list(range(1000 * (i + 1),
+                                                1000 * (i + 1) + 40))
+            path = self.image('img%d' % i, seeds)
+            procs.append(subprocess.Popen(
+                [sys.executable, '-m', 'vmar_openstack.cmd.manage',
+                 '--config-file', conf_file, 'image', 'add', '--id',
+                 test_mapgen._uuid(i + 1), '--visibility', 'public', path],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outs = [p.communicate(timeout=300) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            self.assertEqual(0, p.returncode, err.decode()[-2000:])
+        problems, _warnings = check.check(self.conf)
+        self.assertEqual([], problems)
+        with db_session.reader(self.conf) as s:
+            imgs = db_api.list_images(s)
+            self.assertEqual(n, len(imgs))
+            seqs = sorted(i.seq for i in imgs)
+            self.assertEqual(len(set(seqs)), n)
+            # every block shared with an earlier image is redirected to the
+            # earliest one (seq order is the commit order)
+            first = min(imgs, key=lambda i: i.seq)
+            self.assertEqual(0, first.redirected_blocks)
+            for img in imgs:
+                if img.seq != first.seq:
+                    self.assertGreater(img.redirected_blocks, 100)
+
+    def test_threads_in_one_process(self):
+        errors = []
+
+        def add(i):
+            try:
+                path = self.image('t%d' % i, list(range(1, 120)) + [5000 + i])
+                self.lib.add(test_mapgen._uuid(100 + i), path,
+                             visibility='public')
+            except Exception as e:  # noqa: B902 (reported below)
+                errors.append(e)
+        threads = [threading.Thread(target=add, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual([], errors)
+        self.assertEqual([], check.check(self.conf)[0])
+
+
+class TestConcurrentMariaDB(MariaDB, ConcurrentIngests,
+                            base.LibraryTestCase):
+    pass
+
+
+class TestConcurrentPostgreSQL(PostgreSQL, ConcurrentIngests,
+                               base.LibraryTestCase):
+    pass
+
+
+class TestConcurrentSQLite(ConcurrentIngests, base.LibraryTestCase):
+    pass
