@@ -1,5 +1,5 @@
 #!/bin/bash
-# shellcheck and bashate over every shell script of the project.
+# Lint every shell script of the project with shellcheck and bashate.
 set -euo pipefail
 TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"

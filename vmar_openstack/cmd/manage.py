@@ -204,6 +204,15 @@ def collect_stats(conf=None):
         images = db_api.list_images(s)
         out['clusters'] = s.execute(sa.select(sa.func.count()).select_from(
             models.Cluster)).scalar()
+        # distinct fingerprints by the number of images holding them
+        # (the paper's Fig. 12b)
+        hist = {}
+        for n_images, n_fps in s.execute(
+                sa.select(models.Cluster.n_images,
+                          sa.func.sum(models.Cluster.n_fingerprints))
+                .group_by(models.Cluster.n_images)):
+            hist[int(n_images)] = int(n_fps)
+        out['fingerprints_by_images'] = dict(sorted(hist.items()))
         for img in images:
             d = db_api.load_digests(
                 s, img, fingerprint.DIGEST_SIZES[img.algorithm])
@@ -260,6 +269,11 @@ def stats():
          'of data blocks' % (st['clusters'], st['total_map_bytes'],
                              st['map_mb_per_gib'],
                              100 * st['redirected_fraction']))
+    total = sum(st['fingerprints_by_images'].values())
+    if total:
+        _out('distinct fingerprints by number of images holding them: '
+             + ', '.join('%d: %d (%.1f%%)' % (k, v, 100.0 * v / total)
+                         for k, v in st['fingerprints_by_images'].items()))
 
 
 def check():

@@ -70,15 +70,22 @@ def _content_id(fps):
 
 
 def _place_base(src, dest):
-    """Put the raw content at ``dest`` (hard link if possible, else copy)."""
+    """Copy the raw content to ``dest``, sparse, read-only, atomically.
+
+    A copy (reflinked where the file system can), never a hard link: a
+    base file must not change when the uploaded file does.
+    """
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = dest + '.tmp-%d' % os.getpid()
     try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            subprocess.run(['cp', '--sparse=always', '--reflink=auto', src,
-                            tmp], check=True, capture_output=True)
+        proc = subprocess.run(['cp', '--sparse=always', '--reflink=auto',
+                               src, tmp], capture_output=True, text=True)
+        if proc.returncode:
+            raise OSError('cannot copy %s to %s: %s'
+                          % (src, tmp, proc.stderr.strip()))
+        os.chmod(tmp, 0o444)
+        with open(tmp, 'rb') as f:
+            os.fsync(f.fileno())
         os.rename(tmp, dest)
     finally:
         if os.path.exists(tmp):
