@@ -82,8 +82,8 @@ def postgresql_url():
     if _psql("SELECT 1 FROM pg_database WHERE datname='%s'" % DATABASE
              ).stdout.strip() != '1':
         _psql('CREATE DATABASE %s OWNER %s' % (DATABASE, USER))
-    return 'postgresql+psycopg2://%s:%s@localhost/%s' % (USER, PASSWORD,
-                                                        DATABASE)
+    return 'postgresql+psycopg2://%s:%s@localhost/%s' % (
+        USER, PASSWORD, DATABASE)
 
 
 def reset(url):
