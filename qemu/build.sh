@@ -226,6 +226,9 @@ install_prefix() {
 
 main() {
     mkdir -p "${WORK}"
+    # One build at a time: the source tree and build directory are shared.
+    exec 9>"${WORK}/lock"
+    flock 9
     : >"${LOG}"
     local f
     for f in "${HASH_FILES[@]}"; do
