@@ -81,6 +81,26 @@ vmar_opts = [
                     'images.'),
     cfg.IntOpt('max_virtual_size_gb', default=2048, min=1,
                help='Largest virtual size accepted for an image, in GiB.'),
+    # compute host: the export service
+    cfg.StrOpt('host_dir', default='$state_dir/host',
+               help='vmar-owned directory on a compute host holding the maps '
+                    'and base files it exports, and the export state. Keep '
+                    'it outside Nova\'s instances/_base directory.'),
+    cfg.StrOpt('export_socket', default='/run/vmar/nbd.sock',
+               help='Unix socket on which vmar-export serves one NBD export '
+                    'per image, named by image id.'),
+    cfg.StrOpt('export_socket_group',
+               help='Group that owns the export socket (mode 0660), for '
+                    'example the group QEMU runs as. Unset: root\'s group.'),
+    cfg.StrOpt('qemu_storage_daemon', default='qemu-storage-daemon',
+               help='The patched qemu-storage-daemon with the vmar driver, '
+                    'as built by qemu/build.sh (its prefix/bin).'),
+    cfg.StrOpt('map_source', default='dir', choices=[
+        ('dir', 'Copy maps and bases from map_source_dir.')],
+               help='Where a compute host gets maps and base files.'),
+    cfg.StrOpt('map_source_dir', default='$state_dir',
+               help='For map_source=dir: a library directory with maps/ and '
+                    'bases/ subdirectories (a library\'s state_dir).'),
 ]
 
 database_opts = [

@@ -1,0 +1,477 @@
+"""The export service of a compute host: ``vmar-export``.
+
+It owns one patched ``qemu-storage-daemon`` per host and, through QMP (the
+``qemu.qmp`` library), keeps in it:
+
+* one read-only ``file`` node per base image file, named ``vb<id>`` (buffered,
+  the host-cache-for-base policy) or ``vd<id>`` (O_DIRECT, for images
+  exported with ``host_cache=none``), where ``<id>`` is the image UUID in 22
+  characters of base64url; base nodes are shared by every VMAR node that
+  reads from them and deleted when the last one goes;
+* one ``vmar`` node per exported image, reading its map;
+* one NBD export per image, named by the image id, on the unix socket
+  ``[vmar] export_socket``.
+
+The set of exports is persisted in ``<host_dir>/exports.json`` (written
+atomically, under a file lock). ``vmar-export serve`` supervises the daemon:
+when it dies it is restarted and every export is restored before the NBD
+socket appears again, so a reconnecting client never finds a missing export.
+
+Maps and base files come from a :class:`LocalDirSource` (a library directory
+with ``maps/`` and ``bases/``) and are copied into ``[vmar] host_dir``, a
+vmar-owned directory that Nova's image cache manager never touches.
+"""
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import fcntl
+import grp
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+
+from oslo_log import log as logging
+from qemu.qmp import QMPClient
+from qemu.qmp import QMPError
+
+from vmar_openstack import mapformat
+
+LOG = logging.getLogger(__name__)
+
+HOST_CACHE = ('base', 'none')
+_MAP_NAME = re.compile(r'^(?P<id>[0-9a-f-]{36})\.(?P<v>[0-9]+)\.vmap$')
+
+
+class ExportError(RuntimeError):
+    """An export cannot be created, restored or removed."""
+
+
+def b64id(image_id):
+    return base64.urlsafe_b64encode(
+        uuid.UUID(image_id).bytes).decode().rstrip('=')
+
+
+def base_node(image_id, host_cache):
+    return ('vb' if host_cache == 'base' else 'vd') + b64id(image_id)
+
+
+def vmar_node(image_id):
+    return 'vm' + b64id(image_id)
+
+
+# -- where maps and bases come from ------------------------------------------
+
+class LocalDirSource:
+    """Maps and bases in a local library directory (``maps/``, ``bases/``).
+
+    The current map of an image is its highest version present.
+    """
+
+    def __init__(self, root):
+        self.root = root
+
+    def current_version(self, image_id):
+        versions = []
+        try:
+            names = os.listdir(os.path.join(self.root, 'maps'))
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            m = _MAP_NAME.match(name)
+            if m and m.group('id') == image_id:
+                versions.append(int(m.group('v')))
+        if not versions:
+            raise ExportError('no map of image %s in %s'
+                              % (image_id, self.root))
+        return max(versions)
+
+    def fetch_map(self, image_id, version, dest):
+        _copy_atomic(os.path.join(self.root, 'maps', '%s.%d.vmap'
+                                  % (image_id, version)), dest)
+
+    def fetch_base(self, image_id, dest):
+        _copy_atomic(os.path.join(self.root, 'bases', image_id), dest)
+
+
+def _copy_atomic(src, dest):
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=os.path.dirname(dest))
+    os.close(fd)
+    try:
+        proc = subprocess.run(['cp', '--sparse=always', '--reflink=auto',
+                               src, tmp], capture_output=True, text=True)
+        if proc.returncode:
+            raise ExportError('cannot fetch %s: %s'
+                              % (src, proc.stderr.strip()))
+        os.chmod(tmp, 0o444)
+        with open(tmp, 'rb') as f:
+            os.fsync(f.fileno())
+        os.rename(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# -- persistent state -----------------------------------------------------
+
+@dataclasses.dataclass
+class Export:
+    image_id: str
+    map_version: int
+    host_cache: str
+    holders: list
+    targets: list          # [(image_id, size)]
+
+
+class State:
+    """``exports.json`` under an exclusive lock while in use."""
+
+    def __init__(self, host_dir):
+        self.host_dir = host_dir
+        self.path = os.path.join(host_dir, 'exports.json')
+        self.exports = {}
+        self._lockf = None
+
+    def __enter__(self):
+        os.makedirs(self.host_dir, exist_ok=True)
+        self._lockf = open(os.path.join(self.host_dir, 'exports.lock'), 'a')
+        fcntl.flock(self._lockf, fcntl.LOCK_EX)
+        try:
+            with open(self.path) as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raw = {'exports': {}}
+        self.exports = {
+            k: Export(k, v['map_version'], v['host_cache'], v['holders'],
+                      [tuple(t) for t in v['targets']])
+            for k, v in raw['exports'].items()}
+        return self
+
+    def save(self):
+        data = {'exports': {k: dataclasses.asdict(v)
+                            for k, v in sorted(self.exports.items())}}
+        mapformat.write_atomic(self.path, json.dumps(
+            data, indent=1, sort_keys=True).encode())
+
+    def __exit__(self, *exc):
+        fcntl.flock(self._lockf, fcntl.LOCK_UN)
+        self._lockf.close()
+
+
+# -- QMP ------------------------------------------------------------------
+
+class Monitor:
+    """A synchronous face on ``qemu.qmp.QMPClient``."""
+
+    def __init__(self, path, timeout=30):
+        self.path = path
+        self.timeout = timeout
+        self._loop = asyncio.new_event_loop()
+        self._qmp = QMPClient('vmar-export')
+        self._run(self._qmp.connect(path))
+
+    def _run(self, coro):
+        return self._loop.run_until_complete(
+            asyncio.wait_for(coro, self.timeout))
+
+    def execute(self, cmd, args=None):
+        try:
+            return self._run(self._qmp.execute(cmd, args or {}))
+        except QMPError as e:
+            raise ExportError('%s failed: %s' % (cmd, e))
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self._run(self._qmp.disconnect())
+        self._loop.close()
+
+
+# -- the service ----------------------------------------------------------
+
+class ExportService:
+
+    def __init__(self, conf, source=None):
+        self.conf = conf
+        c = conf.vmar
+        self.host_dir = c.host_dir
+        self.socket = c.export_socket
+        self.qmp_socket = os.path.join(c.host_dir, 'qsd-qmp.sock')
+        self.source = source or LocalDirSource(c.map_source_dir)
+
+    # paths
+    def map_file(self, image_id, version):
+        return os.path.join(self.host_dir, 'maps', '%s.%d.vmap'
+                            % (image_id, version))
+
+    def base_file(self, image_id):
+        return os.path.join(self.host_dir, 'bases', image_id)
+
+    # fetching
+    def _ensure_files(self, image_id, version):
+        path = self.map_file(image_id, version)
+        if not os.path.exists(path):
+            self.source.fetch_map(image_id, version, path)
+        try:
+            bmap = mapformat.read(path)
+        except mapformat.MapFormatError as e:
+            os.unlink(path)
+            raise ExportError('map v%d of %s rejected: %s'
+                              % (version, image_id, e))
+        if bmap.image_id != image_id or bmap.map_version != version:
+            raise ExportError('map file %s describes %s v%d'
+                              % (path, bmap.image_id, bmap.map_version))
+        for t in bmap.targets:
+            base = self.base_file(t.image_id)
+            if not os.path.exists(base):
+                self.source.fetch_base(t.image_id, base)
+            size = os.path.getsize(base)
+            if size != t.size:
+                raise ExportError('base %s is %d bytes, map v%d of %s says '
+                                  '%d' % (t.image_id, size, version,
+                                          image_id, t.size))
+        return bmap
+
+    # QMP state of the daemon
+    def _nodes(self, mon):
+        return {n['node-name'] for n in mon.execute('query-named-block-nodes',
+                                                    {'flat': True})}
+
+    def _add_to_daemon(self, mon, exp, nodes):
+        for tid, _size in exp.targets:
+            name = base_node(tid, exp.host_cache)
+            if name in nodes:
+                continue
+            mon.execute('blockdev-add', {
+                'driver': 'file', 'node-name': name,
+                'filename': self.base_file(tid), 'read-only': True,
+                'cache': {'direct': exp.host_cache == 'none'},
+                'aio': 'threads'})
+            nodes.add(name)
+        name = vmar_node(exp.image_id)
+        if name not in nodes:
+            mon.execute('blockdev-add', {
+                'driver': 'vmar', 'node-name': name, 'read-only': True,
+                'file': {'driver': 'file', 'read-only': True,
+                         'filename': self.map_file(exp.image_id,
+                                                   exp.map_version)},
+                'base-node-prefix': 'vb' if exp.host_cache == 'base'
+                else 'vd'})
+            nodes.add(name)
+
+    def _export_to_daemon(self, mon, exp):
+        exports = {e['id'] for e in mon.execute('query-block-exports')}
+        if exp.image_id not in exports:
+            mon.execute('block-export-add', {
+                'type': 'nbd', 'id': exp.image_id,
+                'node-name': vmar_node(exp.image_id),
+                'name': exp.image_id, 'writable': False})
+
+    def _gc_nodes(self, mon, state):
+        """Delete base nodes that no export references any more."""
+        wanted = set()
+        for exp in state.exports.values():
+            wanted.add(vmar_node(exp.image_id))
+            for tid, _size in exp.targets:
+                wanted.add(base_node(tid, exp.host_cache))
+        # vmar nodes first: they hold the base nodes
+        for kinds in (('vm',), ('vb', 'vd')):
+            for name in sorted(self._nodes(mon)):
+                if name[:2] in kinds and name not in wanted:
+                    mon.execute('blockdev-del', {'node-name': name})
+
+    def monitor(self):
+        try:
+            return Monitor(self.qmp_socket)
+        except (OSError, asyncio.TimeoutError, QMPError) as e:
+            raise ExportError('the export daemon is not running (%s); start '
+                              '"vmar-export serve"' % e)
+
+    # public operations
+    def add(self, image_id, host_cache='base', holder='cli', version=None):
+        image_id = str(uuid.UUID(image_id))
+        if host_cache not in HOST_CACHE:
+            raise ExportError('host_cache must be one of %s'
+                              % ', '.join(HOST_CACHE))
+        with State(self.host_dir) as state:
+            exp = state.exports.get(image_id)
+            if exp is not None and exp.host_cache != host_cache:
+                raise ExportError('image %s is exported with host_cache=%s'
+                                  % (image_id, exp.host_cache))
+            if exp is None:
+                version = version or self.source.current_version(image_id)
+                bmap = self._ensure_files(image_id, version)
+                exp = Export(image_id, version, host_cache, [],
+                             [(t.image_id, t.size) for t in bmap.targets])
+            mon = self.monitor()
+            try:
+                self._add_to_daemon(mon, exp, self._nodes(mon))
+                self._export_to_daemon(mon, exp)
+            finally:
+                mon.close()
+            if holder not in exp.holders:
+                exp.holders.append(holder)
+            state.exports[image_id] = exp
+            state.save()
+        return exp
+
+    def remove(self, image_id, holder='cli'):
+        image_id = str(uuid.UUID(image_id))
+        with State(self.host_dir) as state:
+            exp = state.exports.get(image_id)
+            if exp is None:
+                raise ExportError('image %s is not exported' % image_id)
+            if holder in exp.holders:
+                exp.holders.remove(holder)
+            if exp.holders:
+                state.save()
+                return exp
+            mon = self.monitor()
+            try:
+                exports = {e['id'] for e in mon.execute(
+                    'query-block-exports')}
+                if image_id in exports:
+                    mon.execute('block-export-del', {'id': image_id})
+                    self._wait_export_gone(mon, image_id)
+                del state.exports[image_id]
+                self._gc_nodes(mon, state)
+            finally:
+                mon.close()
+            state.save()
+        return None
+
+    def _wait_export_gone(self, mon, image_id, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if image_id not in {e['id'] for e in mon.execute(
+                    'query-block-exports')}:
+                return
+            time.sleep(0.05)
+        raise ExportError('export %s still has clients after %ds'
+                          % (image_id, timeout))
+
+    def list(self):
+        with State(self.host_dir) as state:
+            exports = dict(state.exports)
+        try:
+            mon = Monitor(self.qmp_socket, timeout=5)
+        except (OSError, asyncio.TimeoutError, QMPError):
+            live = None
+        else:
+            try:
+                live = {e['id'] for e in mon.execute('query-block-exports')}
+            finally:
+                mon.close()
+        return exports, live
+
+    # supervision
+    def _start_daemon(self):
+        c = self.conf.vmar
+        os.makedirs(self.host_dir, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.qmp_socket)
+        cmd = [c.qemu_storage_daemon,
+               '--chardev', 'socket,id=qmp0,path=%s,server=on,wait=off'
+               % self.qmp_socket,
+               '--monitor', 'chardev=qmp0']
+        log = open(os.path.join(self.host_dir, 'qsd.log'), 'ab')
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.qmp_socket):
+            if proc.poll() is not None:
+                raise ExportError('%s exited with %d; see %s/qsd.log'
+                                  % (c.qemu_storage_daemon, proc.returncode,
+                                     self.host_dir))
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise ExportError('qemu-storage-daemon did not start')
+            time.sleep(0.02)
+        return proc
+
+    def restore(self):
+        """Re-create every persisted export, then publish the NBD socket."""
+        tmp_sock = self.socket + '.starting'
+        with State(self.host_dir) as state:
+            mon = self.monitor()
+            try:
+                nodes = self._nodes(mon)
+                for exp in state.exports.values():
+                    self._ensure_files(exp.image_id, exp.map_version)
+                    self._add_to_daemon(mon, exp, nodes)
+                os.makedirs(os.path.dirname(self.socket), exist_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp_sock)
+                mon.execute('nbd-server-start', {
+                    'addr': {'type': 'unix', 'data': {'path': tmp_sock}}})
+                for exp in state.exports.values():
+                    self._export_to_daemon(mon, exp)
+            finally:
+                mon.close()
+        group = self.conf.vmar.export_socket_group
+        if group:
+            os.chown(tmp_sock, -1, grp.getgrnam(group).gr_gid)
+        os.chmod(tmp_sock, 0o660)
+        os.rename(tmp_sock, self.socket)
+        LOG.info('restored %d exports on %s', len(state.exports), self.socket)
+        return len(state.exports)
+
+    def serve(self, stop_event=None, max_backoff=10):
+        """Run and supervise the daemon until SIGTERM/SIGINT."""
+        stopping = []
+
+        def _stop(signum, frame):
+            stopping.append(signum)
+        if stop_event is None:
+            signal.signal(signal.SIGTERM, _stop)
+            signal.signal(signal.SIGINT, _stop)
+        backoff = 0.5
+        while not stopping and not (stop_event and stop_event.is_set()):
+            started = time.monotonic()
+            proc = self._start_daemon()
+            try:
+                self.restore()
+            except ExportError as e:
+                LOG.error('restoring exports failed: %s', e)
+                proc.kill()
+                proc.wait()
+                time.sleep(backoff)
+                backoff = min(max_backoff, backoff * 2)
+                continue
+            while proc.poll() is None:
+                if stopping or (stop_event and stop_event.is_set()):
+                    self._quit(proc)
+                    break
+                time.sleep(0.1)
+            else:
+                LOG.error('qemu-storage-daemon exited with %d; restarting',
+                          proc.returncode)
+                if time.monotonic() - started > 30:
+                    backoff = 0.5
+                else:
+                    time.sleep(backoff)
+                    backoff = min(max_backoff, backoff * 2)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket)
+
+    def _quit(self, proc):
+        with contextlib.suppress(ExportError, OSError):
+            mon = self.monitor()
+            try:
+                mon.execute('quit')
+            except ExportError:
+                pass
+            finally:
+                mon.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
