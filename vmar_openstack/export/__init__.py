@@ -66,6 +66,11 @@ def vmar_node(image_id):
     return 'vm' + b64id(image_id)
 
 
+def export_id(image_id):
+    """QMP ids must start with a letter; the NBD name is the bare id."""
+    return 'vmar-' + image_id
+
+
 # -- where maps and bases come from ------------------------------------------
 
 class LocalDirSource:
@@ -193,6 +198,33 @@ class Monitor:
         self._loop.close()
 
 
+class _Adopted:
+    """A daemon this process did not start: poll it through /proc."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None and not os.path.exists(
+                '/proc/%d' % self.pid):
+            self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = time.monotonic() + (timeout or 1e9)
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired('qemu-storage-daemon',
+                                                timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
 # -- the service ----------------------------------------------------------
 
 class ExportService:
@@ -203,6 +235,7 @@ class ExportService:
         self.host_dir = c.host_dir
         self.socket = c.export_socket
         self.qmp_socket = os.path.join(c.host_dir, 'qsd-qmp.sock')
+        self.pid_file = os.path.join(c.host_dir, 'qsd.pid')
         self.source = source or LocalDirSource(c.map_source_dir)
 
     # paths
@@ -267,9 +300,9 @@ class ExportService:
 
     def _export_to_daemon(self, mon, exp):
         exports = {e['id'] for e in mon.execute('query-block-exports')}
-        if exp.image_id not in exports:
+        if export_id(exp.image_id) not in exports:
             mon.execute('block-export-add', {
-                'type': 'nbd', 'id': exp.image_id,
+                'type': 'nbd', 'id': export_id(exp.image_id),
                 'node-name': vmar_node(exp.image_id),
                 'name': exp.image_id, 'writable': False})
 
@@ -336,8 +369,9 @@ class ExportService:
             try:
                 exports = {e['id'] for e in mon.execute(
                     'query-block-exports')}
-                if image_id in exports:
-                    mon.execute('block-export-del', {'id': image_id})
+                if export_id(image_id) in exports:
+                    mon.execute('block-export-del',
+                                {'id': export_id(image_id)})
                     self._wait_export_gone(mon, image_id)
                 del state.exports[image_id]
                 self._gc_nodes(mon, state)
@@ -349,7 +383,7 @@ class ExportService:
     def _wait_export_gone(self, mon, image_id, timeout=30):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if image_id not in {e['id'] for e in mon.execute(
+            if export_id(image_id) not in {e['id'] for e in mon.execute(
                     'query-block-exports')}:
                 return
             time.sleep(0.05)
@@ -365,21 +399,42 @@ class ExportService:
             live = None
         else:
             try:
-                live = {e['id'] for e in mon.execute('query-block-exports')}
+                live = {e['id'][len('vmar-'):] for e in mon.execute(
+                    'query-block-exports')}
             finally:
                 mon.close()
         return exports, live
 
     # supervision
+    def _running_daemon(self):
+        """A daemon left by an earlier ``serve`` that still answers QMP."""
+        try:
+            with open(self.pid_file) as f:
+                pid = int(f.read().strip())
+            with open('/proc/%d/cmdline' % pid, 'rb') as f:
+                if b'qemu-storage-daemon' not in f.read():
+                    return None
+        except (OSError, ValueError):
+            return None
+        try:
+            Monitor(self.qmp_socket, timeout=5).close()
+        except (OSError, asyncio.TimeoutError, QMPError):
+            return None
+        return _Adopted(pid)
+
     def _start_daemon(self):
         c = self.conf.vmar
         os.makedirs(self.host_dir, exist_ok=True)
+        adopted = self._running_daemon()
+        if adopted:
+            LOG.info('adopting running qemu-storage-daemon %d', adopted.pid)
+            return adopted
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.qmp_socket)
         cmd = [c.qemu_storage_daemon,
                '--chardev', 'socket,id=qmp0,path=%s,server=on,wait=off'
                % self.qmp_socket,
-               '--monitor', 'chardev=qmp0']
+               '--monitor', 'chardev=qmp0', '--pidfile', self.pid_file]
         log = open(os.path.join(self.host_dir, 'qsd.log'), 'ab')
         proc = subprocess.Popen(cmd, stdout=log, stderr=log,
                                 stdin=subprocess.DEVNULL)
@@ -396,6 +451,21 @@ class ExportService:
             time.sleep(0.02)
         return proc
 
+    def _nbd_running(self, mon):
+        """Whether an adopted daemon already serves NBD."""
+        try:
+            mon.execute('nbd-server-start', {
+                'addr': {'type': 'unix', 'data': {
+                    'path': self.socket + '.probe'}}})
+        except ExportError as e:
+            if 'already running' in str(e):
+                return True
+            raise
+        mon.execute('nbd-server-stop')
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket + '.probe')
+        return False
+
     def restore(self):
         """Re-create every persisted export, then publish the NBD socket."""
         tmp_sock = self.socket + '.starting'
@@ -409,17 +479,22 @@ class ExportService:
                 os.makedirs(os.path.dirname(self.socket), exist_ok=True)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp_sock)
-                mon.execute('nbd-server-start', {
-                    'addr': {'type': 'unix', 'data': {'path': tmp_sock}}})
+                if not self._nbd_running(mon):
+                    mon.execute('nbd-server-start', {
+                        'addr': {'type': 'unix',
+                                 'data': {'path': tmp_sock}}})
+                else:
+                    tmp_sock = None
                 for exp in state.exports.values():
                     self._export_to_daemon(mon, exp)
             finally:
                 mon.close()
-        group = self.conf.vmar.export_socket_group
-        if group:
-            os.chown(tmp_sock, -1, grp.getgrnam(group).gr_gid)
-        os.chmod(tmp_sock, 0o660)
-        os.rename(tmp_sock, self.socket)
+        if tmp_sock:
+            group = self.conf.vmar.export_socket_group
+            if group:
+                os.chown(tmp_sock, -1, grp.getgrnam(group).gr_gid)
+            os.chmod(tmp_sock, 0o660)
+            os.rename(tmp_sock, self.socket)
         LOG.info('restored %d exports on %s', len(state.exports), self.socket)
         return len(state.exports)
 
