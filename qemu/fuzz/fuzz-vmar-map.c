@@ -102,7 +102,12 @@ static void check_lookup(VmarMap *m, uint64_t b, uint64_t limit)
 static void exercise(VmarMap *m, const uint8_t *data, size_t size)
 {
     uint64_t b = 0, seed = size * 0x9e3779b97f4a7c15ULL;
+    char uuid[37], id[VMAR_ID_B64_LEN + 1];
     int i;
+
+    vmar_uuid_format(m->targets[0].image_id, uuid);
+    vmar_id_b64url(m->targets[0].image_id, id);
+    CHECK(strlen(uuid) == 36 && strlen(id) == VMAR_ID_B64_LEN);
 
     /* Sequential walk, as a full read of the disk does */
     for (i = 0; i < 2048 && b < m->n_blocks; i++) {

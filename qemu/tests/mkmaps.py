@@ -24,6 +24,10 @@ HEADER = struct.Struct("<8sIIIIQQ16sIIIIIIQQQQQII")
 assert HEADER.size == 128
 
 
+def new_id(rng):
+    return uuid.UUID(int=rng.getrandbits(128), version=4).bytes
+
+
 def ceil_div(a, b):
     return -(-a // b)
 
@@ -102,7 +106,7 @@ def random_case(rng, name, n_targets=None, self_target=None):
     n_blocks = rng.randint(1, 300)
     tail = rng.choice([0, 0, rng.randint(1, bs - 1)])
     vsize = n_blocks * bs if tail == 0 else (n_blocks - 1) * bs + tail
-    image_id = uuid.UUID(int=rng.getrandbits(128), version=4).bytes
+    image_id = new_id(rng)
     if n_targets is None:
         n_targets = rng.randint(1, 4)
     if self_target is None:
@@ -115,7 +119,7 @@ def random_case(rng, name, n_targets=None, self_target=None):
         tblocks = rng.randint(1, 400)
         ttail = rng.choice([0, 0, rng.randint(1, bs - 1)])
         tsize = tblocks * bs if ttail == 0 else (tblocks - 1) * bs + ttail
-        tid = uuid.UUID(int=rng.getrandbits(128), version=4).bytes
+        tid = new_id(rng)
         targets.append((tid, tsize, 0))
     rng.shuffle(targets)
     extents = []
@@ -166,9 +170,7 @@ def write_vector(outdir, case, tweak=None, reason=None, rng=None):
         for tid, tsize, _ in case["targets"]:
             u = str(uuid.UUID(bytes=tid))
             path = os.path.join(outdir, u + ".img")
-            if case.get("self_content") is not None and tid == case["image_id"]:
-                content = case["self_content"]
-            elif os.path.exists(path):
+            if os.path.exists(path):
                 content = open(path, "rb").read()
             else:
                 content = rng.randbytes(tsize)
@@ -268,15 +270,15 @@ def vectors(outdir, seeds_only=False):
     ext_case("target-duplicate", e, targets=base["targets"] + [
         (tid, base["targets"][0][1], 0)])
     ext_case("target-size-zero", e, targets=base["targets"] + [
-        (uuid.uuid4().bytes, 0, 0)])
+        (new_id(rng), 0, 0)])
     ext_case("target-flags", e, targets=base["targets"] + [
-        (uuid.uuid4().bytes, 4096, 2)])
+        (new_id(rng), 4096, 2)])
     ext_case("target-self-mismatch", e, targets=base["targets"] + [
-        (uuid.uuid4().bytes, 4096, 1)])
+        (new_id(rng), 4096, 1)])
     # partial last block of the target mapped to a full source block
     bs = base["bs"]
     case = dict(base, name="c-invalid-partial-last", vsize=10 * bs,
-                targets=[(uuid.uuid4().bytes, 3 * bs + 100, 0)],
+                targets=[(new_id(rng), 3 * bs + 100, 0)],
                 extents=[(0, 4, 0, 0)])
     write_vector(outdir, case, reason="partial-last")
 
@@ -294,7 +296,8 @@ def vectors(outdir, seeds_only=False):
     write_vector(outdir, case, tweak=body_tweak(filter_tweak),
                  reason="filter")
     with open(os.path.join(outdir, "c-invalid-truncated.vmap"), "wb") as f:
-        f.write(open(os.path.join(outdir, "c-valid-00.vmap"), "rb").read()[:200])
+        valid00 = os.path.join(outdir, "c-valid-00.vmap")
+        f.write(open(valid00, "rb").read()[:200])
     with open(os.path.join(outdir, "c-invalid-truncated.json"), "w") as f:
         json.dump({"valid": False, "reason": "truncated"}, f)
     with open(os.path.join(outdir, "c-invalid-magic.vmap"), "wb") as f:
