@@ -1,0 +1,121 @@
+"""The real QEMU, libvirt and images the export tests run on.
+
+Each helper builds or starts what it needs once per test run and is cached:
+the patched QEMU tools (``qemu/build.sh``, cached by content hash outside the
+clone), the Debian image library (``tools/build-image-library.sh``), the
+test guest (``tools/build-test-guest.sh``) and ``virtlogd``/``libvirtd``
+(started by hand: there is no systemd).
+"""
+
+import functools
+import os
+import subprocess
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+SYSTEM_QEMU_IMG = '/usr/bin/qemu-img'
+
+
+def _last_line(cmd, env=None):
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
+                         text=True, cwd=TOP, env=env).stdout
+    return out.strip().splitlines()[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def qemu_prefix():
+    prefix = os.environ.get('VMAR_QEMU_PREFIX')
+    if prefix:
+        return prefix
+    return _last_line([os.path.join(TOP, 'qemu', 'build.sh')])
+
+
+def qemu_bin(name):
+    return os.path.join(qemu_prefix(), 'bin', name)
+
+
+@functools.lru_cache(maxsize=None)
+def image_library():
+    """name -> path of the Debian image library images."""
+    lib = os.environ.get('VMAR_IMAGE_LIBRARY',
+                         '/var/cache/vmar-openstack/images')
+    out = subprocess.run(
+        [os.path.join(TOP, 'tools', 'build-image-library.sh'), lib],
+        check=True, stdout=subprocess.PIPE, text=True).stdout
+    images = {}
+    for line in out.strip().splitlines()[-4:]:
+        name, path = line.split(' ', 1)
+        images[name] = path
+    return images
+
+
+@functools.lru_cache(maxsize=None)
+def test_guest():
+    return _last_line([os.path.join(TOP, 'tools', 'build-test-guest.sh')])
+
+
+def _running(name):
+    return subprocess.run(['pgrep', '-x', name],
+                          capture_output=True).returncode == 0
+
+
+@functools.lru_cache(maxsize=None)
+def libvirt():
+    """Start virtlogd and libvirtd if they are not running."""
+    if not _running('virtlogd'):
+        subprocess.run(['virtlogd', '-d'], check=True)
+    if not _running('libvirtd'):
+        subprocess.run(['libvirtd', '-d'], check=True)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if subprocess.run(['virsh', '-c', 'qemu:///system', 'version'],
+                          capture_output=True).returncode == 0:
+            return 'qemu:///system'
+        time.sleep(0.2)
+    raise RuntimeError('libvirtd did not answer within 30 s')
+
+
+def virsh(*args, check=True):
+    return subprocess.run(['virsh', '-c', libvirt()] + list(args),
+                          capture_output=True, text=True, check=check)
+
+
+def fincore_bytes(path):
+    """Bytes of ``path`` in the page cache."""
+    out = subprocess.run(['fincore', '--bytes', '--noheadings', '--output',
+                          'RES', path], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.split()[0])
+
+
+def evict(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _queue_of(path):
+    dev = os.stat(path).st_dev
+    sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
+    queue = os.path.join(sysdir, 'queue')
+    if not os.path.exists(queue):      # a partition: its disk's queue
+        queue = os.path.join(sysdir, '..', 'queue')
+    return os.path.join(queue, 'read_ahead_kb')
+
+
+def set_readahead(path, kb, test):
+    """Set the read-ahead of the disk holding ``path`` for one test."""
+    knob = _queue_of(path)
+    with open(knob) as f:
+        old = f.read().strip()
+
+    def restore():
+        with open(knob, 'w') as f:
+            f.write(old)
+    with open(knob, 'w') as f:
+        f.write(str(kb))
+    test.addCleanup(restore)
