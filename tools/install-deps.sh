@@ -14,7 +14,10 @@ WITH_TESTS=0
 
 PACKAGES=(qemu-utils util-linux e2fsprogs debootstrap openssl ca-certificates)
 if [ "$WITH_TESTS" = 1 ]; then
-    PACKAGES+=(mariadb-server mariadb-client postgresql shellcheck)
+    PACKAGES+=(mariadb-server mariadb-client postgresql shellcheck
+        gcc zlib1g-dev clang libclang-rt-14-dev fio
+        libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-system-data
+        seabios ipxe-qemu busybox-static cpio)
 fi
 
 missing=()

@@ -22,5 +22,17 @@ tools/gen-config.sh --check
 echo "== unit tests"
 stestr --test-path=./tests/unit run
 
-echo "== functional tests (real QEMU tools, SQLite, MariaDB, PostgreSQL)"
+echo "== patched QEMU (qemu/build.sh; cached by content hash)"
+VMAR_QEMU_PREFIX=$(qemu/build.sh | tail -n 1)
+export VMAR_QEMU_PREFIX
+echo "$VMAR_QEMU_PREFIX"
+
+echo "== Debian image library and test guest (cached)"
+VMAR_IMAGE_LIBRARY=${VMAR_IMAGE_LIBRARY:-/var/cache/vmar-openstack/images}
+export VMAR_IMAGE_LIBRARY
+tools/build-image-library.sh "$VMAR_IMAGE_LIBRARY" | tail -n 4
+tools/build-test-guest.sh | tail -n 1
+
+echo "== functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL)"
+mkdir -p bench/out
 stestr --test-path=./tests/functional run --concurrency=1

@@ -244,8 +244,9 @@ class TestLibraryExports(ExportTestCase):
         record = {'vmar_cached': vmar, 'raw_cached': raw,
                   'second_data_bytes': data2,
                   'second_not_redirected_bytes': own2}
-        with open(os.path.join(qemu_env.TOP, 'bench', 'out',
-                               'page-cache.json'), 'w') as f:
+        out_dir = os.path.join(qemu_env.TOP, 'bench', 'out')
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, 'page-cache.json'), 'w') as f:
             json.dump(record, f, indent=1)
         # Reading the raw files caches all data of both images; through
         # VMAR the second image's shared blocks are served from the first
