@@ -119,10 +119,17 @@ database_opts = [
 
 
 def register_opts(conf=CONF):
-    conf.register_group(vmar_group)
-    conf.register_group(database_group)
-    conf.register_opts(vmar_opts, group=vmar_group)
-    conf.register_opts(database_opts, group=database_group)
+    """Register the options on ``conf``.
+
+    Each ConfigOpts gets its own OptGroup objects: an OptGroup holds the
+    per-option state (overrides included), so sharing one between two
+    ConfigOpts would leak overrides from one into the other.
+    """
+    for group, opts in ((vmar_group, vmar_opts),
+                        (database_group, database_opts)):
+        conf.register_group(cfg.OptGroup(group.name, title=group.title,
+                                         help=group.help))
+        conf.register_opts(opts, group=group.name)
 
 
 def list_opts():

@@ -139,12 +139,63 @@ def _drop_if_empty(session, cid):
             models.Cluster.id == cid))
 
 
+def _relabel(session, cid, members):
+    """Give cluster ``cid`` a new member set, keeping its fingerprints."""
+    session.execute(sa.delete(models.ClusterMember).where(
+        models.ClusterMember.cluster_id == cid))
+    session.execute(sa.insert(models.ClusterMember), [
+        {'cluster_id': cid, 'seq': m} for m in sorted(members)])
+    session.execute(sa.update(models.Cluster)
+                    .where(models.Cluster.id == cid)
+                    .values(members_hash=members_hash(members),
+                            n_images=len(members)))
+
+
+def _merge_into(session, src, dst, members):
+    """Move every fingerprint of cluster ``src`` into ``dst``; drop ``src``.
+
+    ``dst`` already has the member set ``members``. The smaller cluster's
+    rows are the ones updated (an index range update, no key list).
+    """
+    n = {c.id: c.n_fingerprints for c in session.execute(
+        sa.select(models.Cluster).where(models.Cluster.id.in_(
+            [src, dst]))).scalars()}
+    if n[src] > n[dst]:
+        # relabel the bigger one instead and drop the smaller
+        session.execute(sa.delete(models.ClusterMember).where(
+            models.ClusterMember.cluster_id == dst))
+        session.execute(sa.update(models.Cluster).where(
+            models.Cluster.id == dst).values(members_hash='merging-%d' % dst))
+        src, dst = dst, src
+        _relabel(session, dst, members)
+    session.execute(sa.update(models.Fingerprint)
+                    .where(models.Fingerprint.cluster_id == src)
+                    .values(cluster_id=dst))
+    _adjust_count(session, dst, n[src])
+    session.execute(sa.delete(models.ClusterMember).where(
+        models.ClusterMember.cluster_id == src))
+    session.execute(sa.delete(models.Cluster).where(
+        models.Cluster.id == src))
+
+
+def _cluster_id(session, members):
+    return session.execute(sa.select(models.Cluster.id).where(
+        models.Cluster.members_hash == members_hash(members))).scalar()
+
+
 def _regroup(session, dialect, keys, clusters, change):
     """Move keys, grouped by their current cluster, to ``change(members)``.
 
     ``change`` returns the new member set, or an empty set to drop the keys.
+    A cluster whose keys all move keeps its rows and changes its member set
+    (merging with an existing cluster of that set), so the cost is per
+    cluster, not per key; only a cluster that splits moves keys one by one.
     """
-    members = cluster_members(session, np.unique(clusters))
+    ids = np.unique(clusters)
+    members = cluster_members(session, ids)
+    sizes = dict(session.execute(
+        sa.select(models.Cluster.id, models.Cluster.n_fingerprints)
+        .where(models.Cluster.id.in_([int(i) for i in ids]))).all())
     order = np.argsort(clusters, kind='stable')
     keys, clusters = keys[order], clusters[order]
     bounds = np.flatnonzero(np.diff(clusters)) + 1
@@ -156,14 +207,27 @@ def _regroup(session, dialect, keys, clusters, change):
         new_members = change(members[old])
         if new_members == members[old]:
             continue
-        if new_members:
-            new = _get_or_create_cluster(session, new_members)
-            bulk.move(session, dialect, grp_keys, new)
-            _adjust_count(session, new, len(grp_keys))
+        whole = len(grp_keys) == sizes[old]
+        if whole and not new_members:
+            session.execute(sa.delete(models.Fingerprint).where(
+                models.Fingerprint.cluster_id == old))
+            _adjust_count(session, old, -len(grp_keys))
+            _drop_if_empty(session, old)
+        elif whole:
+            existing = _cluster_id(session, new_members)
+            if existing is None:
+                _relabel(session, old, new_members)
+            else:
+                _merge_into(session, old, existing, new_members)
         else:
-            bulk.delete(session, dialect, grp_keys)
-        _adjust_count(session, old, -len(grp_keys))
-        _drop_if_empty(session, old)
+            if new_members:
+                new = _get_or_create_cluster(session, new_members)
+                bulk.move(session, dialect, grp_keys, new)
+                _adjust_count(session, new, len(grp_keys))
+            else:
+                bulk.delete(session, dialect, grp_keys)
+            _adjust_count(session, old, -len(grp_keys))
+            _drop_if_empty(session, old)
 
 
 def add_keys(session, seq, keys):
