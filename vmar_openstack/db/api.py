@@ -176,6 +176,7 @@ def _merge_into(session, src, dst, members):
         models.ClusterMember.cluster_id == src))
     session.execute(sa.delete(models.Cluster).where(
         models.Cluster.id == src))
+    return dst
 
 
 def _cluster_id(session, members):
@@ -190,7 +191,9 @@ def _regroup(session, dialect, keys, clusters, change):
     A cluster whose keys all move keeps its rows and changes its member set
     (merging with an existing cluster of that set), so the cost is per
     cluster, not per key; only a cluster that splits moves keys one by one.
+    Returns ``(keys, cluster ids)`` of the kept keys after the change.
     """
+    out_k, out_c = [], []
     ids = np.unique(clusters)
     members = cluster_members(session, ids)
     sizes = dict(session.execute(
@@ -205,43 +208,61 @@ def _regroup(session, dialect, keys, clusters, change):
             continue
         old = int(grp_cl[0])
         new_members = change(members[old])
+        dest = old
         if new_members == members[old]:
-            continue
-        whole = len(grp_keys) == sizes[old]
-        if whole and not new_members:
+            pass
+        elif len(grp_keys) == sizes[old] and not new_members:
             session.execute(sa.delete(models.Fingerprint).where(
                 models.Fingerprint.cluster_id == old))
             _adjust_count(session, old, -len(grp_keys))
             _drop_if_empty(session, old)
-        elif whole:
+        elif len(grp_keys) == sizes[old]:
             existing = _cluster_id(session, new_members)
             if existing is None:
                 _relabel(session, old, new_members)
             else:
-                _merge_into(session, old, existing, new_members)
+                dest = _merge_into(session, old, existing, new_members)
         else:
             if new_members:
-                new = _get_or_create_cluster(session, new_members)
-                bulk.move(session, dialect, grp_keys, new)
-                _adjust_count(session, new, len(grp_keys))
+                dest = _get_or_create_cluster(session, new_members)
+                bulk.move(session, dialect, grp_keys, dest)
+                _adjust_count(session, dest, len(grp_keys))
             else:
                 bulk.delete(session, dialect, grp_keys)
             _adjust_count(session, old, -len(grp_keys))
             _drop_if_empty(session, old)
+        if new_members:
+            out_k.append(grp_keys)
+            out_c.append(np.full(len(grp_keys), dest, dtype=np.int64))
+    if not out_k:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(out_k), np.concatenate(out_c)
 
 
 def add_keys(session, seq, keys):
-    """Add image ``seq`` as a member for every key in ``keys`` (distinct)."""
+    """Add image ``seq`` as a member for every key in ``keys`` (distinct).
+
+    Returns the image's ``(keys, cluster ids)`` afterwards, sorted by key,
+    so that map generation need not read them back.
+    """
     dialect = db_session.dialect(session)
     found_k, found_c = bulk.lookup(session, dialect, keys)
+    out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     if len(found_k):
-        _regroup(session, dialect, found_k, found_c,
-                 lambda m: m | {seq})
+        k, c = _regroup(session, dialect, found_k, found_c,
+                        lambda m: m | {seq})
+        out_k.append(k)
+        out_c.append(c)
     new = np.setdiff1d(keys, found_k, assume_unique=True)
     if len(new):
         cid = _get_or_create_cluster(session, frozenset([seq]))
         bulk.insert(session, dialect, new, cid)
         _adjust_count(session, cid, len(new))
+        out_k.append(new)
+        out_c.append(np.full(len(new), cid, dtype=np.int64))
+    k, c = np.concatenate(out_k), np.concatenate(out_c)
+    order = np.argsort(k)
+    return k[order], c[order]
 
 
 def remove_keys(session, seq, keys):

@@ -260,11 +260,13 @@ class Library:
             s.add(img)
             s.flush()
             db_api.store_digests(s, img.seq, fps.digests)
-            db_api.add_keys(s, img.seq, db_api.image_key_set(img,
-                                                             fps.digests))
+            known = db_api.add_keys(s, img.seq, db_api.image_key_set(
+                img, fps.digests))
             s.flush()
             affected = self._affected(s, img)
-            return self._regenerate(s, written, img, affected)
+            return self._regenerate(s, written, img, affected,
+                                    known={img.seq: known},
+                                    digests={img.seq: fps.digests})
 
     def _affected(self, s, img):
         """Other images whose canonical target is ``img`` for some cluster.
@@ -290,8 +292,10 @@ class Library:
                     out.add(y)
         return out
 
-    def _regenerate(self, s, written, img, affected):
-        versions = self._write_maps(s, {img.seq} | set(affected), written)
+    def _regenerate(self, s, written, img, affected, known=None,
+                    digests=None):
+        versions = self._write_maps(s, {img.seq} | set(affected), written,
+                                    known, digests)
         version = versions.pop(img.image_id)
         LOG.info('image %s: map v%d, %d other maps regenerated',
                  img.image_id, version, len(versions))
@@ -299,13 +303,15 @@ class Library:
         frac = (img.redirected_blocks / shared) if shared else 0.0
         return Outcome(img.image_id, img.seq, version, versions, frac)
 
-    def _write_maps(self, s, seqs, written):
-        resolver = mapgen.Resolver(s, self.conf.vmar.dedup_scope)
+    def _write_maps(self, s, seqs, written, known=None, digests=None):
+        resolver = mapgen.Resolver(s, self.conf.vmar.dedup_scope,
+                                   digests=digests)
+        known = known or {}
         out = {}
         imgs = db_api.images_by_seq(s, seqs)
         for seq in sorted(seqs):
             image = imgs[seq]
-            result = resolver.build(image)
+            result = resolver.build(image, known.get(seq))
             version = image.map_version + 1
             data = mapformat.encode(
                 image.image_id, image.virtual_size, image.block_size,

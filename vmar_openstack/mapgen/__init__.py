@@ -84,10 +84,10 @@ class MapResult:
 class Resolver:
     """Builds maps for several images in one transaction, sharing lookups."""
 
-    def __init__(self, session, scope):
+    def __init__(self, session, scope, digests=None):
         self.session = session
         self.scope = scope
-        self._digests = {}
+        self._digests = dict(digests or {})
         self._first = {}
 
     def digests(self, image):
@@ -105,7 +105,8 @@ class Resolver:
             self._first[image.seq] = f
         return f
 
-    def build(self, image):
+    def build(self, image, key_clusters=None):
+        """Map of ``image``; ``key_clusters`` are its (keys, clusters)."""
         digests = self.digests(image)
         n = image.n_blocks
         mask = db_api.shareable_mask(digests, image.virtual_size,
@@ -115,7 +116,8 @@ class Resolver:
         ukeys, first_idx, inverse = np.unique(bkeys, return_index=True,
                                               return_inverse=True)
         # cluster of every key
-        kc_keys, kc_clusters = db_api.key_clusters(self.session, image.seq)
+        kc_keys, kc_clusters = key_clusters or db_api.key_clusters(
+            self.session, image.seq)
         pos = np.searchsorted(kc_keys, ukeys)
         ok = pos < len(kc_keys)
         ok[ok] = kc_keys[pos[ok]] == ukeys[ok]
