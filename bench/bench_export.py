@@ -18,7 +18,13 @@ Reports:
 4. mean lookup probes for the sequential and the random pattern, from the
    driver's counters (VMAR_STATS_FILE).
 
-Usage: bench_export.py --qemu-prefix DIR [--json OUT] FIRST.raw SECOND.raw
+Hot figures are medians of --rounds alternating rounds. Read-ahead on the
+base files decides much of the cold figure, so the disk's read-ahead is set
+to --readahead-kb (default 128, the kernel's default) for the run and put
+back afterwards; the machine's own setting is reported.
+
+Usage: bench_export.py --qemu-prefix DIR [--json OUT] [--aio A]
+       [--gather-gap N] FIRST.raw SECOND.raw
 """
 
 import argparse
@@ -26,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,6 +104,10 @@ def main():
     p.add_argument('--qemu-prefix', required=True)
     p.add_argument('--json')
     p.add_argument('--runtime', type=int, default=10)
+    p.add_argument('--rounds', type=int, default=3)
+    p.add_argument('--aio', default='io_uring')
+    p.add_argument('--gather-gap', type=int, default=0)
+    p.add_argument('--readahead-kb', type=int, default=128)
     p.add_argument('first')
     p.add_argument('second')
     args = p.parse_args()
@@ -106,6 +117,30 @@ def main():
     os.environ['VMAR_STATS_FILE'] = stats
     conf = make_conf(os.path.join(work, 'state'), args.qemu_prefix, sock)
     conf.set_override('map_source_dir', conf.vmar.state_dir, group='vmar')
+    conf.set_override('base_aio', args.aio, group='vmar')
+    conf.set_override('read_gather_gap', args.gather_gap, group='vmar')
+    knob = readahead_knob(work)
+    with open(knob) as f:
+        machine_ra = int(f.read())
+    with open(knob, 'w') as f:
+        f.write(str(args.readahead_kb))
+    try:
+        return run(args, work, conf, sock, stats, machine_ra)
+    finally:
+        with open(knob, 'w') as f:
+            f.write(str(machine_ra))
+
+
+def readahead_knob(path):
+    dev = os.stat(path).st_dev
+    sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
+    queue = os.path.join(sysdir, 'queue')
+    if not os.path.exists(queue):
+        queue = os.path.join(sysdir, '..', 'queue')
+    return os.path.join(queue, 'read_ahead_kb')
+
+
+def run(args, work, conf, sock, stats, machine_ra):
     lib = ingest.Library(conf)
     ids = []
     for path in (args.first, args.second):
@@ -115,7 +150,8 @@ def main():
     first, second = ids
     svc = export.ExportService(conf)
     proc = svc._start_daemon()
-    res = {}
+    res = {'readahead_kb': args.readahead_kb, 'machine_readahead_kb':
+           machine_ra, 'aio': args.aio, 'gather_gap': args.gather_gap}
     try:
         svc.restore()
         for i in ids:
@@ -124,7 +160,7 @@ def main():
         mon = svc.monitor()
         mon.execute('blockdev-add', {
             'driver': 'file', 'node-name': 'rawbench', 'read-only': True,
-            'filename': svc.base_file(second), 'aio': 'threads'})
+            'filename': svc.base_file(second), 'aio': svc._aio('base')})
         mon.execute('block-export-add', {
             'type': 'nbd', 'id': 'rawbench', 'node-name': 'rawbench',
             'name': 'raw', 'writable': False})
@@ -133,19 +169,25 @@ def main():
         uri_v = 'nbd+unix:///%s?socket=%s' % (second, sock)
         uri_r = 'nbd+unix:///raw?socket=%s' % sock
 
-        # 1. hot cache: warm both, then measure
+        # 1. hot cache: warm both, then alternate
         for uri in (uri_v, uri_r):
             fio(uri, 'read', '1M', size=size)
-        seq_v = fio(uri_v, 'read', '1M', size=size)
-        seq_r = fio(uri_r, 'read', '1M', size=size)
-        rnd_v = fio(uri_v, 'randread', '4k', runtime=args.runtime)
-        rnd_r = fio(uri_r, 'randread', '4k', runtime=args.runtime)
+        seq_v, seq_r, rnd_v, rnd_r = [], [], [], []
+        for _ in range(args.rounds):
+            seq_v.append(fio(uri_v, 'read', '1M', size=size)['MB_s'])
+            seq_r.append(fio(uri_r, 'read', '1M', size=size)['MB_s'])
+            rnd_v.append(fio(uri_v, 'randread', '4k',
+                             runtime=args.runtime)['iops'])
+            rnd_r.append(fio(uri_r, 'randread', '4k',
+                             runtime=args.runtime)['iops'])
+        med = statistics.median
         res['hot'] = {
-            'seq_1M_vmar_MB_s': seq_v['MB_s'], 'seq_1M_raw_MB_s':
-            seq_r['MB_s'], 'seq_ratio': seq_v['MB_s'] / seq_r['MB_s'],
-            'rand_4k_vmar_iops': rnd_v['iops'],
-            'rand_4k_raw_iops': rnd_r['iops'],
-            'rand_ratio': rnd_v['iops'] / rnd_r['iops']}
+            'seq_1M_vmar_MB_s': med(seq_v), 'seq_1M_raw_MB_s': med(seq_r),
+            'seq_ratio': med(seq_v) / med(seq_r),
+            'rand_4k_vmar_iops': med(rnd_v), 'rand_4k_raw_iops': med(rnd_r),
+            'rand_ratio': med(rnd_v) / med(rnd_r),
+            'rounds': {'seq_vmar': seq_v, 'seq_raw': seq_r,
+                       'rand_vmar': rnd_v, 'rand_raw': rnd_r}}
 
         # 4. probes: counters of a fresh node per pattern
         svc.remove(second)
@@ -202,6 +244,8 @@ def main():
                          'ratio': inproc_v / inproc_r}
     shutil.rmtree(work, ignore_errors=True)
 
+    print('aio %s, gather-gap %d, read-ahead %d KiB (machine: %d KiB)'
+          % (args.aio, args.gather_gap, args.readahead_kb, machine_ra))
     h = res['hot']
     print('hot  seq 1 MiB : vmar %7.0f MB/s  raw %7.0f MB/s  ratio %.2f '
           '(goal >= 0.95)' % (h['seq_1M_vmar_MB_s'], h['seq_1M_raw_MB_s'],

@@ -22,6 +22,7 @@
 #include "qapi/error.h"
 #include "qapi/qmp/qdict.h"
 #include "qemu/cutils.h"
+#include "qemu/memalign.h"
 #include "qemu/module.h"
 #include "qemu/option.h"
 #include "block/block_int.h"
@@ -32,11 +33,23 @@
 #define VMAR_OPT_BASE_DIR           "base-dir"
 #define VMAR_OPT_BASE_NODE_PREFIX   "base-node-prefix"
 #define VMAR_OPT_BASE_CACHE_DIRECT  "base-cache-direct"
+#define VMAR_OPT_GATHER_GAP         "gather-gap"
 
 /* Largest map file we load (a map holds 16 bytes per extent) */
 #define VMAR_MAX_MAP_FILE_SIZE      (1ULL << 30)
 #define VMAR_READ_CHUNK             (64 * 1024 * 1024)
 #define VMAR_MAX_WORKERS            8
+/*
+ * Runs of one request that go to the same target close to each other are
+ * read with one target read: up to VMAR_MAX_GAP bytes between two runs are
+ * read into a scratch buffer and dropped, and one read spans at most
+ * VMAR_MAX_SPAN bytes.  Maps often interleave short extents of two
+ * targets, and each target read costs a thread pool round trip.
+ */
+#define VMAR_MAX_GAP                (32 * 1024)   /* largest gather-gap */
+#define VMAR_MAX_SPAN               (1024 * 1024)
+/* Target reads being gathered at once, per request */
+#define VMAR_GROUPS                 2
 
 typedef struct BDRVVmarState {
     VmarMap *map;
@@ -49,15 +62,27 @@ typedef struct BDRVVmarState {
     uint64_t bytes_zero;
     uint64_t target_reads;
     uint64_t block_status_calls;
+    uint64_t bytes_gap;
+
+    /* Destination of the gaps between gathered runs, never read */
+    void *gap_buf;
+    uint64_t gather_gap;
 } BDRVVmarState;
 
+/*
+ * One target read: either one run, straight into the request's @qiov at
+ * @qiov_offset, or (@gathered) several runs and the gaps between them,
+ * through @local, which points into the request's qiov and gap_buf.
+ */
 typedef struct VmarAioTask {
     AioTask task;
     BdrvChild *child;
-    uint64_t offset;
+    uint64_t offset;        /* in the target */
     uint64_t bytes;
     QEMUIOVector *qiov;
     size_t qiov_offset;
+    bool gathered;
+    QEMUIOVector local;     /* heap iov array only, so the task can move */
 } VmarAioTask;
 
 static QemuOptsList vmar_runtime_opts = {
@@ -80,6 +105,12 @@ static QemuOptsList vmar_runtime_opts = {
             .type = QEMU_OPT_BOOL,
             .help = "Open targets in base-dir with cache.direct=on "
                     "(default: off)",
+        },
+        {
+            .name = VMAR_OPT_GATHER_GAP,
+            .type = QEMU_OPT_SIZE,
+            .help = "Read runs of one target at most this many bytes apart "
+                    "with one read (default: 0, only touching runs)",
         },
         { /* end of list */ }
     },
@@ -274,6 +305,8 @@ static void vmar_free_state(BlockDriverState *bs, BDRVVmarState *s)
         s->targets = NULL;
     }
     s->n_targets = 0;
+    qemu_vfree(s->gap_buf);
+    s->gap_buf = NULL;
     vmar_map_free(s->map);
     s->map = NULL;
 }
@@ -300,6 +333,13 @@ static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
     base_dir = qemu_opt_get(opts, VMAR_OPT_BASE_DIR);
     prefix = qemu_opt_get(opts, VMAR_OPT_BASE_NODE_PREFIX);
     cache_direct = qemu_opt_get_bool(opts, VMAR_OPT_BASE_CACHE_DIRECT, false);
+    s->gather_gap = qemu_opt_get_size(opts, VMAR_OPT_GATHER_GAP, 0);
+    if (s->gather_gap > VMAR_MAX_GAP) {
+        error_setg(errp, "vmar option '" VMAR_OPT_GATHER_GAP "' is above %d",
+                   VMAR_MAX_GAP);
+        ret = -EINVAL;
+        goto out;
+    }
     if (base_dir && prefix) {
         error_setg(errp, "vmar options '" VMAR_OPT_BASE_DIR "' and '"
                    VMAR_OPT_BASE_NODE_PREFIX "' are mutually exclusive");
@@ -327,6 +367,15 @@ static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
     ret = vmar_open_targets(bs, s, options, base_dir, prefix, cache_direct,
                             errp);
     if (ret < 0) {
+        goto out;
+    }
+
+    /* Page aligned, so O_DIRECT targets need no bounce buffer for it */
+    s->gap_buf = qemu_try_memalign(qemu_real_host_page_size(),
+                                   MAX(s->gather_gap, 4096));
+    if (!s->gap_buf) {
+        error_setg(errp, "vmar: cannot allocate the gap buffer");
+        ret = -ENOMEM;
         goto out;
     }
 
@@ -381,10 +430,11 @@ static void vmar_write_stats(BlockDriverState *bs, BDRVVmarState *s)
     fprintf(f, ", \"lookups\": %" PRIu64 ", \"probes\": %" PRIu64
             ", \"requests\": %" PRIu64 ", \"bytes_read\": %" PRIu64
             ", \"bytes_zero\": %" PRIu64 ", \"target_reads\": %" PRIu64
-            ", \"block_status_calls\": %" PRIu64 ", \"n_extents\": %" PRIu32
-            "}\n", s->map->lookups, s->map->probes, s->requests,
-            s->bytes_read, s->bytes_zero, s->target_reads,
-            s->block_status_calls, s->map->hdr.n_extents);
+            ", \"block_status_calls\": %" PRIu64 ", \"bytes_gap\": %" PRIu64
+            ", \"n_extents\": %" PRIu32 "}\n", s->map->lookups,
+            s->map->probes, s->requests, s->bytes_read, s->bytes_zero,
+            s->target_reads, s->block_status_calls, s->bytes_gap,
+            s->map->hdr.n_extents);
     fclose(f);
 
     /* One write() with O_APPEND, so concurrent writers do not interleave */
@@ -426,36 +476,75 @@ static int64_t vmar_getlength(BlockDriverState *bs)
 static coroutine_fn int vmar_co_read_task_entry(AioTask *task)
 {
     VmarAioTask *t = container_of(task, VmarAioTask, task);
+    int ret;
 
-    return bdrv_co_preadv_part(t->child, t->offset, t->bytes, t->qiov,
-                               t->qiov_offset, 0);
-}
-
-static coroutine_fn int vmar_add_read_task(AioTaskPool *pool,
-                                           BdrvChild *child, uint64_t offset,
-                                           uint64_t bytes, QEMUIOVector *qiov,
-                                           size_t qiov_offset)
-{
-    VmarAioTask local_task;
-    VmarAioTask *task = pool ? g_new(VmarAioTask, 1) : &local_task;
-
-    *task = (VmarAioTask) {
-        .task.func = vmar_co_read_task_entry,
-        .child = child,
-        .offset = offset,
-        .bytes = bytes,
-        .qiov = qiov,
-        .qiov_offset = qiov_offset,
-    };
-
-    if (!pool) {
-        return vmar_co_read_task_entry(&task->task);
+    if (!t->gathered) {
+        return bdrv_co_preadv_part(t->child, t->offset, t->bytes, t->qiov,
+                                   t->qiov_offset, 0);
     }
-
-    aio_task_pool_start_task(pool, &task->task);
-    return 0;
+    ret = bdrv_co_preadv(t->child, t->offset, t->bytes, &t->local, 0);
+    qemu_iovec_destroy(&t->local);
+    return ret;
 }
 
+/* Hand @t to @pool (created if needed), which frees the copy it makes */
+static coroutine_fn void vmar_start_read_task(AioTaskPool **pool,
+                                              const VmarAioTask *t)
+{
+    VmarAioTask *task = g_memdup2(t, sizeof(*t));
+
+    if (!*pool) {
+        *pool = aio_task_pool_new(VMAR_MAX_WORKERS);
+    }
+    aio_task_pool_start_task(*pool, &task->task);
+}
+
+/*
+ * Add the run of @bytes at @offset in @child, for @qiov at @qiov_offset, to
+ * read @t if it fits: same target, at most VMAR_MAX_GAP bytes after its
+ * end, and the read stays within VMAR_MAX_SPAN bytes and IOV_MAX.
+ */
+static bool vmar_gather(BDRVVmarState *s, VmarAioTask *t, BdrvChild *child,
+                        uint64_t offset, uint64_t bytes, QEMUIOVector *qiov,
+                        size_t qiov_offset)
+{
+    uint64_t end = t->offset + t->bytes;
+    int niov;
+
+    if (t->child != child || offset < end || offset - end > s->gather_gap ||
+        offset + bytes - t->offset > VMAR_MAX_SPAN) {
+        return false;
+    }
+    niov = qemu_iovec_subvec_niov(qiov, qiov_offset, bytes) + 1;
+    if (!t->gathered) {
+        niov += qemu_iovec_subvec_niov(t->qiov, t->qiov_offset, t->bytes);
+        if (niov > IOV_MAX) {
+            return false;
+        }
+        qemu_iovec_init(&t->local, MAX(niov, 8));
+        qemu_iovec_concat(&t->local, t->qiov, t->qiov_offset, t->bytes);
+        t->gathered = true;
+    } else if (t->local.niov + niov > IOV_MAX) {
+        return false;
+    }
+    if (offset > end) {
+        qemu_iovec_add(&t->local, s->gap_buf, offset - end);
+        s->bytes_gap += offset - end;
+    }
+    qemu_iovec_concat(&t->local, qiov, qiov_offset, bytes);
+    t->bytes = offset + bytes - t->offset;
+    return true;
+}
+
+/*
+ * Read a request's runs.  Zero runs are filled in place.  Mapped runs are
+ * gathered into at most VMAR_GROUPS target reads at a time (see
+ * VMAR_MAX_GAP); a read that cannot grow any more goes to an AioTaskPool
+ * created on demand, and the last one is done in this coroutine.  So a
+ * request that needs one target read (the common case: the NBD server asks
+ * block status first and reads one run at a time) costs no pool, no
+ * coroutine and no allocation.
+ */
 static coroutine_fn int vmar_co_preadv_part(BlockDriverState *bs,
                                             int64_t offset, int64_t bytes,
                                             QEMUIOVector *qiov,
@@ -468,7 +557,9 @@ static coroutine_fn int vmar_co_preadv_part(BlockDriverState *bs,
     uint64_t mask = ((uint64_t)1 << shift) - 1;
     uint64_t vsize = map->hdr.virtual_size;
     AioTaskPool *aio = NULL;
-    int ret = 0;
+    VmarAioTask group[VMAR_GROUPS];
+    int n_groups = 0;
+    int i, ret = 0;
 
     s->requests++;
 
@@ -484,45 +575,67 @@ static coroutine_fn int vmar_co_preadv_part(BlockDriverState *bs,
     while (bytes > 0 && aio_task_pool_status(aio) == 0) {
         uint64_t end = (uint64_t)offset + bytes;
         uint64_t block = (uint64_t)offset >> shift;
-        uint64_t run_end;
-        uint64_t cur;
+        uint64_t cur, toff;
+        BdrvChild *child;
         VmarRun run;
 
         vmar_map_lookup(map, block, (end + mask) >> shift, &run);
-        run_end = MIN((block + run.n_blocks) << shift, end);
-        cur = run_end - offset;
+        cur = MIN((block + run.n_blocks) << shift, end) - offset;
 
         if (!run.mapped) {
             qemu_iovec_memset(qiov, qiov_offset, 0, cur);
             s->bytes_zero += cur;
-        } else {
-            const VmarExtent *e = &map->extents[run.extent];
-            uint64_t toff = (run.target_block << shift) + (offset & mask);
-
-            if (!aio && cur != (uint64_t)bytes) {
-                aio = aio_task_pool_new(VMAR_MAX_WORKERS);
-            }
-            s->target_reads++;
-            s->bytes_read += cur;
-            ret = vmar_add_read_task(aio, s->targets[e->target], toff, cur,
-                                     qiov, qiov_offset);
-            if (ret < 0) {
-                goto out;
-            }
+            goto next;
         }
 
+        child = s->targets[map->extents[run.extent].target];
+        toff = (run.target_block << shift) + (offset & mask);
+        s->bytes_read += cur;
+        for (i = 0; i < n_groups; i++) {
+            if (vmar_gather(s, &group[i], child, toff, cur, qiov,
+                            qiov_offset)) {
+                goto next;
+            }
+        }
+        if (n_groups == VMAR_GROUPS) {
+            /* Send the oldest read on its way */
+            vmar_start_read_task(&aio, &group[0]);
+            memmove(&group[0], &group[1], sizeof(group[0]) * --n_groups);
+        }
+        group[n_groups++] = (VmarAioTask) {
+            .task.func = vmar_co_read_task_entry,
+            .child = child,
+            .offset = toff,
+            .bytes = cur,
+            .qiov = qiov,
+            .qiov_offset = qiov_offset,
+        };
+        s->target_reads++;
+
+next:
         bytes -= cur;
         offset += cur;
         qiov_offset += cur;
     }
 
-out:
+    for (i = 0; i < n_groups; i++) {
+        if (aio_task_pool_status(aio) < 0) {
+            /* A read failed: drop the others */
+            if (group[i].gathered) {
+                qemu_iovec_destroy(&group[i].local);
+            }
+        } else if (i < n_groups - 1) {
+            vmar_start_read_task(&aio, &group[i]);
+        } else {
+            ret = vmar_co_read_task_entry(&group[i].task);
+        }
+    }
     if (aio) {
         aio_task_pool_wait_all(aio);
         if (ret == 0) {
             ret = aio_task_pool_status(aio);
         }
-        g_free(aio);
+        aio_task_pool_free(aio);
     }
     return ret;
 }
@@ -536,9 +649,11 @@ static coroutine_fn int vmar_co_block_status(BlockDriverState *bs,
     BDRVVmarState *s = bs->opaque;
     VmarMap *m = s->map;
     uint32_t shift = m->block_shift;
+    uint64_t mask = ((uint64_t)1 << shift) - 1;
     uint64_t vsize = m->hdr.virtual_size;
-    uint64_t block, run_end;
-    VmarRun run;
+    uint64_t block, end, limit;
+    uint32_t n_extents;
+    VmarRun run, first;
 
     s->block_status_calls++;
     if ((uint64_t)offset >= vsize) {
@@ -547,18 +662,47 @@ static coroutine_fn int vmar_co_block_status(BlockDriverState *bs,
         return BDRV_BLOCK_ZERO;
     }
 
-    /* @bytes is a hint: report the whole run, up to virtual_size */
+    /*
+     * The block layer clamps *pnum to @bytes, so look no further than the
+     * end of the request: finding the end of a long zero run would scan
+     * the occupancy filter for nothing.
+     */
     block = (uint64_t)offset >> shift;
-    vmar_map_lookup(m, block, m->n_blocks, &run);
-    run_end = MIN((block + run.n_blocks) << shift, vsize);
-    *pnum = run_end - offset;
+    limit = ((uint64_t)offset + bytes + mask) >> shift;
+    vmar_map_lookup(m, block, limit, &first);
+    end = block + first.n_blocks;
 
-    if (!run.mapped) {
+    /*
+     * Report consecutive runs of the same kind as one: maps often hold
+     * long stretches of small adjacent extents, and the NBD server sends a
+     * chunk and issues a read per block status answer.  One read over
+     * several extents lets vmar_co_preadv_part() read them in parallel.
+     */
+    n_extents = first.mapped;
+    while (end < limit) {
+        vmar_map_lookup(m, end, limit, &run);
+        if (run.mapped != first.mapped) {
+            break;
+        }
+        n_extents += run.mapped;
+        end += run.n_blocks;
+    }
+    *pnum = MIN(end << shift, vsize) - offset;
+
+    if (!first.mapped) {
         return BDRV_BLOCK_ZERO;
     }
-    *map = (run.target_block << shift) + (offset & (((uint64_t)1 << shift) -
-                                                     1));
-    *file = s->targets[m->extents[run.extent].target]->bs;
+    if (n_extents > 1) {
+        /*
+         * Several extents: no single offset in a single target.  The read
+         * that usually follows starts in the first one, so make that the
+         * cached extent again (the cursor stays valid: it is independent).
+         */
+        m->last_extent = first.extent;
+        return BDRV_BLOCK_DATA;
+    }
+    *map = (first.target_block << shift) + (offset & mask);
+    *file = s->targets[m->extents[first.extent].target]->bs;
     return BDRV_BLOCK_DATA | BDRV_BLOCK_OFFSET_VALID;
 }
 

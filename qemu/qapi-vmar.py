@@ -35,6 +35,12 @@ STRUCT = """##
 #           given here takes precedence over @base-dir and
 #           @base-node-prefix
 #
+# @gather-gap: runs of one request that lie at most this many bytes apart
+#              in one target are read with one target read, the bytes in
+#              between being read and dropped (default: 0, only touching
+#              runs are merged; a gap reads blocks that the map serves
+#              from elsewhere, so they enter the host cache twice)
+#
 # Since: 7.2
 ##
 { 'struct': 'BlockdevOptionsVmar',
@@ -42,7 +48,8 @@ STRUCT = """##
   'data': { '*base-dir': 'str',
             '*base-node-prefix': 'str',
             '*base-cache-direct': 'bool',
-            '*targets': [ 'BlockdevRef' ] } }
+            '*targets': [ 'BlockdevRef' ],
+            '*gather-gap': 'size' } }
 
 """
 

@@ -567,6 +567,8 @@ int vmar_map_parse(const uint8_t *buf, size_t len, VmarMap **pmap,
     }
     m->n_blocks = vmar_div_round_up(m->hdr.virtual_size, m->block_shift);
     m->last_extent = m->hdr.n_extents;
+    m->next_extent = 0;     /* extent 0 is the first to end after block 0 */
+    m->next_block = 0;
 
     /* Sizes are bounded by len, which holds all these tables */
     m->targets = calloc(m->hdr.n_targets, sizeof(*m->targets));
@@ -599,6 +601,10 @@ static bool vmar_filter_bit(const VmarMap *m, uint64_t granule)
     return m->filter[granule >> 3] & (1u << (granule & 7));
 }
 
+/*
+ * A run of @idx from @block, clipped to @limit.  The cursor moves to the
+ * run's end: the extent after @idx if the run reaches the extent's end.
+ */
 static void vmar_run_from_extent(VmarMap *m, uint32_t idx, uint64_t block,
                                  uint64_t limit, VmarRun *run)
 {
@@ -610,15 +616,44 @@ static void vmar_run_from_extent(VmarMap *m, uint32_t idx, uint64_t block,
     run->target_block = (uint64_t)e->target_block + (block - e->src_block);
     run->n_blocks = (end < limit ? end : limit) - block;
     m->last_extent = idx;
+    m->next_block = block + run->n_blocks;
+    m->next_extent = m->next_block < end ? idx : idx + 1;
 }
 
-static void vmar_run_zero(uint64_t block, uint64_t next, uint64_t limit,
-                          VmarRun *run)
+/*
+ * A zero run from @block up to @next, clipped to @limit.  @next_extent is
+ * the first extent that ends after the run (its start is >= the run's end),
+ * or UINT32_MAX if unknown; the cursor moves to the run's end.
+ */
+static void vmar_run_zero(VmarMap *m, uint64_t block, uint64_t next,
+                          uint64_t limit, uint32_t next_extent, VmarRun *run)
 {
     run->mapped = false;
     run->extent = 0;
     run->target_block = 0;
     run->n_blocks = (next < limit ? next : limit) - block;
+    if (next_extent == UINT32_MAX) {
+        m->next_block = UINT64_MAX;
+    } else {
+        m->next_block = block + run->n_blocks;
+        m->next_extent = next_extent;
+    }
+}
+
+/* First granule at or after @g that has its bit set, or the one at @limit */
+static uint64_t vmar_filter_next(const VmarMap *m, uint64_t g, uint64_t limit)
+{
+    uint32_t shift = m->hdr.filter_shift;
+
+    while ((g << shift) < limit && !vmar_filter_bit(m, g)) {
+        /* Skip whole zero bytes of the bitmap at once */
+        if ((g & 7) == 0 && m->filter[g >> 3] == 0) {
+            g += 8;
+        } else {
+            g++;
+        }
+    }
+    return g;
 }
 
 void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
@@ -627,13 +662,14 @@ void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
     const VmarHeader *h = &m->hdr;
     const VmarSection *s;
     uint64_t g, lo, hi, next;
+    bool cursor;
 
     if (limit > m->n_blocks) {
         limit = m->n_blocks;
     }
     m->lookups++;
 
-    /* Last-extent cache: sequential reads cost nothing */
+    /* Last-extent cache: reads inside the previous extent cost nothing */
     if (m->last_extent < h->n_extents) {
         const VmarExtent *e = &m->extents[m->last_extent];
         if (block >= e->src_block &&
@@ -642,25 +678,51 @@ void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
             return;
         }
     }
+    cursor = block == m->next_block;
 
-    /* Occupancy filter: a clear bit means the whole granule is zero */
+    /*
+     * Occupancy filter: a clear bit means the whole granule is zero.  If
+     * the lookup continues from the cursor, the next extent starts after
+     * the zero run, so the cursor stays valid.
+     */
     g = block >> h->filter_shift;
     if (!vmar_filter_bit(m, g)) {
-        do {
-            g++;
-        } while ((g << h->filter_shift) < limit && !vmar_filter_bit(m, g));
-        vmar_run_zero(block, g << h->filter_shift, limit, run);
+        g = vmar_filter_next(m, g + 1, limit);
+        vmar_run_zero(m, block, g << h->filter_shift, limit,
+                      cursor ? m->next_extent : UINT32_MAX, run);
         return;
     }
 
-    /* Section index, then binary search inside the section */
     s = &m->sections[block >> h->section_shift];
     if (s->count == 0) {
+        /* s->first starts after the section, all before it end before */
         next = s->first < h->n_extents ? m->extents[s->first].src_block
                                        : m->n_blocks;
-        vmar_run_zero(block, next, limit, run);
+        vmar_run_zero(m, block, next, limit, s->first, run);
         return;
     }
+
+    /*
+     * Sequential walk: the extent at the cursor is the first to end after
+     * @block, so one comparison tells whether @block is in it or in the
+     * zero gap before it (count >= 1 here, so this is within the bound).
+     */
+    if (cursor) {
+        if (m->next_extent >= h->n_extents) {
+            vmar_run_zero(m, block, m->n_blocks, limit, h->n_extents, run);
+            return;
+        }
+        m->probes++;
+        next = m->extents[m->next_extent].src_block;
+        if (block >= next) {
+            vmar_run_from_extent(m, m->next_extent, block, limit, run);
+        } else {
+            vmar_run_zero(m, block, next, limit, m->next_extent, run);
+        }
+        return;
+    }
+
+    /* Binary search inside the section */
     lo = s->first;
     hi = (uint64_t)s->first + s->count;
     while (lo < hi) {
@@ -680,5 +742,5 @@ void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
         return;
     }
     next = lo < h->n_extents ? m->extents[lo].src_block : m->n_blocks;
-    vmar_run_zero(block, next, limit, run);
+    vmar_run_zero(m, block, next, limit, (uint32_t)lo, run);
 }

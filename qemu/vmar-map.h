@@ -81,8 +81,16 @@ typedef struct VmarMap {
     VmarSection *sections;
     uint8_t *filter;
 
-    /* Lookup state and counters (see "Lookup cost" in the spec) */
+    /*
+     * Lookup state and counters (see "Lookup cost" in the spec).  The
+     * cursor remembers where the previous run ended: when next_block is
+     * not UINT64_MAX, next_extent is the first extent that ends after
+     * next_block (n_extents if none), so a lookup that continues a
+     * sequential walk needs one probe at most.
+     */
     uint32_t last_extent;   /* n_extents when none */
+    uint32_t next_extent;
+    uint64_t next_block;    /* UINT64_MAX when unknown */
     uint64_t lookups;
     uint64_t probes;
 } VmarMap;
@@ -120,7 +128,10 @@ typedef struct VmarRun {
  * blocks starting there that is either read from one extent or zero,
  * clipped to end at @limit (exclusive, block number, > @block, clamped to
  * n_blocks).  Updates map->lookups and map->probes as the spec's "Lookup
- * cost" defines, and the last-extent cache.
+ * cost" defines, the last-extent cache and the cursor.  A lookup in the
+ * previous extent costs nothing; one that starts where the previous run
+ * ended compares the next extent only (one probe); any other does the
+ * filter, section and binary search of the spec.
  */
 void vmar_map_lookup(VmarMap *map, uint64_t block, uint64_t limit,
                      VmarRun *run);

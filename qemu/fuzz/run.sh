@@ -16,6 +16,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 QEMU_DIR="$(dirname "${HERE}")"
 WORK="${VMAR_FUZZ_DIR:-/var/cache/vmar-openstack/fuzz}"
+# where the summary goes (CI points it away from the clone)
+RESULT="${VMAR_FUZZ_RESULT:-${HERE}/RESULT.txt}"
 CLANG="${CLANG:-clang}"
 BIN="${WORK}/fuzz-vmar-map"
 LOG="${WORK}/fuzz.log"
@@ -71,6 +73,6 @@ fi
     echo "coverage: ${cov:-unknown}"
     echo "corpus: $(find "${WORK}/corpus" -type f | wc -l) files"
     echo "result: ${result}"
-} >"${HERE}/RESULT.txt"
-cat "${HERE}/RESULT.txt"
+} >"${RESULT}"
+cat "${RESULT}"
 exit "${rc}"

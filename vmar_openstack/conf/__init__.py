@@ -95,6 +95,16 @@ vmar_opts = [
     cfg.StrOpt('qemu_storage_daemon', default='qemu-storage-daemon',
                help='The patched qemu-storage-daemon with the vmar driver, '
                     'as built by qemu/build.sh (its prefix/bin).'),
+    cfg.StrOpt('base_aio', default='io_uring',
+               choices=['threads', 'native', 'io_uring'],
+               help='How the export daemon reads base files: a thread pool, '
+                    'Linux AIO (O_DIRECT only) or io_uring.'),
+    cfg.IntOpt('read_gather_gap', default=0, min=0, max=32768,
+               help='Runs of one read that lie at most this many bytes '
+                    'apart in one base file are read with one read. Above 0 '
+                    'the bytes in between are read too, and they are blocks '
+                    'that maps serve from elsewhere: faster sequential reads '
+                    'for a less deduplicated host cache.'),
     cfg.StrOpt('map_source', default='dir', choices=[
         ('dir', 'Copy maps and bases from map_source_dir.')],
                help='Where a compute host gets maps and base files.'),

@@ -285,7 +285,7 @@ class ExportService:
                 'driver': 'file', 'node-name': name,
                 'filename': self.base_file(tid), 'read-only': True,
                 'cache': {'direct': exp.host_cache == 'none'},
-                'aio': 'threads'})
+                'aio': self._aio(exp.host_cache)})
             nodes.add(name)
         name = vmar_node(exp.image_id)
         if name not in nodes:
@@ -295,8 +295,15 @@ class ExportService:
                          'filename': self.map_file(exp.image_id,
                                                    exp.map_version)},
                 'base-node-prefix': 'vb' if exp.host_cache == 'base'
-                else 'vd'})
+                else 'vd',
+                'gather-gap': self.conf.vmar.read_gather_gap})
             nodes.add(name)
+
+    def _aio(self, host_cache):
+        aio = self.conf.vmar.base_aio
+        if aio == 'native' and host_cache != 'none':
+            return 'threads'    # Linux AIO needs O_DIRECT
+        return aio
 
     def _export_to_daemon(self, mon, exp):
         exports = {e['id'] for e in mon.execute('query-block-exports')}
