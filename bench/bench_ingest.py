@@ -127,23 +127,36 @@ def bench_hash_and_ingest(workdir, size_gib, layout):
 
 
 def bench_scale(workdir, n_images, mib):
-    """A synthetic library: a common OS pool plus per-image packages."""
+    """A synthetic library shaped like a distribution's images.
+
+    Every image is a "base system" (the first 40 % of a shared pool, with
+    a few changes of its own), then a selection of "packages": contiguous
+    runs taken from a shared pool of package files, then its own data, then
+    free space (zero blocks). Images differ in which packages they hold.
+    """
     state = os.path.join(workdir, 'scale-state')
     conf = make_conf(state)
     lib = ingest.Library(conf)
     n = mib * (1 << 20) // BS
     rnd = np.random.default_rng(42)
-    pool = 4 * n                        # shared "distribution" blocks
+    base = int(n * 0.4)
+    pkg_len = max(1, n // 64)
+    n_pkgs = 200                      # package pool
     times = []
     path = os.path.join(workdir, 'scale.raw')
     for i in range(n_images):
-        seeds = np.empty(n, dtype=np.int64)
-        common = int(n * 0.7)
-        start = int(rnd.integers(0, pool - common))
-        seeds[:common] = np.arange(start, start + common) + 1
-        seeds[common:] = 10 ** 9 + i * n + np.arange(n - common)
-        seeds[rnd.random(n) < 0.1] = 0          # zero blocks
-        write_blocks(path, seeds)
+        parts = [np.arange(1, base + 1)]
+        parts[0][rnd.integers(0, base, size=base // 50)] += 10 ** 10 + i
+        chosen = rnd.choice(n_pkgs, size=int(n * 0.3) // pkg_len,
+                            replace=False)
+        for p in chosen:
+            start = 10 ** 6 + int(p) * pkg_len
+            parts.append(np.arange(start, start + pkg_len))
+        used = sum(len(x) for x in parts)
+        own = int(n * 0.1)
+        parts.append(10 ** 9 + i * n + np.arange(own))
+        parts.append(np.zeros(n - used - own, dtype=np.int64))
+        write_blocks(path, np.concatenate(parts))
         warm(path)
         t = time.perf_counter()
         lib.add(str(uuid.uuid4()), path, keep_base=False,
@@ -157,7 +170,7 @@ def bench_scale(workdir, n_images, mib):
             'add_10th_s': times[9], 'add_last_s': times[-1],
             'median_around_10th_s': t10, 'median_last5_s': tlast,
             'ratio_single': times[-1] / times[9],
-            'ratio_median': tlast / t10}
+            'ratio_median': tlast / t10, 'times': times}
 
 
 def main():

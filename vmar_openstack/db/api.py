@@ -82,9 +82,25 @@ def load_digests(session, image, dsize):
 
 # -- clusters ---------------------------------------------------------------
 
+def _member_hash(seq):
+    return int.from_bytes(hashlib.sha256(b'vmar-member-%d' % seq).digest()[
+        :16], 'little')
+
+
 def members_hash(members):
-    return hashlib.sha256(
-        ','.join(str(m) for m in sorted(members)).encode()).hexdigest()
+    """Identity of a member set: XOR of 128-bit hashes of its members.
+
+    XOR makes adding or removing one member O(1), without reading the
+    others: ``hash(M | {x}) == hash(M) ^ hash({x})``.
+    """
+    h = 0
+    for m in members:
+        h ^= _member_hash(m)
+    return '%032x' % h
+
+
+def _toggle(hash_hex, seq):
+    return '%032x' % (int(hash_hex, 16) ^ _member_hash(seq))
 
 
 def cluster_members(session, cluster_ids):
@@ -129,17 +145,7 @@ def _adjust_count(session, cid, delta):
                             + int(delta)))
 
 
-def _drop_if_empty(session, cid):
-    n = session.execute(sa.select(models.Cluster.n_fingerprints).where(
-        models.Cluster.id == cid)).scalar()
-    if n == 0:
-        session.execute(sa.delete(models.ClusterMember).where(
-            models.ClusterMember.cluster_id == cid))
-        session.execute(sa.delete(models.Cluster).where(
-            models.Cluster.id == cid))
-
-
-def _relabel(session, cid, members):
+def _relabel(session, cid, members, new_hash):
     """Give cluster ``cid`` a new member set, keeping its fingerprints."""
     session.execute(sa.delete(models.ClusterMember).where(
         models.ClusterMember.cluster_id == cid))
@@ -147,27 +153,27 @@ def _relabel(session, cid, members):
         {'cluster_id': cid, 'seq': m} for m in sorted(members)])
     session.execute(sa.update(models.Cluster)
                     .where(models.Cluster.id == cid)
-                    .values(members_hash=members_hash(members),
-                            n_images=len(members)))
+                    .values(members_hash=new_hash, n_images=len(members)))
 
 
-def _merge_into(session, src, dst, members):
+def _merge_into(session, src, dst, new_hash):
     """Move every fingerprint of cluster ``src`` into ``dst``; drop ``src``.
 
-    ``dst`` already has the member set ``members``. The smaller cluster's
-    rows are the ones updated (an index range update, no key list).
+    ``src`` changes to the member set ``dst`` already has (``new_hash``).
+    The smaller cluster's rows are the ones updated (an index range update,
+    no key list); returns the id of the cluster that remains.
     """
     n = {c.id: c.n_fingerprints for c in session.execute(
         sa.select(models.Cluster).where(models.Cluster.id.in_(
             [src, dst]))).scalars()}
     if n[src] > n[dst]:
-        # relabel the bigger one instead and drop the smaller
-        session.execute(sa.delete(models.ClusterMember).where(
-            models.ClusterMember.cluster_id == dst))
+        # keep the bigger one: give it dst's members, drop dst
+        members = session.execute(sa.select(models.ClusterMember.seq).where(
+            models.ClusterMember.cluster_id == dst)).scalars().all()
         session.execute(sa.update(models.Cluster).where(
             models.Cluster.id == dst).values(members_hash='merging-%d' % dst))
         src, dst = dst, src
-        _relabel(session, dst, members)
+        _relabel(session, dst, members, new_hash)
     session.execute(sa.update(models.Fingerprint)
                     .where(models.Fingerprint.cluster_id == src)
                     .values(cluster_id=dst))
@@ -179,63 +185,109 @@ def _merge_into(session, src, dst, members):
     return dst
 
 
-def _cluster_id(session, members):
-    return session.execute(sa.select(models.Cluster.id).where(
-        models.Cluster.members_hash == members_hash(members))).scalar()
+def _regroup(session, dialect, keys, clusters, seq, adding):
+    """Add image ``seq`` to, or remove it from, the clusters of ``keys``.
 
-
-def _regroup(session, dialect, keys, clusters, change):
-    """Move keys, grouped by their current cluster, to ``change(members)``.
-
-    ``change`` returns the new member set, or an empty set to drop the keys.
-    A cluster whose keys all move keeps its rows and changes its member set
-    (merging with an existing cluster of that set), so the cost is per
-    cluster, not per key; only a cluster that splits moves keys one by one.
-    Returns ``(keys, cluster ids)`` of the kept keys after the change.
+    ``keys`` are the image's keys found in the table and ``clusters`` their
+    current clusters. A cluster whose keys all change keeps its fingerprint
+    rows and changes its member set; these changes are batched, so the cost
+    is a few statements for all such clusters. A cluster that splits (only
+    part of it is in the image being added) gets a new cluster for the part,
+    and only those keys move. Returns ``(keys, cluster ids)`` of the kept
+    keys after the change.
     """
-    out_k, out_c = [], []
     ids = np.unique(clusters)
-    members = cluster_members(session, ids)
-    sizes = dict(session.execute(
-        sa.select(models.Cluster.id, models.Cluster.n_fingerprints)
-        .where(models.Cluster.id.in_([int(i) for i in ids]))).all())
+    info = {}
+    for i in range(0, len(ids), 500):
+        for cid, h, n_img, n_fp in session.execute(
+                sa.select(models.Cluster.id, models.Cluster.members_hash,
+                          models.Cluster.n_images,
+                          models.Cluster.n_fingerprints)
+                .where(models.Cluster.id.in_([int(x) for x in
+                                              ids[i:i + 500]]))):
+            info[cid] = (h, n_img, n_fp)
     order = np.argsort(clusters, kind='stable')
     keys, clusters = keys[order], clusters[order]
     bounds = np.flatnonzero(np.diff(clusters)) + 1
-    for grp_keys, grp_cl in zip(np.split(keys, bounds),
-                                np.split(clusters, bounds)):
+    whole, split, groups = [], [], {}
+    for grp_keys in np.split(np.arange(len(keys)), bounds):
         if not len(grp_keys):
             continue
-        old = int(grp_cl[0])
-        new_members = change(members[old])
-        dest = old
-        if new_members == members[old]:
-            pass
-        elif len(grp_keys) == sizes[old] and not new_members:
-            session.execute(sa.delete(models.Fingerprint).where(
-                models.Fingerprint.cluster_id == old))
-            _adjust_count(session, old, -len(grp_keys))
-            _drop_if_empty(session, old)
-        elif len(grp_keys) == sizes[old]:
-            existing = _cluster_id(session, new_members)
-            if existing is None:
-                _relabel(session, old, new_members)
-            else:
-                dest = _merge_into(session, old, existing, new_members)
+        cid = int(clusters[grp_keys[0]])
+        groups[cid] = grp_keys
+        if len(grp_keys) == info[cid][2]:
+            whole.append(cid)
         else:
-            if new_members:
-                dest = _get_or_create_cluster(session, new_members)
-                bulk.move(session, dialect, grp_keys, dest)
-                _adjust_count(session, dest, len(grp_keys))
-            else:
-                bulk.delete(session, dialect, grp_keys)
-            _adjust_count(session, old, -len(grp_keys))
-            _drop_if_empty(session, old)
-        if new_members:
-            out_k.append(grp_keys)
-            out_c.append(np.full(len(grp_keys), dest, dtype=np.int64))
-    if not out_k:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
+            split.append((cid, grp_keys))
+    if not adding and split:
+        raise RuntimeError('image %d holds only part of a cluster; run '
+                           'vmar-manage check' % seq)
+    dest = {}
+    # whole clusters: new member set = old toggled by seq
+    new_hash = {cid: _toggle(info[cid][0], seq) for cid in whole}
+    existing = {}
+    hashes = list(new_hash.values())
+    for i in range(0, len(hashes), 500):
+        for cid, h in session.execute(
+                sa.select(models.Cluster.id, models.Cluster.members_hash)
+                .where(models.Cluster.members_hash.in_(hashes[i:i + 500]))):
+            existing[h] = cid
+    relabel = []
+    for cid in whole:
+        if not adding and info[cid][1] == 1:
+            # the image was the cluster's only member
+            session.execute(sa.delete(models.Fingerprint).where(
+                models.Fingerprint.cluster_id == cid))
+            session.execute(sa.delete(models.ClusterMember).where(
+                models.ClusterMember.cluster_id == cid))
+            session.execute(sa.delete(models.Cluster).where(
+                models.Cluster.id == cid))
+        elif new_hash[cid] in existing:
+            dest[cid] = _merge_into(session, cid, existing[new_hash[cid]],
+                                    new_hash[cid])
+        else:
+            relabel.append(cid)
+            dest[cid] = cid
+    if relabel:
+        if adding:
+            session.execute(sa.insert(models.ClusterMember), [
+                {'cluster_id': cid, 'seq': seq} for cid in relabel])
+        else:
+            for i in range(0, len(relabel), 500):
+                session.execute(sa.delete(models.ClusterMember).where(
+                    models.ClusterMember.seq == seq,
+                    models.ClusterMember.cluster_id.in_(relabel[i:i + 500])))
+        step = 1 if adding else -1
+        session.execute(
+            sa.text('UPDATE vmar_clusters SET members_hash = :h, '
+                    'n_images = n_images + :step WHERE id = :cid'),
+            [{'cid': cid, 'h': new_hash[cid], 'step': step}
+             for cid in relabel])
+    # split clusters (adding only): the image's part moves to old + {seq}
+    for cid, grp in split:
+        h = _toggle(info[cid][0], seq)
+        new = session.execute(sa.select(models.Cluster.id).where(
+            models.Cluster.members_hash == h)).scalar()
+        if new is None:
+            cluster = models.Cluster(members_hash=h,
+                                     n_images=info[cid][1] + 1,
+                                     n_fingerprints=0)
+            session.add(cluster)
+            session.flush()
+            new = cluster.id
+            session.execute(sa.text(
+                'INSERT INTO vmar_cluster_members (cluster_id, seq) '
+                'SELECT :new, seq FROM vmar_cluster_members '
+                'WHERE cluster_id = :old'), {'new': new, 'old': cid})
+            session.execute(sa.insert(models.ClusterMember),
+                            [{'cluster_id': new, 'seq': seq}])
+        bulk.move(session, dialect, keys[grp], new)
+        _adjust_count(session, new, len(grp))
+        _adjust_count(session, cid, -len(grp))
+        dest[cid] = new
+    out_k = [np.empty(0, np.int64)] + [keys[groups[c]] for c in dest]
+    out_c = [np.empty(0, np.int64)] + [np.full(len(groups[c]), d, np.int64)
+                                       for c, d in dest.items()]
     return np.concatenate(out_k), np.concatenate(out_c)
 
 
@@ -249,8 +301,7 @@ def add_keys(session, seq, keys):
     found_k, found_c = bulk.lookup(session, dialect, keys)
     out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     if len(found_k):
-        k, c = _regroup(session, dialect, found_k, found_c,
-                        lambda m: m | {seq})
+        k, c = _regroup(session, dialect, found_k, found_c, seq, True)
         out_k.append(k)
         out_c.append(c)
     new = np.setdiff1d(keys, found_k, assume_unique=True)
@@ -273,7 +324,7 @@ def remove_keys(session, seq, keys):
         raise RuntimeError('image %d has %d fingerprint keys missing from '
                            'the fingerprint table; run vmar-manage check'
                            % (seq, len(keys) - len(found_k)))
-    _regroup(session, dialect, found_k, found_c, lambda m: m - {seq})
+    _regroup(session, dialect, found_k, found_c, seq, False)
 
 
 def key_clusters(session, seq):

@@ -263,8 +263,9 @@ class Library:
             known = db_api.add_keys(s, img.seq, db_api.image_key_set(
                 img, fps.digests))
             s.flush()
-            affected = self._affected(s, img)
-            return self._regenerate(s, written, img, affected,
+            # The new image has the largest sequence id, so it is never the
+            # smallest candidate of another image: no other map changes.
+            return self._regenerate(s, written, img, set(),
                                     known={img.seq: known},
                                     digests={img.seq: fps.digests})
 

@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 
 from vmar_openstack.db import api as db_api
+from vmar_openstack.db import bulk
 from vmar_openstack.fingerprint import DIGEST_SIZES
 from vmar_openstack import mapformat
 
@@ -88,6 +89,7 @@ class Resolver:
         self.session = session
         self.scope = scope
         self._digests = dict(digests or {})
+        self._images = None
         self._first = {}
 
     def digests(self, image):
@@ -126,9 +128,8 @@ class Resolver:
                                'cluster of the image; run vmar-manage check'
                                % (image.image_id, int((~ok).sum())))
         ucluster = kc_clusters[pos]
-        members = db_api.cluster_members(self.session, np.unique(ucluster))
-        all_seqs = set().union(*members.values()) if members else set()
-        imgs = db_api.images_by_seq(self.session, all_seqs | {image.seq})
+        imgs = self.images()
+        cand_of = self._candidate_table(image, imgs)
         # Resolve each distinct key through the digest of its first block.
         udig = digests[blocks[first_idx]]
         u_tseq = np.full(len(ukeys), -1, dtype=np.int64)
@@ -140,7 +141,7 @@ class Resolver:
             if not len(grp):
                 continue
             cid = int(ucluster[grp[0]])
-            cands[cid] = self._candidates(image, members[cid], imgs)
+            cands[cid] = cand_of(cid)
             self._resolve(grp, cands[cid], imgs, udig, u_tseq, u_tblk)
         b_tseq = u_tseq[inverse]
         b_tblk = u_tblk[inverse]
@@ -161,13 +162,40 @@ class Resolver:
             tseq[-1], tblk[-1] = image.seq, n - 1
         return self._extents(image, imgs, tseq, tblk)
 
-    def _candidates(self, image, members, imgs):
-        """Images of a cluster ``image`` may read from, smallest seq first."""
-        cands = sorted(s for s in members
-                       if s in imgs and may_redirect(image, imgs[s],
-                                                     self.scope))
-        if image.seq not in cands:
-            cands.append(image.seq)  # always holds its own content
+    def images(self):
+        """Every image of the library, by seq (read once per resolver)."""
+        if self._images is None:
+            self._images = {i.seq: i for i in db_api.list_images(
+                self.session)}
+        return self._images
+
+    def _candidate_table(self, image, imgs):
+        """Function: cluster id -> members ``image`` may read, ascending.
+
+        Built with one query over the member rows of the image's clusters
+        and vectorised filtering, so its cost does not depend on how many
+        images each cluster has in Python terms.
+        """
+        allowed = np.array(sorted(
+            s for s, t in imgs.items()
+            if may_redirect(image, t, self.scope)), dtype=np.int64)
+        m_cl, m_seq = bulk.fetch_pairs(
+            self.session,
+            'SELECT m.cluster_id, m.seq FROM vmar_cluster_members m '
+            'JOIN vmar_cluster_members x ON x.cluster_id = m.cluster_id '
+            'WHERE x.seq = ?', (int(image.seq),))
+        ok = np.isin(m_seq, allowed)
+        m_cl, m_seq = m_cl[ok], m_seq[ok]
+        order = np.lexsort((m_seq, m_cl))
+        m_cl, m_seq = m_cl[order], m_seq[order]
+
+        def cands(cid):
+            lo = np.searchsorted(m_cl, cid, 'left')
+            hi = np.searchsorted(m_cl, cid, 'right')
+            out = m_seq[lo:hi].tolist()
+            if image.seq not in out:
+                out.append(image.seq)  # always holds its own content
+            return out
         return cands
 
     def _resolve(self, grp, cands, imgs, udig, u_tseq, u_tblk):
