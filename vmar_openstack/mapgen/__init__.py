@@ -74,6 +74,12 @@ class FirstOccurrence:
 
 
 @dataclasses.dataclass
+class _Table:
+    clusters: np.ndarray
+    seqs: np.ndarray
+
+
+@dataclasses.dataclass
 class MapResult:
     targets: list
     extents: np.ndarray
@@ -129,20 +135,30 @@ class Resolver:
                                % (image.image_id, int((~ok).sum())))
         ucluster = kc_clusters[pos]
         imgs = self.images()
-        cand_of = self._candidate_table(image, imgs)
-        # Resolve each distinct key through the digest of its first block.
+        # Resolve each distinct key through the digest of its first block:
+        # round r tries each pending key's r-th candidate, one batch per
+        # candidate image, so the work is per image, not per cluster.
         udig = digests[blocks[first_idx]]
         u_tseq = np.full(len(ukeys), -1, dtype=np.int64)
         u_tblk = np.zeros(len(ukeys), dtype=np.int64)
-        cands = {}
-        order = np.argsort(ucluster, kind='stable')
-        bounds = np.flatnonzero(np.diff(ucluster[order])) + 1
-        for grp in np.split(order, bounds):
-            if not len(grp):
-                continue
-            cid = int(ucluster[grp[0]])
-            cands[cid] = cand_of(cid)
-            self._resolve(grp, cands[cid], imgs, udig, u_tseq, u_tblk)
+        table = self._candidate_table(image, imgs, np.unique(ucluster))
+        row = np.searchsorted(table.clusters, ucluster)
+        pending = np.arange(len(ukeys))
+        for r in range(table.seqs.shape[1]):
+            cand = table.seqs[row[pending], r]
+            for t in np.unique(cand).tolist():
+                if t < 0:
+                    continue
+                sel = pending[cand == t]
+                found, blk = self.first(imgs[t]).find(udig[sel])
+                u_tseq[sel[found]] = t
+                u_tblk[sel[found]] = blk[found]
+            pending = pending[u_tseq[pending] < 0]
+            if not len(pending):
+                break
+        if len(pending):
+            raise RuntimeError('%d digests of image %s are not in the image '
+                               'itself' % (len(pending), image.image_id))
         b_tseq = u_tseq[inverse]
         b_tblk = u_tblk[inverse]
         # Blocks whose digest differs from the first digest of their key (a
@@ -151,8 +167,10 @@ class Resolver:
         for i in np.flatnonzero(~same).tolist():
             one = np.array([0])
             ts, tb = np.full(1, -1, np.int64), np.zeros(1, np.int64)
-            self._resolve(one, cands[int(ucluster[inverse[i]])], imgs,
-                          digests[blocks[i:i + 1]], ts, tb)
+            cands = [t for t in table.seqs[row[inverse[i]]].tolist()
+                     if t >= 0]
+            self._resolve(one, cands, imgs, digests[blocks[i:i + 1]], ts,
+                          tb)
             b_tseq[i], b_tblk[i] = ts[0], tb[0]
         tseq = np.full(n, -1, dtype=np.int64)
         tblk = np.zeros(n, dtype=np.int64)
@@ -169,12 +187,13 @@ class Resolver:
                 self.session)}
         return self._images
 
-    def _candidate_table(self, image, imgs):
-        """Function: cluster id -> members ``image`` may read, ascending.
+    def _candidate_table(self, image, imgs, clusters):
+        """Candidates of each cluster of ``image``, smallest seq first.
 
-        Built with one query over the member rows of the image's clusters
-        and vectorised filtering, so its cost does not depend on how many
-        images each cluster has in Python terms.
+        Returns ``clusters`` (sorted ids) and ``seqs``, a matrix with one
+        row per cluster: the members ``image`` may read from, ascending,
+        padded with -1. Built from one query over the member rows and
+        vectorised filtering.
         """
         allowed = np.array(sorted(
             s for s, t in imgs.items()
@@ -184,19 +203,23 @@ class Resolver:
             'SELECT m.cluster_id, m.seq FROM vmar_cluster_members m '
             'JOIN vmar_cluster_members x ON x.cluster_id = m.cluster_id '
             'WHERE x.seq = ?', (int(image.seq),))
-        ok = np.isin(m_seq, allowed)
+        ok = np.isin(m_seq, allowed) & np.isin(m_cl, clusters)
         m_cl, m_seq = m_cl[ok], m_seq[ok]
         order = np.lexsort((m_seq, m_cl))
         m_cl, m_seq = m_cl[order], m_seq[order]
-
-        def cands(cid):
-            lo = np.searchsorted(m_cl, cid, 'left')
-            hi = np.searchsorted(m_cl, cid, 'right')
-            out = m_seq[lo:hi].tolist()
-            if image.seq not in out:
-                out.append(image.seq)  # always holds its own content
-            return out
-        return cands
+        clusters = np.asarray(clusters, dtype=np.int64)
+        row = np.searchsorted(clusters, m_cl)
+        start = np.searchsorted(m_cl, clusters, 'left')
+        rank = np.arange(len(m_cl)) - start[row]
+        width = int(rank.max()) + 1 if len(rank) else 1
+        seqs = np.full((len(clusters), width), -1, dtype=np.int64)
+        seqs[row, rank] = m_seq
+        # the image itself is allowed and a member of all its clusters
+        if (seqs == image.seq).any(axis=1).sum() != len(clusters):
+            raise RuntimeError('image %s is missing from some of its '
+                               'clusters; run vmar-manage check'
+                               % image.image_id)
+        return _Table(clusters, seqs)
 
     def _resolve(self, grp, cands, imgs, udig, u_tseq, u_tblk):
         pending = grp
