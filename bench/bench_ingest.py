@@ -177,7 +177,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--size-gib', type=float, default=4)
     p.add_argument('--scale-images', type=int, default=200)
-    p.add_argument('--scale-mib', type=int, default=32)
+    p.add_argument('--scale-mib', type=int, default=64)
     p.add_argument('--workdir')
     p.add_argument('--json')
     p.add_argument('--skip-scale', action='store_true')

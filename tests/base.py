@@ -11,6 +11,7 @@ import testtools
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import migration
 from vmar_openstack import ingest
+from vmar_openstack import mapgen
 
 BS = 4096
 VECTORS = os.path.join(os.path.dirname(__file__), 'vectors')
@@ -53,6 +54,8 @@ class LibraryTestCase(testtools.TestCase):
                                group='vmar_database')
         migration.upgrade('head', conf=self.conf)
         self.lib = ingest.Library(self.conf)
+        mapgen.clear_cache()
+        self.addCleanup(mapgen.clear_cache)
         self.images = os.path.join(self.tmp, 'src')
         os.makedirs(self.images)
 

@@ -20,7 +20,8 @@ import sqlalchemy as sa
 BATCH = 200000
 
 
-def _source(dialect):
+def source(dialect):
+    """(table expression, column) expanding a ``:keys`` JSON array."""
     if dialect == 'sqlite':
         return 'json_each(:keys) AS j', 'j.value'
     if dialect == 'postgresql':
@@ -54,15 +55,20 @@ def fetch_pairs(session, sql, params=()):
     return flat[0::2].copy(), flat[1::2].copy()
 
 
+def encode(keys):
+    """One JSON parameter for :func:`source` (at most BATCH keys)."""
+    return json.dumps(np.asarray(keys, dtype=np.int64).tolist())
+
+
 def _batches(keys):
     keys = np.asarray(keys, dtype=np.int64)
     for i in range(0, len(keys), BATCH):
-        yield json.dumps(keys[i:i + BATCH].tolist())
+        yield encode(keys[i:i + BATCH])
 
 
 def lookup(session, dialect, keys):
     """Return (keys, cluster_ids) arrays of the keys present in the table."""
-    src, col = _source(dialect)
+    src, col = source(dialect)
     sql = ('SELECT f.fp_key, f.cluster_id FROM %s '
            'JOIN vmar_fingerprints f ON f.fp_key = %s'
            % (src.replace(':keys', '?'), col))
@@ -75,7 +81,7 @@ def lookup(session, dialect, keys):
 
 
 def insert(session, dialect, keys, cluster_id):
-    src, col = _source(dialect)
+    src, col = source(dialect)
     stmt = sa.text('INSERT INTO vmar_fingerprints (fp_key, cluster_id) '
                    'SELECT %s, :cid FROM %s' % (col, src))
     for batch in _batches(keys):
@@ -84,7 +90,7 @@ def insert(session, dialect, keys, cluster_id):
 
 def move(session, dialect, keys, cluster_id):
     """Point the given existing keys at ``cluster_id``."""
-    src, col = _source(dialect)
+    src, col = source(dialect)
     if dialect in ('mysql', 'mariadb'):
         stmt = sa.text('UPDATE vmar_fingerprints f JOIN %s ON f.fp_key = %s '
                        'SET f.cluster_id = :cid' % (src, col))
@@ -96,7 +102,7 @@ def move(session, dialect, keys, cluster_id):
 
 
 def delete(session, dialect, keys):
-    src, col = _source(dialect)
+    src, col = source(dialect)
     if dialect in ('mysql', 'mariadb'):
         stmt = sa.text('DELETE f FROM vmar_fingerprints f JOIN %s '
                        'ON f.fp_key = %s' % (src, col))

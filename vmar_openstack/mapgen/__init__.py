@@ -11,12 +11,14 @@ digests of the candidate are compared before a block is redirected, so a
 fingerprint key collision can never redirect a read to other content.
 """
 
+import collections
 import dataclasses
 
 import numpy as np
 
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
+from vmar_openstack.db.session import dialect as bulk_dialect
 from vmar_openstack.fingerprint import DIGEST_SIZES
 from vmar_openstack import mapformat
 
@@ -88,6 +90,43 @@ class MapResult:
     target_seqs: list
 
 
+class _LRU:
+    """A small per-process cache of FirstOccurrence tables.
+
+    The key includes the image's content checksum, and an image's digest
+    list never changes without its checksum changing, so an entry can never
+    be stale, whoever else writes to the database.
+    """
+
+    def __init__(self, max_bytes):
+        self.max_bytes = max_bytes
+        self.items = collections.OrderedDict()
+        self.size = 0
+
+    def get(self, key):
+        item = self.items.get(key)
+        if item is not None:
+            self.items.move_to_end(key)
+        return item
+
+    def put(self, key, item):
+        cost = item.digests.nbytes + item.keys.nbytes + item.blocks.nbytes
+        self.items[key] = item
+        self.size += cost
+        while self.size > self.max_bytes and len(self.items) > 1:
+            _k, old = self.items.popitem(last=False)
+            self.size -= (old.digests.nbytes + old.keys.nbytes
+                          + old.blocks.nbytes)
+
+
+_FIRST_CACHE = _LRU(512 << 20)
+
+
+def clear_cache():
+    _FIRST_CACHE.items.clear()
+    _FIRST_CACHE.size = 0
+
+
 class Resolver:
     """Builds maps for several images in one transaction, sharing lookups."""
 
@@ -96,7 +135,6 @@ class Resolver:
         self.scope = scope
         self._digests = dict(digests or {})
         self._images = None
-        self._first = {}
 
     def digests(self, image):
         d = self._digests.get(image.seq)
@@ -107,10 +145,12 @@ class Resolver:
         return d
 
     def first(self, image):
-        f = self._first.get(image.seq)
+        key = (str(self.session.get_bind().url), image.seq,
+               image.content_sha256)
+        f = _FIRST_CACHE.get(key)
         if f is None:
             f = FirstOccurrence(image, self.digests(image))
-            self._first[image.seq] = f
+            _FIRST_CACHE.put(key, f)
         return f
 
     def build(self, image, key_clusters=None):
@@ -156,9 +196,13 @@ class Resolver:
             pending = pending[u_tseq[pending] < 0]
             if not len(pending):
                 break
-        if len(pending):
-            raise RuntimeError('%d digests of image %s are not in the image '
-                               'itself' % (len(pending), image.image_id))
+        # Keys found neither in the smallest candidate nor in the image
+        # itself at the first try (possible only after a key collision):
+        # try every candidate of their cluster in order.
+        for cid in np.unique(ucluster[pending]).tolist():
+            sel = pending[ucluster[pending] == cid]
+            self._resolve(sel, self._full_candidates(image, imgs, cid),
+                          imgs, udig, u_tseq, u_tblk)
         b_tseq = u_tseq[inverse]
         b_tblk = u_tblk[inverse]
         # Blocks whose digest differs from the first digest of their key (a
@@ -167,8 +211,8 @@ class Resolver:
         for i in np.flatnonzero(~same).tolist():
             one = np.array([0])
             ts, tb = np.full(1, -1, np.int64), np.zeros(1, np.int64)
-            cands = [t for t in table.seqs[row[inverse[i]]].tolist()
-                     if t >= 0]
+            cands = self._full_candidates(image, imgs,
+                                          int(ucluster[inverse[i]]))
             self._resolve(one, cands, imgs, digests[blocks[i:i + 1]], ts,
                           tb)
             b_tseq[i], b_tblk[i] = ts[0], tb[0]
@@ -192,34 +236,44 @@ class Resolver:
 
         Returns ``clusters`` (sorted ids) and ``seqs``, a matrix with one
         row per cluster: the members ``image`` may read from, ascending,
-        padded with -1. Built from one query over the member rows and
-        vectorised filtering.
+        padded with -1. The first column (the canonical target when the
+        digests match, that is, nearly always) comes from one aggregate
+        query, so that the cost does not grow with the number of members;
+        the full lists are read only for clusters that need them
+        (:meth:`_full_candidates`).
         """
-        allowed = np.array(sorted(
-            s for s, t in imgs.items()
-            if may_redirect(image, t, self.scope)), dtype=np.int64)
-        m_cl, m_seq = bulk.fetch_pairs(
+        allowed = self._allowed(image, imgs)
+        src, col = bulk.source(bulk_dialect(self.session))
+        first_cl, first_seq = bulk.fetch_pairs(
             self.session,
-            'SELECT m.cluster_id, m.seq FROM vmar_cluster_members m '
+            'SELECT m.cluster_id, MIN(m.seq) FROM vmar_cluster_members m '
             'JOIN vmar_cluster_members x ON x.cluster_id = m.cluster_id '
-            'WHERE x.seq = ?', (int(image.seq),))
-        ok = np.isin(m_seq, allowed) & np.isin(m_cl, clusters)
-        m_cl, m_seq = m_cl[ok], m_seq[ok]
-        order = np.lexsort((m_seq, m_cl))
-        m_cl, m_seq = m_cl[order], m_seq[order]
+            'WHERE x.seq = ? AND m.seq IN (SELECT %s FROM %s) '
+            'GROUP BY m.cluster_id' % (col, src.replace(':keys', '?')),
+            (int(image.seq), bulk.encode(allowed)))
         clusters = np.asarray(clusters, dtype=np.int64)
-        row = np.searchsorted(clusters, m_cl)
-        start = np.searchsorted(m_cl, clusters, 'left')
-        rank = np.arange(len(m_cl)) - start[row]
-        width = int(rank.max()) + 1 if len(rank) else 1
-        seqs = np.full((len(clusters), width), -1, dtype=np.int64)
-        seqs[row, rank] = m_seq
-        # the image itself is allowed and a member of all its clusters
-        if (seqs == image.seq).any(axis=1).sum() != len(clusters):
+        seqs = np.full((len(clusters), 2), -1, dtype=np.int64)
+        pos = np.searchsorted(clusters, first_cl)
+        ok = (pos < len(clusters))
+        ok[ok] = clusters[pos[ok]] == first_cl[ok]
+        seqs[pos[ok], 0] = first_seq[ok]
+        if (seqs[:, 0] < 0).any():
             raise RuntimeError('image %s is missing from some of its '
                                'clusters; run vmar-manage check'
                                % image.image_id)
+        seqs[seqs[:, 0] != image.seq, 1] = image.seq
         return _Table(clusters, seqs)
+
+    def _allowed(self, image, imgs):
+        return np.array(sorted(s for s, t in imgs.items()
+                               if may_redirect(image, t, self.scope)),
+                        dtype=np.int64)
+
+    def _full_candidates(self, image, imgs, cluster):
+        """Every member of ``cluster`` that ``image`` may read, ascending."""
+        members = db_api.cluster_members(self.session, [cluster])
+        allowed = set(self._allowed(image, imgs).tolist())
+        return sorted(members.get(cluster, frozenset()) & allowed)
 
     def _resolve(self, grp, cands, imgs, udig, u_tseq, u_tblk):
         pending = grp
