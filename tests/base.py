@@ -59,6 +59,17 @@ class LibraryTestCase(testtools.TestCase):
         self.images = os.path.join(self.tmp, 'src')
         os.makedirs(self.images)
 
+    def write_conf_file(self, vmar_extra='', connection=None):
+        """A config file for the console scripts, naming this library."""
+        path = os.path.join(self.tmp, 'vmar.conf')
+        with open(path, 'w') as f:
+            f.write('[DEFAULT]\nlog_file = %s/cli.log\n'
+                    '[vmar]\nstate_dir = %s\n%s'
+                    '[vmar_database]\nconnection = %s\n'
+                    % (self.tmp, self.tmp, vmar_extra,
+                       connection or self.conf.vmar_database.connection))
+        return path
+
     def image(self, name, seeds, tail=b''):
         return write_image(os.path.join(self.images, name), seeds, tail)
 

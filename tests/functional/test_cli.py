@@ -15,11 +15,8 @@ class TestManage(base.LibraryTestCase):
 
     def setUp(self):
         super().setUp()
-        self.conf_file = os.path.join(self.tmp, 'vmar.conf')
-        with open(self.conf_file, 'w') as f:
-            f.write('[vmar]\nstate_dir = %s\n[vmar_database]\n'
-                    'connection = sqlite:///%s/cli.sqlite\n'
-                    % (self.tmp, self.tmp))
+        self.conf_file = self.write_conf_file(
+            connection='sqlite:///%s/cli.sqlite' % self.tmp)
 
     def manage(self, *args, ok=True):
         proc = subprocess.run(

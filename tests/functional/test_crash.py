@@ -28,11 +28,7 @@ class TestKill(base.LibraryTestCase):
 
     def setUp(self):
         super().setUp()
-        self.conf_file = os.path.join(self.tmp, 'vmar.conf')
-        with open(self.conf_file, 'w') as f:
-            f.write('[vmar]\nstate_dir = %s\n[vmar_database]\n'
-                    'connection = %s\n'
-                    % (self.tmp, self.conf.vmar_database.connection))
+        self.conf_file = self.write_conf_file()
         # an existing image the new one shares blocks with, so the
         # transaction moves fingerprints and regenerates nothing else
         base_img = self.image('base.raw', list(range(1, 3000)))

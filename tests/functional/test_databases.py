@@ -4,7 +4,6 @@ The oracle, scope and collision tests of the unit suite run again here on
 each server, plus concurrent ingests from separate processes.
 """
 
-import os
 import subprocess
 import sys
 import threading
@@ -17,24 +16,21 @@ from vmar_openstack.db import session as db_session
 from vmar_openstack.ingest import check
 
 
-class MariaDB:
-    def database_url(self):
-        try:
-            url = services.mariadb_url()
-        except services.Unavailable as e:
-            self.fail(str(e))
-        services.reset(url)
-        return url
+def _server(start):
+    """A test mixin whose library lives on the server ``start`` returns."""
+    class Server:
+        def database_url(self):
+            try:
+                url = start()
+            except services.Unavailable as e:
+                self.fail(str(e))
+            services.reset(url)
+            return url
+    return Server
 
 
-class PostgreSQL:
-    def database_url(self):
-        try:
-            url = services.postgresql_url()
-        except services.Unavailable as e:
-            self.fail(str(e))
-        services.reset(url)
-        return url
+MariaDB = _server(services.mariadb_url)
+PostgreSQL = _server(services.postgresql_url)
 
 
 class TestOracleMariaDB(MariaDB, test_mapgen.TestMapsAgainstOracle):
@@ -70,12 +66,7 @@ class ConcurrentIngests:
     """
 
     def _config(self):
-        path = os.path.join(self.tmp, 'vmar.conf')
-        with open(path, 'w') as f:
-            f.write('[vmar]\nstate_dir = %s\nhash_workers = 1\n'
-                    '[vmar_database]\nconnection = %s\n'
-                    % (self.tmp, self.conf.vmar_database.connection))
-        return path
+        return self.write_conf_file('hash_workers = 1\n')
 
     def test_concurrent_ingests_lose_nothing(self):
         conf_file = self._config()

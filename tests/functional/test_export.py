@@ -49,16 +49,10 @@ class ExportTestCase(base.LibraryTestCase):
         os.chmod('/run/vmar-test', 0o755)
         os.chmod(self.sock_dir, 0o755)
         self.sock = os.path.join(self.sock_dir, 'nbd.sock')
-        self.conf_file = os.path.join(self.tmp, 'vmar.conf')
-        with open(self.conf_file, 'w') as f:
-            f.write('[DEFAULT]\nlog_file = %s/export.log\n'
-                    '[vmar]\nstate_dir = %s\nexport_socket = %s\n'
-                    'qemu_storage_daemon = %s\n%s'
-                    '[vmar_database]\nconnection = %s\n'
-                    % (self.tmp, self.tmp, self.sock,
-                       qemu_env.qemu_bin('qemu-storage-daemon'),
-                       self.extra_conf(),
-                       self.conf.vmar_database.connection))
+        self.conf_file = self.write_conf_file(
+            'export_socket = %s\nqemu_storage_daemon = %s\n%s'
+            % (self.sock, qemu_env.qemu_bin('qemu-storage-daemon'),
+               self.extra_conf()))
         self.conf.set_override('export_socket', self.sock, group='vmar')
         self.conf.set_override('qemu_storage_daemon',
                                qemu_env.qemu_bin('qemu-storage-daemon'),

@@ -1,1 +1,29 @@
-"""Console scripts."""
+"""Console scripts, and the runner they share."""
+
+import sys
+
+from oslo_config import cfg
+from oslo_log import log as logging
+
+
+def run(conf, name, add_command_parsers, errors, argv=None):
+    """Parse ``argv`` into ``conf``, run the chosen sub-command.
+
+    Exceptions of the classes in ``errors`` become one line on stderr and
+    exit status 1; no sub-command prints the help and returns 2.
+    """
+    conf.register_cli_opt(cfg.SubCommandOpt(
+        'category', title='commands', handler=add_command_parsers))
+    logging.register_options(conf)
+    conf(sys.argv[1:] if argv is None else argv, project='vmar')
+    logging.setup(conf, 'vmar')
+    func = getattr(conf.category, 'func', None)
+    if func is None:
+        conf.print_help()
+        return 2
+    try:
+        func()
+    except errors as e:
+        print('%s: error: %s' % (name, e), file=sys.stderr)
+        return 1
+    return 0

@@ -6,9 +6,9 @@ qemu-storage-daemon), ``add UUID``, ``remove UUID`` and ``list``.
 
 import sys
 
-from oslo_config import cfg
 from oslo_log import log as logging
 
+from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import export
 
@@ -72,17 +72,8 @@ def add_command_parsers(subparsers):
 
 
 def main(argv=None):
-    CONF.register_cli_opt(cfg.SubCommandOpt(
-        'category', title='commands', handler=add_command_parsers))
-    logging.register_options(CONF)
-    CONF(sys.argv[1:] if argv is None else argv, project='vmar')
-    logging.setup(CONF, 'vmar')
-    try:
-        CONF.category.func()
-    except (export.ExportError, ValueError, OSError) as e:
-        print('vmar-export: error: %s' % e, file=sys.stderr)
-        return 1
-    return 0
+    return cmd.run(CONF, 'vmar-export', add_command_parsers,
+                   (export.ExportError, ValueError, OSError), argv)
 
 
 if __name__ == '__main__':

@@ -11,11 +11,11 @@ import sys
 import tempfile
 
 import numpy as np
-from oslo_config import cfg
 from oslo_log import log as logging
 import sqlalchemy as sa
 import tqdm
 
+from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import migration
@@ -343,23 +343,10 @@ def add_command_parsers(subparsers):
 
 
 def main(argv=None):
-    CONF.register_cli_opt(cfg.SubCommandOpt(
-        'category', title='commands', handler=add_command_parsers))
-    logging.register_options(CONF)
-    CONF(sys.argv[1:] if argv is None else argv, project='vmar')
-    logging.setup(CONF, 'vmar')
-    func = getattr(CONF.category, 'func', None)
-    if func is None:
-        CONF.print_help()
-        return 2
-    try:
-        func()
-    except (CommandError, ingest.ImageNotFound, ingest.ImageExists,
-            fingerprint.ImageRejected, mapformat.MapFormatError,
-            ValueError, OSError) as e:
-        print('vmar-manage: error: %s' % e, file=sys.stderr)
-        return 1
-    return 0
+    return cmd.run(CONF, 'vmar-manage', add_command_parsers, (
+        CommandError, ingest.ImageNotFound, ingest.ImageExists,
+        fingerprint.ImageRejected, mapformat.MapFormatError, ValueError,
+        OSError), argv)
 
 
 if __name__ == '__main__':

@@ -33,7 +33,6 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 
@@ -41,6 +40,7 @@ from oslo_log import log as logging
 from qemu.qmp import QMPClient
 from qemu.qmp import QMPError
 
+from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 
 LOG = logging.getLogger(__name__)
@@ -98,30 +98,18 @@ class LocalDirSource:
         return max(versions)
 
     def fetch_map(self, image_id, version, dest):
-        _copy_atomic(os.path.join(self.root, 'maps', '%s.%d.vmap'
-                                  % (image_id, version)), dest)
+        name = '%s.%d.vmap' % (image_id, version)
+        self._copy(os.path.join(self.root, 'maps', name), dest)
 
     def fetch_base(self, image_id, dest):
-        _copy_atomic(os.path.join(self.root, 'bases', image_id), dest)
+        self._copy(os.path.join(self.root, 'bases', image_id), dest)
 
-
-def _copy_atomic(src, dest):
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=os.path.dirname(dest))
-    os.close(fd)
-    try:
-        proc = subprocess.run(['cp', '--sparse=always', '--reflink=auto',
-                               src, tmp], capture_output=True, text=True)
-        if proc.returncode:
-            raise ExportError('cannot fetch %s: %s'
-                              % (src, proc.stderr.strip()))
-        os.chmod(tmp, 0o444)
-        with open(tmp, 'rb') as f:
-            os.fsync(f.fileno())
-        os.rename(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    @staticmethod
+    def _copy(src, dest):
+        try:
+            fileutils.copy_readonly(src, dest)
+        except OSError as e:
+            raise ExportError('cannot fetch %s: %s' % (src, e))
 
 
 # -- persistent state -----------------------------------------------------
@@ -162,7 +150,7 @@ class State:
     def save(self):
         data = {'exports': {k: dataclasses.asdict(v)
                             for k, v in sorted(self.exports.items())}}
-        mapformat.write_atomic(self.path, json.dumps(
+        fileutils.write_atomic(self.path, json.dumps(
             data, indent=1, sort_keys=True).encode())
 
     def __exit__(self, *exc):

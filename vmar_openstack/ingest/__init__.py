@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import hashlib
 import os
-import subprocess
 import uuid
 
 import numpy as np
@@ -23,6 +22,7 @@ from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
@@ -67,29 +67,6 @@ def _content_id(fps):
                                        fps.block_size, fps.virtual_size))
     h.update(np.ascontiguousarray(fps.digests).data)
     return h.hexdigest()
-
-
-def _place_base(src, dest):
-    """Copy the raw content to ``dest``, sparse, read-only, atomically.
-
-    A copy (reflinked where the file system can), never a hard link: a
-    base file must not change when the uploaded file does.
-    """
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = dest + '.tmp-%d' % os.getpid()
-    try:
-        proc = subprocess.run(['cp', '--sparse=always', '--reflink=auto',
-                               src, tmp], capture_output=True, text=True)
-        if proc.returncode:
-            raise OSError('cannot copy %s to %s: %s'
-                          % (src, tmp, proc.stderr.strip()))
-        os.chmod(tmp, 0o444)
-        with open(tmp, 'rb') as f:
-            os.fsync(f.fileno())
-        os.rename(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 class Library:
@@ -231,7 +208,7 @@ class Library:
             if keep_base:
                 dest = base_path(self.conf, image_id)
                 if os.path.realpath(raw) != os.path.realpath(dest):
-                    _place_base(raw, dest)
+                    fileutils.copy_readonly(raw, dest)
                     placed = True
         return fps, placed
 

@@ -10,11 +10,12 @@ checked against the same vectors in ``tests/vectors/``.
 import dataclasses
 import os
 import struct
-import tempfile
 import uuid
 import zlib
 
 import numpy as np
+
+from vmar_openstack.fileutils import write_atomic  # noqa: F401
 
 MAGIC = b'VMARMAP\0'
 FORMAT_VERSION = 1
@@ -175,34 +176,6 @@ def encode(image_id, virtual_size, block_size, map_version, targets,
         extents_off, index_off, filter_off, file_size, body_crc, 0))
     struct.pack_into('<I', header, 124, zlib.crc32(header[:124]))
     return bytes(header) + bytes(body)
-
-
-def write_atomic(path, data):
-    """Write ``data`` to ``path``: temp file, fsync, rename, fsync dir.
-
-    A reader sees either no file or the whole file, never part of it.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=directory)
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _fail(reason, message, *args):

@@ -1,0 +1,67 @@
+"""Files that appear whole or not at all.
+
+Both helpers write to a temporary name in the destination directory, fsync,
+and rename, so a reader (or a process killed half way) never sees part of a
+file.
+"""
+
+import os
+import subprocess
+import tempfile
+
+
+def write_atomic(path, data):
+    """Write ``data`` to ``path``: temp file, fsync, rename, fsync dir."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=directory)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(directory)
+
+
+def copy_readonly(src, dest):
+    """Copy ``src`` to ``dest``, sparse, mode 0444, atomically.
+
+    A copy (reflinked where the file system can), never a hard link: the
+    copy must not change when the source does.
+
+    :raises OSError: when the copy fails (the message names the file).
+    """
+    directory = os.path.dirname(os.path.abspath(dest))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=directory)
+    os.close(fd)
+    try:
+        proc = subprocess.run(['cp', '--sparse=always', '--reflink=auto',
+                               src, tmp], capture_output=True, text=True)
+        if proc.returncode:
+            raise OSError('cannot copy %s to %s: %s'
+                          % (src, dest, proc.stderr.strip()))
+        os.chmod(tmp, 0o444)
+        with open(tmp, 'rb') as f:
+            os.fsync(f.fileno())
+        os.rename(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory):
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
