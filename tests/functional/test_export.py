@@ -203,11 +203,12 @@ class TestLibraryExports(ExportTestCase):
     def test_host_page_cache_holds_shared_blocks_once(self):
         """Two similar images read in full: VMAR against raw."""
         # Read-ahead caches neighbours of every block read, including
-        # second copies of shared blocks. This machine's disk reads ahead
-        # 8 MiB; measure at the kernel's default of 128 KiB (the 8 MiB
-        # figures are in bench/RESULTS.md). Files take the setting when
-        # they are opened, so set it first.
-        qemu_env.set_readahead(self.tmp, 128, self)
+        # second copies of shared blocks, by an amount that varies from run
+        # to run (this machine's disk reads ahead 8 MiB). The test checks
+        # what VMAR itself reads, so it turns read-ahead off; the figures
+        # with read-ahead are in bench/RESULTS.md. Files take the setting
+        # when they are opened, so set it first.
+        qemu_env.set_readahead(self.tmp, 0, self)
         self.serve()
         first, second = _id('minbase'), _id('python3')
         for i in (first, second):
@@ -242,13 +243,13 @@ class TestLibraryExports(ExportTestCase):
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, 'page-cache.json'), 'w') as f:
             json.dump(record, f, indent=1)
-        # Reading the raw files caches all data of both images; through
-        # VMAR the second image's shared blocks are served from the first
-        # image's pages, so its own base holds little more than its
-        # unshared blocks (read-ahead adds a little).
-        self.assertGreaterEqual(raw[1], data2)
-        self.assertLess(vmar[1], own2 + data2 // 50, record)
-        self.assertLess(vmar[1] * 2, raw[1], record)
+        # Through VMAR the second image's shared blocks are served from the
+        # first image's pages: its own base holds its unshared blocks and
+        # (almost) nothing else. Reading the raw files caches the shared
+        # blocks a second time, in the second file.
+        shared2 = data2 - own2
+        self.assertLess(vmar[1] - own2, shared2 // 100, record)
+        self.assertGreater(raw[1] - own2, shared2 * 95 // 100, record)
         # the first image's data is cached, but for blocks it holds twice
         own1 = (st[first]['data_blocks']
                 - st[first]['redirected_blocks']) * 4096
