@@ -190,6 +190,12 @@ class Resolver:
                 if t < 0:
                     continue
                 sel = pending[cand == t]
+                if t == image.seq:
+                    # udig[k] is by definition the digest of the key's
+                    # first block in this image
+                    u_tseq[sel] = t
+                    u_tblk[sel] = blocks[first_idx[sel]]
+                    continue
                 found, blk = self.first(imgs[t]).find(udig[sel])
                 u_tseq[sel[found]] = t
                 u_tblk[sel[found]] = blk[found]
