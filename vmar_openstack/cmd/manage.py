@@ -5,6 +5,7 @@ Sub-commands: ``db sync|version``, ``image add|update|delete|list``,
 ``--config-file`` like any OpenStack service.
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -132,7 +133,6 @@ def _current_map(image_id, version=None):
     path = ingest.map_path(CONF, image_id, version)
     with open(path, 'rb') as f:
         data = f.read()
-    import hashlib
     if hashlib.sha256(data).hexdigest() != sha:
         raise CommandError('map %s does not match its recorded checksum'
                            % path)

@@ -80,7 +80,7 @@ class Library:
     def add(self, image_id, path, disk_format='raw', owner=None,
             visibility='private', expected_size=None, progress=None,
             keep_base=True):
-        """Ingest a new image. Idempotent for identical content."""
+        """Ingest a new image; an id already in the library is refused."""
         image_id = _check_uuid(image_id)
         if visibility not in db_api.VISIBILITIES:
             raise ValueError('visibility must be one of %s'
@@ -88,7 +88,10 @@ class Library:
         with db_session.reader(self.conf) as s:
             existing = db_api.get_image(s, image_id)
             if existing is not None:
-                return self._existing(existing, path, disk_format)
+                raise ImageExists('image %s is already in the library (seq '
+                                  '%d, map v%d); use update to change it'
+                                  % (existing.image_id, existing.seq,
+                                     existing.map_version))
         fps, raw_placed = self._fingerprint(image_id, path, disk_format,
                                             expected_size, progress,
                                             keep_base)
@@ -183,11 +186,6 @@ class Library:
         if img is None:
             raise ImageNotFound('image %s is not in the library' % image_id)
         return img
-
-    def _existing(self, img, path, disk_format):
-        raise ImageExists('image %s is already in the library (seq %d, map '
-                          'v%d); use update to change it'
-                          % (img.image_id, img.seq, img.map_version))
 
     def _fingerprint(self, image_id, path, disk_format, expected_size,
                      progress, keep_base):
