@@ -154,8 +154,7 @@ def run(args, work, conf, sock, stats, machine_ra):
            machine_ra, 'aio': args.aio, 'gather_gap': args.gather_gap}
     try:
         svc.restore()
-        for i in ids:
-            svc.add(i)
+        uri_1, uri_v = (svc.uri(svc.add(i)) for i in ids)
         # a raw export of image 2's base file, from the same daemon
         mon = svc.monitor()
         mon.execute('blockdev-add', {
@@ -166,7 +165,6 @@ def run(args, work, conf, sock, stats, machine_ra):
             'name': 'raw', 'writable': False})
         mon.close()
         size = os.path.getsize(svc.base_file(second))
-        uri_v = 'nbd+unix:///%s?socket=%s' % (second, sock)
         uri_r = 'nbd+unix:///raw?socket=%s' % sock
 
         # 1. hot cache: warm both, then alternate
@@ -209,8 +207,7 @@ def run(args, work, conf, sock, stats, machine_ra):
         # 3. cold cache: image 1 then image 2, VMAR vs raw
         pid = proc.pid
         drop_caches()
-        fio('nbd+unix:///%s?socket=%s' % (first, sock), 'read', '1M',
-            size=size)
+        fio(uri_1, 'read', '1M', size=size)
         before = read_bytes(pid)
         fio(uri_v, 'read', '1M', size=size)
         vmar_bytes = read_bytes(pid) - before

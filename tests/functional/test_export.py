@@ -99,7 +99,11 @@ class ExportTestCase(base.LibraryTestCase):
             capture_output=True, text=True)
 
     def uri(self, image_id):
-        return 'nbd+unix:///%s?socket=%s' % (image_id, self.sock)
+        """The NBD URI of the one export of ``image_id``."""
+        exports, _live = self.svc.list()
+        names = [e.name for e in exports.values() if e.image_id == image_id]
+        self.assertEqual(1, len(names), exports)
+        return export.nbd_uri(names[0], self.sock)
 
     def qsd_pid(self):
         with open(os.path.join(self.conf.vmar.host_dir, 'qsd.pid')) as f:

@@ -1,7 +1,8 @@
 """``vmar-export``: the per-host NBD export service of VMAR views.
 
 Sub-commands: ``serve`` (run and supervise the patched
-qemu-storage-daemon), ``add UUID``, ``remove UUID`` and ``list``.
+qemu-storage-daemon), ``add UUID``, ``remove UUID``, ``release HOLDER`` and
+``list``.
 """
 
 import sys
@@ -26,30 +27,36 @@ def serve():
 
 def add():
     a = CONF.category
-    exp = _service().add(a.id, host_cache=a.host_cache, holder=a.holder)
-    print('exported %s (map v%d, host_cache=%s) on %s'
-          % (exp.image_id, exp.map_version, exp.host_cache,
-             CONF.vmar.export_socket))
+    svc = _service()
+    exp = svc.add(a.id, host_cache=a.host_cache, holder=a.holder,
+                  version=a.map_version)
+    print('exported %s map v%d (host_cache=%s): %s'
+          % (exp.image_id, exp.map_version, exp.host_cache, svc.uri(exp)))
 
 
 def remove():
     a = CONF.category
-    left = _service().remove(a.id, holder=a.holder)
-    if left is None:
-        print('removed export %s' % a.id)
-    else:
-        print('export %s kept for %s' % (a.id, ', '.join(left.holders)))
+    left = _service().remove(a.id, holder=a.holder, version=a.map_version)
+    for exp in left:
+        print('export %s kept for %s' % (exp.name, ', '.join(exp.holders)))
+    if not left:
+        print('removed %s\'s exports of %s' % (a.holder, a.id))
+
+
+def release():
+    names = _service().release(CONF.category.holder)
+    print('released %d exports' % len(names))
 
 
 def list_exports():
     exports, live = _service().list()
-    print('%-36s  %3s  %-10s  %-6s  %s'
+    print('%-36s  %6s  %-10s  %-6s  %s'
           % ('image', 'map', 'host_cache', 'state', 'holders'))
-    for image_id, exp in sorted(exports.items()):
+    for name, exp in sorted(exports.items()):
         state = 'down' if live is None else (
-            'up' if image_id in live else 'MISSING')
-        print('%-36s  %3d  %-10s  %-6s  %s'
-              % (image_id, exp.map_version, exp.host_cache, state,
+            'up' if name in live else 'MISSING')
+        print('%-36s  %6d  %-10s  %-6s  %s'
+              % (exp.image_id, exp.map_version, exp.host_cache, state,
                  ','.join(exp.holders)))
 
 
@@ -62,11 +69,19 @@ def add_command_parsers(subparsers):
                    choices=export.HOST_CACHE)
     p.add_argument('--holder', default='cli',
                    help='who holds this reference (e.g. an instance uuid)')
+    p.add_argument('--map-version', type=int,
+                   help='export this map version (default: the current)')
     p.set_defaults(func=add)
     p = subparsers.add_parser('remove', help='drop a reference to an export')
     p.add_argument('id')
     p.add_argument('--holder', default='cli')
+    p.add_argument('--map-version', type=int,
+                   help='only this map version (default: all)')
     p.set_defaults(func=remove)
+    p = subparsers.add_parser(
+        'release', help='drop every reference of a holder')
+    p.add_argument('holder')
+    p.set_defaults(func=release)
     subparsers.add_parser('list', help='list exports'
                           ).set_defaults(func=list_exports)
 

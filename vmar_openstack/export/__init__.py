@@ -62,13 +62,23 @@ def base_node(image_id, host_cache):
     return ('vb' if host_cache == 'base' else 'vd') + b64id(image_id)
 
 
-def vmar_node(image_id):
-    return 'vm' + b64id(image_id)
+def vmar_node(image_id, version):
+    # node names are at most 31 characters: 'vm' + 22 + '.' + 6 digits
+    return 'vm%s.%d' % (b64id(image_id), version)
 
 
-def export_id(image_id):
-    """QMP ids must start with a letter; the NBD name is the bare id."""
-    return 'vmar-' + image_id
+def export_name(image_id, version):
+    """The NBD export name of one map version of an image."""
+    return '%s.%d' % (image_id, version)
+
+
+def export_id(name):
+    """QMP ids must start with a letter; the NBD name is the bare name."""
+    return 'vmar-' + name
+
+
+def nbd_uri(name, socket):
+    return 'nbd+unix:///%s?socket=%s' % (name, socket)
 
 
 # -- where maps and bases come from ------------------------------------------
@@ -114,13 +124,26 @@ class LocalDirSource:
 
 # -- persistent state -----------------------------------------------------
 
+MAX_MAP_VERSION = 999999
+
+
 @dataclasses.dataclass
 class Export:
+    """One map version of one image, served as NBD export ``name``.
+
+    Exports are immutable: a new map version of an image is a new export
+    next to the old one, which stays until its last holder (a running
+    instance) lets it go.
+    """
     image_id: str
     map_version: int
     host_cache: str
     holders: list
     targets: list          # [(image_id, size)]
+
+    @property
+    def name(self):
+        return export_name(self.image_id, self.map_version)
 
 
 class State:
@@ -141,10 +164,10 @@ class State:
                 raw = json.load(f)
         except FileNotFoundError:
             raw = {'exports': {}}
-        self.exports = {
-            k: Export(k, v['map_version'], v['host_cache'], v['holders'],
-                      [tuple(t) for t in v['targets']])
-            for k, v in raw['exports'].items()}
+        exports = [Export(v['image_id'], v['map_version'], v['host_cache'],
+                          v['holders'], [tuple(t) for t in v['targets']])
+                   for v in raw['exports'].values()]
+        self.exports = {e.name: e for e in exports}
         return self
 
     def save(self):
@@ -225,6 +248,10 @@ class ExportService:
         self.qmp_socket = os.path.join(c.host_dir, 'qsd-qmp.sock')
         self.pid_file = os.path.join(c.host_dir, 'qsd.pid')
         self.source = source or LocalDirSource(c.map_source_dir)
+        if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
+                == os.path.realpath(c.host_dir)):
+            # host_dir is pruned of unreferenced files: never the library
+            raise ExportError('[vmar] host_dir must not be map_source_dir')
 
     # paths
     def map_file(self, image_id, version):
@@ -275,7 +302,7 @@ class ExportService:
                 'cache': {'direct': exp.host_cache == 'none'},
                 'aio': self._aio(exp.host_cache)})
             nodes.add(name)
-        name = vmar_node(exp.image_id)
+        name = vmar_node(exp.image_id, exp.map_version)
         if name not in nodes:
             mon.execute('blockdev-add', {
                 'driver': 'vmar', 'node-name': name, 'read-only': True,
@@ -295,17 +322,17 @@ class ExportService:
 
     def _export_to_daemon(self, mon, exp):
         exports = {e['id'] for e in mon.execute('query-block-exports')}
-        if export_id(exp.image_id) not in exports:
+        if export_id(exp.name) not in exports:
             mon.execute('block-export-add', {
-                'type': 'nbd', 'id': export_id(exp.image_id),
-                'node-name': vmar_node(exp.image_id),
-                'name': exp.image_id, 'writable': False})
+                'type': 'nbd', 'id': export_id(exp.name),
+                'node-name': vmar_node(exp.image_id, exp.map_version),
+                'name': exp.name, 'writable': False})
 
     def _gc_nodes(self, mon, state):
         """Delete base nodes that no export references any more."""
         wanted = set()
         for exp in state.exports.values():
-            wanted.add(vmar_node(exp.image_id))
+            wanted.add(vmar_node(exp.image_id, exp.map_version))
             for tid, _size in exp.targets:
                 wanted.add(base_node(tid, exp.host_cache))
         # vmar nodes first: they hold the base nodes
@@ -313,6 +340,23 @@ class ExportService:
             for name in sorted(self._nodes(mon)):
                 if name[:2] in kinds and name not in wanted:
                     mon.execute('blockdev-del', {'node-name': name})
+
+    def _prune_files(self, state):
+        """Delete maps and bases that no export references any more.
+
+        A base file stays while any export's map reads from it, whatever
+        happened to its image elsewhere (deleted in Glance, say).
+        """
+        maps = {os.path.basename(self.map_file(e.image_id, e.map_version))
+                for e in state.exports.values()}
+        bases = {tid for e in state.exports.values() for tid, _s in e.targets}
+        for sub, keep in (('maps', maps), ('bases', bases)):
+            d = os.path.join(self.host_dir, sub)
+            for name in os.listdir(d) if os.path.isdir(d) else ():
+                if name not in keep and not name.startswith('.'):
+                    LOG.info('deleting unreferenced %s/%s', sub, name)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(d, name))
 
     def monitor(self):
         try:
@@ -322,18 +366,30 @@ class ExportService:
                               '"vmar-export serve"' % e)
 
     # public operations
+    def uri(self, exp):
+        """The NBD URI a QEMU client opens for ``exp`` (format raw)."""
+        return nbd_uri(exp.name, self.socket)
+
     def add(self, image_id, host_cache='base', holder='cli', version=None):
+        """Export a map version of an image (the current one by default).
+
+        Idempotent per holder. Returns the :class:`Export`.
+        """
         image_id = str(uuid.UUID(image_id))
         if host_cache not in HOST_CACHE:
             raise ExportError('host_cache must be one of %s'
                               % ', '.join(HOST_CACHE))
+        if version is None:
+            version = self.source.current_version(image_id)
+        if not 0 < version <= MAX_MAP_VERSION:
+            raise ExportError('map version %r out of range' % (version,))
         with State(self.host_dir) as state:
-            exp = state.exports.get(image_id)
+            exp = state.exports.get(export_name(image_id, version))
             if exp is not None and exp.host_cache != host_cache:
-                raise ExportError('image %s is exported with host_cache=%s'
-                                  % (image_id, exp.host_cache))
+                raise ExportError('image %s v%d is exported with '
+                                  'host_cache=%s' % (image_id, version,
+                                                     exp.host_cache))
             if exp is None:
-                version = version or self.source.current_version(image_id)
                 bmap = self._ensure_files(image_id, version)
                 exp = Export(image_id, version, host_cache, [],
                              [(t.image_id, t.size) for t in bmap.targets])
@@ -345,47 +401,83 @@ class ExportService:
                 mon.close()
             if holder not in exp.holders:
                 exp.holders.append(holder)
-            state.exports[image_id] = exp
+            state.exports[exp.name] = exp
             state.save()
         return exp
 
-    def remove(self, image_id, holder='cli'):
+    def remove(self, image_id, holder='cli', version=None):
+        """Drop ``holder``'s reference on the exports of an image.
+
+        Only the given map version if ``version`` is set. An export goes
+        with its last holder, and files with the last export reading them.
+        Returns the exports that remain (with their holders).
+        """
         image_id = str(uuid.UUID(image_id))
         with State(self.host_dir) as state:
-            exp = state.exports.get(image_id)
-            if exp is None:
+            mine = [e for e in state.exports.values()
+                    if e.image_id == image_id
+                    and (version is None or e.map_version == version)]
+            if not mine:
                 raise ExportError('image %s is not exported' % image_id)
+            if not any(holder in e.holders for e in mine):
+                raise ExportError('%s holds no export of image %s'
+                                  % (holder, image_id))
+            return self._drop(state, mine, holder)
+
+    def release(self, holder):
+        """Drop every reference ``holder`` has (an instance was deleted)."""
+        with State(self.host_dir) as state:
+            held = [e for e in state.exports.values() if holder in e.holders]
+            if held:
+                self._drop(state, held, holder)
+            return [e.name for e in held]
+
+    def holders(self):
+        """holder -> names of the exports it holds."""
+        with State(self.host_dir) as state:
+            out = {}
+            for e in state.exports.values():
+                for h in e.holders:
+                    out.setdefault(h, []).append(e.name)
+            return out
+
+    def _drop(self, state, exports, holder):
+        gone = []
+        for exp in exports:
             if holder in exp.holders:
                 exp.holders.remove(holder)
-            if exp.holders:
-                state.save()
-                return exp
+            if not exp.holders:
+                gone.append(exp)
+        if gone:
             mon = self.monitor()
             try:
-                exports = {e['id'] for e in mon.execute(
-                    'query-block-exports')}
-                if export_id(image_id) in exports:
-                    mon.execute('block-export-del',
-                                {'id': export_id(image_id)})
-                    self._wait_export_gone(mon, image_id)
-                del state.exports[image_id]
+                live = {e['id'] for e in mon.execute('query-block-exports')}
+                for exp in gone:
+                    if export_id(exp.name) in live:
+                        mon.execute('block-export-del',
+                                    {'id': export_id(exp.name)})
+                for exp in gone:
+                    self._wait_export_gone(mon, exp.name)
+                    del state.exports[exp.name]
                 self._gc_nodes(mon, state)
             finally:
                 mon.close()
-            state.save()
-        return None
+            self._prune_files(state)
+        state.save()
+        return [e for e in exports if e.holders]
 
-    def _wait_export_gone(self, mon, image_id, timeout=30):
+    def _wait_export_gone(self, mon, name, timeout=30):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if export_id(image_id) not in {e['id'] for e in mon.execute(
+            if export_id(name) not in {e['id'] for e in mon.execute(
                     'query-block-exports')}:
                 return
             time.sleep(0.05)
         raise ExportError('export %s still has clients after %ds'
-                          % (image_id, timeout))
+                          % (name, timeout))
 
     def list(self):
+        """(name -> Export, set of live names or None if the daemon is down)"""
         with State(self.host_dir) as state:
             exports = dict(state.exports)
         try:

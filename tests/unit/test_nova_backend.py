@@ -1,0 +1,248 @@
+"""The vmar image backend against the real Nova 34 classes."""
+
+import os
+import uuid
+from unittest import mock
+
+import fixtures
+from lxml import etree
+from nova.api.validation.extra_specs import validators
+from nova import exception
+from nova import objects
+from nova.virt.libvirt import config as vconfig
+from nova.virt.libvirt import driver as libvirt_driver
+from nova.virt.libvirt import imagebackend
+from oslo_config import cfg
+from oslo_config import fixture as config_fixture
+import testtools
+
+from vmar_openstack.nova_imagebackend import hooks
+from vmar_openstack.nova_imagebackend import image as vimage
+
+objects.register_all()
+
+SOCK = '/run/vmar/nbd.sock'
+
+
+def instance(specs=None, image_ref=None):
+    flavor = objects.Flavor(name='m1.vmar', root_gb=1, extra_specs=specs or {})
+    return objects.Instance(uuid=str(uuid.uuid4()), flavor=flavor,
+                            image_ref=image_ref or str(uuid.uuid4()))
+
+
+VMAR = {'vmar:enabled': 'true'}
+MAPPING = {'bus': 'virtio', 'dev': 'vda', 'type': 'disk'}
+
+
+class BackendTestCase(testtools.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = self.useFixture(fixtures.TempDir()).path
+        self.cfg = self.useFixture(config_fixture.Config(cfg.CONF))
+        self.cfg.config(instances_path=self.tmp)
+        self.cfg.config(export_socket=SOCK, host_dir=self.tmp + '/host',
+                        map_source_dir=self.tmp + '/lib', group='vmar')
+        hooks.register()
+        self.addCleanup(hooks.unregister)
+        self.backend = imagebackend.Backend(use_cow=True)
+
+
+class TestBackendChoice(BackendTestCase):
+
+    def test_vmar_flavor_root_disk_gets_the_vmar_image(self):
+        disk = self.backend.by_name(instance(VMAR), 'disk',
+                                    disk_info_mapping=MAPPING)
+        self.assertIsInstance(disk, vimage.VmarImage)
+        self.assertIsInstance(disk, imagebackend.Image)
+        self.assertTrue(disk.path.endswith('/disk'))
+        self.assertEqual('qcow2', disk.driver_format)
+
+    def test_the_configured_type_is_overridden_for_vmar_only(self):
+        inst = instance(VMAR)
+        self.assertIsInstance(
+            self.backend.by_name(inst, 'disk', image_type='flat'),
+            vimage.VmarImage)
+        self.assertIsInstance(
+            self.backend.by_name(instance(), 'disk', image_type='flat'),
+            imagebackend.Flat)
+        self.assertIsInstance(self.backend.by_name(instance(), 'disk'),
+                              imagebackend.Qcow2)
+
+    def test_other_disks_of_a_vmar_instance_keep_the_backend(self):
+        inst = instance(VMAR)
+        for name in ('disk.eph0', 'disk.swap', 'disk.config',
+                     'disk.rescue'):
+            self.assertNotIsInstance(self.backend.by_name(inst, name),
+                                     vimage.VmarImage, name)
+
+    def test_by_libvirt_path_and_full_paths(self):
+        inst = instance(VMAR)
+        path = os.path.join(self.tmp, inst.uuid, 'disk')
+        self.assertIsInstance(self.backend.by_libvirt_path(inst, path),
+                              vimage.VmarImage)
+        # _create_images_and_backing (hard reboot) passes a full path
+        self.assertEqual(path, self.backend.by_name(inst, path).path)
+
+    def test_enabled_false_is_an_ordinary_instance(self):
+        inst = instance({'vmar:enabled': 'false'})
+        self.assertNotIsInstance(self.backend.by_name(inst, 'disk'),
+                                 vimage.VmarImage)
+
+    def test_unregister_restores_stock_nova(self):
+        hooks.unregister()
+        self.assertNotIsInstance(self.backend.by_name(instance(VMAR), 'disk'),
+                                 vimage.VmarImage)
+
+
+class TestDiskConfig(BackendTestCase):
+
+    def xml(self, conf):
+        return etree.fromstring(conf.to_xml())
+
+    def test_disk_config_as_nova_writes_it(self):
+        inst = instance(VMAR)
+        disk = self.backend.by_name(inst, 'disk', disk_info_mapping=MAPPING)
+        conf = disk.libvirt_info('writeback', {}, boot_order='1')
+        self.assertIsInstance(conf, vconfig.LibvirtConfigGuestDisk)
+        x = self.xml(conf)
+        self.assertEqual('file', x.get('type'))
+        drv = x.find('driver')
+        self.assertEqual({'name': 'qemu', 'type': 'qcow2', 'cache': 'none',
+                          'error_policy': 'stop', 'rerror_policy': 'stop'},
+                         dict(drv.attrib))
+        self.assertEqual(disk.path, x.find('source').get('file'))
+        self.assertEqual('vda', x.find('target').get('dev'))
+        self.assertEqual('1', x.find('boot').get('order'))
+
+    def test_disk_cachemodes_cannot_give_a_vmar_disk_a_host_cache(self):
+        # the driver applies [libvirt]disk_cachemodes after the backend
+        drv = libvirt_driver.LibvirtDriver.__new__(
+            libvirt_driver.LibvirtDriver)
+        drv.disk_cachemodes = {'file': 'writeback'}
+        disk = self.backend.by_name(instance(VMAR), 'disk',
+                                    disk_info_mapping=MAPPING)
+        conf = disk.libvirt_info('none', {})
+        drv._set_cache_mode(conf)
+        self.assertEqual('none', self.xml(conf).find('driver').get('cache'))
+        # an ordinary disk does get the operator's mode
+        plain = self.backend.by_name(instance(), 'disk',
+                                     disk_info_mapping=MAPPING)
+        conf = plain.libvirt_info('none', {})
+        drv._set_cache_mode(conf)
+        self.assertEqual('writeback',
+                         self.xml(conf).find('driver').get('cache'))
+
+    def test_quota_extra_specs_still_apply(self):
+        disk = self.backend.by_name(instance(VMAR), 'disk',
+                                    disk_info_mapping=MAPPING)
+        conf = disk.libvirt_info(
+            'none', {'quota:disk_read_iops_sec': '100'})
+        self.assertEqual('100', self.xml(conf).find(
+            'iotune/read_iops_sec').text)
+
+
+class TestBacking(testtools.TestCase):
+
+    def test_parse_backing(self):
+        i = str(uuid.uuid4())
+        self.assertEqual((i, 7), vimage.parse_backing(
+            'nbd+unix:///%s.7?socket=%s' % (i, SOCK), SOCK))
+        for bad in (None, '', '/var/lib/nova/instances/_base/abc',
+                    'nbd+unix:///%s.7?socket=/other.sock' % i,
+                    'nbd+unix:///%s?socket=%s' % (i, SOCK),
+                    'nbd://host/%s.7' % i,
+                    'nbd+unix:///%s.7x?socket=%s' % (i, SOCK)):
+            self.assertIsNone(vimage.parse_backing(bad, SOCK), bad)
+
+
+class TestExtraSpecs(testtools.TestCase):
+
+    def test_valid(self):
+        for k, v in (('vmar:enabled', 'true'), ('vmar:enabled', 'False'),
+                     ('vmar:host_cache', 'base'),
+                     ('vmar:host_cache', 'none')):
+            validators.validate(k, v)
+
+    def test_invalid(self):
+        for k, v in (('vmar:enabled', 'maybe'),
+                     ('vmar:host_cache', 'writeback'),
+                     ('vmar:cache', 'base'), ('vmar:', 'x')):
+            self.assertRaises(exception.ValidationError,
+                              validators.validate, k, v)
+
+    def test_other_namespaces_untouched(self):
+        validators.validate('hw:cpu_policy', 'dedicated')
+
+
+class TestRefusedOperations(BackendTestCase):
+    """Operations that would rebuild a vmar disk elsewhere are refused."""
+
+    def setUp(self):
+        super().setUp()
+        self.drv = mock.MagicMock(spec=libvirt_driver.LibvirtDriver)
+        self.D = libvirt_driver.LibvirtDriver
+
+    def test_live_migration(self):
+        e = self.assertRaises(
+            exception.MigrationPreCheckError,
+            self.D.check_can_live_migrate_source, self.drv, None,
+            instance(VMAR), mock.sentinel.dest_check_data)
+        self.assertIn('VMAR', str(e))
+        self.assertEqual([], self.drv.mock_calls)
+
+    def test_resize_and_cold_migration(self):
+        e = self.assertRaises(
+            exception.InstanceFaultRollback,
+            self.D.migrate_disk_and_power_off, self.drv, None,
+            instance(VMAR), 'dest', mock.sentinel.flavor, [])
+        self.assertIsInstance(e.inner_exception, exception.ResizeError)
+        self.assertEqual([], self.drv.mock_calls)
+
+    def test_evacuate(self):
+        self.assertRaises(
+            exception.InstanceEvacuateNotSupported, self.D.rebuild,
+            self.drv, None, instance(VMAR), None, [], 'pw', {}, [], None,
+            None, evacuate=True)
+        self.assertEqual([], self.drv.mock_calls)
+
+    def test_a_plain_rebuild_falls_back_to_nova(self):
+        # the stock driver has no rebuild: the compute manager's default
+        # (destroy, then spawn on the new image) runs
+        self.assertRaises(
+            NotImplementedError, self.D.rebuild, self.drv, None,
+            instance(VMAR), None, [], 'pw', {}, [], None, None)
+
+    def test_ordinary_instances_reach_nova(self):
+        self.drv._get_instance_disk_info.side_effect = RuntimeError('nova')
+        e = self.assertRaises(
+            Exception, self.D.migrate_disk_and_power_off, self.drv, None,
+            instance(), 'dest', objects.Flavor(root_gb=1, ephemeral_gb=0,
+                                               swap=0), [])
+        # stock Nova's code ran (and failed on the mock driver)
+        self.assertNotIsInstance(e, exception.InstanceFaultRollback)
+        self.assertNotIn('VMAR', str(e))
+
+
+class TestDelete(BackendTestCase):
+
+    def test_deleting_instance_files_releases_its_exports(self):
+        inst = instance(VMAR)
+        self.drv = mock.MagicMock(spec=libvirt_driver.LibvirtDriver)
+        with mock.patch.object(vimage, 'release') as release, \
+                mock.patch.dict(hooks._ORIGINALS):
+            orig = mock.Mock(return_value=True)
+            hooks._ORIGINALS.clear()
+            hooks.unregister()
+            with mock.patch.object(libvirt_driver.LibvirtDriver,
+                                   'delete_instance_files', orig):
+                hooks.register()
+                self.assertTrue(libvirt_driver.LibvirtDriver
+                                .delete_instance_files(self.drv, inst))
+                release.assert_called_once_with(inst.uuid)
+                orig.return_value = False
+                release.reset_mock()
+                libvirt_driver.LibvirtDriver.delete_instance_files(
+                    self.drv, inst)
+                release.assert_not_called()
+                hooks.unregister()

@@ -1,0 +1,26 @@
+"""``vmar-nova-compute``: Nova's own nova-compute, with the vmar backend.
+
+Stock Nova has no plugin hook for libvirt image backends, so this console
+script registers the vmar backend (see
+:mod:`vmar_openstack.nova_imagebackend.hooks`) and the ``[vmar]`` options,
+then runs ``nova.cmd.compute.main()`` unchanged: same arguments, same
+configuration files, same service binary name (``nova-compute``).
+"""
+
+import sys
+
+# Importing it monkey-patches the process as nova-compute's own start does.
+from nova.cmd import compute  # noqa: I202
+
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.nova_imagebackend import hooks
+
+
+def main():
+    vmar_conf.register_opts()
+    hooks.register()
+    return compute.main()
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Validators of the ``vmar:`` flavor extra specs (nova-api plugin).
+
+Loaded by nova-api through the ``nova.api.extra_spec_validators`` entry
+point. Once loaded, ``vmar:`` is a known namespace: a key not listed here is
+refused with HTTP 400 (at microversion 2.86 and later).
+"""
+
+from nova.api.validation.extra_specs import base
+
+EXTRA_SPEC_VALIDATORS = [
+    base.ExtraSpecValidator(
+        name='vmar:enabled',
+        description=(
+            'Boot the root disk from a qcow2 overlay on the image\'s VMAR '
+            'view, served by the compute host\'s vmar-export daemon, so '
+            'that blocks shared between images are read and cached once.'),
+        value={'type': bool, 'description': 'Whether to use VMAR.'},
+    ),
+    base.ExtraSpecValidator(
+        name='vmar:host_cache',
+        description=(
+            'How the export daemon caches the base images of this flavor\'s '
+            'instances: ``base`` (default) caches them once in the host '
+            'page cache, shared by every instance that reads the same '
+            'block; ``none`` opens them O_DIRECT (a baseline, or tenants '
+            'who must not share a cache).'),
+        value={'type': str, 'enum': ['base', 'none'],
+               'description': 'The host cache policy of the base data.'},
+    ),
+]
+
+
+def register():
+    return EXTRA_SPEC_VALIDATORS

@@ -1,0 +1,178 @@
+"""Plugging the vmar backend into stock Nova's libvirt driver.
+
+Nova has no plugin point for image backends (``Backend.BACKEND`` is a fixed
+dict and ``[libvirt]images_type`` has fixed choices), so :func:`register`
+wraps a few methods of the stock classes, in the ``vmar-nova-compute``
+process only:
+
+* ``Backend.by_name`` / ``Backend.by_libvirt_path``: the root disk of an
+  instance whose flavor has ``vmar:enabled=true`` is a :class:`VmarImage`;
+  every other disk of every instance keeps the configured backend;
+* ``LibvirtDriver.delete_instance_files``: a deleted instance drops its
+  reference on its export (the export, and then files nobody reads, go);
+* ``LibvirtDriver._live_snapshot``: the delta of a live snapshot gets the
+  same pinned NBD backing as the disk, then is flattened onto the view;
+* operations that would rebuild a vmar disk from the original image on
+  another host (resize, cold and live migration, evacuation) are refused
+  before anything is touched.
+
+Each wrapper only acts for vmar instances and calls the original otherwise.
+"""
+
+import functools
+import os
+import time
+
+from nova import exception
+from nova.virt.libvirt import driver as libvirt_driver
+from nova.virt.libvirt import imagebackend
+from oslo_concurrency import processutils
+from oslo_log import log as logging
+
+from vmar_openstack.nova_imagebackend import image as vimage
+
+LOG = logging.getLogger(__name__)
+
+_ORIGINALS = {}
+
+REFUSED = ('%s of instance %s is not supported: its root disk is a VMAR '
+           'overlay (flavor %s) and would be rebuilt from the original '
+           'image. Snapshot the instance and boot the snapshot instead.')
+
+
+def _is_vmar(instance):
+    try:
+        return vimage.instance_policy(instance) is not None
+    except exception.InvalidInput:
+        return True
+
+
+def _refusal(what, instance):
+    return REFUSED % (what, instance.uuid, instance.flavor.name)
+
+
+def _wrap(cls, name):
+    def decorator(func):
+        original = getattr(cls, name)
+        _ORIGINALS[(cls, name)] = original
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            return func(original, *args, **kwargs)
+        setattr(cls, name, wrapper)
+        return func
+    return decorator
+
+
+def register():
+    """Install the vmar backend into Nova's libvirt driver (idempotent)."""
+    if _ORIGINALS:
+        return
+    B = imagebackend.Backend
+    D = libvirt_driver.LibvirtDriver
+
+    @_wrap(B, 'by_name')
+    def by_name(original, self, instance, name, image_type=None,
+                disk_info_mapping=None):
+        if vimage.is_root_disk(name) and _is_vmar(instance):
+            return vimage.VmarImage(instance=instance, disk_name=name,
+                                    disk_info_mapping=disk_info_mapping)
+        return original(self, instance, name, image_type=image_type,
+                        disk_info_mapping=disk_info_mapping)
+
+    @_wrap(B, 'by_libvirt_path')
+    def by_libvirt_path(original, self, instance, path, image_type=None):
+        if vimage.is_root_disk(path) and _is_vmar(instance):
+            return vimage.VmarImage(instance=instance, path=path)
+        return original(self, instance, path, image_type=image_type)
+
+    @_wrap(D, 'delete_instance_files')
+    def delete_instance_files(original, self, instance):
+        done = original(self, instance)
+        if done:
+            vimage.release(instance.uuid)
+        return done
+
+    @_wrap(D, '_live_snapshot')
+    def _live_snapshot(original, self, context, instance, guest, disk_path,
+                       out_path, source_format, image_format, image_meta):
+        if not (vimage.is_root_disk(disk_path) and _is_vmar(instance)):
+            return original(self, context, instance, guest, disk_path,
+                            out_path, source_format, image_format,
+                            image_meta)
+        return live_snapshot(self, instance, guest, disk_path, out_path,
+                             image_format)
+
+    @_wrap(D, 'check_can_live_migrate_source')
+    def check_can_live_migrate_source(original, self, context, instance,
+                                      *args, **kwargs):
+        if _is_vmar(instance):
+            raise exception.MigrationPreCheckError(
+                reason=_refusal('Live migration', instance))
+        return original(self, context, instance, *args, **kwargs)
+
+    @_wrap(D, 'migrate_disk_and_power_off')
+    def migrate_disk_and_power_off(original, self, context, instance,
+                                   *args, **kwargs):
+        if _is_vmar(instance):
+            raise exception.InstanceFaultRollback(exception.ResizeError(
+                reason=_refusal('Resize or cold migration', instance)))
+        return original(self, context, instance, *args, **kwargs)
+
+    @_wrap(D, 'rebuild')
+    def rebuild(original, self, context, instance, *args, **kwargs):
+        if kwargs.get('evacuate') and _is_vmar(instance):
+            raise exception.InstanceEvacuateNotSupported(
+                _refusal('Evacuation', instance))
+        return original(self, context, instance, *args, **kwargs)
+
+    LOG.info('vmar image backend registered for flavors with %s=true',
+             vimage.SPEC_ENABLED)
+
+
+def unregister():
+    """Undo :func:`register` (for tests)."""
+    for (cls, name), original in _ORIGINALS.items():
+        setattr(cls, name, original)
+    _ORIGINALS.clear()
+
+
+def live_snapshot(driver, instance, guest, disk_path, out_path,
+                  image_format):
+    """Nova's live snapshot, for a disk whose backing is a vmar export.
+
+    Nova's own creates the delta with ``qemu-img create -b <backing>`` after
+    inspecting the backing as a local file, which an NBD URI is not. Here the
+    delta gets the disk's pinned backing (format raw), libvirt mirrors the
+    disk's own data into it, and the delta is flattened onto the view.
+    """
+    exp_uri = vimage.VmarImage(instance=instance,
+                               path=disk_path).pinned_uri()
+    info = vimage._qemu_img_info(disk_path)
+    delta = out_path + '.delta'
+    processutils.execute(
+        vimage.CONF.vmar.qemu_img, 'create', '-q', '-f', 'qcow2', '-o',
+        'backing_file=%s,backing_fmt=raw' % exp_uri.replace(',', ',,'),
+        delta, str(info['virtual-size']))
+    dev = guest.get_block_device(disk_path)
+    xml = guest.get_xml_desc(dump_inactive=True, dump_sensitive=True)
+    try:
+        dev.abort_job()
+    except Exception:   # idempotent cleanup of an earlier failure
+        pass
+    try:
+        if guest.has_persistent_configuration():
+            driver._delete_guest_configuration(guest, keep_vtpm=True,
+                                               keep_nvram=True)
+        dev.rebase(delta, copy=True, reuse_ext=True, shallow=True)
+        while not dev.is_job_complete():
+            time.sleep(0.5)
+    finally:
+        dev.abort_job()
+        driver._host.write_instance_config(xml)
+    try:
+        processutils.execute(
+            vimage.CONF.vmar.qemu_img, 'convert', '-f', 'qcow2', '-O',
+            image_format, delta, out_path)
+    finally:
+        os.unlink(delta)

@@ -1,0 +1,269 @@
+"""The ``vmar`` libvirt image backend: a qcow2 overlay on an NBD export.
+
+The instance's root disk is ``<instance dir>/disk``, a qcow2 file whose
+backing file is ``nbd+unix:///<image id>.<map version>?socket=...`` with the
+backing format pinned to raw. The overlay names the map version, so it is
+the one record of which version an instance reads: a running (or rebooted)
+instance keeps the version it booted with, and new instances get the image's
+current map.
+
+Nothing is put in Nova's ``_base`` directory: the map and the base files it
+references live in ``[vmar] host_dir``, which Nova's image cache manager does
+not manage, and stay there while an export reads them.
+"""
+
+import json
+import os
+import re
+import urllib.parse
+
+from nova import exception
+from nova.virt.disk import api as disk_api
+from nova.virt.image import model as imgmodel
+from nova.virt.libvirt import config as vconfig
+from nova.virt.libvirt import imagebackend
+from nova.virt.libvirt import utils as libvirt_utils
+from oslo_concurrency import lockutils
+from oslo_concurrency import processutils
+from oslo_log import log as logging
+from oslo_utils import strutils
+
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack import export
+from vmar_openstack import mapformat
+
+LOG = logging.getLogger(__name__)
+CONF = vmar_conf.CONF
+
+SPEC_ENABLED = 'vmar:enabled'
+SPEC_HOST_CACHE = 'vmar:host_cache'
+_EXPORT_NAME = re.compile(
+    r'^(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})'
+    r'\.(?P<v>[0-9]{1,6})$')
+
+
+def flavor_policy(flavor):
+    """The vmar settings of a flavor, or None for an ordinary flavor."""
+    specs = getattr(flavor, 'extra_specs', None) or {}
+    if not strutils.bool_from_string(specs.get(SPEC_ENABLED, 'false')):
+        return None
+    host_cache = specs.get(SPEC_HOST_CACHE, 'base')
+    if host_cache not in export.HOST_CACHE:
+        # the API validator refuses this; a flavor made before it was
+        # installed can still carry it
+        raise exception.InvalidInput(
+            reason='%s=%s: must be one of %s'
+            % (SPEC_HOST_CACHE, host_cache, ', '.join(export.HOST_CACHE)))
+    return {'host_cache': host_cache}
+
+
+def instance_policy(instance):
+    return flavor_policy(instance.flavor)
+
+
+def is_root_disk(name):
+    return os.path.basename(name) == 'disk'
+
+
+def parse_backing(uri, socket):
+    """(image id, map version) of a vmar overlay's backing URI, or None."""
+    u = urllib.parse.urlsplit(uri or '')
+    if u.scheme != 'nbd+unix':
+        return None
+    query = urllib.parse.parse_qs(u.query)
+    if query.get('socket') != [socket]:
+        return None
+    m = _EXPORT_NAME.match(u.path.lstrip('/'))
+    if not m:
+        return None
+    return m.group('id'), int(m.group('v'))
+
+
+class VmarDiskConfig(vconfig.LibvirtConfigGuestDisk):
+    """A libvirt disk whose cache mode and error policy are fixed.
+
+    ``cache='none'``: the overlay is O_DIRECT; the base data is cached on
+    the host once, by the export daemon (host-cache-for-base). Nova applies
+    ``[libvirt]disk_cachemodes`` after the backend, so the mode is pinned
+    when the XML is written. ``error_policy``/``rerror_policy='stop'``: an
+    I/O error (the export daemon restarting, say) pauses the guest instead
+    of surfacing EIO inside it.
+    """
+
+    CACHE_MODES = ('none', 'directsync')
+
+    def format_dom(self):
+        if self.driver_cache not in self.CACHE_MODES:
+            LOG.warning('a vmar disk needs cache=none, not %s (from '
+                        '[libvirt]disk_cachemodes?): using none',
+                        self.driver_cache)
+            self.driver_cache = 'none'
+        dev = super().format_dom()
+        drv = dev.find('driver')
+        drv.set('error_policy', 'stop')
+        drv.set('rerror_policy', 'stop')
+        return dev
+
+
+class VmarImage(imagebackend.Image):
+    """The root disk of an instance whose flavor has ``vmar:enabled``."""
+
+    def __init__(self, instance=None, disk_name=None, path=None,
+                 disk_info_mapping=None, exports=None):
+        path = path or os.path.join(
+            libvirt_utils.get_instance_path(instance), disk_name)
+        super().__init__(path, 'file', 'qcow2', is_block_dev=False,
+                         disk_info_mapping=disk_info_mapping)
+        self.instance = instance
+        self._exports = exports
+        self.disk_info_path = os.path.join(os.path.dirname(path),
+                                           'disk.info')
+        self.resolve_driver_format()
+
+    @property
+    def exports(self):
+        if self._exports is None:
+            self._exports = export.ExportService(CONF)
+        return self._exports
+
+    @property
+    def policy(self):
+        return instance_policy(self.instance) or {'host_cache': 'base'}
+
+    # -- provisioning -----------------------------------------------------
+
+    def pinned(self):
+        """(image id, map version) the existing overlay reads, or None."""
+        if not os.path.exists(self.path):
+            return None
+        info = _qemu_img_info(self.path)
+        if info.get('format') != 'qcow2':
+            raise exception.InvalidDiskInfo(
+                reason='%s is %s, not a vmar qcow2 overlay'
+                % (self.path, info.get('format')))
+        pin = parse_backing(info.get('backing-filename'),
+                            self.exports.socket)
+        if pin is None or info.get('backing-filename-format') != 'raw':
+            raise exception.InvalidDiskInfo(
+                reason='%s is not backed by a vmar export on %s (backing '
+                '%r); refusing to touch it'
+                % (self.path, self.exports.socket,
+                   info.get('backing-filename')))
+        return pin
+
+    def cache(self, fetch_func, filename, size=None, safe=False, *args,
+              **kwargs):
+        """Make sure the overlay and its export exist.
+
+        Nova's fetch function is never called: nothing is downloaded into
+        ``_base``. The map and its bases come from the map source.
+        """
+        image_id = kwargs.get('image_id') or self.instance.image_ref
+        self.create_image(None, None, size, image_id=image_id)
+
+    def create_image(self, prepare_template, base, size, safe=False,
+                     *args, **kwargs):
+        image_id = kwargs.get('image_id') or self.instance.image_ref
+        holder = self.instance.uuid
+        host_cache = self.policy['host_cache']
+
+        @lockutils.synchronized('vmar-' + holder, external=True,
+                                lock_path=self.lock_path)
+        def _provision():
+            pin = self.pinned()
+            if pin is not None:
+                # a reboot, a host restart: the version it booted with
+                self._add(pin[0], host_cache, holder, version=pin[1])
+                return
+            exp = self._add(image_id, host_cache, holder)
+            try:
+                self._create_overlay(exp, size)
+            except Exception:
+                self._release(holder)
+                raise
+        _provision()
+
+    def _add(self, image_id, host_cache, holder, version=None):
+        try:
+            return self.exports.add(image_id, host_cache=host_cache,
+                                    holder=holder, version=version)
+        except export.ExportError as e:
+            raise exception.ImageUnacceptable(
+                image_id=image_id,
+                reason='cannot export its VMAR view: %s' % e)
+
+    def _release(self, holder):
+        return release(holder, self.exports)
+
+    def pinned_uri(self):
+        image_id, version = self.pinned()
+        return export.nbd_uri(export.export_name(image_id, version),
+                              self.exports.socket)
+
+    def _create_overlay(self, exp, size):
+        bmap = mapformat.read(self.exports.map_file(exp.image_id,
+                                                    exp.map_version))
+        if size and size < bmap.virtual_size:
+            raise exception.FlavorDiskSmallerThanImage(
+                flavor_size=size, image_size=bmap.virtual_size)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = self.path + '.vmar-tmp'
+        try:
+            processutils.execute(
+                CONF.vmar.qemu_img, 'create', '-q', '-f', 'qcow2',
+                '-o', 'backing_file=%s,backing_fmt=raw'
+                % self.exports.uri(exp).replace(',', ',,'),
+                tmp, str(size or bmap.virtual_size))
+            os.rename(tmp, self.path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        LOG.info('created %s on %s', self.path, self.exports.uri(exp))
+
+    # -- the Image API ----------------------------------------------------
+
+    def libvirt_info(self, cache_mode, extra_specs, boot_order=None,
+                     disk_unit=None):
+        info = super().libvirt_info(cache_mode, extra_specs,
+                                    boot_order=boot_order,
+                                    disk_unit=disk_unit)
+        disk = VmarDiskConfig()
+        disk.__dict__.update(info.__dict__)
+        disk.driver_cache = 'none'
+        return disk
+
+    def resize_image(self, size):
+        disk_api.extend(
+            imgmodel.LocalFileImage(self.path, imgmodel.FORMAT_QCOW2), size)
+
+    def snapshot_extract(self, target, out_format):
+        """A standalone image: the overlay flattened onto its view."""
+        self.pinned()
+        libvirt_utils.extract_snapshot(self.path, 'qcow2', target,
+                                       out_format)
+
+    @staticmethod
+    def is_file_in_instance_path():
+        return True
+
+    def get_model(self, connection):
+        return imgmodel.LocalFileImage(self.path, imgmodel.FORMAT_QCOW2)
+
+
+def release(holder, exports=None):
+    """Drop every export reference of ``holder`` (a deleted instance)."""
+    exports = exports or export.ExportService(CONF)
+    if not os.path.exists(os.path.join(exports.host_dir, 'exports.json')):
+        return []
+    try:
+        return exports.release(holder)
+    except export.ExportError as e:
+        LOG.warning('could not release the exports of %s: %s; run '
+                    '"vmar-export release %s"', holder, e, holder)
+        return []
+
+
+def _qemu_img_info(path):
+    out, _err = processutils.execute(
+        CONF.vmar.qemu_img, 'info', '-f', 'qcow2', '--output=json', path)
+    return json.loads(out)
