@@ -28,7 +28,7 @@ def write_atomic(path, data):
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def copy_readonly(src, dest):
@@ -56,10 +56,10 @@ def copy_readonly(src, dest):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
-def _fsync_dir(directory):
+def fsync_dir(directory):
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)

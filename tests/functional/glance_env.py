@@ -43,21 +43,35 @@ class ServiceError(RuntimeError):
     pass
 
 
-def venv_bin(name):
-    """Path of a console script in the running interpreter's venv."""
+def venv_bin(name, hint=None):
+    """Path of a console script in the running interpreter's venv.
+
+    Only the directory of sys.executable is searched (not PATH), so the
+    services run from the same venv, and the same glance, as the tests.
+    """
     path = os.path.join(BIN_DIR, name)
-    if os.path.exists(path):
-        return path
-    found = shutil.which(name)
-    if found:
-        return found
-    raise ServiceError('%s not found in %s nor on PATH' % (name, BIN_DIR))
+    if not os.path.exists(path):
+        raise ServiceError('%s not found in %s%s' % (
+            name, BIN_DIR, '; ' + hint if hint else ''))
+    return path
+
+
+def free_ports(count, host='127.0.0.1'):
+    """count distinct free TCP ports (all held open while choosing)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def free_port(host='127.0.0.1'):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def port_open(port, host='127.0.0.1'):
@@ -298,8 +312,7 @@ class RabbitMQ(_Service):
             f.write(secrets.token_hex(16))
         os.chmod(cookie, 0o400)
 
-        self.port, self.dist_port, self.epmd_port = (
-            free_port(), free_port(), free_port())
+        self.port, self.dist_port, self.epmd_port = free_ports(3)
         self.nodename = 'vmar%d_%s@localhost' % (os.getpid(),
                                                  secrets.token_hex(3))
         with open(os.path.join(d, 'rabbitmq-env.conf'), 'w'):
@@ -530,7 +543,8 @@ class GlanceAPI(_Service):
         self.pylib_dir = os.path.join(d, 'pylib')
 
     def log_files(self):
-        return [os.path.join(self.log_dir, 'db_sync.log'), self.uwsgi_log,
+        return [os.path.join(self.log_dir, 'db_sync.log'),
+                os.path.join(self.log_dir, 'uwsgi.out'), self.uwsgi_log,
                 self.api_log]
 
     def api_config(self):
@@ -545,7 +559,6 @@ class GlanceAPI(_Service):
                 'worker_self_reference_url': self.endpoint,
                 'public_endpoint': self.endpoint,
                 'image_cache_dir': os.path.join(self.work_dir, 'cache'),
-                'lock_path': os.path.join(self.work_dir, 'lock'),
             },
             'paste_deploy': {'flavor': '', 'config_file': self.paste_ini},
             'database': {'connection': 'sqlite:///' + self.db_path},
@@ -627,8 +640,8 @@ class GlanceAPI(_Service):
 
     def start(self):
         reap_stale()
-        uwsgi = venv_bin('uwsgi')  # pip install pyuwsgi
-        manage = venv_bin('glance-manage')
+        uwsgi = venv_bin('uwsgi', 'pip install pyuwsgi')
+        manage = venv_bin('glance-manage', 'pip install glance')
         for path in (self.etc_dir, self.store_dir, self.staging_dir,
                      self.tasks_dir, self.log_dir,
                      os.path.join(self.work_dir, 'lock')):
@@ -673,9 +686,6 @@ class GlanceAPI(_Service):
         self.startup_seconds = time.time() - t0
         return self
 
-    def log_files_all(self):
-        return self.log_files() + [os.path.join(self.log_dir, 'uwsgi.out')]
-
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
             # SIGINT: uWSGI master kills workers at once and exits.
@@ -706,11 +716,24 @@ class GlanceAPI(_Service):
         })
         return env
 
-    def openstack(self, *args, check=True, timeout=300):
-        """Run the real openstack CLI against this glance-api."""
+    def openstack(self, *args, check=True, timeout=300, input=None):
+        """Run the real openstack CLI against this glance-api.
+
+        ``openstack image create`` without --file reads image data from
+        stdin whenever stdin is not a tty (so under a test runner it would
+        upload an empty image). Unless ``input`` (bytes) is given, the CLI
+        gets a closed stdin, like ``<&-`` in a shell.
+        """
+        cmd = [venv_bin('openstack')] + list(args)
+        if input is None:
+            # no preexec_fn: callers may have threads (e.g. a listener)
+            cmd = ['sh', '-c', 'exec "$@" <&-', 'openstack'] + cmd
         result = subprocess.run(
-            [venv_bin('openstack')] + list(args), env=self.env(),
-            capture_output=True, text=True, timeout=timeout)
+            cmd, env=self.env(), capture_output=True, timeout=timeout,
+            input=input, stdin=None if input is not None else
+            subprocess.DEVNULL)
+        result.stdout = result.stdout.decode(errors='replace')
+        result.stderr = result.stderr.decode(errors='replace')
         if check and result.returncode:
             raise ServiceError('openstack %s failed (%d):\n%s%s' % (
                 ' '.join(args), result.returncode, result.stdout,

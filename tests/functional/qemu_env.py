@@ -9,6 +9,7 @@ test guest (``tools/build-test-guest.sh``) and ``virtlogd``/``libvirtd``
 
 import functools
 import os
+import re
 import subprocess
 import time
 
@@ -119,3 +120,39 @@ def set_readahead(path, kb, test):
     with open(knob, 'w') as f:
         f.write(str(kb))
     test.addCleanup(restore)
+
+
+def console_tail(console, n=2000):
+    try:
+        with open(console, errors='replace') as f:
+            return f.read()[-n:]
+    except OSError:
+        return ''
+
+
+def console_lines(console, key):
+    """The values of ``KEY value`` lines the test guest printed."""
+    try:
+        with open(console, errors='replace') as f:
+            return re.findall(r'%s (\S+)' % key, f.read())
+    except FileNotFoundError:
+        return []
+
+
+def run_domain(test, name, xml_path, console, wait=True, timeout=240):
+    """Start a transient libvirt domain; wait until it powers off."""
+    virsh('create', xml_path)
+    test.addCleanup(virsh, 'destroy', name, check=False)
+    if wait:
+        deadline = time.time() + timeout
+        while virsh('domstate', name, check=False).returncode == 0:
+            test.assertLess(time.time(), deadline, console_tail(console))
+            time.sleep(0.5)
+
+
+def wait_for_line(test, console, key, count=1, timeout=240):
+    deadline = time.time() + timeout
+    while len(console_lines(console, key)) < count:
+        test.assertLess(time.time(), deadline, console_tail(console))
+        time.sleep(0.5)
+    return console_lines(console, key)

@@ -7,7 +7,6 @@ The guest (tools/build-test-guest.sh) checksums its whole disk.
 """
 
 import os
-import re
 import signal
 import subprocess
 import time
@@ -89,26 +88,11 @@ class TestGuest(test_export.ExportTestCase):
             f.write(GUEST_XML.format(name=name, guest=self.guest,
                                      args=args, overlay=self.overlay,
                                      console=console))
-        qemu_env.virsh('create', xml)
-        self.addCleanup(qemu_env.virsh, 'destroy', name, check=False)
-        if wait:
-            deadline = time.time() + timeout
-            while qemu_env.virsh('domstate', name,
-                                 check=False).returncode == 0:
-                self.assertLess(time.time(), deadline, self._tail(console))
-                time.sleep(0.5)
+        qemu_env.run_domain(self, name, xml, console, wait, timeout)
         return name, console
 
-    def _tail(self, console):
-        try:
-            with open(console, errors='replace') as f:
-                return f.read()[-2000:]
-        except OSError:
-            return ''
-
-    def lines(self, console, key):
-        with open(console, errors='replace') as f:
-            return re.findall(r'%s (\S+)' % key, f.read())
+    _tail = staticmethod(qemu_env.console_tail)
+    lines = staticmethod(qemu_env.console_lines)
 
     def test_boot_read_write_reboot(self):
         _name, console = self.boot('vmar.write=8192')

@@ -1,8 +1,8 @@
 """The vmar image backend against the real Nova 34 classes."""
 
 import os
-import uuid
 from unittest import mock
+import uuid
 
 import fixtures
 from lxml import etree
@@ -216,7 +216,8 @@ class TestRefusedOperations(BackendTestCase):
     def test_ordinary_instances_reach_nova(self):
         self.drv._get_instance_disk_info.side_effect = RuntimeError('nova')
         e = self.assertRaises(
-            Exception, self.D.migrate_disk_and_power_off, self.drv, None,
+            (exception.NovaException, TypeError, AttributeError),
+            self.D.migrate_disk_and_power_off, self.drv, None,
             instance(), 'dest', objects.Flavor(root_gb=1, ephemeral_gb=0,
                                                swap=0), [])
         # stock Nova's code ran (and failed on the mock driver)

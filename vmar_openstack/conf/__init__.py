@@ -7,6 +7,7 @@ hosts, ``[vmar_database]`` for the cluster database. :func:`list_opts` is the
 
 import os
 
+from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
 CONF = cfg.CONF
@@ -106,11 +107,21 @@ vmar_opts = [
                     'that maps serve from elsewhere: faster sequential reads '
                     'for a less deduplicated host cache.'),
     cfg.StrOpt('map_source', default='dir', choices=[
-        ('dir', 'Copy maps and bases from map_source_dir.')],
+        ('dir', 'Copy maps and bases from map_source_dir.'),
+        ('glance', 'Download maps (hidden images published by vmar-agent) '
+                   'and bases from Glance, with [vmar_glance] credentials.')],
                help='Where a compute host gets maps and base files.'),
     cfg.StrOpt('map_source_dir', default='$state_dir',
                help='For map_source=dir: a library directory with maps/ and '
                     'bases/ subdirectories (a library\'s state_dir).'),
+]
+
+import_opts = [
+    cfg.BoolOpt('mapgen_failure_fatal', default=False,
+                help='Glance import plugin: fail the import when mapgen '
+                     'fails. By default the import succeeds, the failure is '
+                     'logged and recorded in the image property '
+                     'vmar_mapgen_error, and vmar-agent retries it.'),
 ]
 
 database_opts = [
@@ -128,6 +139,50 @@ database_opts = [
 ]
 
 
+glance_group = cfg.OptGroup(
+    'vmar_glance', title='VMAR access to Glance',
+    help='How vmar-agent and compute hosts reach Glance (keystoneauth '
+         'session, auth and adapter options).')
+
+glance_opts = [
+    cfg.StrOpt('map_owner',
+               help='Project that owns the map images vmar-agent publishes '
+                    '(the agent\'s project). Hosts ignore map images owned by '
+                    'anyone else. Unset: the project of these credentials, '
+                    'as Glance reports it.'),
+    cfg.IntOpt('chunk_size', default=4 * 1024 * 1024, min=65536,
+               help='Bytes per read when streaming images from Glance.'),
+]
+
+agent_group = cfg.OptGroup(
+    'vmar_agent', title='vmar-agent',
+    help='The Glance notification agent.')
+
+agent_opts = [
+    cfg.StrOpt('exchange', default='glance',
+               help='Exchange Glance notifications are sent to.'),
+    cfg.ListOpt('topics', default=['notifications'],
+                help='Notification topics to listen on.'),
+    cfg.StrOpt('pool', default='vmar-agent',
+               help='Listener pool: every agent of the pool shares one queue, '
+                    'so no other consumer (ceilometer) loses messages.'),
+    cfg.IntOpt('max_attempts', default=5, min=1,
+               help='Attempts at an image before it is recorded as failed '
+                    'and not retried.'),
+    cfg.FloatOpt('retry_delay', default=2.0, min=0,
+                 help='Seconds before the first retry; doubled each time.'),
+    cfg.IntOpt('workers', default=2, min=1,
+               help='Notifications handled at once.'),
+]
+
+
+def _glance_ks_opts():
+    return (ks_loading.get_session_conf_options()
+            + ks_loading.get_auth_common_conf_options()
+            + ks_loading.get_auth_plugin_conf_options('password')
+            + ks_loading.get_adapter_conf_options(include_deprecated=False))
+
+
 def register_opts(conf=CONF):
     """Register the options on ``conf``.
 
@@ -135,16 +190,26 @@ def register_opts(conf=CONF):
     per-option state (overrides included), so sharing one between two
     ConfigOpts would leak overrides from one into the other.
     """
-    for group, opts in ((vmar_group, vmar_opts),
-                        (database_group, database_opts)):
+    for group, opts in ((vmar_group, vmar_opts + import_opts),
+                        (database_group, database_opts),
+                        (glance_group, glance_opts),
+                        (agent_group, agent_opts)):
         conf.register_group(cfg.OptGroup(group.name, title=group.title,
                                          help=group.help))
         conf.register_opts(opts, group=group.name)
+    ks_loading.register_session_conf_options(conf, glance_group.name)
+    ks_loading.register_auth_conf_options(conf, glance_group.name)
+    ks_loading.register_adapter_conf_options(conf, glance_group.name,
+                                             include_deprecated=False)
+    conf.set_default('service_type', 'image', group=glance_group.name)
 
 
 def list_opts():
     """Return the options for oslo-config-generator."""
-    return [(vmar_group, vmar_opts), (database_group, database_opts)]
+    return [(vmar_group, vmar_opts + import_opts),
+            (database_group, database_opts),
+            (glance_group, glance_opts + _glance_ks_opts()),
+            (agent_group, agent_opts)]
 
 
 register_opts()

@@ -17,8 +17,8 @@ atomically, under a file lock). ``vmar-export serve`` supervises the daemon:
 when it dies it is restarted and every export is restored before the NBD
 socket appears again, so a reconnecting client never finds a missing export.
 
-Maps and base files come from a :class:`LocalDirSource` (a library directory
-with ``maps/`` and ``bases/``) and are copied into ``[vmar] host_dir``, a
+Maps and base files come from the configured map source
+(:mod:`vmar_openstack.mapsource`) and are copied into ``[vmar] host_dir``, a
 vmar-owned directory that Nova's image cache manager never touches.
 """
 
@@ -30,7 +30,6 @@ import fcntl
 import grp
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -42,11 +41,11 @@ from qemu.qmp import QMPError
 
 from vmar_openstack import fileutils
 from vmar_openstack import mapformat
+from vmar_openstack import mapsource
 
 LOG = logging.getLogger(__name__)
 
 HOST_CACHE = ('base', 'none')
-_MAP_NAME = re.compile(r'^(?P<id>[0-9a-f-]{36})\.(?P<v>[0-9]+)\.vmap$')
 
 
 class ExportError(RuntimeError):
@@ -79,47 +78,6 @@ def export_id(name):
 
 def nbd_uri(name, socket):
     return 'nbd+unix:///%s?socket=%s' % (name, socket)
-
-
-# -- where maps and bases come from ------------------------------------------
-
-class LocalDirSource:
-    """Maps and bases in a local library directory (``maps/``, ``bases/``).
-
-    The current map of an image is its highest version present.
-    """
-
-    def __init__(self, root):
-        self.root = root
-
-    def current_version(self, image_id):
-        versions = []
-        try:
-            names = os.listdir(os.path.join(self.root, 'maps'))
-        except FileNotFoundError:
-            names = []
-        for name in names:
-            m = _MAP_NAME.match(name)
-            if m and m.group('id') == image_id:
-                versions.append(int(m.group('v')))
-        if not versions:
-            raise ExportError('no map of image %s in %s'
-                              % (image_id, self.root))
-        return max(versions)
-
-    def fetch_map(self, image_id, version, dest):
-        name = '%s.%d.vmap' % (image_id, version)
-        self._copy(os.path.join(self.root, 'maps', name), dest)
-
-    def fetch_base(self, image_id, dest):
-        self._copy(os.path.join(self.root, 'bases', image_id), dest)
-
-    @staticmethod
-    def _copy(src, dest):
-        try:
-            fileutils.copy_readonly(src, dest)
-        except OSError as e:
-            raise ExportError('cannot fetch %s: %s' % (src, e))
 
 
 # -- persistent state -----------------------------------------------------
@@ -247,7 +205,7 @@ class ExportService:
         self.socket = c.export_socket
         self.qmp_socket = os.path.join(c.host_dir, 'qsd-qmp.sock')
         self.pid_file = os.path.join(c.host_dir, 'qsd.pid')
-        self.source = source or LocalDirSource(c.map_source_dir)
+        self.source = source or mapsource.get_source(conf)
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
                 == os.path.realpath(c.host_dir)):
             # host_dir is pruned of unreferenced files: never the library
@@ -262,10 +220,17 @@ class ExportService:
         return os.path.join(self.host_dir, 'bases', image_id)
 
     # fetching
+    @staticmethod
+    def _fetch(func, *args):
+        try:
+            return func(*args)
+        except mapsource.SourceError as e:
+            raise ExportError(str(e))
+
     def _ensure_files(self, image_id, version):
         path = self.map_file(image_id, version)
         if not os.path.exists(path):
-            self.source.fetch_map(image_id, version, path)
+            self._fetch(self.source.fetch_map, image_id, version, path)
         try:
             bmap = mapformat.read(path)
         except mapformat.MapFormatError as e:
@@ -278,7 +243,7 @@ class ExportService:
         for t in bmap.targets:
             base = self.base_file(t.image_id)
             if not os.path.exists(base):
-                self.source.fetch_base(t.image_id, base)
+                self._fetch(self.source.fetch_base, t.image_id, base)
             size = os.path.getsize(base)
             if size != t.size:
                 raise ExportError('base %s is %d bytes, map v%d of %s says '
@@ -380,7 +345,7 @@ class ExportService:
             raise ExportError('host_cache must be one of %s'
                               % ', '.join(HOST_CACHE))
         if version is None:
-            version = self.source.current_version(image_id)
+            version = self._fetch(self.source.current_version, image_id)
         if not 0 < version <= MAX_MAP_VERSION:
             raise ExportError('map version %r out of range' % (version,))
         with State(self.host_dir) as state:

@@ -265,5 +265,6 @@ def release(holder, exports=None):
 
 def _qemu_img_info(path):
     out, _err = processutils.execute(
-        CONF.vmar.qemu_img, 'info', '-f', 'qcow2', '--output=json', path)
+        CONF.vmar.qemu_img, 'info', '-U', '-f', 'qcow2', '--output=json',
+        path)
     return json.loads(out)

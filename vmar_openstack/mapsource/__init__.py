@@ -1,0 +1,28 @@
+"""Map sources: where a compute host gets maps and base images from.
+
+A source answers three questions for the export service
+(:class:`vmar_openstack.export.ExportService`):
+
+* ``current_version(image_id)``: the image's current map version;
+* ``fetch_map(image_id, version, dest)``: that map, verified, at ``dest``;
+* ``fetch_base(image_id, dest)``: the image's raw content, verified, at
+  ``dest``.
+
+``[vmar] map_source`` chooses one: ``dir`` (:mod:`.local`, a library
+directory on the host) or ``glance`` (:mod:`.glance`, maps published as
+hidden Glance images by ``vmar-agent``). Every failure is a
+:class:`SourceError` with a message an operator can act on.
+"""
+
+
+class SourceError(RuntimeError):
+    """A map or base image cannot be found, fetched or verified."""
+
+
+def get_source(conf):
+    """The source ``[vmar] map_source`` names."""
+    if conf.vmar.map_source == 'glance':
+        from vmar_openstack.mapsource import glance
+        return glance.GlanceSource(conf)
+    from vmar_openstack.mapsource import local
+    return local.LocalDirSource(conf.vmar.map_source_dir)

@@ -1,0 +1,205 @@
+"""The ``glance`` map source, and the layout of maps in Glance.
+
+Compute hosts have no database credentials, so maps reach them through
+Glance, the service they already fetch images from, with its authentication
+and its stores. ``vmar-agent`` publishes every map version as a hidden image
+(``os_hidden``) that it owns:
+
+==================== =========================================================
+id                   ``uuid5(MAP_NAMESPACE, '<image id>.<version>')``: one
+                     id per version, so publishing is idempotent and a
+                     version, once active, never changes (Glance image data
+                     is immutable)
+name                 ``vmar-map-<image id>-v<version>``
+disk/container       ``raw`` / ``bare``
+properties           ``vmar_map_of`` (image id), ``vmar_map_version``,
+                     ``vmar_map_sha256`` (of the map file)
+visibility, owner    ``private``, the agent's project (``[vmar_glance]
+                     map_owner``)
+==================== =========================================================
+
+A host trusts a map image only when its owner is the map owner, its
+properties name the image and version it asked for, its data has the
+recorded SHA-256, and the map's own header agrees. Base images are the
+Glance images themselves: a host streams one to a temporary file, checks
+Glance's ``os_hash_value`` and the format (``format_inspector``, backing
+files refused), converts it to raw if it is not, and the export service
+checks its size against the map.
+"""
+
+import hashlib
+import os
+import tempfile
+import uuid
+
+from glanceclient import client as glance_client
+from glanceclient import exc as glance_exc
+from keystoneauth1 import loading as ks_loading
+from oslo_log import log as logging
+
+from vmar_openstack import fileutils
+from vmar_openstack import fingerprint
+from vmar_openstack import mapformat
+from vmar_openstack.mapsource import SourceError
+
+LOG = logging.getLogger(__name__)
+
+MAP_NAMESPACE = uuid.UUID('6f1c7a52-3f0e-5b8a-9a57-0c4d8e2b1d90')
+PROP_OF = 'vmar_map_of'
+PROP_VERSION = 'vmar_map_version'
+PROP_SHA256 = 'vmar_map_sha256'
+
+
+def map_image_id(image_id, version):
+    return str(uuid.uuid5(MAP_NAMESPACE, '%s.%d' % (image_id, version)))
+
+
+def map_image_name(image_id, version):
+    return 'vmar-map-%s-v%d' % (image_id, version)
+
+
+def client(conf):
+    """A python-glanceclient v2 client from ``[vmar_glance]``."""
+    group = 'vmar_glance'
+    auth = ks_loading.load_auth_from_conf_options(conf, group)
+    sess = ks_loading.load_session_from_conf_options(conf, group, auth=auth)
+    g = conf.vmar_glance
+    kwargs = {'session': sess, 'service_type': g.service_type or 'image'}
+    if g.endpoint_override:
+        kwargs['endpoint_override'] = g.endpoint_override
+    if g.region_name:
+        kwargs['region_name'] = g.region_name
+    if g.valid_interfaces:
+        kwargs['interface'] = g.valid_interfaces[0]
+    return glance_client.Client('2', **kwargs)
+
+
+def stream_to(data, dest_dir, hasher_names=('sha256',)):
+    """Write an iterable of chunks to a temporary file in ``dest_dir``.
+
+    Returns (path, {name: hexdigest}); the caller owns the file.
+    """
+    os.makedirs(dest_dir, exist_ok=True)
+    hashers = {n: hashlib.new(n) for n in hasher_names if n}
+    fd, tmp = tempfile.mkstemp(prefix='.fetch-', dir=dest_dir)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            for chunk in data:
+                f.write(chunk)
+                for h in hashers.values():
+                    h.update(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp, {n: h.hexdigest() for n, h in hashers.items()}
+
+
+class GlanceSource:
+
+    def __init__(self, conf, glance=None):
+        self.conf = conf
+        self._glance = glance
+
+    @property
+    def glance(self):
+        if self._glance is None:
+            self._glance = client(self.conf)
+        return self._glance
+
+    def _owner_ok(self, image):
+        owner = self.conf.vmar_glance.map_owner
+        return owner is None or image.get('owner') == owner
+
+    def current_version(self, image_id):
+        try:
+            found = list(self.glance.images.list(filters={
+                PROP_OF: image_id, 'os_hidden': True, 'status': 'active'}))
+        except glance_exc.ClientException as e:
+            raise SourceError('cannot list the maps of %s in Glance: %s'
+                              % (image_id, e))
+        versions = [int(i[PROP_VERSION]) for i in found
+                    if self._owner_ok(i) and i.get(PROP_OF) == image_id
+                    and str(i.get(PROP_VERSION, '')).isdigit()]
+        if not versions:
+            raise SourceError('image %s has no published VMAR map in Glance '
+                              '(is vmar-agent running?)' % image_id)
+        return max(versions)
+
+    def _get(self, image_id):
+        try:
+            return self.glance.images.get(image_id)
+        except glance_exc.HTTPNotFound:
+            raise SourceError('image %s is not in Glance' % image_id)
+        except glance_exc.ClientException as e:
+            raise SourceError('cannot get image %s from Glance: %s'
+                              % (image_id, e))
+
+    def _data(self, image_id):
+        try:
+            return self.glance.images.data(image_id)
+        except glance_exc.ClientException as e:
+            raise SourceError('cannot download image %s from Glance: %s'
+                              % (image_id, e))
+
+    def fetch_map(self, image_id, version, dest):
+        mid = map_image_id(image_id, version)
+        img = self._get(mid)
+        if (img.get('status') != 'active' or not self._owner_ok(img)
+                or img.get(PROP_OF) != image_id
+                or str(img.get(PROP_VERSION)) != str(version)):
+            raise SourceError('Glance image %s is not map v%d of %s '
+                              'published by vmar-agent' % (mid, version,
+                                                           image_id))
+        tmp, sums = stream_to(self._data(mid), os.path.dirname(dest))
+        try:
+            if sums['sha256'] != img.get(PROP_SHA256):
+                raise SourceError('map v%d of %s: SHA-256 %s, Glance says %s'
+                                  % (version, image_id, sums['sha256'],
+                                     img.get(PROP_SHA256)))
+            try:
+                bmap = mapformat.read(tmp)
+            except mapformat.MapFormatError as e:
+                raise SourceError('map v%d of %s is invalid: %s'
+                                  % (version, image_id, e))
+            if bmap.image_id != image_id or bmap.map_version != version:
+                raise SourceError('Glance image %s holds map v%d of %s'
+                                  % (mid, bmap.map_version, bmap.image_id))
+            os.chmod(tmp, 0o444)
+            os.rename(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def fetch_base(self, image_id, dest):
+        img = self._get(image_id)
+        if img.get('status') != 'active':
+            raise SourceError('image %s is %s in Glance, not active'
+                              % (image_id, img.get('status')))
+        algo = img.get('os_hash_algo')
+        work = os.path.dirname(dest)
+        tmp, sums = stream_to(self._data(image_id), work,
+                              (algo,) if algo else ())
+        try:
+            if algo and sums[algo] != img.get('os_hash_value'):
+                raise SourceError('image %s: %s %s, Glance says %s'
+                                  % (image_id, algo, sums[algo],
+                                     img.get('os_hash_value')))
+            fmt = img.get('disk_format') or 'raw'
+            try:
+                fingerprint.inspect(tmp, fmt, self.conf.vmar.qemu_img,
+                                    expected_size=img.get('size'))
+                with fingerprint.raw_view(tmp, fmt, self.conf.vmar.qemu_img,
+                                          work) as raw:
+                    if raw == tmp:
+                        os.chmod(tmp, 0o444)
+                        os.rename(tmp, dest)
+                        fileutils.fsync_dir(work)
+                    else:
+                        fileutils.copy_readonly(raw, dest)
+            except fingerprint.ImageRejected as e:
+                raise SourceError('image %s rejected: %s' % (image_id, e))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
