@@ -8,6 +8,7 @@ test guest (``tools/build-test-guest.sh``) and ``virtlogd``/``libvirtd``
 """
 
 import functools
+import grp
 import os
 import re
 import subprocess
@@ -64,6 +65,7 @@ def _running(name):
 @functools.lru_cache(maxsize=None)
 def libvirt():
     """Start virtlogd and libvirtd if they are not running."""
+    _kvm_device_as_debian_sets_it()
     if not _running('virtlogd'):
         subprocess.run(['virtlogd', '-d'], check=True)
     if not _running('libvirtd'):
@@ -75,6 +77,25 @@ def libvirt():
             return 'qemu:///system'
         time.sleep(0.2)
     raise RuntimeError('libvirtd did not answer within 30 s')
+
+
+def _kvm_device_as_debian_sets_it():
+    """/dev/kvm as Debian's udev rule sets it: root:kvm 0660.
+
+    Without udev it is root-only 0600 here. libvirt 9.0 then caches QEMU's
+    capabilities from a probe that may open /dev/kvm (it gets
+    CAP_DAC_OVERRIDE) but judges the cache by whether libvirt-qemu may open
+    it, so every lookup finds the cache stale and re-probes: 40 s per
+    domain start. Guests still run under TCG (<domain type='qemu'>).
+    """
+    try:
+        st = os.stat('/dev/kvm')
+        gid = grp.getgrnam('kvm').gr_gid
+    except (OSError, KeyError):
+        return
+    if st.st_gid != gid or st.st_mode & 0o777 != 0o660:
+        os.chown('/dev/kvm', 0, gid)
+        os.chmod('/dev/kvm', 0o660)
 
 
 def virsh(*args, check=True):

@@ -171,8 +171,6 @@ agent_opts = [
                     'and not retried.'),
     cfg.FloatOpt('retry_delay', default=2.0, min=0,
                  help='Seconds before the first retry; doubled each time.'),
-    cfg.IntOpt('workers', default=2, min=1,
-               help='Notifications handled at once.'),
 ]
 
 

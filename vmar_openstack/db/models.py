@@ -104,6 +104,19 @@ class MapVersion(Base):
     created_at = sa.Column(sa.DateTime, nullable=False, default=_now)
 
 
+class AgentFailure(Base):
+    """An image vmar-agent could not process (yet): retries and the cause."""
+    __tablename__ = 'vmar_agent_failures'
+
+    image_id = sa.Column(sa.String(36), primary_key=True)
+    event = sa.Column(sa.String(64), nullable=False)
+    attempts = sa.Column(sa.Integer, nullable=False, default=0)
+    permanent = sa.Column(sa.Boolean, nullable=False, default=False)
+    last_error = sa.Column(sa.Text, nullable=False, default='')
+    updated_at = sa.Column(sa.DateTime, nullable=False, default=_now,
+                           onupdate=_now)
+
+
 class Lock(Base):
     __tablename__ = 'vmar_locks'
 

@@ -164,6 +164,17 @@ class Library:
         self._unplace(image_id)
         return Outcome(image_id, 0, 0, regenerated)
 
+    def remap(self, image_id):
+        """Write a new map version of an image from the tables.
+
+        For a host that lost a map file (the versions are immutable, so a
+        lost one is replaced by a new one, never rewritten). Returns it.
+        """
+        image_id = _check_uuid(image_id)
+        with self._mutation() as (s, written):
+            img = self._get(s, image_id)
+            return self._write_maps(s, {img.seq}, written)[image_id]
+
     # -- helpers -----------------------------------------------------------
 
     @contextlib.contextmanager

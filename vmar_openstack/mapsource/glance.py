@@ -81,7 +81,8 @@ def stream_to(data, dest_dir, hasher_names=('sha256',)):
     """
     os.makedirs(dest_dir, exist_ok=True)
     hashers = {n: hashlib.new(n) for n in hasher_names if n}
-    fd, tmp = tempfile.mkstemp(prefix='.fetch-', dir=dest_dir)
+    fd, tmp = tempfile.mkstemp(prefix='.fetch-%d-' % os.getpid(),
+                               dir=dest_dir)
     try:
         with os.fdopen(fd, 'wb') as f:
             for chunk in data:
@@ -94,6 +95,17 @@ def stream_to(data, dest_dir, hasher_names=('sha256',)):
         os.unlink(tmp)
         raise
     return tmp, {n: h.hexdigest() for n, h in hashers.items()}
+
+
+def remove_stale(directory):
+    """Remove partial downloads of processes that died."""
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        parts = name.split('-')
+        if (name.startswith('.fetch-') and len(parts) > 2
+                and parts[1].isdigit()
+                and not os.path.exists('/proc/%s' % parts[1])):
+            LOG.info('removing partial download %s', name)
+            os.unlink(os.path.join(directory, name))
 
 
 class GlanceSource:

@@ -1,0 +1,371 @@
+"""Glance integration on the real thing.
+
+RabbitMQ, glance-api (glance 33 under uWSGI, SQLite, file store, no
+Keystone, messagingv2 notifications, the ``vmar_mapgen`` import plugin
+enabled) and ``vmar-agent`` are started by the test; images are created
+with the real ``openstack`` CLI.
+"""
+
+import glob
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import fixtures
+from oslo_config import cfg
+import oslo_messaging
+import testtools
+
+from tests import base
+from tests.functional import glance_env
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import migration
+from vmar_openstack.db import models
+from vmar_openstack.db import session as db_session
+from vmar_openstack.ingest import check as check_mod
+from vmar_openstack import mapformat
+from vmar_openstack.mapsource import glance as gsource
+from vmar_openstack.mapsource import SourceError
+
+
+def _sha(path):
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+class GlanceTestCase(testtools.TestCase):
+    """One RabbitMQ, glance-api and vmar-agent for the whole class."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.work = tempfile.mkdtemp(prefix='vmar-glance-')
+        try:
+            cls._start()
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def _start(cls):
+        cls.rabbit = glance_env.RabbitMQ(os.path.join(cls.work, 'rabbit'))
+        cls.rabbit.start()
+        cls.state = os.path.join(cls.work, 'vmar')
+        os.makedirs(cls.state)
+        db = 'sqlite:///%s/vmar.sqlite' % cls.state
+        vmar_sections = {
+            'vmar': {'state_dir': cls.state, 'hash_workers': '2'},
+            'vmar_database': {'connection': db}}
+        cls.glance = glance_env.GlanceAPI(
+            os.path.join(cls.work, 'glance'), cls.rabbit.transport_url,
+            import_plugins=['vmar_mapgen'], import_config=vmar_sections)
+        cls.glance.start()
+        cls.conf_file = os.path.join(cls.work, 'vmar.conf')
+        glance_env.write_conf(cls.conf_file, dict(vmar_sections, **{
+            'DEFAULT': {'transport_url': cls.rabbit.transport_url},
+            'vmar_glance': {'auth_type': 'none',
+                            'endpoint': cls.glance.endpoint,
+                            'endpoint_override': cls.glance.endpoint},
+            'vmar_agent': {'retry_delay': '0.2', 'max_attempts': '3'}}))
+        cls.conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(cls.conf)
+        cls.conf(['--config-file', cls.conf_file], project='vmar')
+        migration.upgrade('head', conf=cls.conf)
+        cls.agent = None
+        cls.start_agent()
+
+    @classmethod
+    def start_agent(cls):
+        log = open(os.path.join(cls.work, 'agent.log'), 'ab')
+        cls.agent = subprocess.Popen(
+            [os.path.join(os.path.dirname(sys.executable), 'vmar-agent'),
+             '--config-file', cls.conf_file], stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL)
+        log.close()
+
+    @classmethod
+    def stop_agent(cls, sig=signal.SIGTERM):
+        if cls.agent and cls.agent.poll() is None:
+            cls.agent.send_signal(sig)
+            try:
+                cls.agent.wait(20)
+            except subprocess.TimeoutExpired:
+                cls.agent.kill()
+                cls.agent.wait()
+
+    @classmethod
+    def tearDownClass(cls):
+        for stop in (lambda: cls.stop_agent(),
+                     lambda: cls.glance.stop(), lambda: cls.rabbit.stop()):
+            try:
+                stop()
+            except Exception:
+                pass
+        shutil.rmtree(cls.work, ignore_errors=True)
+        super().tearDownClass()
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = self.useFixture(fixtures.TempDir()).path
+        self.source = gsource.GlanceSource(self.conf)
+        self.client = self.glance.glanceclient()
+
+    def agent_log(self):
+        with open(os.path.join(self.work, 'agent.log'), errors='replace') as f:
+            return f.read()[-3000:]
+
+    def image(self, name, seeds):
+        return base.write_image(os.path.join(self.tmp, name), seeds)
+
+    def create(self, path, *extra, fmt='raw'):
+        out = self.glance.openstack(
+            'image', 'create', '--file', path, '--disk-format', fmt,
+            '--container-format', 'bare', '-f', 'value', '-c', 'id',
+            *extra, 'vmar-test-%s' % uuid.uuid4().hex[:6])
+        image_id = out.stdout.strip().splitlines()[-1]
+        uuid.UUID(image_id)
+        self.wait_status(image_id, 'active')
+        return image_id
+
+    def wait_status(self, image_id, status, timeout=120):
+        deadline = time.time() + timeout
+        while True:
+            img = self.client.images.get(image_id)
+            if img['status'] == status:
+                return img
+            self.assertNotEqual('killed', img['status'])
+            self.assertLess(time.time(), deadline, img)
+            time.sleep(0.2)
+
+    def wait_map(self, image_id, newer_than=0, timeout=120):
+        deadline = time.time() + timeout
+        while True:
+            try:
+                v = self.source.current_version(image_id)
+                if v > newer_than:
+                    return v
+            except SourceError:
+                pass
+            self.assertLess(time.time(), deadline, self.agent_log())
+            time.sleep(0.2)
+
+    def rebuild(self, image_id, version, out):
+        """The image, read through its published map and Glance bases."""
+        d = os.path.join(self.tmp, 'host-%s-%d' % (image_id, version))
+        os.makedirs(d)
+        mpath = os.path.join(d, 'map')
+        self.source.fetch_map(image_id, version, mpath)
+        bmap = mapformat.read(mpath)
+        for t in bmap.targets:
+            self.source.fetch_base(t.image_id, os.path.join(d, t.image_id))
+        with open(out, 'wb') as f:
+            mapformat.reconstruct(bmap, lambda t: os.path.join(d, t), f)
+        return bmap
+
+    def assert_consistent(self):
+        problems, _warnings = check_mod.check(self.conf)
+        self.assertEqual([], problems)
+
+    def library_image(self, image_id):
+        """The library's record of an image (detached), or None."""
+        with db_session.reader(self.conf) as s:
+            img = db_api.get_image(s, image_id)
+            if img is not None:
+                s.expunge(img)
+            return img
+
+
+class TestGlance(GlanceTestCase):
+
+    def test_create_file_leads_to_a_fetchable_map(self):
+        raw = self.image('a.raw', list(range(1, 1025)) + [None] * 64)
+        image_id = self.create(raw)
+        v = self.wait_map(image_id)
+        out = os.path.join(self.tmp, 'out.raw')
+        self.rebuild(image_id, v, out)
+        self.assertEqual(_sha(raw), _sha(out))
+        # the map image is hidden from ordinary listings
+        listed = self.glance.openstack('image', 'list', '-f', 'value',
+                                       '-c', 'ID').stdout.split()
+        self.assertIn(image_id, listed)
+        self.assertNotIn(gsource.map_image_id(image_id, v), listed)
+        self.assert_consistent()
+
+    def test_create_import_runs_the_plugin(self):
+        raw = self.image('b.raw', list(range(5001, 6025)))
+        image_id = self.create(raw, '--import')
+        img = self.client.images.get(image_id)
+        self.assertEqual('1', img.get('vmar_map_version'), img)
+        self.assertEqual('sha256', img.get('vmar_hash_algorithm'))
+        self.assertIn('vmar_shared_fraction', img)
+        v = self.wait_map(image_id)
+        self.assertEqual(1, v)
+        out = os.path.join(self.tmp, 'out.raw')
+        self.rebuild(image_id, v, out)
+        self.assertEqual(_sha(raw), _sha(out))
+        # the agent saw it ingested: no second version
+        time.sleep(1)
+        self.assertEqual(1, self.library_image(image_id).map_version)
+
+    def test_delete_of_a_canonical_image(self):
+        seeds = list(range(10001, 11025))
+        a = self.create(self.image('c.raw', seeds))
+        self.wait_map(a)
+        b_raw = self.image('d.raw', seeds[:512] + list(range(20001, 20513)))
+        b = self.create(b_raw)
+        v1 = self.wait_map(b)
+        self.assertIn(a, [t.image_id for t in self.rebuild(
+            b, v1, os.path.join(self.tmp, 'b1.raw')).targets])
+        self.glance.openstack('image', 'delete', a)
+        v2 = self.wait_map(b, newer_than=v1)
+        out = os.path.join(self.tmp, 'b2.raw')
+        bmap = self.rebuild(b, v2, out)
+        self.assertEqual([b], [t.image_id for t in bmap.targets])
+        self.assertEqual(_sha(b_raw), _sha(out))
+        # the old version stays fetchable for hosts that still run it
+        self.source.fetch_map(b, v1, os.path.join(self.tmp, 'old.vmap'))
+        # A's own maps are gone
+        deadline = time.time() + 60
+        while True:
+            try:
+                self.source.current_version(a)
+            except SourceError:
+                break
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.2)
+        self.assertIsNone(self.library_image(a))
+        self.assert_consistent()
+
+    def notifier(self):
+        conf = cfg.ConfigOpts()
+        conf([], project='vmar-test')
+        oslo_messaging.set_transport_defaults('glance')
+        transport = oslo_messaging.get_notification_transport(
+            conf, url=self.rabbit.transport_url)
+        self.addCleanup(transport.cleanup)
+        return oslo_messaging.Notifier(transport, 'image.localhost',
+                                       driver='messagingv2',
+                                       topics=['notifications'])
+
+    def test_duplicate_and_out_of_order_notifications(self):
+        raw = self.image('e.raw', list(range(30001, 30513)))
+        image_id = self.create(raw)
+        v = self.wait_map(image_id)
+        img = self.client.images.get(image_id)
+        payload = {k: img.get(k) for k in (
+            'id', 'status', 'owner', 'visibility', 'disk_format', 'size',
+            'checksum', 'properties')}
+        n = self.notifier()
+        for _ in range(3):
+            n.info({}, 'image.activate', payload)
+            n.info({}, 'image.upload', payload)
+        # a late update that changes nothing, a delete of an unknown image
+        n.info({}, 'image.update', payload)
+        ghost = dict(payload, id=str(uuid.uuid4()))
+        n.info({}, 'image.delete', ghost)
+        n.info({}, 'image.activate', ghost)
+        # a marker: once it is handled, everything before it was
+        marker = self.create(self.image('f.raw', list(range(31001, 31100))))
+        self.wait_map(marker)
+        time.sleep(1)
+        self.assertEqual(v, self.library_image(image_id).map_version)
+        self.assertEqual(1, self.source.current_version(image_id))
+        self.assertIsNone(self.library_image(ghost['id']))
+        self.assertNotIn('Traceback', self.agent_log())
+        self.assert_consistent()
+
+    def test_agent_killed_mid_ingest(self):
+        raw = self.image('g.raw', list(range(40001, 40001 + 24576)))
+        self.stop_agent()
+        self.start_agent()
+        image_id = self.create(raw)
+        # wait until the agent is streaming it, then kill it
+        work = self.conf.vmar.work_dir
+        deadline = time.time() + 60
+        while not glob.glob(os.path.join(work, '.fetch-*')):
+            self.assertLess(time.time(), deadline, self.agent_log())
+            time.sleep(0.005)
+        self.agent.send_signal(signal.SIGKILL)
+        self.agent.wait()
+        self.assertIsNone(self.library_image(image_id))
+        self.start_agent()
+        v = self.wait_map(image_id)
+        out = os.path.join(self.tmp, 'out.raw')
+        self.rebuild(image_id, v, out)
+        self.assertEqual(_sha(raw), _sha(out))
+        self.assert_consistent()
+        # the dead agent's temporary file was cleaned up
+        deadline = time.time() + 10
+        while glob.glob(os.path.join(work, '.fetch-*')):
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.2)
+
+    def test_hostile_uploads(self):
+        before = self.library_count()
+        backing = os.path.join(self.tmp, 'backing.raw')
+        base.write_image(backing, [1, 2, 3])
+        evil = os.path.join(self.tmp, 'evil.qcow2')
+        subprocess.run(['qemu-img', 'create', '-q', '-f', 'qcow2', '-b',
+                        backing, '-F', 'raw', evil], check=True)
+        trunc = os.path.join(self.tmp, 'trunc.qcow2')
+        subprocess.run(['qemu-img', 'convert', '-f', 'raw', '-O', 'qcow2',
+                        self.image('h.raw', list(range(50001, 50257))),
+                        trunc], check=True)
+        shutil.copy(trunc, trunc + '.orig')
+        with open(trunc, 'r+b') as f:
+            f.truncate(os.path.getsize(trunc) // 2)
+        # a qcow2 whose L1 table lies past its end: Glance's header checks
+        # pass, qemu-img check does not
+        corrupt = os.path.join(self.tmp, 'corrupt.qcow2')
+        shutil.copy(trunc + '.orig', corrupt)
+        with open(corrupt, 'r+b') as f:
+            f.seek(40)
+            f.write((0x7fff00000000).to_bytes(8, 'big'))
+        rejected_by_us = 0
+        for path in (evil, trunc, corrupt):
+            r = self.glance.openstack(
+                'image', 'create', '--file', path, '--disk-format', 'qcow2',
+                '--container-format', 'bare', '-f', 'value', '-c', 'id',
+                'hostile', check=False)
+            if r.returncode:
+                # Glance's own inspection refused it: nothing reached us
+                self.assertRegex(r.stdout + r.stderr, r'\b4(00|15)\b')
+                continue
+            image_id = r.stdout.strip().splitlines()[-1]
+            img = self.client.images.get(image_id)
+            if img['status'] != 'active':
+                continue
+            # Glance took it: mapgen refuses it, for good, and says why
+            deadline = time.time() + 60
+            while True:
+                with db_session.reader(self.conf) as s:
+                    row = s.get(models.AgentFailure, image_id)
+                    if row is not None and row.permanent:
+                        error = row.last_error
+                        break
+                self.assertLess(time.time(), deadline, '%s %s: %s' % (
+                    path, self.client.images.get(image_id)['status'],
+                    self.agent_log()))
+                time.sleep(0.2)
+            self.assertIn('image %s rejected by mapgen: it is ' % image_id,
+                          error)
+            rejected_by_us += 1
+            self.assertIsNone(self.library_image(image_id))
+            # Glance is unharmed: the image is still there, byte for byte
+            got = b''.join(self.client.images.data(image_id))
+            with open(path, 'rb') as f:
+                self.assertEqual(f.read(), got)
+        self.assertGreaterEqual(rejected_by_us, 1)
+        self.assertEqual(before, self.library_count())
+        self.assert_consistent()
+
+    def library_count(self):
+        with db_session.reader(self.conf) as s:
+            return len(db_api.list_images(s))

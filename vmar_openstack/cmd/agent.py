@@ -1,0 +1,37 @@
+"""``vmar-agent``: the Glance notification agent (see
+:mod:`vmar_openstack.glance_hooks.agent`)."""
+
+import signal
+import sys
+import threading
+
+from oslo_config import cfg
+from oslo_log import log as logging
+
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.glance_hooks import agent
+from vmar_openstack.mapsource import glance as gsource
+
+CONF = vmar_conf.CONF
+LOG = logging.getLogger(__name__)
+
+
+def main(argv=None):
+    logging.register_options(CONF)
+    CONF(sys.argv[1:] if argv is None else argv, project='vmar',
+         prog='vmar-agent')
+    logging.setup(CONF, 'vmar')
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        handler = agent.Handler(CONF, gsource.client(CONF))
+        agent.run(CONF, handler, stop)
+    except (cfg.Error, RuntimeError) as e:
+        print('vmar-agent: error: %s' % e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

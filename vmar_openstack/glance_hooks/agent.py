@@ -1,0 +1,244 @@
+"""``vmar-agent``: Glance notifications in, ingested images and maps out.
+
+An oslo.messaging notification listener on exchange ``glance``, topic
+``notifications``, in its own pool (``[vmar_agent] pool``), so it shares no
+queue with other consumers such as ceilometer:
+
+``image.activate`` (and ``image.upload`` of an active image)
+    Stream the image from Glance (python-glanceclient) to a temporary file,
+    check Glance's ``os_hash_value`` and the format (format inspection with
+    the claimed disk format pinned), ingest it, publish its map. An image
+    the import plugin already ingested is only published.
+``image.delete``
+    Remove the image from the cluster tables, publish the regenerated maps
+    of the images that pointed into it, delete its own map images. Old map
+    versions of the other images stay in Glance: running instances use
+    them.
+``image.update``
+    A change of owner or visibility changes the dedup scope: the image's
+    and the affected images' maps are regenerated and published.
+
+Delivery is at least once: a message is acknowledged only after it was
+handled, so a killed agent's work is redelivered. Every handler is
+idempotent (a known image is not ingested twice; deleting an unknown image
+is a no-op; publishing is idempotent). A failure is retried with
+exponential backoff (``retry_delay``, requeued); after ``max_attempts``, or
+at once for an image mapgen rejects, it is recorded in
+``vmar_agent_failures`` and not retried.
+"""
+
+import os
+import threading
+import time
+
+from oslo_log import log as logging
+import oslo_messaging
+import sqlalchemy as sa
+
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import models
+from vmar_openstack.db import session as db_session
+from vmar_openstack import fingerprint
+from vmar_openstack.glance_hooks import publish
+from vmar_openstack import ingest
+from vmar_openstack.mapsource import glance as gsource
+
+LOG = logging.getLogger(__name__)
+
+INGEST_EVENTS = ('image.activate', 'image.upload')
+
+
+class Permanent(Exception):
+    """Retrying cannot help (a hostile or unreadable image)."""
+
+
+class Handler:
+    """What each event does; independent of the messaging layer."""
+
+    def __init__(self, conf, glance, library=None):
+        self.conf = conf
+        self.glance = glance
+        self.library = library or ingest.Library(conf)
+        self.publisher = publish.Publisher(conf, glance, self.library)
+
+    def _known(self, image_id):
+        """(owner, visibility, map version) of a library image, or None."""
+        with db_session.reader(self.conf) as s:
+            img = db_api.get_image(s, image_id)
+            return img and (img.owner, img.visibility, img.map_version)
+
+    def activate(self, payload):
+        image_id = payload['id']
+        if payload.get('status', 'active') != 'active':
+            return
+        if self._known(image_id) is None:
+            self._ingest(image_id)
+        self.publisher.current(image_id)
+
+    def _ingest(self, image_id):
+        meta = self.glance.images.get(image_id)
+        if meta.get(gsource.PROP_OF):
+            return                     # one of our own map images
+        if meta['status'] != 'active':
+            return
+        work = self.conf.vmar.work_dir
+        algo = meta.get('os_hash_algo')
+        tmp, sums = gsource.stream_to(self.glance.images.data(image_id),
+                                      work, (algo,) if algo else ())
+        try:
+            if algo and sums[algo] != meta.get('os_hash_value'):
+                raise RuntimeError('download of %s: %s %s, Glance says %s'
+                                   % (image_id, algo, sums[algo],
+                                      meta.get('os_hash_value')))
+            try:
+                out = self.library.add(
+                    image_id, tmp, disk_format=meta.get('disk_format') or
+                    'raw', owner=meta.get('owner'),
+                    visibility=meta.get('visibility', 'private'),
+                    expected_size=meta.get('size'), keep_base=False)
+            except ingest.ImageExists:
+                return                 # another agent, or the plugin
+            except (fingerprint.ImageRejected, ValueError) as e:
+                raise Permanent('image %s rejected by mapgen: %s'
+                                % (image_id, str(e).replace(tmp, 'it')))
+        finally:
+            os.unlink(tmp)
+        LOG.info('ingested %s: map v%d, %.1f %% shared', image_id,
+                 out.map_version, 100 * out.shared_fraction)
+        self._publish_regenerated(out.regenerated)
+
+    def _publish_regenerated(self, regenerated):
+        for other in sorted(regenerated):
+            self.publisher.current(other)
+
+    def delete(self, payload):
+        image_id = payload['id']
+        if self._known(image_id) is not None:
+            try:
+                out = self.library.delete(image_id)
+            except ingest.ImageNotFound:
+                out = None
+            if out is not None:
+                self._publish_regenerated(out.regenerated)
+        self.publisher.delete_all(image_id)
+
+    def update(self, payload):
+        image_id = payload['id']
+        img = self._known(image_id)
+        if img is None:
+            return
+        owner, vis = payload.get('owner'), payload.get('visibility')
+        if (owner, vis) == img[:2]:
+            return
+        if vis not in db_api.VISIBILITIES:
+            vis = None
+        out = self.library.update_metadata(image_id, owner=owner,
+                                           visibility=vis)
+        self._publish_regenerated(dict(out.regenerated,
+                                       **{image_id: out.map_version}))
+
+    def dispatch(self, event_type, payload):
+        if event_type in INGEST_EVENTS:
+            return self.activate(payload)
+        if event_type == 'image.delete':
+            return self.delete(payload)
+        if event_type == 'image.update':
+            return self.update(payload)
+
+
+class Failures:
+    """The ``vmar_agent_failures`` table."""
+
+    def __init__(self, conf):
+        self.conf = conf
+
+    def get(self, image_id):
+        with db_session.reader(self.conf) as s:
+            row = s.get(models.AgentFailure, image_id)
+            return None if row is None else (row.attempts, row.permanent)
+
+    def record(self, image_id, event, error, permanent):
+        with db_session.locked_writer(self.conf) as s:
+            row = s.get(models.AgentFailure, image_id)
+            if row is None:
+                row = models.AgentFailure(image_id=image_id, event=event,
+                                          attempts=0, permanent=False,
+                                          last_error='')
+                s.add(row)
+            row.attempts += 1
+            row.event = event
+            row.last_error = error[:4000]
+            row.permanent = permanent or (
+                row.attempts >= self.conf.vmar_agent.max_attempts)
+            return row.attempts, row.permanent
+
+    def clear(self, image_id):
+        with db_session.locked_writer(self.conf) as s:
+            s.execute(sa.delete(models.AgentFailure).where(
+                models.AgentFailure.image_id == image_id))
+
+
+class Endpoint:
+    """The oslo.messaging notification endpoint."""
+
+    filter_rule = oslo_messaging.NotificationFilter(
+        event_type=r'^image\.(activate|upload|delete|update)$')
+
+    def __init__(self, conf, handler):
+        self.conf = conf
+        self.handler = handler
+        self.failures = Failures(conf)
+
+    def info(self, ctxt, publisher_id, event_type, payload, metadata):
+        image_id = payload.get('id') if isinstance(payload, dict) else None
+        if not image_id:
+            return oslo_messaging.NotificationResult.HANDLED
+        prior = self.failures.get(image_id)
+        if prior and prior[1] and event_type != 'image.delete':
+            LOG.info('%s for %s skipped: recorded as failed', event_type,
+                     image_id)
+            return oslo_messaging.NotificationResult.HANDLED
+        try:
+            self.handler.dispatch(event_type, payload)
+        except Exception as e:
+            permanent = isinstance(e, Permanent)
+            attempts, gave_up = self.failures.record(
+                image_id, event_type, '%s: %s' % (type(e).__name__, e),
+                permanent)
+            if gave_up:
+                LOG.error('%s for %s failed for good after %d attempts: %s',
+                          event_type, image_id, attempts, e)
+                return oslo_messaging.NotificationResult.HANDLED
+            delay = self.conf.vmar_agent.retry_delay * 2 ** (attempts - 1)
+            LOG.warning('%s for %s failed (attempt %d), retrying in %.1fs: '
+                        '%s', event_type, image_id, attempts, delay, e)
+            time.sleep(delay)
+            return oslo_messaging.NotificationResult.REQUEUE
+        if prior:
+            self.failures.clear(image_id)
+        return oslo_messaging.NotificationResult.HANDLED
+
+
+def listener(conf, handler):
+    transport = oslo_messaging.get_notification_transport(conf)
+    a = conf.vmar_agent
+    targets = [oslo_messaging.Target(topic=t, exchange=a.exchange)
+               for t in a.topics]
+    return oslo_messaging.get_notification_listener(
+        transport, targets, [Endpoint(conf, handler)], executor='threading',
+        pool=a.pool, allow_requeue=True)
+
+
+def run(conf, handler, stop_event=None):
+    """Listen until ``stop_event`` is set (or SIGTERM, via the caller)."""
+    gsource.remove_stale(conf.vmar.work_dir)
+    lst = listener(conf, handler)
+    lst.start()
+    LOG.info('vmar-agent listening (pool %s)', conf.vmar_agent.pool)
+    stop_event = stop_event or threading.Event()
+    try:
+        while not stop_event.wait(1):
+            pass
+    finally:
+        lst.stop()
+        lst.wait()

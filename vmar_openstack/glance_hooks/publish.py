@@ -1,0 +1,139 @@
+"""Publishing map versions to Glance as hidden images (see
+:mod:`vmar_openstack.mapsource.glance` for the layout).
+
+Idempotent: a map version has one deterministic image id, so publishing it
+twice, or from two agents at once, leaves one active image. A version whose
+map file is missing on this host (another host's plugin wrote it) is
+replaced by a new version written from the tables.
+"""
+
+import hashlib
+import io
+import os
+import time
+
+from glanceclient import exc as glance_exc
+from oslo_log import log as logging
+
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import session as db_session
+from vmar_openstack import ingest
+from vmar_openstack.mapsource import glance as gsource
+
+LOG = logging.getLogger(__name__)
+
+
+class PublishError(RuntimeError):
+    """A map could not be published (Glance refused or is unreachable)."""
+
+
+class StuckError(PublishError):
+    """A map image stays in 'saving' (its uploader died)."""
+
+
+class Publisher:
+
+    def __init__(self, conf, glance, library=None):
+        self.conf = conf
+        self.glance = glance
+        self.library = library or ingest.Library(conf)
+
+    def current(self, image_id):
+        """Publish the image's current map version; returns the version."""
+        with db_session.reader(self.conf) as s:
+            img = db_api.get_image(s, image_id)
+            if img is None:
+                return None
+            version = img.map_version
+        path = ingest.map_path(self.conf, image_id, version)
+        if not os.path.exists(path):
+            LOG.warning('map v%d of %s is not on this host; writing a new '
+                        'version', version, image_id)
+            version = self.library.remap(image_id)
+            path = ingest.map_path(self.conf, image_id, version)
+        try:
+            self.publish(image_id, version, path)
+        except StuckError as e:
+            # a dead uploader can leave a map image in 'saving' for good,
+            # and a deleted image id cannot be reused: use a new version
+            LOG.warning('%s; publishing a new version', e)
+            version = self.library.remap(image_id)
+            self.publish(image_id, version,
+                         ingest.map_path(self.conf, image_id, version))
+        return version
+
+    def publish(self, image_id, version, path):
+        # one publisher at a time, across agents: two uploads of one image
+        # at once leave it in 'saving'
+        with db_session.locked_writer(self.conf):
+            return self._publish(image_id, version, path)
+
+    def _publish(self, image_id, version, path):
+        with open(path, 'rb') as f:
+            data = f.read()
+        sha = hashlib.sha256(data).hexdigest()
+        mid = gsource.map_image_id(image_id, version)
+        try:
+            img = self._get_or_create(mid, image_id, version, sha)
+            deadline = time.monotonic() + 60
+            while img['status'] in ('saving', 'importing'):
+                if time.monotonic() > deadline:
+                    raise StuckError('map image %s stuck in %s'
+                                     % (mid, img['status']))
+                time.sleep(0.5)
+                img = self.glance.images.get(mid)
+            if img['status'] == 'queued':
+                try:
+                    self.glance.images.upload(mid, io.BytesIO(data),
+                                              image_size=len(data))
+                except glance_exc.HTTPConflict:
+                    pass        # another agent uploaded it first
+                img = self.glance.images.get(mid)
+            if img['status'] != 'active':
+                raise PublishError('map image %s is %s'
+                                   % (mid, img['status']))
+            if img.get(gsource.PROP_SHA256) != sha:
+                raise PublishError('map image %s has SHA-256 %s, the map '
+                                   'file %s' % (mid, img.get(
+                                       gsource.PROP_SHA256), sha))
+        except glance_exc.ClientException as e:
+            raise PublishError('publishing map v%d of %s: %s'
+                               % (version, image_id, e))
+        LOG.info('published map v%d of %s as Glance image %s', version,
+                 image_id, mid)
+        return mid
+
+    def _get_or_create(self, mid, image_id, version, sha):
+        try:
+            return self.glance.images.get(mid)
+        except glance_exc.HTTPNotFound:
+            pass
+        props = {gsource.PROP_OF: image_id,
+                 gsource.PROP_VERSION: str(version),
+                 gsource.PROP_SHA256: sha}
+        try:
+            return self.glance.images.create(
+                id=mid, name=gsource.map_image_name(image_id, version),
+                disk_format='raw', container_format='bare',
+                visibility='private', os_hidden=True, **props)
+        except glance_exc.HTTPConflict:
+            return self.glance.images.get(mid)
+
+    def delete_all(self, image_id):
+        """Delete every published map version of a deleted image."""
+        try:
+            found = list(self.glance.images.list(filters={
+                gsource.PROP_OF: image_id, 'os_hidden': True}))
+        except glance_exc.ClientException as e:
+            raise PublishError('listing the maps of %s: %s' % (image_id, e))
+        for img in found:
+            if img.get(gsource.PROP_OF) != image_id:
+                continue
+            try:
+                self.glance.images.delete(img['id'])
+            except glance_exc.HTTPNotFound:
+                pass
+            except glance_exc.ClientException as e:
+                raise PublishError('deleting map image %s: %s'
+                                   % (img['id'], e))
+        return len(found)
