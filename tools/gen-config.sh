@@ -1,18 +1,24 @@
 #!/bin/bash
-# Regenerate etc/vmar/vmar.conf.sample; with --check, fail if it is stale.
+# Generate the configuration samples (etc/vmar, etc/glance) with
+# oslo-config-generator; with --check, fail if a committed one is stale.
 set -euo pipefail
 TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"
-sample=etc/vmar/vmar.conf.sample
-if [ "${1:-}" = "--check" ]; then
-    tmp=$(mktemp)
-    trap 'rm -f "$tmp"' EXIT
-    oslo-config-generator --config-file etc/vmar/vmar-config-generator.conf \
-        --output-file "$tmp"
-    if ! diff -u "$sample" "$tmp"; then
-        echo "$sample is stale: run tools/gen-config.sh" >&2
-        exit 1
+status=0
+for gen in etc/vmar/vmar-config-generator.conf \
+        etc/glance/glance-api-generator.conf \
+        etc/glance/glance-image-import-generator.conf; do
+    sample=$(sed -n 's/^output_file = //p' "$gen")
+    if [ "${1:-}" = "--check" ]; then
+        tmp=$(mktemp)
+        oslo-config-generator --config-file "$gen" --output-file "$tmp"
+        if ! diff -u "$sample" "$tmp"; then
+            echo "$sample is stale: run tools/gen-config.sh" >&2
+            status=1
+        fi
+        rm -f "$tmp"
+    else
+        oslo-config-generator --config-file "$gen"
     fi
-else
-    oslo-config-generator --config-file etc/vmar/vmar-config-generator.conf
-fi
+done
+exit "$status"

@@ -17,7 +17,8 @@ if [ "$WITH_TESTS" = 1 ]; then
     PACKAGES+=(mariadb-server mariadb-client postgresql shellcheck
         gcc zlib1g-dev clang libclang-rt-14-dev fio
         libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-system-data
-        seabios ipxe-qemu busybox-static cpio)
+        seabios ipxe-qemu busybox-static cpio libvirt-dev pkg-config
+        rabbitmq-server)
 fi
 
 missing=()

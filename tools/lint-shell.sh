@@ -4,7 +4,7 @@ set -euo pipefail
 TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"
 mapfile -t scripts < <(git ls-files '*.sh' .ci/run tools/test-guest-init \
-    devstack/plugin.sh devstack/settings 2>/dev/null | sort -u | while read -r f; do
+    devstack/plugin.sh devstack/settings devstack/lib/vmar 2>/dev/null | sort -u | while read -r f; do
         [ -f "$f" ] && echo "$f"; done)
 [ "${#scripts[@]}" -gt 0 ] || exit 0
 shellcheck -x "${scripts[@]}"

@@ -1,6 +1,7 @@
 """``vmar-agent``: the Glance notification agent (see
 :mod:`vmar_openstack.glance_hooks.agent`)."""
 
+import os
 import signal
 import sys
 import threading
@@ -21,15 +22,25 @@ def main(argv=None):
     CONF(sys.argv[1:] if argv is None else argv, project='vmar',
          prog='vmar-agent')
     logging.setup(CONF, 'vmar')
-    stop = threading.Event()
+    stop, started = threading.Event(), threading.Event()
+
+    def _signal(signum, frame):
+        if not started.is_set():
+            # still connecting (RabbitMQ down?): nothing is in flight
+            LOG.info('stopped before the listener started')
+            os._exit(0)
+        stop.set()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, _signal)
     try:
         handler = agent.Handler(CONF, gsource.client(CONF))
-        agent.run(CONF, handler, stop)
+        clean = agent.run(CONF, handler, stop, started)
     except (cfg.Error, RuntimeError) as e:
         print('vmar-agent: error: %s' % e, file=sys.stderr)
         return 1
+    if not clean:
+        LOG.warning('the listener did not stop in time; exiting anyway')
+        os._exit(0)
     return 0
 
 

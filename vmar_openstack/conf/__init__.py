@@ -169,6 +169,9 @@ agent_opts = [
     cfg.IntOpt('max_attempts', default=5, min=1,
                help='Attempts at an image before it is recorded as failed '
                     'and not retried.'),
+    cfg.IntOpt('shutdown_timeout', default=10, min=0,
+               help='Seconds to let the notification in hand finish on '
+                    'SIGTERM. An unfinished one is redelivered later.'),
     cfg.FloatOpt('retry_delay', default=2.0, min=0,
                  help='Seconds before the first retry; doubled each time.'),
 ]

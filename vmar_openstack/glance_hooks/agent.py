@@ -229,16 +229,27 @@ def listener(conf, handler):
         pool=a.pool, allow_requeue=True)
 
 
-def run(conf, handler, stop_event=None):
-    """Listen until ``stop_event`` is set (or SIGTERM, via the caller)."""
+def run(conf, handler, stop_event, started=None):
+    """Listen until ``stop_event`` is set.
+
+    Returns False if the listener did not stop within
+    ``[vmar_agent] shutdown_timeout`` (RabbitMQ gone, say): the caller then
+    exits anyway, which is safe since messages are acknowledged only after
+    they were handled.
+    """
     gsource.remove_stale(conf.vmar.work_dir)
     lst = listener(conf, handler)
     lst.start()
+    if started is not None:
+        started.set()
     LOG.info('vmar-agent listening (pool %s)', conf.vmar_agent.pool)
-    stop_event = stop_event or threading.Event()
-    try:
-        while not stop_event.wait(1):
-            pass
-    finally:
+    while not stop_event.wait(1):
+        pass
+
+    def _stop():
         lst.stop()
         lst.wait()
+    t = threading.Thread(target=_stop, daemon=True)
+    t.start()
+    t.join(conf.vmar_agent.shutdown_timeout)
+    return not t.is_alive()
