@@ -169,6 +169,11 @@ agent_opts = [
     cfg.IntOpt('max_attempts', default=5, min=1,
                help='Attempts at an image before it is recorded as failed '
                     'and not retried.'),
+    cfg.StrOpt('local_store_dir',
+               help='The directory of a Glance file store on this host '
+                    '([fs] filesystem_store_datadir). Images found there, '
+                    'with the size Glance reports, are ingested in place '
+                    'instead of downloaded.'),
     cfg.IntOpt('shutdown_timeout', default=10, min=0,
                help='Seconds to let the notification in hand finish on '
                     'SIGTERM. An unfinished one is redelivered later.'),

@@ -5,9 +5,11 @@ An oslo.messaging notification listener on exchange ``glance``, topic
 queue with other consumers such as ceilometer:
 
 ``image.activate`` (and ``image.upload`` of an active image)
-    Stream the image from Glance (python-glanceclient) to a temporary file,
-    check Glance's ``os_hash_value`` and the format (format inspection with
-    the claimed disk format pinned), ingest it, publish its map. An image
+    Stream the image from Glance (python-glanceclient, which checks Glance's
+    ``os_hash_value``) to a sparse temporary file, or read it in place from
+    a Glance file store on this host (``[vmar_agent] local_store_dir``);
+    check the format (format inspection with the claimed disk format
+    pinned), ingest it, publish its map. An image
     the import plugin already ingested is only published.
 ``image.delete``
     Remove the image from the cluster tables, publish the regenerated maps
@@ -60,6 +62,8 @@ class Handler:
         self.glance = glance
         self.library = library or ingest.Library(conf)
         self.publisher = publish.Publisher(conf, glance, self.library)
+        self._locks = {}
+        self._locks_lock = threading.Lock()
 
     def _known(self, image_id):
         """(owner, visibility, map version) of a library image, or None."""
@@ -71,38 +75,60 @@ class Handler:
         image_id = payload['id']
         if payload.get('status', 'active') != 'active':
             return
+        if (payload.get('properties') or {}).get(gsource.PROP_OF):
+            return                     # one of our own map images
         if self._known(image_id) is None:
-            self._ingest(image_id)
+            self._ingest(image_id, payload)
         self.publisher.current(image_id)
 
-    def _ingest(self, image_id):
+    def _ingest(self, image_id, payload):
+        local = self._local_store_file(image_id, payload)
+        if local:
+            self._add(image_id, payload, local, local)
+            return
         meta = self.glance.images.get(image_id)
         if meta.get(gsource.PROP_OF):
             return                     # one of our own map images
         if meta['status'] != 'active':
             return
-        work = self.conf.vmar.work_dir
         algo = meta.get('os_hash_algo')
-        tmp, sums = gsource.stream_to(self.glance.images.data(image_id),
-                                      work, (algo,) if algo else ())
+        tmp, sums = gsource.stream_to(
+            self.glance.images.data(image_id, do_checksum=not algo),
+            self.conf.vmar.work_dir, (algo,) if algo else (), durable=False)
         try:
             if algo and sums[algo] != meta.get('os_hash_value'):
                 raise RuntimeError('download of %s: %s %s, Glance says %s'
                                    % (image_id, algo, sums[algo],
                                       meta.get('os_hash_value')))
-            try:
-                out = self.library.add(
-                    image_id, tmp, disk_format=meta.get('disk_format') or
-                    'raw', owner=meta.get('owner'),
-                    visibility=meta.get('visibility', 'private'),
-                    expected_size=meta.get('size'), keep_base=False)
-            except ingest.ImageExists:
-                return                 # another agent, or the plugin
-            except (fingerprint.ImageRejected, ValueError) as e:
-                raise Permanent('image %s rejected by mapgen: %s'
-                                % (image_id, str(e).replace(tmp, 'it')))
+            self._add(image_id, meta, tmp, 'it')
         finally:
             os.unlink(tmp)
+
+    def _local_store_file(self, image_id, payload):
+        """The image's file in a Glance file store on this host, if any."""
+        store = self.conf.vmar_agent.local_store_dir
+        if not store or payload.get('disk_format') is None:
+            return None
+        path = os.path.join(store, image_id)
+        try:
+            if os.path.getsize(path) == payload.get('size'):
+                return path
+        except OSError:
+            pass
+        return None
+
+    def _add(self, image_id, meta, path, name):
+        try:
+            out = self.library.add(
+                image_id, path, disk_format=meta.get('disk_format') or 'raw',
+                owner=meta.get('owner'),
+                visibility=meta.get('visibility', 'private'),
+                expected_size=meta.get('size'), keep_base=False)
+        except ingest.ImageExists:
+            return                     # another agent, or the plugin
+        except (fingerprint.ImageRejected, ValueError) as e:
+            raise Permanent('image %s rejected by mapgen: %s'
+                            % (image_id, str(e).replace(path, name)))
         LOG.info('ingested %s: map v%d, %.1f %% shared', image_id,
                  out.map_version, 100 * out.shared_fraction)
         self._publish_regenerated(out.regenerated)
@@ -138,6 +164,16 @@ class Handler:
                                        **{image_id: out.map_version}))
 
     def dispatch(self, event_type, payload):
+        # one event per image at a time in this agent: image.upload and
+        # image.activate of one upload arrive together
+        with self._lock_of(payload['id']):
+            return self._dispatch(event_type, payload)
+
+    def _lock_of(self, image_id):
+        with self._locks_lock:
+            return self._locks.setdefault(image_id, threading.Lock())
+
+    def _dispatch(self, event_type, payload):
         if event_type in INGEST_EVENTS:
             return self.activate(payload)
         if event_type == 'image.delete':
@@ -198,6 +234,7 @@ class Endpoint:
             LOG.info('%s for %s skipped: recorded as failed', event_type,
                      image_id)
             return oslo_messaging.NotificationResult.HANDLED
+        LOG.debug('%s for %s', event_type, image_id)
         try:
             self.handler.dispatch(event_type, payload)
         except Exception as e:

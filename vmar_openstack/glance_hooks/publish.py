@@ -104,10 +104,6 @@ class Publisher:
         return mid
 
     def _get_or_create(self, mid, image_id, version, sha):
-        try:
-            return self.glance.images.get(mid)
-        except glance_exc.HTTPNotFound:
-            pass
         props = {gsource.PROP_OF: image_id,
                  gsource.PROP_VERSION: str(version),
                  gsource.PROP_SHA256: sha}

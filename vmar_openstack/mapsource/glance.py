@@ -27,6 +27,7 @@ files refused), converts it to raw if it is not, and the export service
 checks its size against the map.
 """
 
+from concurrent import futures
 import hashlib
 import os
 import tempfile
@@ -74,27 +75,60 @@ def client(conf):
     return glance_client.Client('2', **kwargs)
 
 
-def stream_to(data, dest_dir, hasher_names=('sha256',)):
+def stream_to(data, dest_dir, hasher_names=('sha256',), durable=True):
     """Write an iterable of chunks to a temporary file in ``dest_dir``.
 
-    Returns (path, {name: hexdigest}); the caller owns the file.
+    All-zero chunks become holes (images are mostly sparse, and ingest
+    skips holes). ``durable``: fsync before returning (a file that is
+    renamed into place); a scratch file need not be. Returns
+    (path, {name: hexdigest}); the caller owns the file.
     """
     os.makedirs(dest_dir, exist_ok=True)
     hashers = {n: hashlib.new(n) for n in hasher_names if n}
+
+    def _update(chunk):
+        for h in hashers.values():
+            h.update(chunk)     # releases the GIL: overlaps the download
     fd, tmp = tempfile.mkstemp(prefix='.fetch-%d-' % os.getpid(),
                                dir=dest_dir)
+    pool = futures.ThreadPoolExecutor(1)
+    pending = None
     try:
         with os.fdopen(fd, 'wb') as f:
-            for chunk in data:
-                f.write(chunk)
-                for h in hashers.values():
-                    h.update(chunk)
+            for chunk in _rechunk(data):
+                if pending is not None:
+                    pending.result()
+                if hashers:
+                    pending = pool.submit(_update, chunk)
+                if chunk.count(0) == len(chunk):
+                    f.seek(len(chunk), os.SEEK_CUR)
+                else:
+                    f.write(chunk)
+            f.truncate()
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
+            if pending is not None:
+                pending.result()
     except BaseException:
         os.unlink(tmp)
         raise
+    finally:
+        pool.shutdown()
     return tmp, {n: h.hexdigest() for n, h in hashers.items()}
+
+
+def _rechunk(data, size=4 << 20):
+    """Chunks of ``size`` bytes from an iterable of small ones."""
+    parts, n = [], 0
+    for chunk in data:
+        parts.append(chunk)
+        n += len(chunk)
+        if n >= size:
+            yield b''.join(parts)
+            parts, n = [], 0
+    if parts:
+        yield b''.join(parts)
 
 
 def remove_stale(directory):
@@ -148,9 +182,9 @@ class GlanceSource:
             raise SourceError('cannot get image %s from Glance: %s'
                               % (image_id, e))
 
-    def _data(self, image_id):
+    def _data(self, image_id, checksum=True):
         try:
-            return self.glance.images.data(image_id)
+            return self.glance.images.data(image_id, do_checksum=checksum)
         except glance_exc.ClientException as e:
             raise SourceError('cannot download image %s from Glance: %s'
                               % (image_id, e))
@@ -191,7 +225,7 @@ class GlanceSource:
                               % (image_id, img.get('status')))
         algo = img.get('os_hash_algo')
         work = os.path.dirname(dest)
-        tmp, sums = stream_to(self._data(image_id), work,
+        tmp, sums = stream_to(self._data(image_id, checksum=not algo), work,
                               (algo,) if algo else ())
         try:
             if algo and sums[algo] != img.get('os_hash_value'):
