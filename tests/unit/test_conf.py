@@ -20,9 +20,13 @@ class TestConf(testtools.TestCase):
         self.assertEqual('/somewhere', a.vmar.map_dir)
         self.assertEqual('/var/lib/vmar/maps', b.vmar.map_dir)
 
-    def test_list_opts_names_both_groups(self):
+    def test_list_opts_names_every_group(self):
         groups = {g.name: opts for g, opts in vmar_conf.list_opts()}
-        self.assertEqual({'vmar', 'vmar_database'}, set(groups))
+        self.assertEqual({'vmar', 'vmar_database', 'vmar_glance',
+                          'vmar_agent'}, set(groups))
+        self.assertIn('auth_type', {o.name for o in groups['vmar_glance']})
+        self.assertIn('map_owner', {o.name for o in groups['vmar_glance']})
+        self.assertIn('pool', {o.name for o in groups['vmar_agent']})
         self.assertIn('dedup_scope',
                       {o.name for o in groups['vmar']})
         self.assertIn('connection',
