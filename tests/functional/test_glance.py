@@ -24,6 +24,7 @@ import testtools
 
 from tests import base
 from tests.functional import glance_env
+from tests.functional import services
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import migration
@@ -59,7 +60,7 @@ class GlanceTestCase(testtools.TestCase):
         cls.rabbit.start()
         cls.state = os.path.join(cls.work, 'vmar')
         os.makedirs(cls.state)
-        db = 'sqlite:///%s/vmar.sqlite' % cls.state
+        db = cls.database_url()
         vmar_sections = {
             'vmar': {'state_dir': cls.state, 'hash_workers': '2'},
             'vmar_database': {'connection': db}}
@@ -69,7 +70,8 @@ class GlanceTestCase(testtools.TestCase):
         cls.glance.start()
         cls.conf_file = os.path.join(cls.work, 'vmar.conf')
         glance_env.write_conf(cls.conf_file, dict(vmar_sections, **{
-            'DEFAULT': {'transport_url': cls.rabbit.transport_url},
+            'DEFAULT': {'transport_url': cls.rabbit.transport_url,
+                        'debug': 'true'},
             'vmar_glance': {'auth_type': 'none',
                             'endpoint': cls.glance.endpoint,
                             'endpoint_override': cls.glance.endpoint},
@@ -82,6 +84,10 @@ class GlanceTestCase(testtools.TestCase):
         cls.start_agent()
 
     @classmethod
+    def database_url(cls):
+        return 'sqlite:///%s/vmar.sqlite' % cls.state
+
+    @classmethod
     def start_agent(cls):
         log = open(os.path.join(cls.work, 'agent.log'), 'ab')
         cls.agent = subprocess.Popen(
@@ -91,17 +97,20 @@ class GlanceTestCase(testtools.TestCase):
         log.close()
 
     @classmethod
-    def stop_agent(cls, sig=signal.SIGTERM):
-        if cls.agent and cls.agent.poll() is None:
-            cls.agent.send_signal(sig)
+    def stop_agent(cls, sig=signal.SIGTERM, agent=None):
+        agent = agent or cls.agent
+        if agent and agent.poll() is None:
+            agent.send_signal(sig)
             try:
-                cls.agent.wait(20)
+                agent.wait(20)
             except subprocess.TimeoutExpired:
-                cls.agent.kill()
-                cls.agent.wait()
+                agent.kill()
+                agent.wait()
 
     @classmethod
     def tearDownClass(cls):
+        for extra in getattr(cls, 'extra_agents', ()):
+            cls.stop_agent(agent=extra)
         for stop in (lambda: cls.stop_agent(),
                      lambda: cls.glance.stop(), lambda: cls.rabbit.stop()):
             try:
@@ -119,7 +128,7 @@ class GlanceTestCase(testtools.TestCase):
 
     def agent_log(self):
         with open(os.path.join(self.work, 'agent.log'), errors='replace') as f:
-            return f.read()[-3000:]
+            return f.read()[-20000:]
 
     def image(self, name, seeds):
         return base.write_image(os.path.join(self.tmp, name), seeds)
@@ -153,6 +162,12 @@ class GlanceTestCase(testtools.TestCase):
                     return v
             except SourceError:
                 pass
+            if time.time() > deadline:
+                # every agent's threads, for the record
+                for a in [self.agent] + getattr(self, 'extra_agents', []):
+                    if a.poll() is None:
+                        a.send_signal(signal.SIGUSR1)
+                time.sleep(1)
             self.assertLess(time.time(), deadline, self.agent_log())
             time.sleep(0.2)
 
@@ -180,6 +195,10 @@ class GlanceTestCase(testtools.TestCase):
             if img is not None:
                 s.expunge(img)
             return img
+
+    def library_count(self):
+        with db_session.reader(self.conf) as s:
+            return len(db_api.list_images(s))
 
 
 class TestGlance(GlanceTestCase):
@@ -366,6 +385,60 @@ class TestGlance(GlanceTestCase):
         self.assertEqual(before, self.library_count())
         self.assert_consistent()
 
-    def library_count(self):
-        with db_session.reader(self.conf) as s:
-            return len(db_api.list_images(s))
+
+class TestSeveralAgents(GlanceTestCase):
+    """Three agents of one pool against MariaDB."""
+
+    @classmethod
+    def database_url(cls):
+        url = services.mariadb_url().replace(
+            '/%s?' % services.DATABASE, '/%s_agents?' % services.DATABASE)
+        db = services.DATABASE + '_agents'
+        subprocess.run(['mysql', '-e', 'DROP DATABASE IF EXISTS %s; '
+                        'CREATE DATABASE %s' % (db, db)],
+                       check=True, capture_output=True)
+        return url
+
+    @classmethod
+    def _start(cls):
+        super()._start()
+        cls.extra_agents = []
+        first = cls.agent
+        for _ in range(2):
+            cls.start_agent()
+            cls.extra_agents.append(cls.agent)
+        cls.agent = first
+
+    def test_parallel_uploads_and_a_delete(self):
+        common = list(range(60001, 60513))
+        raws = [self.image('p%d.raw' % i, common + list(
+            range(61000 + 1000 * i, 61256 + 1000 * i))) for i in range(5)]
+        # one after the other (glance-api on SQLite fails parallel
+        # writes); the agents take their notifications in parallel
+        ids = [self.create(raw) for raw in raws]
+        versions = {i: self.wait_map(i) for i in ids}
+        # the canonical copy of the common blocks is the first ingested
+        # image: delete every image in turn but the last two
+        for image_id in ids[:3]:
+            self.glance.openstack('image', 'delete', image_id)
+        for image_id in ids[3:]:
+            deadline = time.time() + 120
+            while True:
+                v = self.source.current_version(image_id)
+                m = os.path.join(self.tmp, '%s.%d.vmap' % (image_id, v))
+                if not os.path.exists(m):
+                    self.source.fetch_map(image_id, v, m)
+                targets = {t.image_id for t in mapformat.read(m).targets}
+                if not targets & set(ids[:3]):
+                    break
+                self.assertLess(time.time(), deadline, self.agent_log())
+                time.sleep(0.5)
+            out = os.path.join(self.tmp, image_id + '.raw')
+            self.rebuild(image_id, v, out)
+            self.assertEqual(_sha(raws[ids.index(image_id)]), _sha(out))
+            self.assertGreaterEqual(v, versions[image_id])
+        deadline = time.time() + 60
+        while self.library_count() != 2:
+            self.assertLess(time.time(), deadline, self.agent_log())
+            time.sleep(0.2)
+        self.assert_consistent()

@@ -1,6 +1,7 @@
 """``vmar-agent``: the Glance notification agent (see
 :mod:`vmar_openstack.glance_hooks.agent`)."""
 
+import faulthandler
 import os
 import signal
 import sys
@@ -22,6 +23,8 @@ def main(argv=None):
     CONF(sys.argv[1:] if argv is None else argv, project='vmar',
          prog='vmar-agent')
     logging.setup(CONF, 'vmar')
+    # "kill -USR1" dumps every thread's stack to stderr, for a stuck agent
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop, started = threading.Event(), threading.Event()
 
     def _signal(signum, frame):

@@ -208,6 +208,8 @@ def register_opts(conf=CONF):
     ks_loading.register_adapter_conf_options(conf, glance_group.name,
                                              include_deprecated=False)
     conf.set_default('service_type', 'image', group=glance_group.name)
+    # no Glance call may hang an agent (which may hold the library lock)
+    conf.set_default('timeout', 120, group=glance_group.name)
 
 
 def list_opts():
