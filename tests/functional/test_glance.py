@@ -75,7 +75,8 @@ class GlanceTestCase(testtools.TestCase):
             'vmar_glance': {'auth_type': 'none',
                             'endpoint': cls.glance.endpoint,
                             'endpoint_override': cls.glance.endpoint},
-            'vmar_agent': {'retry_delay': '0.2', 'max_attempts': '3'}}))
+            'vmar_agent': {'retry_delay': '0.2', 'max_attempts': '3',
+                           'resync_interval': '5'}}))
         cls.conf = cfg.ConfigOpts()
         vmar_conf.register_opts(cls.conf)
         cls.conf(['--config-file', cls.conf_file], project='vmar')
@@ -88,12 +89,14 @@ class GlanceTestCase(testtools.TestCase):
         return 'sqlite:///%s/vmar.sqlite' % cls.state
 
     @classmethod
-    def start_agent(cls):
+    def start_agent(cls, *extra_conf):
         log = open(os.path.join(cls.work, 'agent.log'), 'ab')
+        args = ['--config-file', cls.conf_file]
+        for c in extra_conf:
+            args += ['--config-file', c]
         cls.agent = subprocess.Popen(
-            [os.path.join(os.path.dirname(sys.executable), 'vmar-agent'),
-             '--config-file', cls.conf_file], stdout=log, stderr=log,
-            stdin=subprocess.DEVNULL)
+            [os.path.join(os.path.dirname(sys.executable), 'vmar-agent')]
+            + args, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
 
     @classmethod
@@ -325,6 +328,25 @@ class TestGlance(GlanceTestCase):
         while glob.glob(os.path.join(work, '.fetch-*')):
             self.assertLess(time.time(), deadline)
             time.sleep(0.2)
+
+    def test_resync_catches_up_on_lost_notifications(self):
+        self.stop_agent()
+        self.addCleanup(self.start_agent)
+        self.addCleanup(self.stop_agent)
+        raw = self.image('r.raw', list(range(70001, 70257)))
+        image_id = self.create(raw)
+        # an agent of another pool: a new queue, which never saw the
+        # notifications of that upload
+        other = os.path.join(self.tmp, 'other-pool.conf')
+        glance_env.write_conf(other, {'vmar_agent': {
+            'pool': 'vmar-resync-test', 'resync_interval': '1'}})
+        self.start_agent(other)
+        v = self.wait_map(image_id)
+        out = os.path.join(self.tmp, 'out.raw')
+        self.rebuild(image_id, v, out)
+        self.assertEqual(_sha(raw), _sha(out))
+        self.assertIn('resync: %s is not in the library' % image_id,
+                      self.agent_log())
 
     def test_hostile_uploads(self):
         before = self.library_count()

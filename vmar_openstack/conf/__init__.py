@@ -174,6 +174,10 @@ agent_opts = [
                     '([fs] filesystem_store_datadir). Images found there, '
                     'with the size Glance reports, are ingested in place '
                     'instead of downloaded.'),
+    cfg.IntOpt('resync_interval', default=300, min=0,
+               help='Seconds between comparisons of the library with '
+                    'Glance\'s active images, which ingest what a lost '
+                    'notification missed and remove what is gone. 0: never.'),
     cfg.IntOpt('shutdown_timeout', default=10, min=0,
                help='Seconds to let the notification in hand finish on '
                     'SIGTERM. An unfinished one is redelivered later.'),

@@ -20,6 +20,10 @@ queue with other consumers such as ceilometer:
     A change of owner or visibility changes the dedup scope: the image's
     and the affected images' maps are regenerated and published.
 
+Every ``[vmar_agent] resync_interval`` seconds the agent also compares the
+library with Glance's active images (:func:`resync`): Glance's notifier
+drops notifications it cannot send, so this catches up on any it missed.
+
 Delivery is at least once: a message is acknowledged only after it was
 handled, so a killed agent's work is redelivered. Every handler is
 idempotent (a known image is not ingested twice; deleting an unknown image
@@ -33,6 +37,7 @@ import os
 import threading
 import time
 
+from glanceclient import exc as glance_exc
 from oslo_log import log as logging
 import oslo_messaging
 import sqlalchemy as sa
@@ -182,6 +187,36 @@ class Handler:
             return self.update(payload)
 
 
+def resync(conf, handler, endpoint):
+    """Catch up with Glance: what notifications may have missed.
+
+    Glance's notifier does not guarantee delivery (a notification emitted
+    while RabbitMQ is unreachable is lost). Active images missing from the
+    library are handled as ``image.activate``, library images gone from
+    Glance as ``image.delete``, through the endpoint (so failures are
+    counted and recorded as for notifications).
+    """
+    glance = handler.glance
+    seen = set()
+    for img in glance.images.list(filters={'status': 'active'}):
+        if img.get(gsource.PROP_OF):
+            continue
+        seen.add(img['id'])
+        if handler._known(img['id']) is None:
+            LOG.info('resync: %s is not in the library', img['id'])
+            endpoint.info({}, 'vmar-agent', 'image.activate', dict(img), {})
+    with db_session.reader(conf) as s:
+        known = {i.image_id for i in db_api.list_images(s)}
+    for image_id in sorted(known - seen):
+        try:
+            glance.images.get(image_id)
+            continue                   # not active (yet), or hidden
+        except glance_exc.HTTPNotFound:
+            pass
+        LOG.info('resync: %s is gone from Glance', image_id)
+        endpoint.info({}, 'vmar-agent', 'image.delete', {'id': image_id}, {})
+
+
 class Failures:
     """The ``vmar_agent_failures`` table."""
 
@@ -280,8 +315,16 @@ def run(conf, handler, stop_event, started=None):
     if started is not None:
         started.set()
     LOG.info('vmar-agent listening (pool %s)', conf.vmar_agent.pool)
+    interval = conf.vmar_agent.resync_interval
+    endpoint = Endpoint(conf, handler)
+    next_sync = time.monotonic() + interval
     while not stop_event.wait(1):
-        pass
+        if interval and time.monotonic() >= next_sync:
+            try:
+                resync(conf, handler, endpoint)
+            except Exception as e:     # Glance or the database away
+                LOG.warning('resync failed: %s', e)
+            next_sync = time.monotonic() + interval
 
     def _stop():
         lst.stop()
