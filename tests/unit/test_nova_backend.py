@@ -16,6 +16,8 @@ from oslo_config import cfg
 from oslo_config import fixture as config_fixture
 import testtools
 
+from vmar_openstack import export
+from vmar_openstack import mapformat
 from vmar_openstack.nova_imagebackend import hooks
 from vmar_openstack.nova_imagebackend import image as vimage
 
@@ -247,3 +249,38 @@ class TestDelete(BackendTestCase):
                     self.drv, inst)
                 release.assert_not_called()
                 hooks.unregister()
+
+
+class TestProvisioningErrors(BackendTestCase):
+    """An image without a map (an unshelved snapshot nobody ingested)."""
+
+    def test_no_map_is_refused_before_any_disk_is_made(self):
+        exports = mock.Mock(socket=SOCK)
+        exports.add.side_effect = export.ExportError('no map of image X')
+        inst = instance(VMAR)
+        disk = vimage.VmarImage(instance=inst, disk_name='disk',
+                                disk_info_mapping=MAPPING, exports=exports)
+        e = self.assertRaises(exception.ImageUnacceptable, disk.cache,
+                              fetch_func=mock.Mock(), filename='x',
+                              image_id=inst.image_ref, size=None)
+        self.assertIn('no map of image X', str(e))
+        self.assertFalse(os.path.exists(disk.path))
+        exports.add.assert_called_once_with(
+            inst.image_ref, host_cache='base', holder=inst.uuid,
+            version=None)
+
+    def test_a_failed_overlay_releases_the_export(self):
+        exports = mock.Mock(socket=SOCK, host_dir=self.tmp + '/host')
+        exports.add.return_value = export.Export(
+            str(uuid.uuid4()), 1, 'base', [], [])
+        exports.map_file.return_value = '/nonexistent/map'
+        inst = instance(VMAR)
+        disk = vimage.VmarImage(instance=inst, disk_name='disk',
+                                disk_info_mapping=MAPPING, exports=exports)
+        os.makedirs(exports.host_dir)
+        open(os.path.join(exports.host_dir, 'exports.json'), 'w').close()
+        self.assertRaises((OSError, mapformat.MapFormatError), disk.cache,
+                          fetch_func=mock.Mock(),
+                          filename='x', image_id=inst.image_ref, size=None)
+        exports.release.assert_called_once_with(inst.uuid)
+        self.assertFalse(os.path.exists(disk.path))
