@@ -64,9 +64,13 @@ class Fingerprints:
         return self.virtual_size % self.block_size != 0
 
 
-def _qemu_img_info(qemu_img, path, fmt):
+def qemu_img_info(qemu_img, path, fmt, force_share=False):
+    """``qemu-img info`` of ``path`` opened as ``fmt`` (never probed).
+
+    ``force_share``: also for an image a running QEMU holds locked.
+    """
     cmd = [qemu_img, 'info', '--output=json', '-f', _QEMU_NAMES.get(fmt, fmt),
-           path]
+           path] + (['-U'] if force_share else [])
     proc = subprocess.run(cmd, capture_output=True, text=True,
                           env=dict(os.environ, LC_ALL='C'))
     if proc.returncode:
@@ -113,7 +117,7 @@ def inspect(path, claimed_format, qemu_img='qemu-img', expected_size=None,
     if claimed_format in RAW_LIKE:
         vsize = st.st_size
     else:
-        info = _qemu_img_info(qemu_img, path, claimed_format)
+        info = qemu_img_info(qemu_img, path, claimed_format)
         for key in ('backing-filename', 'full-backing-filename'):
             if info.get(key):
                 raise ImageRejected('%s has a backing file' % path)

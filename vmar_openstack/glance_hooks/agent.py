@@ -96,15 +96,9 @@ class Handler:
             return                     # one of our own map images
         if meta['status'] != 'active':
             return
-        algo = meta.get('os_hash_algo')
-        tmp, sums = gsource.stream_to(
-            self.glance.images.data(image_id, do_checksum=not algo),
-            self.conf.vmar.work_dir, (algo,) if algo else (), durable=False)
+        tmp = gsource.download(self.glance, meta, self.conf.vmar.work_dir,
+                               durable=False)
         try:
-            if algo and sums[algo] != meta.get('os_hash_value'):
-                raise RuntimeError('download of %s: %s %s, Glance says %s'
-                                   % (image_id, algo, sums[algo],
-                                      meta.get('os_hash_value')))
             self._add(image_id, meta, tmp, 'it')
         finally:
             os.unlink(tmp)

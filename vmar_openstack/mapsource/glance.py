@@ -118,6 +118,29 @@ def stream_to(data, dest_dir, hasher_names=('sha256',), durable=True):
     return tmp, {n: h.hexdigest() for n, h in hashers.items()}
 
 
+def download(glance, meta, dest_dir, durable=True):
+    """Stream the data of Glance image ``meta`` to a temporary file.
+
+    Checked against Glance's ``os_hash_value`` (hashed as it streams), or
+    by glanceclient's md5 check for an image that has none. Returns the
+    path; the caller owns the file.
+    """
+    image_id, algo = meta['id'], meta.get('os_hash_algo')
+    try:
+        data = glance.images.data(image_id, do_checksum=not algo)
+        tmp, sums = stream_to(data, dest_dir, (algo,) if algo else (),
+                              durable)
+    except glance_exc.ClientException as e:
+        raise SourceError('cannot download image %s from Glance: %s'
+                          % (image_id, e))
+    if algo and sums[algo] != meta.get('os_hash_value'):
+        os.unlink(tmp)
+        raise SourceError('image %s: %s %s, Glance says %s'
+                          % (image_id, algo, sums[algo],
+                             meta.get('os_hash_value')))
+    return tmp
+
+
 def _rechunk(data, size=4 << 20):
     """Chunks of ``size`` bytes from an iterable of small ones."""
     parts, n = [], 0
@@ -182,13 +205,6 @@ class GlanceSource:
             raise SourceError('cannot get image %s from Glance: %s'
                               % (image_id, e))
 
-    def _data(self, image_id, checksum=True):
-        try:
-            return self.glance.images.data(image_id, do_checksum=checksum)
-        except glance_exc.ClientException as e:
-            raise SourceError('cannot download image %s from Glance: %s'
-                              % (image_id, e))
-
     def fetch_map(self, image_id, version, dest):
         mid = map_image_id(image_id, version)
         img = self._get(mid)
@@ -198,12 +214,10 @@ class GlanceSource:
             raise SourceError('Glance image %s is not map v%d of %s '
                               'published by vmar-agent' % (mid, version,
                                                            image_id))
-        tmp, sums = stream_to(self._data(mid), os.path.dirname(dest))
+        tmp = download(self.glance, dict(img, os_hash_algo='sha256',
+                                         os_hash_value=img.get(PROP_SHA256)),
+                       os.path.dirname(dest))
         try:
-            if sums['sha256'] != img.get(PROP_SHA256):
-                raise SourceError('map v%d of %s: SHA-256 %s, Glance says %s'
-                                  % (version, image_id, sums['sha256'],
-                                     img.get(PROP_SHA256)))
             try:
                 bmap = mapformat.read(tmp)
             except mapformat.MapFormatError as e:
@@ -223,15 +237,9 @@ class GlanceSource:
         if img.get('status') != 'active':
             raise SourceError('image %s is %s in Glance, not active'
                               % (image_id, img.get('status')))
-        algo = img.get('os_hash_algo')
         work = os.path.dirname(dest)
-        tmp, sums = stream_to(self._data(image_id, checksum=not algo), work,
-                              (algo,) if algo else ())
+        tmp = download(self.glance, img, work)
         try:
-            if algo and sums[algo] != img.get('os_hash_value'):
-                raise SourceError('image %s: %s %s, Glance says %s'
-                                  % (image_id, algo, sums[algo],
-                                     img.get('os_hash_value')))
             fmt = img.get('disk_format') or 'raw'
             try:
                 fingerprint.inspect(tmp, fmt, self.conf.vmar.qemu_img,

@@ -26,7 +26,7 @@ import time
 from nova import exception
 from nova.virt.libvirt import driver as libvirt_driver
 from nova.virt.libvirt import imagebackend
-from oslo_concurrency import processutils
+from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
 
 from vmar_openstack.nova_imagebackend import image as vimage
@@ -146,14 +146,10 @@ def live_snapshot(driver, instance, guest, disk_path, out_path,
     delta gets the disk's pinned backing (format raw), libvirt mirrors the
     disk's own data into it, and the delta is flattened onto the view.
     """
-    exp_uri = vimage.VmarImage(instance=instance,
-                               path=disk_path).pinned_uri()
-    info = vimage._qemu_img_info(disk_path)
+    img = vimage.VmarImage(instance=instance, path=disk_path)
+    pin, virtual_size = img.inspect()
     delta = out_path + '.delta'
-    processutils.execute(
-        vimage.CONF.vmar.qemu_img, 'create', '-q', '-f', 'qcow2', '-o',
-        'backing_file=%s,backing_fmt=raw' % exp_uri.replace(',', ',,'),
-        delta, str(info['virtual-size']))
+    vimage.create_overlay(delta, img.uri_of(pin), virtual_size)
     dev = guest.get_block_device(disk_path)
     xml = guest.get_xml_desc(dump_inactive=True, dump_sensitive=True)
     try:
@@ -171,8 +167,7 @@ def live_snapshot(driver, instance, guest, disk_path, out_path,
         dev.abort_job()
         driver._host.write_instance_config(xml)
     try:
-        processutils.execute(
-            vimage.CONF.vmar.qemu_img, 'convert', '-f', 'qcow2', '-O',
-            image_format, delta, out_path)
+        libvirt_utils.extract_snapshot(delta, 'qcow2', out_path,
+                                       image_format)
     finally:
         os.unlink(delta)

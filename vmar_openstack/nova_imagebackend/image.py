@@ -12,7 +12,6 @@ references live in ``[vmar] host_dir``, which Nova's image cache manager does
 not manage, and stay there while an export reads them.
 """
 
-import json
 import os
 import re
 import urllib.parse
@@ -30,6 +29,7 @@ from oslo_utils import strutils
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import export
+from vmar_openstack import fingerprint
 from vmar_openstack import mapformat
 
 LOG = logging.getLogger(__name__)
@@ -136,11 +136,11 @@ class VmarImage(imagebackend.Image):
         """(image id, map version) the existing overlay reads, or None."""
         if not os.path.exists(self.path):
             return None
+        return self.inspect()[0]
+
+    def inspect(self):
+        """((image id, map version), virtual size) of the overlay."""
         info = _qemu_img_info(self.path)
-        if info.get('format') != 'qcow2':
-            raise exception.InvalidDiskInfo(
-                reason='%s is %s, not a vmar qcow2 overlay'
-                % (self.path, info.get('format')))
         pin = parse_backing(info.get('backing-filename'),
                             self.exports.socket)
         if pin is None or info.get('backing-filename-format') != 'raw':
@@ -149,7 +149,7 @@ class VmarImage(imagebackend.Image):
                 '%r); refusing to touch it'
                 % (self.path, self.exports.socket,
                    info.get('backing-filename')))
-        return pin
+        return pin, info['virtual-size']
 
     def cache(self, fetch_func, filename, size=None, safe=False, *args,
               **kwargs):
@@ -195,10 +195,8 @@ class VmarImage(imagebackend.Image):
     def _release(self, holder):
         return release(holder, self.exports)
 
-    def pinned_uri(self):
-        image_id, version = self.pinned()
-        return export.nbd_uri(export.export_name(image_id, version),
-                              self.exports.socket)
+    def uri_of(self, pin):
+        return export.nbd_uri(export.export_name(*pin), self.exports.socket)
 
     def _create_overlay(self, exp, size):
         bmap = mapformat.read(self.exports.map_file(exp.image_id,
@@ -206,18 +204,8 @@ class VmarImage(imagebackend.Image):
         if size and size < bmap.virtual_size:
             raise exception.FlavorDiskSmallerThanImage(
                 flavor_size=size, image_size=bmap.virtual_size)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = self.path + '.vmar-tmp'
-        try:
-            processutils.execute(
-                CONF.vmar.qemu_img, 'create', '-q', '-f', 'qcow2',
-                '-o', 'backing_file=%s,backing_fmt=raw'
-                % self.exports.uri(exp).replace(',', ',,'),
-                tmp, str(size or bmap.virtual_size))
-            os.rename(tmp, self.path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        create_overlay(self.path, self.exports.uri(exp),
+                       size or bmap.virtual_size)
         LOG.info('created %s on %s', self.path, self.exports.uri(exp))
 
     # -- the Image API ----------------------------------------------------
@@ -263,8 +251,28 @@ def release(holder, exports=None):
         return []
 
 
+def create_overlay(path, backing_uri, size):
+    """A qcow2 file on an NBD export, backing format pinned to raw.
+
+    Made under a temporary name and renamed: never half-written.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + '.vmar-tmp'
+    try:
+        processutils.execute(
+            CONF.vmar.qemu_img, 'create', '-q', '-f', 'qcow2', '-o',
+            'backing_file=%s,backing_fmt=raw' % backing_uri.replace(',', ',,'),
+            tmp, str(size))
+        os.rename(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def _qemu_img_info(path):
-    out, _err = processutils.execute(
-        CONF.vmar.qemu_img, 'info', '-U', '-f', 'qcow2', '--output=json',
-        path)
-    return json.loads(out)
+    """qemu-img info of a qcow2 overlay, in use by a guest or not."""
+    try:
+        return fingerprint.qemu_img_info(CONF.vmar.qemu_img, path, 'qcow2',
+                                         force_share=True)
+    except fingerprint.ImageRejected as e:
+        raise exception.InvalidDiskInfo(reason=str(e))
