@@ -64,9 +64,14 @@ class GlanceTestCase(testtools.TestCase):
         vmar_sections = {
             'vmar': {'state_dir': cls.state, 'hash_workers': '2'},
             'vmar_database': {'connection': db}}
+        # Glance on MariaDB, as deployed: on SQLite, concurrent writes (the
+        # import task's and a map upload) fail with "database is locked"
+        # and leave images stuck in 'saving'
         cls.glance = glance_env.GlanceAPI(
             os.path.join(cls.work, 'glance'), cls.rabbit.transport_url,
-            import_plugins=['vmar_mapgen'], import_config=vmar_sections)
+            import_plugins=['vmar_mapgen'], import_config=vmar_sections,
+            extra_config={'database': {'connection': cls.mariadb(
+                'glance')}})
         cls.glance.start()
         cls.conf_file = os.path.join(cls.work, 'vmar.conf')
         glance_env.write_conf(cls.conf_file, dict(vmar_sections, **{
@@ -87,6 +92,16 @@ class GlanceTestCase(testtools.TestCase):
     @classmethod
     def database_url(cls):
         return 'sqlite:///%s/vmar.sqlite' % cls.state
+
+    @staticmethod
+    def mariadb(suffix):
+        """A new, empty MariaDB database of the test user."""
+        db = '%s_%s' % (services.DATABASE, suffix)
+        subprocess.run(['mysql', '-e', 'DROP DATABASE IF EXISTS %s; '
+                        'CREATE DATABASE %s' % (db, db)],
+                       check=True, capture_output=True)
+        return services.mariadb_url().replace(
+            '/%s?' % services.DATABASE, '/%s?' % db)
 
     @classmethod
     def start_agent(cls, *extra_conf):
@@ -413,13 +428,7 @@ class TestSeveralAgents(GlanceTestCase):
 
     @classmethod
     def database_url(cls):
-        url = services.mariadb_url().replace(
-            '/%s?' % services.DATABASE, '/%s_agents?' % services.DATABASE)
-        db = services.DATABASE + '_agents'
-        subprocess.run(['mysql', '-e', 'DROP DATABASE IF EXISTS %s; '
-                        'CREATE DATABASE %s' % (db, db)],
-                       check=True, capture_output=True)
-        return url
+        return cls.mariadb('agents')
 
     @classmethod
     def _start(cls):
@@ -435,8 +444,8 @@ class TestSeveralAgents(GlanceTestCase):
         common = list(range(60001, 60513))
         raws = [self.image('p%d.raw' % i, common + list(
             range(61000 + 1000 * i, 61256 + 1000 * i))) for i in range(5)]
-        # one after the other (glance-api on SQLite fails parallel
-        # writes); the agents take their notifications in parallel
+        # one after the other; the agents take their notifications in
+        # parallel
         ids = [self.create(raw) for raw in raws]
         versions = {i: self.wait_map(i) for i in ids}
         # the canonical copy of the common blocks is the first ingested
