@@ -12,7 +12,10 @@ PYTHON=${VMAR_PYTHON:-python3}
 WITH_TESTS=0
 [ "${1:-}" = "--test" ] && WITH_TESTS=1
 
-PACKAGES=(qemu-utils util-linux e2fsprogs debootstrap openssl ca-certificates)
+# gcc, python3-dev and libssl-dev build the native block hasher
+# (vmar_openstack/fingerprint/_blockhash.c).
+PACKAGES=(qemu-utils util-linux e2fsprogs debootstrap openssl ca-certificates
+    gcc python3-dev libssl-dev)
 if [ "$WITH_TESTS" = 1 ]; then
     PACKAGES+=(mariadb-server mariadb-client postgresql shellcheck
         gcc zlib1g-dev clang libclang-rt-14-dev fio
@@ -39,7 +42,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.vmar-reqs"
 want=$(cat "$TOP/requirements.txt" "$TOP/test-requirements.txt" \
-    "$TOP/setup.cfg" | sha256sum | cut -d' ' -f1)
+    "$TOP/setup.cfg" "$TOP/setup.py" \
+    "$TOP/vmar_openstack/fingerprint/_blockhash.c" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "$VENV/bin/pip" install -q --upgrade pip >&2
     "$VENV/bin/pip" install -q -r "$TOP/requirements.txt" \
