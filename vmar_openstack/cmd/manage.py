@@ -218,8 +218,8 @@ def collect_stats(conf=None):
                 s, img, fingerprint.DIGEST_SIZES[img.algorithm])
             mask = db_api.shareable_mask(d, img.virtual_size, img.block_size)
             keys = db_api.block_keys(d[mask], img.space_key)
-            kc_keys, kc_cl = db_api.key_clusters(s, img.seq)
-            mem = db_api.cluster_members(s, np.unique(kc_cl))
+            kc_keys, kc_cl = db_api.key_clusters(s, db_api.unique(keys))
+            mem = db_api.cluster_members(s, db_api.unique(kc_cl))
             single = np.array([mem[c] == {img.seq} for c in kc_cl.tolist()],
                               dtype=bool)
             cl_single = single[np.searchsorted(kc_keys, keys)] if len(

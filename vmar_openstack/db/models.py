@@ -67,8 +67,9 @@ class Fingerprint(Base):
     __tablename__ = 'vmar_fingerprints'
 
     fp_key = sa.Column(BigInt, primary_key=True, autoincrement=False)
+    # no index: every lookup goes by key (doc/source/design.rst)
     cluster_id = sa.Column(BigInt, sa.ForeignKey('vmar_clusters.id'),
-                           nullable=False, index=True)
+                           nullable=False)
 
 
 class Cluster(Base):

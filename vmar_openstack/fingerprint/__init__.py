@@ -65,7 +65,10 @@ class Fingerprints:
 
     @property
     def zero_mask(self):
-        return ~self.digests.any(axis=1)
+        d = self.digests
+        if d.shape[1] % 8 == 0:
+            d = d.view('<u8')
+        return ~d.any(axis=1)
 
     @property
     def tail_partial(self):

@@ -87,8 +87,11 @@ class Publisher:
                     self.glance.images.upload(mid, io.BytesIO(data),
                                               image_size=len(data))
                 except glance_exc.HTTPConflict:
-                    pass        # another agent uploaded it first
-                img = self.glance.images.get(mid)
+                    # another agent uploaded it first: see how it went
+                    img = self.glance.images.get(mid)
+                else:
+                    # Glance answers the PUT once the image is active
+                    img = dict(img, status='active')
             if img['status'] != 'active':
                 raise PublishError('map image %s is %s'
                                    % (mid, img['status']))

@@ -46,8 +46,8 @@ class FirstOccurrence:
         mask = db_api.shareable_mask(digests, image.virtual_size,
                                      image.block_size)
         blocks = np.flatnonzero(mask)
-        keys = db_api.block_keys(digests[blocks], 0)
-        order = np.argsort(keys, kind='stable')
+        keys = db_api.block_keys(digests, 0)[blocks]
+        order = db_api.stable_order(keys)
         self.keys = keys[order]
         self.blocks = blocks[order]
         self.digests = digests
@@ -65,7 +65,9 @@ class FirstOccurrence:
             same_key = self.keys[p] == qkeys[pending]
             pending, p = pending[same_key], p[same_key]
             cand = self.blocks[p]
-            equal = (self.digests[cand] == qdigests[pending]).all(axis=1)
+            equal = db_api.rows_equal(
+                db_api.take_rows(self.digests, cand),
+                db_api.take_rows(qdigests, pending))
             found[pending[equal]] = True
             blocks[pending[equal]] = cand[equal]
             # a key collision: look at the next entry with the same key
@@ -160,12 +162,11 @@ class Resolver:
         mask = db_api.shareable_mask(digests, image.virtual_size,
                                      image.block_size)
         blocks = np.flatnonzero(mask)
-        bkeys = db_api.block_keys(digests[blocks], image.space_key)
-        ukeys, first_idx, inverse = np.unique(bkeys, return_index=True,
-                                              return_inverse=True)
+        bkeys = db_api.block_keys(digests, image.space_key)[blocks]
+        ukeys, first_idx, inverse = db_api.unique_first(bkeys)
         # cluster of every key
         kc_keys, kc_clusters = key_clusters or db_api.key_clusters(
-            self.session, image.seq)
+            self.session, ukeys)
         pos = np.searchsorted(kc_keys, ukeys)
         ok = pos < len(kc_keys)
         ok[ok] = kc_keys[pos[ok]] == ukeys[ok]
@@ -178,15 +179,15 @@ class Resolver:
         # Resolve each distinct key through the digest of its first block:
         # round r tries each pending key's r-th candidate, one batch per
         # candidate image, so the work is per image, not per cluster.
-        udig = digests[blocks[first_idx]]
+        udig = db_api.take_rows(digests, blocks[first_idx])
         u_tseq = np.full(len(ukeys), -1, dtype=np.int64)
         u_tblk = np.zeros(len(ukeys), dtype=np.int64)
-        table = self._candidate_table(image, imgs, np.unique(ucluster))
+        table = self._candidate_table(image, imgs, db_api.unique(ucluster))
         row = np.searchsorted(table.clusters, ucluster)
         pending = np.arange(len(ukeys))
         for r in range(table.seqs.shape[1]):
             cand = table.seqs[row[pending], r]
-            for t in np.unique(cand).tolist():
+            for t in db_api.unique(cand).tolist():
                 if t < 0:
                     continue
                 sel = pending[cand == t]
@@ -196,7 +197,8 @@ class Resolver:
                     u_tseq[sel] = t
                     u_tblk[sel] = blocks[first_idx[sel]]
                     continue
-                found, blk = self.first(imgs[t]).find(udig[sel])
+                found, blk = self.first(imgs[t]).find(
+                    db_api.take_rows(udig, sel))
                 u_tseq[sel[found]] = t
                 u_tblk[sel[found]] = blk[found]
             pending = pending[u_tseq[pending] < 0]
@@ -205,7 +207,7 @@ class Resolver:
         # Keys found neither in the smallest candidate nor in the image
         # itself at the first try (possible only after a key collision):
         # try every candidate of their cluster in order.
-        for cid in np.unique(ucluster[pending]).tolist():
+        for cid in db_api.unique(ucluster[pending]).tolist():
             sel = pending[ucluster[pending] == cid]
             self._resolve(sel, self._full_candidates(image, imgs, cid),
                           imgs, udig, u_tseq, u_tblk)
@@ -213,7 +215,11 @@ class Resolver:
         b_tblk = u_tblk[inverse]
         # Blocks whose digest differs from the first digest of their key (a
         # key collision) are resolved on their own full digest.
-        same = (digests[blocks] == udig[inverse]).all(axis=1)
+        same = np.ones(len(blocks), dtype=bool)
+        later = np.flatnonzero(first_idx[inverse] != np.arange(len(blocks)))
+        same[later] = db_api.rows_equal(
+            db_api.take_rows(digests, blocks[later]),
+            db_api.take_rows(udig, inverse[later]))
         for i in np.flatnonzero(~same).tolist():
             one = np.array([0])
             ts, tb = np.full(1, -1, np.int64), np.zeros(1, np.int64)
@@ -295,7 +301,7 @@ class Resolver:
 
     def _extents(self, image, imgs, tseq, tblk):
         mapped = np.flatnonzero(tseq >= 0)
-        target_seqs = sorted(set(np.unique(tseq[mapped]).tolist()))
+        target_seqs = sorted(set(db_api.unique(tseq[mapped]).tolist()))
         targets = [mapformat.Target(imgs[s].image_id, imgs[s].virtual_size,
                                     s == image.seq) for s in target_seqs]
         if not len(mapped):
