@@ -1,7 +1,8 @@
 """Drop the index on vmar_fingerprints.cluster_id.
 
 Every query now reaches fingerprint rows by key; keeping the index up to
-date doubled the cost of inserting and moving fingerprints.
+date doubled the cost of inserting and moving fingerprints. MariaDB/MySQL
+keep it: InnoDB needs an index on a foreign-key column.
 
 Revision ID: 0003
 Revises: 0002
@@ -17,4 +18,6 @@ depends_on = None
 
 
 def upgrade():
+    if op.get_bind().dialect.name in ('mysql', 'mariadb'):
+        return
     op.drop_index('ix_vmar_fingerprints_cluster_id', 'vmar_fingerprints')
