@@ -76,7 +76,8 @@ vmar_opts = [
                help='Which images a map may point into.'),
     cfg.IntOpt('hash_workers', default=os.cpu_count() or 1, min=1,
                sample_default='<number of CPUs>',
-               help='Processes that hash an image in parallel.'),
+               help='Threads (native hasher) or processes (hashlib '
+                    'fallback) that hash an image in parallel.'),
     cfg.StrOpt('qemu_img', default='qemu-img',
                help='qemu-img binary used to inspect and convert non-raw '
                     'images.'),
