@@ -60,6 +60,16 @@ def mariadb_url():
         USER, PASSWORD, DATABASE)
 
 
+def mariadb_database(suffix):
+    """URL of a new, empty MariaDB database ``<DATABASE>_<suffix>``."""
+    url = mariadb_url()
+    db = '%s_%s' % (DATABASE, suffix)
+    subprocess.run(['mysql', '-e', 'DROP DATABASE IF EXISTS %s; '
+                    'CREATE DATABASE %s' % (db, db)],
+                   check=True, capture_output=True)
+    return url.replace('/%s?' % DATABASE, '/%s?' % db)
+
+
 def _psql(sql, db='postgres'):
     return subprocess.run(['runuser', '-u', 'postgres', '--', 'psql', '-d',
                            db, '-tAc', sql], capture_output=True, text=True)

@@ -96,12 +96,7 @@ class GlanceTestCase(testtools.TestCase):
     @staticmethod
     def mariadb(suffix):
         """A new, empty MariaDB database of the test user."""
-        db = '%s_%s' % (services.DATABASE, suffix)
-        subprocess.run(['mysql', '-e', 'DROP DATABASE IF EXISTS %s; '
-                        'CREATE DATABASE %s' % (db, db)],
-                       check=True, capture_output=True)
-        return services.mariadb_url().replace(
-            '/%s?' % services.DATABASE, '/%s?' % db)
+        return services.mariadb_database(suffix)
 
     @classmethod
     def start_agent(cls, *extra_conf):

@@ -5,11 +5,20 @@ Idempotent: a map version has one deterministic image id, so publishing it
 twice, or from two agents at once, leaves one active image. A version whose
 map file is missing on this host (another host's plugin wrote it) is
 replaced by a new version written from the tables.
+
+The map image of a new version can be created while the library commits
+(:meth:`Publisher.precreate`), so that only the upload is left once the
+version is committed. If the version then fails to commit, the empty
+record is deleted; a record left by a process killed at that moment is
+queued and hidden, never listed as a map, and a later attempt that finds it
+with other content publishes a new version instead.
 """
 
+import concurrent.futures
 import hashlib
 import io
 import os
+import threading
 import time
 
 from glanceclient import exc as glance_exc
@@ -37,6 +46,48 @@ class Publisher:
         self.conf = conf
         self.glance = glance
         self.library = library or ingest.Library(conf)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            2, thread_name_prefix='vmar-precreate')
+        self._created = {}              # map image id -> Future of create
+        self._created_lock = threading.Lock()
+
+    def precreate(self, image_id, version, sha):
+        """Start creating the map image of a version not yet committed.
+
+        Called from ``Library.add(on_map_written=...)``. :meth:`publish`
+        then uses the record; :meth:`discard` removes it if the version
+        does not commit.
+        """
+        mid = gsource.map_image_id(image_id, version)
+        fut = self._pool.submit(self._get_or_create, mid, image_id, version,
+                                sha)
+        with self._created_lock:
+            self._created[mid] = fut
+
+    def discard(self, image_id, version):
+        """Delete the record :meth:`precreate` made for ``version``."""
+        mid = gsource.map_image_id(image_id, version)
+        with self._created_lock:
+            fut = self._created.pop(mid, None)
+        if fut is None:
+            return
+        try:
+            img = fut.result()
+            if img['status'] == 'queued':
+                self.glance.images.delete(mid)
+        except Exception as e:          # best effort: it is hidden and empty
+            LOG.warning('could not delete the unused map image %s: %s',
+                        mid, e)
+
+    def _created_record(self, mid, image_id, version, sha):
+        with self._created_lock:
+            fut = self._created.pop(mid, None)
+        if fut is not None:
+            try:
+                return fut.result()
+            except glance_exc.ClientException as e:
+                LOG.debug('creating %s ahead failed (%s); again', mid, e)
+        return self._get_or_create(mid, image_id, version, sha)
 
     def current(self, image_id):
         """Publish the image's current map version; returns the version."""
@@ -74,7 +125,12 @@ class Publisher:
         sha = hashlib.sha256(data).hexdigest()
         mid = gsource.map_image_id(image_id, version)
         try:
-            img = self._get_or_create(mid, image_id, version, sha)
+            img = self._created_record(mid, image_id, version, sha)
+            if (img['status'] == 'queued'
+                    and img.get(gsource.PROP_SHA256) != sha):
+                # left by an attempt whose version never committed
+                raise StuckError('map image %s was created for other '
+                                 'content' % mid)
             deadline = time.monotonic() + 60
             while img['status'] in ('saving', 'importing'):
                 if time.monotonic() > deadline:

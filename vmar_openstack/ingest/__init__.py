@@ -79,8 +79,14 @@ class Library:
 
     def add(self, image_id, path, disk_format='raw', owner=None,
             visibility='private', expected_size=None, progress=None,
-            keep_base=True):
-        """Ingest a new image; an id already in the library is refused."""
+            keep_base=True, on_map_written=None):
+        """Ingest a new image; an id already in the library is refused.
+
+        ``on_map_written(image_id, version, path, sha256)``, if given, is
+        called once the image's new map file is written, before the
+        transaction commits (so that a publisher can start work that
+        overlaps the commit). The version may still fail to commit.
+        """
         image_id = _check_uuid(image_id)
         if visibility not in db_api.VISIBILITIES:
             raise ValueError('visibility must be one of %s'
@@ -97,7 +103,7 @@ class Library:
                                             keep_base)
         try:
             return self._commit_add(image_id, fps, disk_format, owner,
-                                    visibility)
+                                    visibility, on_map_written)
         except BaseException:
             if raw_placed:
                 self._unplace(image_id)
@@ -234,7 +240,8 @@ class Library:
         img.zero_blocks = int(fps.zero_mask.sum())
         img.content_sha256 = _content_id(fps)
 
-    def _commit_add(self, image_id, fps, disk_format, owner, visibility):
+    def _commit_add(self, image_id, fps, disk_format, owner, visibility,
+                    on_map_written=None):
         with self._mutation() as (s, written):
             if db_api.get_image(s, image_id) is not None:
                 raise ImageExists('image %s was added concurrently'
@@ -253,7 +260,8 @@ class Library:
             # smallest candidate of another image: no other map changes.
             return self._regenerate(s, written, img, set(),
                                     known={img.seq: known},
-                                    digests={img.seq: fps.digests})
+                                    digests={img.seq: fps.digests},
+                                    on_written=on_map_written)
 
     def _affected(self, s, img):
         """Other images whose canonical target is ``img`` for some cluster.
@@ -280,9 +288,9 @@ class Library:
         return out
 
     def _regenerate(self, s, written, img, affected, known=None,
-                    digests=None):
+                    digests=None, on_written=None):
         versions = self._write_maps(s, {img.seq} | set(affected), written,
-                                    known, digests)
+                                    known, digests, on_written)
         version = versions.pop(img.image_id)
         LOG.info('image %s: map v%d, %d other maps regenerated',
                  img.image_id, version, len(versions))
@@ -290,7 +298,8 @@ class Library:
         frac = (img.redirected_blocks / shared) if shared else 0.0
         return Outcome(img.image_id, img.seq, version, versions, frac)
 
-    def _write_maps(self, s, seqs, written, known=None, digests=None):
+    def _write_maps(self, s, seqs, written, known=None, digests=None,
+                    on_written=None):
         resolver = mapgen.Resolver(s, self.conf.vmar.dedup_scope,
                                    digests=digests)
         known = known or {}
@@ -306,10 +315,12 @@ class Library:
             path = map_path(self.conf, image.image_id, version)
             mapformat.write_atomic(path, data)
             written.append(path)
+            sha = hashlib.sha256(data).hexdigest()
             s.add(models.MapVersion(
-                seq=seq, version=version, size=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
+                seq=seq, version=version, size=len(data), sha256=sha,
                 n_extents=len(result.extents)))
+            if on_written:
+                on_written(image.image_id, version, path, sha)
             image.map_version = version
             image.redirected_blocks = result.redirected_blocks
             image.n_extents = len(result.extents)

@@ -1,0 +1,145 @@
+"""Publishing maps: the map image is created while the library commits.
+
+Glance is replaced by an in-memory fake here; tests/functional/test_glance.py
+runs the same code against a real glance-api.
+"""
+
+import hashlib
+import threading
+
+from glanceclient import exc as glance_exc
+
+from tests import base
+from vmar_openstack.glance_hooks import agent
+from vmar_openstack.glance_hooks import publish
+from vmar_openstack import ingest
+from vmar_openstack.mapsource import glance as gsource
+
+ID = '0e000000-0000-4000-8000-00000000000e'
+
+
+class FakeImages:
+    """The part of glanceclient's images API that publishing uses."""
+
+    def __init__(self):
+        self.store = {}
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def create(self, **kw):
+        with self.lock:
+            self.calls.append(('create', kw['id']))
+            if kw['id'] in self.store:
+                raise glance_exc.HTTPConflict()
+            self.store[kw['id']] = dict(kw, status='queued')
+            return dict(self.store[kw['id']])
+
+    def upload(self, mid, f, image_size=None):
+        with self.lock:
+            self.calls.append(('upload', mid))
+            rec = self.store[mid]
+            if rec['status'] != 'queued':
+                raise glance_exc.HTTPConflict()
+            rec['data'] = f.read()
+            rec['status'] = 'active'
+
+    def get(self, mid):
+        with self.lock:
+            self.calls.append(('get', mid))
+            if mid not in self.store:
+                raise glance_exc.HTTPNotFound()
+            return dict(self.store[mid])
+
+    def delete(self, mid):
+        with self.lock:
+            self.calls.append(('delete', mid))
+            del self.store[mid]
+
+
+class FakeGlance:
+    def __init__(self):
+        self.images = FakeImages()
+
+
+class TestPublish(base.LibraryTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.glance = FakeGlance()
+        self.handler = agent.Handler(self.conf, self.glance, self.lib)
+        self.path = self.image('a', [1, 2, None, 3])
+        self.meta = {'disk_format': 'raw', 'owner': 'p',
+                     'visibility': 'public'}
+
+    def _map_sha(self, version):
+        with open(ingest.map_path(self.conf, ID, version), 'rb') as f:
+            return hashlib.sha256(f.read()).hexdigest()
+
+    def test_map_image_created_before_commit_then_uploaded(self):
+        created_before_commit = []
+        real = self.handler.publisher.precreate
+
+        def precreate(image_id, version, sha):
+            real(image_id, version, sha)
+            # the transaction is still open: other sessions do not see it
+            created_before_commit.append((version,
+                                          self.handler._known(image_id)))
+        self.handler.publisher.precreate = precreate
+        self.handler._add(ID, self.meta, self.path, 'it')
+        self.assertEqual([(1, None)], created_before_commit)
+        self.assertEqual(1, self.handler.publisher.current(ID))
+        mid = gsource.map_image_id(ID, 1)
+        rec = self.glance.images.store[mid]
+        self.assertEqual('active', rec['status'])
+        self.assertEqual(self._map_sha(1), rec[gsource.PROP_SHA256])
+        self.assertEqual(hashlib.sha256(rec['data']).hexdigest(),
+                         rec[gsource.PROP_SHA256])
+        # one create (ahead of the commit) and one upload, nothing else
+        self.assertEqual([('create', mid), ('upload', mid)],
+                         self.glance.images.calls)
+
+    def test_version_that_does_not_commit_leaves_no_map_image(self):
+        real = self.lib._regenerate
+
+        def fail_after_maps(*a, **kw):
+            real(*a, **kw)
+            raise RuntimeError('disk full at commit')
+        self.lib._regenerate = fail_after_maps
+        self.assertRaises(RuntimeError, self.handler._add, ID, self.meta,
+                          self.path, 'it')
+        self.assertEqual({}, self.glance.images.store)
+        self.assertIn(('delete', gsource.map_image_id(ID, 1)),
+                      self.glance.images.calls)
+        self.lib._regenerate = real
+        self.assertIsNone(self.handler._known(ID))
+
+    def test_leftover_record_with_other_content_gets_a_new_version(self):
+        # a process killed between creating v1's record and committing v1
+        mid1 = gsource.map_image_id(ID, 1)
+        self.glance.images.store[mid1] = {
+            'id': mid1, 'status': 'queued', gsource.PROP_OF: ID,
+            gsource.PROP_VERSION: '1', gsource.PROP_SHA256: '0' * 64}
+        self.lib.add(ID, self.path, owner='p', visibility='public')
+        self.assertEqual(2, self.handler.publisher.current(ID))
+        rec = self.glance.images.store[gsource.map_image_id(ID, 2)]
+        self.assertEqual('active', rec['status'])
+        self.assertEqual(self._map_sha(2), rec[gsource.PROP_SHA256])
+        # nothing was uploaded into the leftover
+        self.assertNotIn('data', self.glance.images.store[mid1])
+
+    def test_failed_create_ahead_is_retried_at_publish(self):
+        pub = publish.Publisher(self.conf, self.glance, self.lib)
+        real = self.glance.images.create
+        fails = [True]
+
+        def flaky(**kw):
+            if fails.pop() if fails else False:
+                raise glance_exc.HTTPServiceUnavailable()
+            return real(**kw)
+        self.glance.images.create = flaky
+        self.lib.add(ID, self.path, owner='p', visibility='public',
+                     on_map_written=lambda i, v, _p, sha: pub.precreate(
+                         i, v, sha))
+        self.assertEqual(1, pub.current(ID))
+        self.assertEqual('active', self.glance.images.store[
+            gsource.map_image_id(ID, 1)]['status'])
