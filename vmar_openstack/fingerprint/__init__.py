@@ -10,6 +10,7 @@ zero blocks. It touches no database.
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -270,6 +271,13 @@ def _native_range(path, start, end, block_size, algorithm, out):
     return end - start
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_no_native():
+    LOG.warning('the native block hasher is not built (no C compiler, '
+                'Python headers or libssl-dev when vmar-openstack was '
+                'installed); hashing with hashlib, about 25 %% slower')
+
+
 def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
               workers=None, progress=None, native=None):
     """Fingerprint the raw file ``path`` (``virtual_size`` bytes).
@@ -284,6 +292,8 @@ def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
         raise ValueError('unknown hash algorithm %r' % algorithm)
     if native is None:
         native = _blockhash is not None
+        if not native:
+            _warn_no_native()
     elif native and _blockhash is None:
         raise RuntimeError('the native block hasher is not built')
     dsize = DIGEST_SIZES[algorithm]
