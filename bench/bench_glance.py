@@ -8,9 +8,9 @@ map source), as a ratio to the bare ingest (``Library.add`` into an empty
 SQLite library, no Glance) of the same image in the same run. Goal <= 1.3.
 
 Everything is real: RabbitMQ, glance-api (uWSGI, file store, MariaDB, no
-Keystone), ``vmar-agent``. Each round uses a fresh library (database and state) for
-both paths, so both ingest into an empty library; the agent first handles a
-small untimed image, as a running agent has.
+Keystone), ``vmar-agent``. Each round uses a fresh library (database and
+state) for both paths, so both ingest into an empty library; the agent first
+handles a small untimed image, as a running agent has.
 
 Two agent set-ups: the image downloaded from Glance (python-glanceclient),
 and read in place from the Glance file store on the same host
@@ -19,9 +19,9 @@ and read in place from the Glance file store on the same host
 "Map available" is detected without loading the machine: the bench listens
 (its own pool) for Glance's ``image.activate`` of the map image, then asks
 the host's map source, timed too, until it sees it (Glance notifies just
-before it commits). Polling Glance every 10 ms, as an
-earlier version did, kept glance-api busy on one of the two cores while the
-agent was hashing, and slowed the very thing it measured.
+before it commits). Polling Glance every 10 ms, as an earlier version did,
+kept glance-api busy on one of the two cores while the agent was hashing,
+and slowed the very thing it measured.
 
 Usage: bench_glance.py [--image PATH] [--rounds 3] [--json OUT]
 """
