@@ -128,18 +128,26 @@ class TestPublish(base.LibraryTestCase):
         self.assertNotIn('data', self.glance.images.store[mid1])
 
     def test_failed_create_ahead_is_retried_at_publish(self):
-        pub = publish.Publisher(self.conf, self.glance, self.lib)
-        real = self.glance.images.create
-        fails = [True]
+        # a Glance error, or a connection error keystoneauth raises as is
+        for n, error in enumerate((glance_exc.HTTPServiceUnavailable(),
+                                   ConnectionError('glance unreachable'))):
+            image_id = ID[:-1] + str(n)
+            pub = publish.Publisher(self.conf, self.glance, self.lib)
+            real = self.glance.images.create
+            fails = [error]
 
-        def flaky(**kw):
-            if fails.pop() if fails else False:
-                raise glance_exc.HTTPServiceUnavailable()
-            return real(**kw)
-        self.glance.images.create = flaky
-        self.lib.add(ID, self.path, owner='p', visibility='public',
-                     on_map_written=lambda i, v, _p, sha: pub.precreate(
-                         i, v, sha))
-        self.assertEqual(1, pub.current(ID))
-        self.assertEqual('active', self.glance.images.store[
-            gsource.map_image_id(ID, 1)]['status'])
+            def flaky(**kw):
+                if fails:
+                    raise fails.pop()
+                return real(**kw)
+            self.glance.images.create = flaky
+            self.lib.add(image_id, self.path, owner='p',
+                         visibility='public',
+                         on_map_written=lambda i, v, _p, sha: pub.precreate(
+                             i, v, sha))
+            self.assertEqual(1, pub.current(image_id))
+            self.glance.images.create = real
+            mid = gsource.map_image_id(image_id, 1)
+            self.assertEqual('active', self.glance.images.store[mid]['status'])
+            self.assertEqual(1, self.glance.images.calls.count(
+                ('create', mid)))

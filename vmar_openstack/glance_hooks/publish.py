@@ -85,7 +85,7 @@ class Publisher:
         if fut is not None:
             try:
                 return fut.result()
-            except glance_exc.ClientException as e:
+            except Exception as e:      # any failure: try once more, here
                 LOG.debug('creating %s ahead failed (%s); again', mid, e)
         return self._get_or_create(mid, image_id, version, sha)
 
