@@ -3,6 +3,7 @@
 import hashlib
 import os
 import subprocess
+import time
 
 import sqlalchemy as sa
 
@@ -69,6 +70,31 @@ class TestHashing(base.LibraryTestCase):
         fps = fingerprint.hash_file(path, os.path.getsize(path), workers=2,
                                     native=True)
         self.assertEqual(_oracle(path, 4096), [bytes(r) for r in fps.digests])
+
+    def test_file_changed_while_hashed_is_rejected(self):
+        path = self.image('moving', list(range(1, 64)))
+        self.patch(fingerprint, 'CHUNK', 64 << 10)
+        for native in (True, False):
+            for change in ('truncate', 'write'):
+                base.write_image(path, list(range(1, 64)))
+                size = os.path.getsize(path)
+
+                def progress(_n, change=change, done=[]):
+                    if done:
+                        return
+                    done.append(1)
+                    # past the file system's timestamp tick (a few ms)
+                    time.sleep(0.02)
+                    with open(path, 'r+b') as f:
+                        if change == 'truncate':
+                            f.truncate(size // 2)
+                        else:
+                            f.seek(size - 4096)
+                            f.write(base.block(999))
+                e = self.assertRaises(
+                    fingerprint.ImageRejected, fingerprint.hash_file, path,
+                    size, workers=1, progress=progress, native=native)
+                self.assertIn('changed while it was being read', str(e))
 
     def test_native_hasher_rejects_bad_arguments(self):
         from vmar_openstack.fingerprint import _blockhash

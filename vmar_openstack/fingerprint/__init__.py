@@ -278,6 +278,11 @@ def _warn_no_native():
                 'installed); hashing with hashlib, about 25 %% slower')
 
 
+def _identity(st):
+    """What changes when a file is written to, truncated or replaced."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
               workers=None, progress=None, native=None):
     """Fingerprint the raw file ``path`` (``virtual_size`` bytes).
@@ -285,6 +290,10 @@ def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
     Holes are skipped without reading them. Work is split into aligned
     chunks hashed by ``workers`` threads (native hasher) or processes
     (hashlib fallback). ``progress(nbytes)`` is called as chunks finish.
+    A file written to, truncated or replaced meanwhile is rejected
+    (:class:`ImageRejected`): its digests would describe no content. (A
+    write within the file system's timestamp tick, a few ms, of the one
+    before it goes unseen unless it changes the size.)
     ``native``: force (True) or forbid (False) the native hasher; by
     default it is used when built.
     """
@@ -301,6 +310,7 @@ def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
     digests = np.zeros((n_blocks, dsize), dtype=np.uint8)
     jobs = []
     with open(path, 'rb') as f:
+        before = _identity(os.fstat(f.fileno()))
         for start, end in data_ranges(f.fileno(), virtual_size):
             start -= start % block_size
             end = min(-(-end // block_size) * block_size,
@@ -328,6 +338,8 @@ def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
             _collect((fu.result() for fu in
                       concurrent.futures.as_completed(futures)),
                      digests, block_size, dsize, progress)
+    if _identity(os.stat(path)) != before:
+        raise ImageRejected('%s changed while it was being read' % path)
     LOG.debug('hashed %d data bytes of %s in %d chunks (%s)', total, path,
               len(jobs), 'native' if native else 'hashlib')
     return Fingerprints(algorithm, block_size, virtual_size, digests)
