@@ -10,9 +10,11 @@ zero blocks. It touches no database.
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
+import mmap
 import os
 import subprocess
 import tempfile
@@ -242,33 +244,72 @@ def _hash_range(path, start, end, block_size, algorithm):
 def _native_range(path, start, end, block_size, algorithm, out):
     """Thread worker: hash blocks [start, end) into the rows of ``out``.
 
-    Reads and hashing both release the GIL, so one thread per core works
-    in parallel; digests land in the caller's array without a copy.
+    Whole blocks inside the file are hashed straight from a memory map of
+    it (no copy out of the page cache); the partial last block and any
+    blocks past the end of the file are read into a zero-padded buffer.
+    Hashing releases the GIL, so one thread per core works in parallel;
+    digests land in the caller's array without a copy.
     """
-    name = OPENSSL_NAMES[algorithm]
-    dsize = DIGEST_SIZES[algorithm]
     flat = memoryview(out.reshape(-1))
-    buf = bytearray(min(READ_BUF, end - start + block_size))
-    mv = memoryview(buf)
-    row = start // block_size
     fd = os.open(path, os.O_RDONLY)
     try:
-        pos = start
-        while pos < end:
-            want = min(len(buf), end - pos)
-            nb = (want + block_size - 1) // block_size
-            got = os.preadv(fd, [mv[:want]], pos)
-            # past EOF inside the virtual size, and the partial last block,
-            # read as zeros
-            if got < nb * block_size:
-                mv[got:nb * block_size] = bytes(nb * block_size - got)
-            _blockhash.hash_blocks(name, block_size, mv[:nb * block_size],
-                                   flat[row * dsize:(row + nb) * dsize])
-            row += nb
-            pos += want
+        size = os.fstat(fd).st_size
+        mapped_end = max(start, min(end, size - size % block_size))
+        if mapped_end > start:
+            try:
+                _hash_mapped(fd, start, mapped_end, block_size, algorithm,
+                             flat)
+            except OSError as e:
+                if e.errno != errno.EFAULT:
+                    raise
+                raise ImageRejected('%s changed while it was being read '
+                                    '(truncated)' % path)
+        _hash_read(fd, mapped_end, end, block_size, algorithm, flat)
     finally:
         os.close(fd)
     return end - start
+
+
+def _hash_mapped(fd, start, end, block_size, algorithm, flat):
+    dsize = DIGEST_SIZES[algorithm]
+    row = start // block_size
+    try:
+        m = mmap.mmap(fd, end - start, flags=mmap.MAP_SHARED,
+                      prot=mmap.PROT_READ, offset=start)
+    except (OSError, ValueError):    # a file system without mmap
+        _hash_read(fd, start, end, block_size, algorithm, flat)
+        return
+    try:
+        m.madvise(mmap.MADV_SEQUENTIAL)
+        _blockhash.hash_blocks(OPENSSL_NAMES[algorithm], block_size, m,
+                               flat[row * dsize:(row + (end - start)
+                                                 // block_size) * dsize])
+    finally:
+        m.close()
+
+
+def _hash_read(fd, start, end, block_size, algorithm, flat):
+    """Hash [start, end) through a buffer: zeros past the end of file."""
+    if end <= start:
+        return
+    name = OPENSSL_NAMES[algorithm]
+    dsize = DIGEST_SIZES[algorithm]
+    buf = bytearray(min(READ_BUF, end - start + block_size))
+    mv = memoryview(buf)
+    row = start // block_size
+    pos = start
+    while pos < end:
+        want = min(len(buf), end - pos)
+        nb = (want + block_size - 1) // block_size
+        got = os.preadv(fd, [mv[:want]], pos)
+        # past EOF inside the virtual size, and the partial last block,
+        # read as zeros
+        if got < nb * block_size:
+            mv[got:nb * block_size] = bytes(nb * block_size - got)
+        _blockhash.hash_blocks(name, block_size, mv[:nb * block_size],
+                               flat[row * dsize:(row + nb) * dsize])
+        row += nb
+        pos += want
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,6 +11,13 @@
  * The pure-Python path in fingerprint/__init__.py computes the same result
  * and is used when this module is not built.
  *
+ * The data may be a memory map of the image file (no copy from the page
+ * cache: 12 % faster here). A file truncated while it is mapped makes the
+ * reading thread take SIGBUS; a handler installed at import turns that
+ * fault, inside this loop only, into OSError(EFAULT) instead of the death
+ * of the process. Faults elsewhere go to the handler that was there before
+ * (or kill the process, as they would have).
+ *
  * Built by setup.py (optional extension): needs a C compiler, the Python
  * headers and libssl-dev.
  */
@@ -21,8 +28,34 @@
 #include <Python.h>
 #include <openssl/evp.h>
 #include <openssl/sha.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Set while this thread is inside the hashing loop. */
+static __thread sigjmp_buf *bus_guard;
+static struct sigaction prev_bus;
+
+static void
+on_sigbus(int sig, siginfo_t *info, void *uctx)
+{
+    if (bus_guard != NULL) {
+        siglongjmp(*bus_guard, 1);
+    }
+    /* not a fault of ours: hand it over */
+    if (prev_bus.sa_flags & SA_SIGINFO) {
+        prev_bus.sa_sigaction(sig, info, uctx);
+    } else if (prev_bus.sa_handler != SIG_DFL
+               && prev_bus.sa_handler != SIG_IGN) {
+        prev_bus.sa_handler(sig);
+    } else {
+        /* the faulting access repeats on return, now with the default
+         * action: the process dies as it would have without us */
+        sigaction(SIGBUS, &prev_bus, NULL);
+    }
+}
 
 static int
 block_is_zero(const unsigned char *p, size_t len)
@@ -44,6 +77,52 @@ block_is_zero(const unsigned char *p, size_t len)
     return 1;
 }
 
+/* The loop, with the GIL released. Returns 0 if OpenSSL failed; sets
+ * *faulted when the data could not be read (SIGBUS). */
+static int
+hash_loop(const EVP_MD *md, int sha256, EVP_MD_CTX *ctx,
+          const unsigned char *data, unsigned char *out, Py_ssize_t n,
+          Py_ssize_t block_size, int dsize, Py_ssize_t *nonzero,
+          int *faulted)
+{
+    sigjmp_buf env;
+    volatile Py_ssize_t i;
+    volatile Py_ssize_t count = 0;
+    volatile int ok = 1;
+
+    if (sigsetjmp(env, 1) != 0) {
+        bus_guard = NULL;
+        *faulted = 1;
+        *nonzero = count;
+        return 1;
+    }
+    bus_guard = &env;
+    for (i = 0; i < n && ok; i++) {
+        const unsigned char *blk = data + i * block_size;
+        unsigned char *row = out + i * dsize;
+
+        if (block_is_zero(blk, (size_t)block_size)) {
+            memset(row, 0, (size_t)dsize);
+            continue;
+        }
+        if (sha256) {
+            /* the same code EVP runs, without its per-call dispatch */
+            SHA256_CTX c;
+
+            ok = SHA256_Init(&c) && SHA256_Update(&c, blk, block_size)
+                 && SHA256_Final(row, &c);
+        } else {
+            ok = EVP_DigestInit_ex2(ctx, md, NULL)
+                 && EVP_DigestUpdate(ctx, blk, (size_t)block_size)
+                 && EVP_DigestFinal_ex(ctx, row, NULL);
+        }
+        count++;
+    }
+    bus_guard = NULL;
+    *nonzero = count;
+    return ok;
+}
+
 PyDoc_STRVAR(hash_blocks_doc,
 "hash_blocks(algorithm, block_size, data, out) -> int\n\n"
 "Hash each block_size block of data (a multiple of block_size bytes)\n"
@@ -59,8 +138,8 @@ hash_blocks(PyObject *self, PyObject *args)
     Py_buffer data, out;
     const EVP_MD *md;
     EVP_MD_CTX *ctx;
-    Py_ssize_t n, i, nonzero = 0;
-    int dsize, sha256, ok = 1;
+    Py_ssize_t n, nonzero = 0;
+    int dsize, sha256, ok, faulted = 0;
 
     if (!PyArg_ParseTuple(args, "sny*w*", &algorithm, &block_size, &data,
                           &out)) {
@@ -89,30 +168,22 @@ hash_blocks(PyObject *self, PyObject *args)
         goto fail;
     }
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < n && ok; i++) {
-        const unsigned char *blk = (const unsigned char *)data.buf
-                                   + i * block_size;
-        unsigned char *row = (unsigned char *)out.buf + i * dsize;
-
-        if (block_is_zero(blk, (size_t)block_size)) {
-            memset(row, 0, (size_t)dsize);
-            continue;
-        }
-        if (sha256) {
-            /* the same code EVP runs, without its per-call dispatch */
-            SHA256_CTX c;
-
-            ok = SHA256_Init(&c) && SHA256_Update(&c, blk, block_size)
-                 && SHA256_Final(row, &c);
-        } else {
-            ok = EVP_DigestInit_ex2(ctx, md, NULL)
-                 && EVP_DigestUpdate(ctx, blk, (size_t)block_size)
-                 && EVP_DigestFinal_ex(ctx, row, NULL);
-        }
-        nonzero++;
-    }
+    ok = hash_loop(md, sha256, ctx, (const unsigned char *)data.buf,
+                   (unsigned char *)out.buf, n, block_size, dsize,
+                   &nonzero, &faulted);
     Py_END_ALLOW_THREADS
     EVP_MD_CTX_free(ctx);
+    if (faulted) {
+        PyObject *exc_args = Py_BuildValue(
+            "(is)", EFAULT, "the data vanished while it was read "
+            "(a mapped file was truncated)");
+
+        if (exc_args != NULL) {
+            PyErr_SetObject(PyExc_OSError, exc_args);
+            Py_DECREF(exc_args);
+        }
+        goto fail;
+    }
     if (!ok) {
         PyErr_SetString(PyExc_RuntimeError, "OpenSSL digest failed");
         goto fail;
@@ -140,5 +211,15 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__blockhash(void)
 {
+    struct sigaction sa;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &prev_bus) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return NULL;
+    }
     return PyModule_Create(&module);
 }
