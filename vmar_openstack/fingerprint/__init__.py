@@ -316,7 +316,7 @@ def _hash_read(fd, start, end, block_size, algorithm, flat):
 def _warn_no_native():
     LOG.warning('the native block hasher is not built (no C compiler, '
                 'Python headers or libssl-dev when vmar-openstack was '
-                'installed); hashing with hashlib, about 25 %% slower')
+                'installed); hashing with hashlib, at about half the speed')
 
 
 def _identity(st):
