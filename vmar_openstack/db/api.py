@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from vmar_openstack.db import bulk
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack import fingerprint
 
 DIGEST_CHUNK_BYTES = 4 << 20
 VISIBILITIES = ('public', 'private', 'shared', 'community')
@@ -32,33 +33,6 @@ def space_key(algorithm, block_size):
     tag = ('%s/%d' % (algorithm, block_size)).encode()
     return int.from_bytes(hashlib.sha256(tag).digest()[:8], 'little',
                           signed=True)
-
-
-def words(digests):
-    """A digest array as 64-bit words per row, when its size allows.
-
-    Row tests then touch 8 times fewer items than on the uint8 array.
-    """
-    d = np.ascontiguousarray(digests)
-    if d.ndim == 2 and d.shape[1] % 8 == 0:
-        return d.view('<u8')
-    return d
-
-
-def take_rows(digests, idx):
-    """``digests[idx]`` for a digest array.
-
-    Gathered as 64-bit words: six times faster for a million scattered rows.
-    """
-    w = words(digests)
-    if w is digests or w.dtype == np.uint8:
-        return digests[idx]
-    return np.take(w, idx, axis=0).view(np.uint8)
-
-
-def rows_equal(a, b):
-    """Row-wise equality of two digest arrays of the same shape."""
-    return (words(a) == words(b)).all(axis=1)
 
 
 def block_keys(digests, skey):
@@ -122,7 +96,7 @@ def unique_first(values):
 
 def shareable_mask(digests, virtual_size, block_size):
     """Blocks that can be shared: non-zero, and not a partial last block."""
-    mask = words(digests).any(axis=1)
+    mask = fingerprint.words(digests).any(axis=1)
     if virtual_size % block_size and len(mask):
         mask[-1] = False
     return mask

@@ -19,6 +19,7 @@ import numpy as np
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
 from vmar_openstack.db.session import dialect as bulk_dialect
+from vmar_openstack import fingerprint
 from vmar_openstack.fingerprint import DIGEST_SIZES
 from vmar_openstack import mapformat
 
@@ -65,9 +66,9 @@ class FirstOccurrence:
             same_key = self.keys[p] == qkeys[pending]
             pending, p = pending[same_key], p[same_key]
             cand = self.blocks[p]
-            equal = db_api.rows_equal(
-                db_api.take_rows(self.digests, cand),
-                db_api.take_rows(qdigests, pending))
+            equal = fingerprint.rows_equal(
+                fingerprint.take_rows(self.digests, cand),
+                fingerprint.take_rows(qdigests, pending))
             found[pending[equal]] = True
             blocks[pending[equal]] = cand[equal]
             # a key collision: look at the next entry with the same key
@@ -179,7 +180,7 @@ class Resolver:
         # Resolve each distinct key through the digest of its first block:
         # round r tries each pending key's r-th candidate, one batch per
         # candidate image, so the work is per image, not per cluster.
-        udig = db_api.take_rows(digests, blocks[first_idx])
+        udig = fingerprint.take_rows(digests, blocks[first_idx])
         u_tseq = np.full(len(ukeys), -1, dtype=np.int64)
         u_tblk = np.zeros(len(ukeys), dtype=np.int64)
         table = self._candidate_table(image, imgs, db_api.unique(ucluster))
@@ -198,7 +199,7 @@ class Resolver:
                     u_tblk[sel] = blocks[first_idx[sel]]
                     continue
                 found, blk = self.first(imgs[t]).find(
-                    db_api.take_rows(udig, sel))
+                    fingerprint.take_rows(udig, sel))
                 u_tseq[sel[found]] = t
                 u_tblk[sel[found]] = blk[found]
             pending = pending[u_tseq[pending] < 0]
@@ -217,9 +218,9 @@ class Resolver:
         # key collision) are resolved on their own full digest.
         same = np.ones(len(blocks), dtype=bool)
         later = np.flatnonzero(first_idx[inverse] != np.arange(len(blocks)))
-        same[later] = db_api.rows_equal(
-            db_api.take_rows(digests, blocks[later]),
-            db_api.take_rows(udig, inverse[later]))
+        same[later] = fingerprint.rows_equal(
+            fingerprint.take_rows(digests, blocks[later]),
+            fingerprint.take_rows(udig, inverse[later]))
         for i in np.flatnonzero(~same).tolist():
             one = np.array([0])
             ts, tb = np.full(1, -1, np.int64), np.zeros(1, np.int64)
