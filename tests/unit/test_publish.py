@@ -141,10 +141,10 @@ class TestPublish(base.LibraryTestCase):
                     raise fails.pop()
                 return real(**kw)
             self.glance.images.create = flaky
-            self.lib.add(image_id, self.path, owner='p',
-                         visibility='public',
-                         on_map_written=lambda i, v, _p, sha: pub.precreate(
-                             i, v, sha))
+            with pub.creating_ahead() as on_map_written:
+                self.lib.add(image_id, self.path, owner='p',
+                             visibility='public',
+                             on_map_written=on_map_written)
             self.assertEqual(1, pub.current(image_id))
             self.glance.images.create = real
             mid = gsource.map_image_id(image_id, 1)

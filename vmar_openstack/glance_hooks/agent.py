@@ -117,28 +117,21 @@ class Handler:
         return None
 
     def _add(self, image_id, meta, path, name):
-        precreated = []
-
-        def on_map_written(iid, version, map_file, sha):
-            # the map image is created while the library commits
-            self.publisher.precreate(iid, version, sha)
-            precreated.append(version)
         try:
-            out = self.library.add(
-                image_id, path, disk_format=meta.get('disk_format') or 'raw',
-                owner=meta.get('owner'),
-                visibility=meta.get('visibility', 'private'),
-                expected_size=meta.get('size'), keep_base=False,
-                on_map_written=on_map_written)
-        except BaseException as e:
-            for version in precreated:
-                self.publisher.discard(image_id, version)
-            if isinstance(e, ingest.ImageExists):
-                return                 # another agent, or the plugin
-            if isinstance(e, (fingerprint.ImageRejected, ValueError)):
-                raise Permanent('image %s rejected by mapgen: %s'
-                                % (image_id, str(e).replace(path, name)))
-            raise
+            # the map image is created while the library commits
+            with self.publisher.creating_ahead() as on_map_written:
+                out = self.library.add(
+                    image_id, path,
+                    disk_format=meta.get('disk_format') or 'raw',
+                    owner=meta.get('owner'),
+                    visibility=meta.get('visibility', 'private'),
+                    expected_size=meta.get('size'), keep_base=False,
+                    on_map_written=on_map_written)
+        except ingest.ImageExists:
+            return                     # another agent, or the plugin
+        except (fingerprint.ImageRejected, ValueError) as e:
+            raise Permanent('image %s rejected by mapgen: %s'
+                            % (image_id, str(e).replace(path, name)))
         LOG.info('ingested %s: map v%d, %.1f %% shared', image_id,
                  out.map_version, 100 * out.shared_fraction)
         self._publish_regenerated(out.regenerated)

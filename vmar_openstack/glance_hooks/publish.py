@@ -15,6 +15,7 @@ with other content publishes a new version instead.
 """
 
 import concurrent.futures
+import contextlib
 import hashlib
 import io
 import os
@@ -51,12 +52,31 @@ class Publisher:
         self._created = {}              # map image id -> Future of create
         self._created_lock = threading.Lock()
 
+    @contextlib.contextmanager
+    def creating_ahead(self):
+        """Yield an ``on_map_written`` callback for ``Library.add``.
+
+        Each map version written gets its map image created while the
+        library commits (:meth:`precreate`); if the block raises, those
+        records are deleted again (:meth:`discard`).
+        """
+        made = []
+
+        def on_map_written(image_id, version, _path, sha):
+            self.precreate(image_id, version, sha)
+            made.append((image_id, version))
+        try:
+            yield on_map_written
+        except BaseException:
+            for image_id, version in made:
+                self.discard(image_id, version)
+            raise
+
     def precreate(self, image_id, version, sha):
         """Start creating the map image of a version not yet committed.
 
-        Called from ``Library.add(on_map_written=...)``. :meth:`publish`
-        then uses the record; :meth:`discard` removes it if the version
-        does not commit.
+        :meth:`publish` then uses the record; :meth:`discard` removes it if
+        the version does not commit.
         """
         mid = gsource.map_image_id(image_id, version)
         fut = self._pool.submit(self._get_or_create, mid, image_id, version,

@@ -302,7 +302,7 @@ class Resolver:
 
     def _extents(self, image, imgs, tseq, tblk):
         mapped = np.flatnonzero(tseq >= 0)
-        target_seqs = sorted(set(db_api.unique(tseq[mapped]).tolist()))
+        target_seqs = db_api.unique(tseq[mapped]).tolist()
         targets = [mapformat.Target(imgs[s].image_id, imgs[s].virtual_size,
                                     s == image.seq) for s in target_seqs]
         if not len(mapped):
