@@ -13,7 +13,8 @@ Prints, each as a ratio against a baseline measured in the same run:
    10th, at equal image size. Goal <= 1.2.
 
 Usage: bench_ingest.py [--size-gib 4] [--scale-images 200]
-       [--scale-mib 32] [--workdir DIR] [--json OUT]
+       [--scale-mib 64] [--scale-model files|blocks ...] [--skip-scale]
+       [--skip-ingest] [--workdir DIR] [--json OUT]
 """
 
 import argparse
@@ -30,9 +31,11 @@ import uuid
 
 import numpy as np
 from oslo_config import cfg
+import sqlalchemy as sa
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import migration
+from vmar_openstack.db import session as db_session
 from vmar_openstack import fingerprint
 from vmar_openstack import ingest
 
@@ -126,27 +129,61 @@ def bench_hash_and_ingest(workdir, size_gib, layout):
             'shared_fraction': out.shared_fraction}
 
 
-def bench_scale(workdir, n_images, mib):
+def _files(rnd, n_blocks, mean_len=8):
+    """Split ``n_blocks`` into "files": (start, length) runs of blocks."""
+    lengths = rnd.geometric(1.0 / mean_len, size=n_blocks)
+    ends = np.cumsum(lengths)
+    ends = ends[ends < n_blocks]
+    starts = np.concatenate([[0], ends])
+    return starts, np.diff(np.append(starts, n_blocks))
+
+
+def _base_changes(rnd, base, model, files, hot):
+    """Base blocks image ``i`` replaces with content of its own.
+
+    ``blocks``: 2 % of the base blocks, uniformly at random (each image cuts
+    the shared base at its own random places: by the 200th image nearly
+    every base block is in a cluster of its own). ``files``: whole files,
+    as when an image rewrites its own /etc, package database and caches:
+    each of ``hot`` files (configuration and state files most images
+    rewrite) with probability 1/2, plus 4 files chosen uniformly; about 2 %
+    of the base too.
+    """
+    if model == 'blocks':
+        return rnd.integers(0, base, size=base // 50)
+    starts, lengths = files
+    chosen = list(hot[rnd.random(len(hot)) < 0.5])
+    chosen += list(rnd.choice(len(starts), size=4, replace=False))
+    return np.concatenate([np.arange(starts[f], starts[f] + lengths[f])
+                           for f in chosen])
+
+
+def bench_scale(workdir, n_images, mib, model='files'):
     """A synthetic library shaped like a distribution's images.
 
     Every image is a "base system" (the first 40 % of a shared pool, with
-    a few changes of its own), then a selection of "packages": contiguous
-    runs taken from a shared pool of package files, then its own data, then
-    free space (zero blocks). Images differ in which packages they hold.
+    about 2 % of it replaced by content of its own, see
+    :func:`_base_changes`), then a selection of "packages": contiguous runs
+    taken from a shared pool of package files, then its own data, then free
+    space (zero blocks). Images differ in which packages they hold.
+    Returns the add times and the clusters in the library at the end.
     """
-    state = os.path.join(workdir, 'scale-state')
+    state = os.path.join(workdir, 'scale-state-' + model)
     conf = make_conf(state)
     lib = ingest.Library(conf)
     n = mib * (1 << 20) // BS
     rnd = np.random.default_rng(42)
     base = int(n * 0.4)
+    files = _files(rnd, base)
+    hot = rnd.choice(len(files[0]), size=24, replace=False)
     pkg_len = max(1, n // 64)
     n_pkgs = 200                      # package pool
     times = []
     path = os.path.join(workdir, 'scale.raw')
     for i in range(n_images):
         parts = [np.arange(1, base + 1)]
-        parts[0][rnd.integers(0, base, size=base // 50)] += 10 ** 10 + i
+        parts[0][_base_changes(rnd, base, model, files, hot)] += (
+            10 ** 10 + i)
         chosen = rnd.choice(n_pkgs, size=int(n * 0.3) // pkg_len,
                             replace=False)
         for p in chosen:
@@ -163,10 +200,14 @@ def bench_scale(workdir, n_images, mib):
                 visibility='public' if i % 3 else 'private',
                 owner='p%d' % (i % 5))
         times.append(time.perf_counter() - t)
+    with db_session.reader(conf) as s:
+        clusters = s.execute(sa.text(
+            'SELECT COUNT(*) FROM vmar_clusters')).scalar()
     w = 5
     t10 = statistics.median(times[9 - w // 2:9 + w // 2 + 1])
     tlast = statistics.median(times[-w:])
-    return {'images': n_images, 'image_mib': mib,
+    return {'model': model, 'images': n_images, 'image_mib': mib,
+            'clusters': clusters,
             'add_10th_s': times[9], 'add_last_s': times[-1],
             'median_around_10th_s': t10, 'median_last5_s': tlast,
             'ratio_single': times[-1] / times[9],
@@ -180,7 +221,13 @@ def main():
     p.add_argument('--scale-mib', type=int, default=64)
     p.add_argument('--workdir')
     p.add_argument('--json')
-    p.add_argument('--skip-scale', action='store_true')
+    p.add_argument('--skip-scale', dest='scale_model', action='store_const',
+                   const=[])
+    p.add_argument('--skip-ingest', action='store_true')
+    p.add_argument('--scale-model', action='append',
+                   choices=('files', 'blocks'),
+                   help='how images change the shared base (see '
+                   '_base_changes); repeat for both (default: both)')
     args = p.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix='vmar-bench-')
     os.makedirs(workdir, exist_ok=True)
@@ -189,7 +236,10 @@ def main():
         res = {'openssl_sha256_4k_single_core_mb_s': ossl,
                'cpus': os.cpu_count()}
         print('openssl sha256 4 KiB, one core : %8.0f MB/s' % ossl)
-        for layout in ('interleaved', 'appended'):
+        if args.scale_model is None:
+            args.scale_model = ['files', 'blocks']
+        for layout in (() if args.skip_ingest else
+                       ('interleaved', 'appended')):
             r = bench_hash_and_ingest(workdir, args.size_gib, layout)
             r['hash_ratio'] = r['hash_mb_s'] / (2 * ossl)
             r['ingest_ratio'] = r['ingest_mb_s'] / r['hash_mb_s']
@@ -201,14 +251,16 @@ def main():
                   'hashing = %.2f (goal >= 0.50); %.0f%% shared'
                   % (args.size_gib, layout, r['ingest_mb_s'],
                      r['ingest_ratio'], 100 * r['shared_fraction']))
-        if not args.skip_scale:
-            sc = bench_scale(workdir, args.scale_images, args.scale_mib)
-            res['scale'] = sc
-            print('scale, %d images of %d MiB   : add #10 %.3f s, add #%d '
-                  '%.3f s, ratio %.2f (median of 5: %.2f) (goal <= 1.20)'
-                  % (sc['images'], sc['image_mib'], sc['add_10th_s'],
-                     sc['images'], sc['add_last_s'], sc['ratio_single'],
-                     sc['ratio_median']))
+        for model in args.scale_model:
+            sc = bench_scale(workdir, args.scale_images, args.scale_mib,
+                             model)
+            res['scale-' + model] = sc
+            print('scale (%s), %d x %d MiB, %d clusters: add #10 %.3f s, '
+                  'add #%d %.3f s, ratio %.2f (median of 5: %.2f) '
+                  '(goal <= 1.20)'
+                  % (model, sc['images'], sc['image_mib'], sc['clusters'],
+                     sc['add_10th_s'], sc['images'], sc['add_last_s'],
+                     sc['ratio_single'], sc['ratio_median']))
         if args.json:
             with open(args.json, 'w') as f:
                 json.dump(res, f, indent=2)

@@ -177,44 +177,154 @@ def clusters_of_image(session, seq):
         .where(models.ClusterMember.seq == seq)).scalars().all()
 
 
-def _get_or_create_cluster(session, members):
-    h = members_hash(members)
+def _singleton_cluster(session, seq, public):
+    """The cluster whose only member is image ``seq``, created if need be."""
+    h = members_hash([seq])
     cid = session.execute(sa.select(models.Cluster.id).where(
         models.Cluster.members_hash == h)).scalar()
     if cid is not None:
         return cid
-    cluster = models.Cluster(members_hash=h, n_images=len(members),
-                             n_fingerprints=0)
+    cluster = models.Cluster(members_hash=h, n_images=1, n_fingerprints=0,
+                             min_seq=seq,
+                             min_public_seq=seq if public else None)
     session.add(cluster)
     session.flush()
-    session.execute(sa.insert(models.ClusterMember), [
-        {'cluster_id': cluster.id, 'seq': m} for m in sorted(members)])
+    session.execute(sa.insert(models.ClusterMember),
+                    [{'cluster_id': cluster.id, 'seq': seq}])
     return cluster.id
 
 
-def _adjust_count(session, cid, delta):
-    session.execute(sa.update(models.Cluster)
-                    .where(models.Cluster.id == cid)
-                    .values(n_fingerprints=models.Cluster.n_fingerprints
-                            + int(delta)))
+def refresh_smallest(session, cluster_ids):
+    """Recompute ``min_seq`` and ``min_public_seq`` of clusters.
 
-
-def _merge_into(session, dialect, src, src_keys, dst):
-    """Move every fingerprint of cluster ``src`` into ``dst``; drop ``src``.
-
-    ``src_keys`` are all the keys of ``src``; ``dst`` already has the member
-    set ``src`` changes to. Returns ``dst``.
+    After a member left them, or a member's visibility changed.
     """
-    bulk.move(session, dialect, src_keys, dst)
-    _adjust_count(session, dst, len(src_keys))
-    session.execute(sa.delete(models.ClusterMember).where(
-        models.ClusterMember.cluster_id == src))
-    session.execute(sa.delete(models.Cluster).where(
-        models.Cluster.id == src))
-    return dst
+    ids = [int(c) for c in cluster_ids]
+    for i in range(0, len(ids), 500):
+        session.execute(sa.text(
+            "UPDATE vmar_clusters SET min_seq = (SELECT MIN(m.seq) FROM "
+            "vmar_cluster_members m WHERE m.cluster_id = vmar_clusters.id), "
+            "min_public_seq = (SELECT MIN(m.seq) FROM vmar_cluster_members m "
+            "JOIN vmar_images i ON i.seq = m.seq WHERE m.cluster_id = "
+            "vmar_clusters.id AND i.visibility = 'public') WHERE id IN (%s)"
+            % ','.join(str(c) for c in ids[i:i + 500])))
 
 
-def _regroup(session, dialect, keys, clusters, seq, adding):
+def _adjust_counts(session, deltas):
+    """Add ``deltas[cid]`` to each cluster's fingerprint count."""
+    if deltas:
+        session.execute(sa.text(
+            'UPDATE vmar_clusters SET n_fingerprints = n_fingerprints + :d '
+            'WHERE id = :cid'),
+            [{'cid': int(c), 'd': int(d)} for c, d in deltas.items()])
+
+
+def _drop_clusters(session, ids):
+    for i in range(0, len(ids), 500):
+        part = [int(c) for c in ids[i:i + 500]]
+        session.execute(sa.delete(models.ClusterMember).where(
+            models.ClusterMember.cluster_id.in_(part)))
+        session.execute(sa.delete(models.Cluster).where(
+            models.Cluster.id.in_(part)))
+
+
+def _ids_by_hash(session, hashes):
+    out = {}
+    hashes = list(hashes)
+    for i in range(0, len(hashes), 500):
+        for cid, h in session.execute(
+                sa.select(models.Cluster.id, models.Cluster.members_hash)
+                .where(models.Cluster.members_hash.in_(hashes[i:i + 500]))):
+            out[h] = cid
+    return out
+
+
+def _cluster_info(session, ids):
+    """Cluster rows by id, as tuples of the columns after the id."""
+    info = {}
+    for i in range(0, len(ids), 500):
+        for row in session.execute(
+                sa.select(models.Cluster.id, models.Cluster.members_hash,
+                          models.Cluster.n_images,
+                          models.Cluster.n_fingerprints,
+                          models.Cluster.min_seq,
+                          models.Cluster.min_public_seq)
+                .where(models.Cluster.id.in_([int(x) for x in
+                                              ids[i:i + 500]]))):
+            info[row[0]] = tuple(row[1:])
+    return info
+
+
+def _smaller(a, b):
+    """min() where None means "none"."""
+    if a is None or b is None:
+        return b if a is None else a
+    return min(a, b)
+
+
+def _split_off(session, dialect, splits, info, keys, seq, public):
+    """Move each split cluster's keys in the image to old members + seq.
+
+    ``splits`` is a list of (cluster id, key index array). The clusters
+    for the new member sets are found or created together, a few
+    statements for all of them. Returns old cluster id -> new cluster id.
+    """
+    want = {cid: _toggle(info[cid][0], seq) for cid, _grp in splits}
+    found = _ids_by_hash(session, want.values())
+    create = [cid for cid, _grp in splits if want[cid] not in found]
+    if create:
+        session.execute(sa.insert(models.Cluster), [
+            {'members_hash': want[c], 'n_images': info[c][1] + 1,
+             'n_fingerprints': 0, 'min_seq': min(info[c][3], seq),
+             'min_public_seq': _smaller(info[c][4], seq if public else None)}
+            for c in create])
+        found.update(_ids_by_hash(session, [want[c] for c in create]))
+        session.execute(sa.text(
+            'INSERT INTO vmar_cluster_members (cluster_id, seq) '
+            'SELECT :new, seq FROM vmar_cluster_members '
+            'WHERE cluster_id = :old'),
+            [{'new': found[want[c]], 'old': c} for c in create])
+        session.execute(sa.insert(models.ClusterMember), [
+            {'cluster_id': found[want[c]], 'seq': seq} for c in create])
+    dest, deltas = {}, {}
+    for cid, grp in splits:
+        new = found[want[cid]]
+        bulk.move(session, dialect, keys[grp], new)
+        deltas[new] = deltas.get(new, 0) + len(grp)
+        deltas[cid] = deltas.get(cid, 0) - len(grp)
+        dest[cid] = new
+    _adjust_counts(session, deltas)
+    return dest
+
+
+def _relabel(session, cids, new_hash, seq, adding, public):
+    """Add ``seq`` to, or remove it from, whole clusters: no key moves."""
+    if adding:
+        session.execute(sa.insert(models.ClusterMember), [
+            {'cluster_id': cid, 'seq': seq} for cid in cids])
+    else:
+        for i in range(0, len(cids), 500):
+            session.execute(sa.delete(models.ClusterMember).where(
+                models.ClusterMember.seq == seq,
+                models.ClusterMember.cluster_id.in_(cids[i:i + 500])))
+    sql = ('UPDATE vmar_clusters SET members_hash = :h, '
+           'n_images = n_images + :step')
+    if adding:
+        sql += (', min_seq = CASE WHEN :seq < min_seq THEN :seq '
+                'ELSE min_seq END')
+        if public:
+            sql += (', min_public_seq = CASE WHEN min_public_seq IS NULL '
+                    'OR :seq < min_public_seq THEN :seq '
+                    'ELSE min_public_seq END')
+    session.execute(
+        sa.text(sql + ' WHERE id = :cid'),
+        [{'cid': cid, 'h': new_hash[cid], 'step': 1 if adding else -1,
+          'seq': seq} for cid in cids])
+    if not adding:
+        refresh_smallest(session, cids)
+
+
+def _regroup(session, dialect, keys, clusters, seq, adding, public=False):
     """Add image ``seq`` to, or remove it from, the clusters of ``keys``.
 
     ``keys`` are the image's keys found in the table and ``clusters`` their
@@ -225,103 +335,65 @@ def _regroup(session, dialect, keys, clusters, seq, adding):
     and only those keys move. Returns ``(keys, cluster ids)`` of the kept
     keys after the change.
     """
-    ids = unique(clusters)
-    info = {}
-    for i in range(0, len(ids), 500):
-        for cid, h, n_img, n_fp in session.execute(
-                sa.select(models.Cluster.id, models.Cluster.members_hash,
-                          models.Cluster.n_images,
-                          models.Cluster.n_fingerprints)
-                .where(models.Cluster.id.in_([int(x) for x in
-                                              ids[i:i + 500]]))):
-            info[cid] = (h, n_img, n_fp)
     order = stable_order(clusters)
     keys, clusters = keys[order], clusters[order]
-    bounds = np.flatnonzero(np.diff(clusters)) + 1
-    whole, split, groups = [], [], {}
-    for grp_keys in np.split(np.arange(len(keys)), bounds):
-        if not len(grp_keys):
-            continue
-        cid = int(clusters[grp_keys[0]])
-        groups[cid] = grp_keys
-        if len(grp_keys) == info[cid][2]:
+    starts = np.flatnonzero(np.diff(clusters)) + 1
+    starts = np.concatenate([np.zeros(min(1, len(keys)), np.int64), starts])
+    ends = np.append(starts[1:], len(keys))
+    ids = clusters[starts].tolist()
+    info = _cluster_info(session, ids)
+    counts = (ends - starts).tolist()
+    whole, split = [], []
+    for cid, start, count in zip(ids, starts.tolist(), counts):
+        if count == info[cid][2]:
             whole.append(cid)
         else:
-            split.append((cid, grp_keys))
+            split.append((cid, np.arange(start, start + count)))
     if not adding and split:
         raise RuntimeError('image %d holds only part of a cluster; run '
                            'vmar-manage check' % seq)
+    span = dict(zip(ids, zip(starts.tolist(), ends.tolist())))
     dest = {}
     # whole clusters: new member set = old toggled by seq
     new_hash = {cid: _toggle(info[cid][0], seq) for cid in whole}
-    existing = {}
-    hashes = list(new_hash.values())
-    for i in range(0, len(hashes), 500):
-        for cid, h in session.execute(
-                sa.select(models.Cluster.id, models.Cluster.members_hash)
-                .where(models.Cluster.members_hash.in_(hashes[i:i + 500]))):
-            existing[h] = cid
-    relabel = []
+    existing = _ids_by_hash(session, new_hash.values())
+    relabel, emptied = [], []
     for cid in whole:
         if not adding and info[cid][1] == 1:
-            # the image was the cluster's only member
-            bulk.delete(session, dialect, keys[groups[cid]])
-            session.execute(sa.delete(models.ClusterMember).where(
-                models.ClusterMember.cluster_id == cid))
-            session.execute(sa.delete(models.Cluster).where(
-                models.Cluster.id == cid))
+            emptied.append(cid)   # the image was the cluster's only member
         elif new_hash[cid] in existing:
-            dest[cid] = _merge_into(session, dialect, cid,
-                                    keys[groups[cid]],
-                                    existing[new_hash[cid]])
+            # the new member set has a cluster already: move the keys there
+            dst = existing[new_hash[cid]]
+            lo, hi = span[cid]
+            bulk.move(session, dialect, keys[lo:hi], dst)
+            _adjust_counts(session, {dst: hi - lo})
+            _drop_clusters(session, [cid])
+            dest[cid] = dst
         else:
             relabel.append(cid)
             dest[cid] = cid
+    if emptied:
+        bulk.delete(session, dialect, np.concatenate(
+            [keys[span[c][0]:span[c][1]] for c in emptied]))
+        _drop_clusters(session, emptied)
     if relabel:
-        if adding:
-            session.execute(sa.insert(models.ClusterMember), [
-                {'cluster_id': cid, 'seq': seq} for cid in relabel])
-        else:
-            for i in range(0, len(relabel), 500):
-                session.execute(sa.delete(models.ClusterMember).where(
-                    models.ClusterMember.seq == seq,
-                    models.ClusterMember.cluster_id.in_(relabel[i:i + 500])))
-        step = 1 if adding else -1
-        session.execute(
-            sa.text('UPDATE vmar_clusters SET members_hash = :h, '
-                    'n_images = n_images + :step WHERE id = :cid'),
-            [{'cid': cid, 'h': new_hash[cid], 'step': step}
-             for cid in relabel])
-    # split clusters (adding only): the image's part moves to old + {seq}
-    for cid, grp in split:
-        h = _toggle(info[cid][0], seq)
-        new = session.execute(sa.select(models.Cluster.id).where(
-            models.Cluster.members_hash == h)).scalar()
-        if new is None:
-            cluster = models.Cluster(members_hash=h,
-                                     n_images=info[cid][1] + 1,
-                                     n_fingerprints=0)
-            session.add(cluster)
-            session.flush()
-            new = cluster.id
-            session.execute(sa.text(
-                'INSERT INTO vmar_cluster_members (cluster_id, seq) '
-                'SELECT :new, seq FROM vmar_cluster_members '
-                'WHERE cluster_id = :old'), {'new': new, 'old': cid})
-            session.execute(sa.insert(models.ClusterMember),
-                            [{'cluster_id': new, 'seq': seq}])
-        bulk.move(session, dialect, keys[grp], new)
-        _adjust_count(session, new, len(grp))
-        _adjust_count(session, cid, -len(grp))
-        dest[cid] = new
-    out_k = [np.empty(0, np.int64)] + [keys[groups[c]] for c in dest]
-    out_c = [np.empty(0, np.int64)] + [np.full(len(groups[c]), d, np.int64)
-                                       for c, d in dest.items()]
+        _relabel(session, relabel, new_hash, seq, adding, public)
+    if split:
+        dest.update(_split_off(session, dialect, split, info, keys, seq,
+                               public))
+    out_k = [np.empty(0, np.int64)] + [keys[span[c][0]:span[c][1]]
+                                       for c in dest]
+    out_c = [np.empty(0, np.int64)] + [
+        np.full(span[c][1] - span[c][0], d, np.int64)
+        for c, d in dest.items()]
     return np.concatenate(out_k), np.concatenate(out_c)
 
 
-def add_keys(session, seq, keys):
+def add_keys(session, seq, keys, public):
     """Add image ``seq`` as a member for every key in ``keys`` (distinct).
+
+    ``public``: whether the image is public (clusters keep their smallest
+    public member).
 
     Returns the image's ``(keys, cluster ids)`` afterwards, sorted by key,
     so that map generation need not read them back.
@@ -330,14 +402,15 @@ def add_keys(session, seq, keys):
     found_k, found_c = bulk.lookup(session, dialect, keys)
     out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     if len(found_k):
-        k, c = _regroup(session, dialect, found_k, found_c, seq, True)
+        k, c = _regroup(session, dialect, found_k, found_c, seq, True,
+                        public)
         out_k.append(k)
         out_c.append(c)
     new = np.setdiff1d(keys, found_k, assume_unique=True)
     if len(new):
-        cid = _get_or_create_cluster(session, frozenset([seq]))
+        cid = _singleton_cluster(session, seq, public)
         bulk.insert(session, dialect, new, cid)
-        _adjust_count(session, cid, len(new))
+        _adjust_counts(session, {cid: len(new)})
         out_k.append(new)
         out_c.append(np.full(len(new), cid, dtype=np.int64))
     k, c = np.concatenate(out_k), np.concatenate(out_c)

@@ -8,8 +8,11 @@
   naming the cluster it belongs to.
 * ``vmar_clusters`` and ``vmar_cluster_members``: a cluster is a set of images;
   it holds the fingerprints found in exactly those images (paper Fig. 4-5).
+  The cluster row keeps its smallest member and its smallest public member,
+  so that map generation rarely reads member lists.
 * ``vmar_maps``: every map version written, with its checksum.
-* ``vmar_locks``: the row that serialises library mutations.
+* ``vmar_locks``: the row that serialises library mutations, with a count
+  of the mutations committed so far.
 """
 
 import datetime
@@ -80,6 +83,10 @@ class Cluster(Base):
     members_hash = sa.Column(sa.String(64), nullable=False, unique=True)
     n_images = sa.Column(sa.Integer, nullable=False)
     n_fingerprints = sa.Column(sa.BigInteger, nullable=False)
+    # the smallest member, and the smallest public member (NULL: none):
+    # map generation finds canonical targets from them (mapgen)
+    min_seq = sa.Column(sa.BigInteger, nullable=False)
+    min_public_seq = sa.Column(sa.BigInteger)
 
 
 class ClusterMember(Base):
@@ -122,3 +129,5 @@ class Lock(Base):
     __tablename__ = 'vmar_locks'
 
     name = sa.Column(sa.String(64), primary_key=True)
+    # committed library mutations (see session.locked_writer)
+    generation = sa.Column(sa.BigInteger, nullable=False, default=0)

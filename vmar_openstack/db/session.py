@@ -86,12 +86,35 @@ def reader(conf_obj=None):
 
 @contextlib.contextmanager
 def locked_writer(conf_obj=None):
-    """One transaction holding the library lock; commits on success."""
+    """One transaction holding the library lock; commits on success.
+
+    The transaction counts itself in the lock row's generation; the count
+    it found is in ``session.info['vmar_generation']``.
+    """
     c = conf_obj or conf.CONF
     with orm.Session(get_engine(c)) as s:
         with s.begin():
             _take_lock(s, c.vmar_database.lock_timeout)
+            s.info['vmar_generation'] = generation(s)
+            s.execute(sa.text('UPDATE vmar_locks SET generation = '
+                              'generation + 1 WHERE name = :n'),
+                      {'n': LIBRARY_LOCK})
             yield s
+
+
+def generation(session):
+    """Library mutations committed so far, as this transaction sees it.
+
+    A snapshot that reads the same count as a later locked transaction saw
+    the same library: every mutation commits an increment.
+    """
+    value = session.execute(sa.text(
+        'SELECT generation FROM vmar_locks WHERE name = :n'),
+        {'n': LIBRARY_LOCK}).scalar()
+    if value is None:
+        raise RuntimeError('the vmar_locks row is missing; run '
+                           '"vmar-manage db sync"')
+    return value
 
 
 def _take_lock(session, timeout):

@@ -124,7 +124,8 @@ class Library:
             self._fill_image(img, fps, disk_format)
             db_api.store_digests(s, img.seq, fps.digests)
             db_api.add_keys(s, img.seq, db_api.image_key_set(img,
-                                                             fps.digests))
+                                                             fps.digests),
+                            img.visibility == 'public')
             s.flush()
             affected |= self._affected(s, img)
             return self._regenerate(s, written, img, affected)
@@ -143,6 +144,7 @@ class Library:
             if visibility is not None:
                 img.visibility = visibility
             s.flush()
+            db_api.refresh_smallest(s, db_api.clusters_of_image(s, img.seq))
             affected |= self._affected(s, img)
             return self._regenerate(s, written, img, affected)
 
@@ -254,7 +256,7 @@ class Library:
             s.flush()
             db_api.store_digests(s, img.seq, fps.digests)
             known = db_api.add_keys(s, img.seq, db_api.image_key_set(
-                img, fps.digests))
+                img, fps.digests), img.visibility == 'public')
             s.flush()
             # The new image has the largest sequence id, so it is never the
             # smallest candidate of another image: no other map changes.

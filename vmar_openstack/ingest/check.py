@@ -87,6 +87,16 @@ def check(conf):
                 problems.append('cluster %d members_hash is stale' % cid)
             if c.n_images != len(members[cid]):
                 problems.append('cluster %d n_images is stale' % cid)
+            public = [m for m in members[cid] if m in by_seq
+                      and by_seq[m].visibility == 'public']
+            if members[cid] and c.min_seq != min(members[cid]):
+                problems.append('cluster %d min_seq %d, smallest member %d'
+                                % (cid, c.min_seq, min(members[cid])))
+            if c.min_public_seq != (min(public) if public else None):
+                problems.append('cluster %d min_public_seq %s, smallest '
+                                'public member %s' % (
+                                    cid, c.min_public_seq,
+                                    min(public) if public else None))
         problems.extend(_check_maps(conf, s, images))
         warnings = _orphans(conf, images)
     return problems, warnings

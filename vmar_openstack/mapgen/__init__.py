@@ -78,6 +78,14 @@ class FirstOccurrence:
         return found, blocks
 
 
+def _isin(values, sorted_set):
+    """``np.isin`` for a sorted ``sorted_set``, by binary search."""
+    if not len(sorted_set):
+        return np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[pos] == values
+
+
 @dataclasses.dataclass
 class _Table:
     clusters: np.ndarray
@@ -248,32 +256,65 @@ class Resolver:
         """Candidates of each cluster of ``image``, smallest seq first.
 
         Returns ``clusters`` (sorted ids) and ``seqs``, a matrix with one
-        row per cluster: the members ``image`` may read from, ascending,
-        padded with -1. The first column (the canonical target when the
-        digests match, that is, nearly always) comes from one aggregate
-        query, so that the cost does not grow with the number of members;
-        the full lists are read only for clusters that need them
-        (:meth:`_full_candidates`).
+        row per cluster: the smallest member ``image`` may read from, then
+        ``image`` itself (padded with -1). The full member lists are read
+        only for keys that match neither (:meth:`_full_candidates`).
+
+        The smallest allowed member comes from the cluster row, whose
+        smallest member and smallest public member are kept up to date, so
+        that the cost does not grow with the number of members. Only images
+        that are neither public nor allowed in every scope (other private
+        images of the same owner) are looked up in the member table, and
+        only those whose seq is below the answer so far.
         """
-        allowed = self._allowed(image, imgs)
-        src, col = bulk.source(bulk_dialect(self.session))
-        first_cl, first_seq = bulk.fetch_pairs(
-            self.session,
-            'SELECT m.cluster_id, MIN(m.seq) FROM vmar_cluster_members m '
-            'JOIN vmar_cluster_members x ON x.cluster_id = m.cluster_id '
-            'WHERE x.seq = ? AND m.seq IN (SELECT %s FROM %s) '
-            'GROUP BY m.cluster_id' % (col, src.replace(':keys', '?')),
-            (int(image.seq), bulk.encode(allowed)))
         clusters = np.asarray(clusters, dtype=np.int64)
+        allowed = self._allowed(image, imgs)
+        dialect = bulk_dialect(self.session)
+        cl, low, low_pub = bulk.lookup(
+            self.session, dialect, clusters, 'vmar_clusters', 'id',
+            ('f.min_seq', 'COALESCE(f.min_public_seq, -1)'))
+        pos = np.searchsorted(clusters, cl)
+        if len(cl) != len(clusters) or not np.array_equal(clusters[pos],
+                                                          cl):
+            raise RuntimeError('image %s: some of its clusters are missing; '
+                               'run vmar-manage check' % image.image_id)
+        # the image itself holds every key of its clusters
+        best = np.full(len(clusters), image.seq, np.int64)
+        best[pos] = np.where(_isin(low, allowed), low, best[pos])
+        best[pos] = np.minimum(best[pos], np.where(
+            _isin(low_pub, allowed), low_pub, best[pos]))
+        # a public smallest member this image may not read (another block
+        # size, say): the next public member may qualify; read the lists
+        exact = np.zeros(len(clusters), dtype=bool)
+        exact[pos] = (low_pub >= 0) & ~_isin(low_pub, allowed) & (
+            best[pos] > low_pub)
+        others = np.array(sorted(
+            s for s in allowed.tolist() if s < image.seq
+            and imgs[s].visibility != 'public'), dtype=np.int64)
+        todo = ~exact & (best > (others[0] if len(others) else best))
+        if todo.any():
+            src, col = bulk.source(dialect, 'j')
+            src2, col2 = bulk.source(dialect, 'q')
+            sql = ('SELECT m.cluster_id, MIN(m.seq) FROM '
+                   'vmar_cluster_members m WHERE m.seq IN (SELECT %s FROM %s)'
+                   ' AND m.cluster_id IN (SELECT %s FROM %s) '
+                   'GROUP BY m.cluster_id'
+                   % (col, src.replace(':keys', '?'), col2,
+                      src2.replace(':keys', '?')))
+            for i in range(0, int(todo.sum()), bulk.BATCH):
+                part = clusters[todo][i:i + bulk.BATCH]
+                ids, m = bulk.fetch_pairs(
+                    self.session, sql,
+                    (bulk.encode(others[others < best[todo].max()]),
+                     bulk.encode(part)))
+                at = np.searchsorted(clusters, ids)
+                best[at] = np.minimum(best[at], m)
+        for i in np.flatnonzero(exact).tolist():
+            cands = self._full_candidates(image, imgs, int(clusters[i]))
+            if cands:
+                best[i] = min(best[i], cands[0])
         seqs = np.full((len(clusters), 2), -1, dtype=np.int64)
-        pos = np.searchsorted(clusters, first_cl)
-        ok = (pos < len(clusters))
-        ok[ok] = clusters[pos[ok]] == first_cl[ok]
-        seqs[pos[ok], 0] = first_seq[ok]
-        if (seqs[:, 0] < 0).any():
-            raise RuntimeError('image %s is missing from some of its '
-                               'clusters; run vmar-manage check'
-                               % image.image_id)
+        seqs[:, 0] = best
         seqs[seqs[:, 0] != image.seq, 1] = image.seq
         return _Table(clusters, seqs)
 
