@@ -241,16 +241,14 @@ def _ids_by_hash(session, hashes):
 
 def _cluster_info(session, ids):
     """Cluster rows by id, as tuples of the columns after the id."""
+    src, col = bulk.source(db_session.dialect(session))
+    sql = ('SELECT c.id, c.members_hash, c.n_images, c.n_fingerprints, '
+           'c.min_seq, c.min_public_seq FROM %s JOIN vmar_clusters c '
+           'ON c.id = %s' % (src.replace(':keys', '?'), col))
     info = {}
-    for i in range(0, len(ids), 500):
-        for row in session.execute(
-                sa.select(models.Cluster.id, models.Cluster.members_hash,
-                          models.Cluster.n_images,
-                          models.Cluster.n_fingerprints,
-                          models.Cluster.min_seq,
-                          models.Cluster.min_public_seq)
-                .where(models.Cluster.id.in_([int(x) for x in
-                                              ids[i:i + 500]]))):
+    for i in range(0, len(ids), bulk.BATCH):
+        for row in bulk.fetch_rows(session, sql,
+                                   (bulk.encode(ids[i:i + bulk.BATCH]),)):
             info[row[0]] = tuple(row[1:])
     return info
 
@@ -300,26 +298,26 @@ def _split_off(session, dialect, splits, info, keys, seq, public):
 def _relabel(session, cids, new_hash, seq, adding, public):
     """Add ``seq`` to, or remove it from, whole clusters: no key moves."""
     if adding:
-        session.execute(sa.insert(models.ClusterMember), [
-            {'cluster_id': cid, 'seq': seq} for cid in cids])
+        bulk.execute_many(session, 'INSERT INTO vmar_cluster_members '
+                          '(cluster_id, seq) VALUES (?, ?)',
+                          [(cid, seq) for cid in cids])
     else:
         for i in range(0, len(cids), 500):
             session.execute(sa.delete(models.ClusterMember).where(
                 models.ClusterMember.seq == seq,
                 models.ClusterMember.cluster_id.in_(cids[i:i + 500])))
-    sql = ('UPDATE vmar_clusters SET members_hash = :h, '
-           'n_images = n_images + :step')
+    sql = ('UPDATE vmar_clusters SET members_hash = ?, '
+           'n_images = n_images + %d' % (1 if adding else -1))
     if adding:
-        sql += (', min_seq = CASE WHEN :seq < min_seq THEN :seq '
-                'ELSE min_seq END')
+        # seq is an int: inlined, so that every row binds the same two
+        sql += (', min_seq = CASE WHEN %d < min_seq THEN %d '
+                'ELSE min_seq END' % (seq, seq))
         if public:
             sql += (', min_public_seq = CASE WHEN min_public_seq IS NULL '
-                    'OR :seq < min_public_seq THEN :seq '
-                    'ELSE min_public_seq END')
-    session.execute(
-        sa.text(sql + ' WHERE id = :cid'),
-        [{'cid': cid, 'h': new_hash[cid], 'step': 1 if adding else -1,
-          'seq': seq} for cid in cids])
+                    'OR %d < min_public_seq THEN %d '
+                    'ELSE min_public_seq END' % (seq, seq))
+    bulk.execute_many(session, sql + ' WHERE id = ?',
+                      [(new_hash[cid], cid) for cid in cids])
     if not adding:
         refresh_smallest(session, cids)
 
@@ -389,17 +387,18 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False):
     return np.concatenate(out_k), np.concatenate(out_c)
 
 
-def add_keys(session, seq, keys, public):
+def add_keys(session, seq, keys, public, found=None):
     """Add image ``seq`` as a member for every key in ``keys`` (distinct).
 
     ``public``: whether the image is public (clusters keep their smallest
-    public member).
+    public member). ``found``: the ``(keys, clusters)`` of those of
+    ``keys`` in the table, if already known (they must be current).
 
     Returns the image's ``(keys, cluster ids)`` afterwards, sorted by key,
     so that map generation need not read them back.
     """
     dialect = db_session.dialect(session)
-    found_k, found_c = bulk.lookup(session, dialect, keys)
+    found_k, found_c = found or bulk.lookup(session, dialect, keys)
     out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     if len(found_k):
         k, c = _regroup(session, dialect, found_k, found_c, seq, True,
@@ -457,6 +456,11 @@ def images_by_seq(session, seqs):
                 models.Image.seq.in_(seqs[i:i + 500]))).scalars():
             out[img.seq] = img
     return out
+
+
+def image_rows(session):
+    """Every image as a read-only row (attributes as on the model)."""
+    return session.execute(sa.select(*models.Image.__table__.c)).all()
 
 
 def list_images(session):

@@ -41,6 +41,40 @@ def fetch_pairs(session, sql, params=()):
     return fetch_columns(session, sql, params, 2)
 
 
+def _cursor_sql(conn, sql):
+    if conn.dialect.paramstyle != 'qmark':
+        sql = sql.replace('%', '%%').replace('?', '%s')
+    return sql
+
+
+def fetch_rows(session, sql, params=()):
+    """Rows of a query as plain tuples, through the DB-API cursor.
+
+    ``sql`` marks parameters with ``?``.
+    """
+    conn = session.connection()
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(_cursor_sql(conn, sql), tuple(params))
+        return cur.fetchall()
+    finally:
+        cur.close()
+
+
+def execute_many(session, sql, rows):
+    """One statement for each parameter tuple in ``rows`` (DB-API).
+
+    Skips SQLAlchemy's per-row parameter processing, which costs more than
+    SQLite's own work for short statements.
+    """
+    conn = session.connection()
+    cur = conn.connection.cursor()
+    try:
+        cur.executemany(_cursor_sql(conn, sql), rows)
+    finally:
+        cur.close()
+
+
 def fetch_columns(session, sql, params=(), n=2):
     """Run a query of ``n`` non-NULL integer columns; return int64 arrays.
 
@@ -62,8 +96,8 @@ def fetch_columns(session, sql, params=(), n=2):
         sql = ('WITH cols(%s) AS (%s) SELECT %s FROM cols'
                % (', '.join(names), sql,
                   ', '.join('group_concat(%s)' % c for c in names)))
-    elif conn.dialect.paramstyle != 'qmark':
-        sql = sql.replace('%', '%%').replace('?', '%s')
+    else:
+        sql = _cursor_sql(conn, sql)
     cur = conn.connection.cursor()
     try:
         cur.execute(sql, tuple(params))

@@ -13,6 +13,9 @@ serialised.
 
 import contextlib
 import functools
+import os
+import sqlite3
+import threading
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -35,7 +38,6 @@ def _engine(url, debug, lock_timeout):
         kwargs['connect_args'] = {'timeout': lock_timeout,
                                   'check_same_thread': False}
         if u.database and u.database != ':memory:':
-            import os
             os.makedirs(os.path.dirname(os.path.abspath(u.database)),
                         exist_ok=True)
     else:
@@ -51,6 +53,10 @@ def _engine(url, debug, lock_timeout):
             cur.execute('PRAGMA synchronous=NORMAL')
             cur.execute('PRAGMA foreign_keys=ON')
             cur.execute('PRAGMA cache_size=-262144')
+            # checkpoints run after commits, off the writer's path
+            # (_Checkpointer); a connection that closes last still
+            # checkpoints and removes the WAL
+            cur.execute('PRAGMA wal_autocheckpoint=0')
             cur.close()
 
         @event.listens_for(engine, 'begin')
@@ -60,6 +66,71 @@ def _engine(url, debug, lock_timeout):
             else:
                 conn.exec_driver_sql('BEGIN IMMEDIATE')
     return engine
+
+
+class _Checkpointer:
+    """Copies an SQLite database's WAL back into it, in a thread.
+
+    With automatic checkpoints, the commit that fills the WAL past 1000
+    pages also copies them back and syncs the database file: most of the
+    commit time of an ingest into a large library. Here a thread of its own
+    does it (passive: it never waits for, or blocks, readers and writers)
+    after each commit, and the committing thread does it itself only when
+    the WAL has grown past :attr:`MAX_WAL` because the thread lags.
+    """
+
+    MAX_WAL = 256 << 20
+
+    def __init__(self, path):
+        self.path = path
+        self.wal = path + '-wal'
+        self.wake = threading.Event()
+        self.thread = None
+        self.lock = threading.Lock()
+
+    def committed(self):
+        try:
+            big = os.stat(self.wal).st_size > self.MAX_WAL
+        except FileNotFoundError:
+            return
+        if big:
+            self.checkpoint()
+            return
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(
+                    target=self._run, name='vmar-sqlite-checkpoint',
+                    daemon=True)
+                self.thread.start()
+        self.wake.set()
+
+    def checkpoint(self):
+        conn = sqlite3.connect(self.path, timeout=60)
+        try:
+            conn.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchall()
+        finally:
+            conn.close()
+
+    def _run(self):
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            try:
+                self.checkpoint()
+            except sqlite3.Error:
+                pass   # the next commit tries again
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpointer(path):
+    return _Checkpointer(path)
+
+
+def _committed(engine):
+    u = engine.url
+    if u.get_backend_name() == 'sqlite' and u.database not in (None, '',
+                                                               ':memory:'):
+        _checkpointer(os.path.abspath(u.database)).committed()
 
 
 def get_engine(conf_obj=None):
@@ -92,7 +163,8 @@ def locked_writer(conf_obj=None):
     it found is in ``session.info['vmar_generation']``.
     """
     c = conf_obj or conf.CONF
-    with orm.Session(get_engine(c)) as s:
+    engine = get_engine(c)
+    with orm.Session(engine) as s:
         with s.begin():
             _take_lock(s, c.vmar_database.lock_timeout)
             s.info['vmar_generation'] = generation(s)
@@ -100,6 +172,7 @@ def locked_writer(conf_obj=None):
                               'generation + 1 WHERE name = :n'),
                       {'n': LIBRARY_LOCK})
             yield s
+    _committed(engine)
 
 
 def generation(session):

@@ -338,7 +338,7 @@ def _identity(st):
 
 
 def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
-              workers=None, progress=None, native=None):
+              workers=None, progress=None, native=None, on_chunk=None):
     """Fingerprint the raw file ``path`` (``virtual_size`` bytes).
 
     Holes are skipped without reading them. Work is split into aligned
@@ -349,7 +349,10 @@ def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
     write within the file system's timestamp tick, a few ms, of the one
     before it goes unseen unless it changes the size.)
     ``native``: force (True) or forbid (False) the native hasher; by
-    default it is used when built.
+    default it is used when built. ``on_chunk(rows)``, if given, is called
+    in the calling thread with the digest rows of each chunk as it
+    finishes (a view; zero rows are zero blocks), while other chunks are
+    still being hashed.
     """
     if algorithm not in DIGEST_SIZES:
         raise ValueError('unknown hash algorithm %r' % algorithm)
@@ -377,21 +380,25 @@ def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:
             futures = [ex.submit(_native_range, path, s, e, block_size,
                                  algorithm, digests) for s, e in jobs]
+            spans = dict(zip(futures, jobs))
             for fu in concurrent.futures.as_completed(futures):
                 done = fu.result()
                 if progress:
                     progress(done)
+                if on_chunk:
+                    lo, hi = spans[fu]
+                    on_chunk(digests[lo // block_size:-(-hi // block_size)])
     elif workers == 1 or len(jobs) <= 1:
         results = (_hash_range(path, s, e, block_size, algorithm)
                    for s, e in jobs)
-        _collect(results, digests, block_size, dsize, progress)
+        _collect(results, digests, block_size, dsize, progress, on_chunk)
     else:
         with concurrent.futures.ProcessPoolExecutor(workers) as ex:
             futures = [ex.submit(_hash_range, path, s, e, block_size,
                                  algorithm) for s, e in jobs]
             _collect((fu.result() for fu in
                       concurrent.futures.as_completed(futures)),
-                     digests, block_size, dsize, progress)
+                     digests, block_size, dsize, progress, on_chunk)
     if _identity(os.stat(path)) != before:
         raise ImageRejected('%s changed while it was being read' % path)
     LOG.debug('hashed %d data bytes of %s in %d chunks (%s)', total, path,
@@ -399,7 +406,7 @@ def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
     return Fingerprints(algorithm, block_size, virtual_size, digests)
 
 
-def _collect(results, digests, block_size, dsize, progress):
+def _collect(results, digests, block_size, dsize, progress, on_chunk):
     flat = digests.reshape(-1)
     for start, raw in results:
         first = start // block_size
@@ -407,6 +414,8 @@ def _collect(results, digests, block_size, dsize, progress):
             raw, dtype=np.uint8)
         if progress:
             progress(len(raw) // dsize * block_size)
+        if on_chunk:
+            on_chunk(digests[first:first + len(raw) // dsize])
 
 
 def fingerprint_image(path, fmt, block_size=4096, algorithm='sha256',

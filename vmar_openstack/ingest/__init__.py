@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import types
 import uuid
 
 import numpy as np
@@ -24,6 +25,7 @@ from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack.ingest import ahead as ingest_ahead
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
 
@@ -98,16 +100,21 @@ class Library:
                                   '%d, map v%d); use update to change it'
                                   % (existing.image_id, existing.seq,
                                      existing.map_version))
-        fps, raw_placed = self._fingerprint(image_id, path, disk_format,
-                                            expected_size, progress,
-                                            keep_base)
+        ahead = ingest_ahead.Ahead(self.conf, self.conf.vmar.hash_algorithm,
+                                   self.conf.vmar.block_size)
         try:
-            return self._commit_add(image_id, fps, disk_format, owner,
-                                    visibility, on_map_written)
-        except BaseException:
-            if raw_placed:
-                self._unplace(image_id)
-            raise
+            fps, raw_placed = self._fingerprint(
+                image_id, path, disk_format, expected_size, progress,
+                keep_base, on_chunk=ahead.chunk)
+            try:
+                return self._commit_add(image_id, fps, disk_format, owner,
+                                        visibility, on_map_written, ahead)
+            except BaseException:
+                if raw_placed:
+                    self._unplace(image_id)
+                raise
+        finally:
+            ahead.close()
 
     def update_content(self, image_id, path, disk_format='raw',
                        expected_size=None, progress=None, keep_base=True):
@@ -207,7 +214,7 @@ class Library:
         return img
 
     def _fingerprint(self, image_id, path, disk_format, expected_size,
-                     progress, keep_base):
+                     progress, keep_base, on_chunk=None):
         c = self.conf.vmar
         vsize = fingerprint.inspect(
             path, disk_format, qemu_img=c.qemu_img,
@@ -220,7 +227,7 @@ class Library:
                     'raw view of %s is not %d bytes' % (path, vsize))
             fps = fingerprint.hash_file(raw, vsize, c.block_size,
                                         c.hash_algorithm, c.hash_workers,
-                                        progress)
+                                        progress, on_chunk=on_chunk)
             placed = False
             if keep_base:
                 dest = base_path(self.conf, image_id)
@@ -243,27 +250,37 @@ class Library:
         img.content_sha256 = _content_id(fps)
 
     def _commit_add(self, image_id, fps, disk_format, owner, visibility,
-                    on_map_written=None):
+                    on_map_written, ahead):
+        desc = types.SimpleNamespace(image_id=image_id, owner=owner,
+                                     visibility=visibility, state='active',
+                                     map_version=0)
+        self._fill_image(desc, fps, disk_format)
+        keys, found = ahead.start_map(desc, fps.digests,
+                                      self.conf.vmar.dedup_scope)
         with self._mutation() as (s, written):
             if db_api.get_image(s, image_id) is not None:
                 raise ImageExists('image %s was added concurrently'
                                   % image_id)
-            img = models.Image(image_id=image_id, owner=owner,
-                               visibility=visibility, state='active',
-                               map_version=0)
-            self._fill_image(img, fps, disk_format)
+            img = models.Image(**vars(desc))
             s.add(img)
             s.flush()
+            # the snapshot's answers hold if nothing committed since
+            fresh = s.info['vmar_generation'] == ahead.generation
+            if not fresh:
+                LOG.debug('image %s: the library changed while it was '
+                          'hashed; looking its fingerprints up again',
+                          image_id)
             db_api.store_digests(s, img.seq, fps.digests)
-            known = db_api.add_keys(s, img.seq, db_api.image_key_set(
-                img, fps.digests), img.visibility == 'public')
+            known = db_api.add_keys(s, img.seq, keys,
+                                    img.visibility == 'public',
+                                    found=found if fresh else None)
             s.flush()
             # The new image has the largest sequence id, so it is never the
             # smallest candidate of another image: no other map changes.
-            return self._regenerate(s, written, img, set(),
-                                    known={img.seq: known},
-                                    digests={img.seq: fps.digests},
-                                    on_written=on_map_written)
+            return self._regenerate(
+                s, written, img, set(), known={img.seq: known},
+                digests={img.seq: fps.digests}, on_written=on_map_written,
+                built={img.seq: ahead.map_result()} if fresh else None)
 
     def _affected(self, s, img):
         """Other images whose canonical target is ``img`` for some cluster.
@@ -290,9 +307,9 @@ class Library:
         return out
 
     def _regenerate(self, s, written, img, affected, known=None,
-                    digests=None, on_written=None):
+                    digests=None, on_written=None, built=None):
         versions = self._write_maps(s, {img.seq} | set(affected), written,
-                                    known, digests, on_written)
+                                    known, digests, on_written, built)
         version = versions.pop(img.image_id)
         LOG.info('image %s: map v%d, %d other maps regenerated',
                  img.image_id, version, len(versions))
@@ -301,7 +318,11 @@ class Library:
         return Outcome(img.image_id, img.seq, version, versions, frac)
 
     def _write_maps(self, s, seqs, written, known=None, digests=None,
-                    on_written=None):
+                    on_written=None, built=None):
+        """Write and record a new map version of each image in ``seqs``.
+
+        ``built`` holds maps already built, by seq (see :mod:`ahead`).
+        """
         resolver = mapgen.Resolver(s, self.conf.vmar.dedup_scope,
                                    digests=digests)
         known = known or {}
@@ -309,7 +330,8 @@ class Library:
         imgs = db_api.images_by_seq(s, seqs)
         for seq in sorted(seqs):
             image = imgs[seq]
-            result = resolver.build(image, known.get(seq))
+            result = (built or {}).get(seq) or resolver.build(
+                image, known.get(seq))
             version = image.map_version + 1
             data = mapformat.encode(
                 image.image_id, image.virtual_size, image.block_size,

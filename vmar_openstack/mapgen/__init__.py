@@ -78,7 +78,10 @@ class FirstOccurrence:
         return found, blocks
 
 
-def _isin(values, sorted_set):
+NO_CLUSTER = -1
+
+
+def isin(values, sorted_set):
     """``np.isin`` for a sorted ``sorted_set``, by binary search."""
     if not len(sorted_set):
         return np.zeros(len(values), dtype=bool)
@@ -165,7 +168,11 @@ class Resolver:
         return f
 
     def build(self, image, key_clusters=None):
-        """Map of ``image``; ``key_clusters`` are its (keys, clusters)."""
+        """Map of ``image``; ``key_clusters`` are its (keys, clusters).
+
+        A key whose cluster is :data:`NO_CLUSTER` is held by no other image
+        (for a map built before the image joins the cluster tables).
+        """
         digests = self.digests(image)
         n = image.n_blocks
         mask = db_api.shareable_mask(digests, image.virtual_size,
@@ -246,9 +253,13 @@ class Resolver:
         return self._extents(image, imgs, tseq, tblk)
 
     def images(self):
-        """Every image of the library, by seq (read once per resolver)."""
+        """Every image of the library, by seq (read once per resolver).
+
+        Plain rows with the image's columns as attributes, not ORM objects,
+        which cost ten times as much to build.
+        """
         if self._images is None:
-            self._images = {i.seq: i for i in db_api.list_images(
+            self._images = {i.seq: i for i in db_api.image_rows(
                 self.session)}
         return self._images
 
@@ -268,30 +279,30 @@ class Resolver:
         only those whose seq is below the answer so far.
         """
         clusters = np.asarray(clusters, dtype=np.int64)
+        real = clusters >= 0      # NO_CLUSTER: keys new to the library
         allowed = self._allowed(image, imgs)
         dialect = bulk_dialect(self.session)
         cl, low, low_pub = bulk.lookup(
-            self.session, dialect, clusters, 'vmar_clusters', 'id',
+            self.session, dialect, clusters[real], 'vmar_clusters', 'id',
             ('f.min_seq', 'COALESCE(f.min_public_seq, -1)'))
         pos = np.searchsorted(clusters, cl)
-        if len(cl) != len(clusters) or not np.array_equal(clusters[pos],
-                                                          cl):
+        if len(cl) != real.sum() or not np.array_equal(clusters[pos], cl):
             raise RuntimeError('image %s: some of its clusters are missing; '
                                'run vmar-manage check' % image.image_id)
         # the image itself holds every key of its clusters
         best = np.full(len(clusters), image.seq, np.int64)
-        best[pos] = np.where(_isin(low, allowed), low, best[pos])
+        best[pos] = np.where(isin(low, allowed), low, best[pos])
         best[pos] = np.minimum(best[pos], np.where(
-            _isin(low_pub, allowed), low_pub, best[pos]))
+            isin(low_pub, allowed), low_pub, best[pos]))
         # a public smallest member this image may not read (another block
         # size, say): the next public member may qualify; read the lists
         exact = np.zeros(len(clusters), dtype=bool)
-        exact[pos] = (low_pub >= 0) & ~_isin(low_pub, allowed) & (
+        exact[pos] = (low_pub >= 0) & ~isin(low_pub, allowed) & (
             best[pos] > low_pub)
         others = np.array(sorted(
             s for s in allowed.tolist() if s < image.seq
             and imgs[s].visibility != 'public'), dtype=np.int64)
-        todo = ~exact & (best > (others[0] if len(others) else best))
+        todo = real & ~exact & (best > (others[0] if len(others) else best))
         if todo.any():
             src, col = bulk.source(dialect, 'j')
             src2, col2 = bulk.source(dialect, 'q')
@@ -324,10 +335,14 @@ class Resolver:
                         dtype=np.int64)
 
     def _full_candidates(self, image, imgs, cluster):
-        """Every member of ``cluster`` that ``image`` may read, ascending."""
+        """Every member of ``cluster`` that ``image`` may read, ascending.
+
+        The image itself is one, whether or not it is a member yet.
+        """
         members = db_api.cluster_members(self.session, [cluster])
         allowed = set(self._allowed(image, imgs).tolist())
-        return sorted(members.get(cluster, frozenset()) & allowed)
+        return sorted((members.get(cluster, frozenset()) & allowed)
+                      | {image.seq})
 
     def _resolve(self, grp, cands, imgs, udig, u_tseq, u_tblk):
         pending = grp

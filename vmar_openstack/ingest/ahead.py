@@ -1,0 +1,139 @@
+"""Work an ingest does before it takes the library lock.
+
+While an image is being hashed, its fingerprint keys are looked up in a
+read snapshot of the library, chunk by chunk, on the core the hashing
+threads leave to the caller between chunks. Once it is hashed, its map is
+built from the same snapshot, in a thread of its own, while the locked
+transaction updates the cluster tables.
+
+A new image has the largest sequence id, so its map depends only on the
+clusters as they were before it joined them: the snapshot is enough. Its
+answers are used only if no other mutation committed since the snapshot
+was taken. Every locked transaction increments the lock row's generation
+(:func:`vmar_openstack.db.session.locked_writer`), so the locked
+transaction compares the generation it found with the snapshot's, and
+looks everything up again under the lock when they differ.
+"""
+
+import threading
+import types
+
+import numpy as np
+
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import bulk
+from vmar_openstack.db import session as db_session
+from vmar_openstack import fingerprint
+from vmar_openstack import mapgen
+
+# A sequence id above any real one: the map of a new image built before
+# the image has its id. Maps name targets by image id, never by seq.
+PROVISIONAL_SEQ = 2 ** 62
+
+
+class Ahead:
+    """Lookups and a map made in a snapshot, for one image being added."""
+
+    LOOKUP_BATCH = 1 << 16     # keys per lookup statement while hashing
+
+    def __init__(self, conf, algorithm, block_size):
+        self.conf = conf
+        self.space_key = db_api.space_key(algorithm, block_size)
+        self._reader = db_session.reader(conf)
+        self.session = self._reader.__enter__()
+        try:
+            self.generation = db_session.generation(self.session)
+        except BaseException:
+            self._reader.__exit__(None, None, None)
+            raise
+        self._dialect = db_session.dialect(self.session)
+        self._pending, self._n_pending = [], 0
+        self._looked, self._found_k, self._found_c = [], [], []
+        self._thread = None
+        self._result = None
+        self._error = None
+
+    # -- while hashing -----------------------------------------------------
+
+    def chunk(self, rows):
+        """``on_chunk`` of :func:`fingerprint.hash_file`."""
+        nonzero = fingerprint.words(rows).any(axis=1)
+        if nonzero.any():
+            self._pending.append(db_api.block_keys(rows[nonzero],
+                                                   self.space_key))
+            self._n_pending += int(nonzero.sum())
+        if self._n_pending >= self.LOOKUP_BATCH:
+            self._lookup_pending()
+
+    def _lookup_pending(self):
+        if not self._pending:
+            return
+        keys = db_api.unique(np.concatenate(self._pending))
+        self._pending, self._n_pending = [], 0
+        self._lookup(keys)
+
+    def _lookup(self, keys):
+        k, c = bulk.lookup(self.session, self._dialect, keys)
+        self._looked.append(keys)
+        self._found_k.append(k)
+        self._found_c.append(c)
+
+    def found(self, keys):
+        """(keys, clusters) in the snapshot of the sorted distinct ``keys``.
+
+        Sorted by key. Keys no chunk looked up are looked up now.
+        """
+        self._lookup_pending()
+        looked = db_api.unique(np.concatenate(
+            [np.empty(0, np.int64)] + self._looked))
+        missing = keys[~mapgen.isin(keys, looked)]
+        if len(missing):
+            self._lookup(missing)
+        fk = np.concatenate([np.empty(0, np.int64)] + self._found_k)
+        fc = np.concatenate([np.empty(0, np.int64)] + self._found_c)
+        fk, first, _inverse = db_api.unique_first(fk)
+        fc = fc[first]
+        keep = mapgen.isin(fk, keys)
+        return fk[keep], fc[keep]
+
+    # -- once hashed ---------------------------------------------------------
+
+    def start_map(self, image, digests, scope):
+        """Start building the map of ``image`` (not in the library yet).
+
+        ``image`` has the attributes of an image row except ``seq``.
+        Returns the image's sorted distinct keys and the ``(keys,
+        clusters)`` of those found in the snapshot.
+        """
+        prov = types.SimpleNamespace(**vars(image))
+        prov.seq = PROVISIONAL_SEQ
+        keys = db_api.image_key_set(prov, digests)
+        found = self.found(keys)
+        clusters = np.full(len(keys), mapgen.NO_CLUSTER, dtype=np.int64)
+        clusters[np.searchsorted(keys, found[0])] = found[1]
+        self._thread = threading.Thread(
+            target=self._build, args=(prov, digests, keys, clusters, scope),
+            name='vmar-map-ahead', daemon=True)
+        self._thread.start()
+        return keys, found
+
+    def _build(self, prov, digests, keys, clusters, scope):
+        try:
+            resolver = mapgen.Resolver(self.session, scope,
+                                       digests={prov.seq: digests})
+            resolver.images()[prov.seq] = prov
+            self._result = resolver.build(prov, (keys, clusters))
+        except BaseException as e:   # re-raised by map_result()
+            self._error = e
+
+    def map_result(self):
+        """The map :meth:`start_map` built (waits for it)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def close(self):
+        if self._thread is not None:
+            self._thread.join()
+        self._reader.__exit__(None, None, None)
