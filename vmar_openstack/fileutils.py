@@ -12,6 +12,15 @@ import tempfile
 
 def write_atomic(path, data):
     """Write ``data`` to ``path``: temp file, fsync, rename, fsync dir."""
+    install(write_temp(path, data), path)
+
+
+def write_temp(path, data):
+    """Write ``data`` to a new fsynced temporary file next to ``path``.
+
+    Returns its name; :func:`install` moves it to ``path``. The caller
+    removes it if it never does.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=directory)
@@ -21,14 +30,28 @@ def write_atomic(path, data):
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
+    except BaseException:
+        unlink(tmp)
+        raise
+    return tmp
+
+
+def install(tmp, path):
+    """Rename a file from :func:`write_temp` to ``path``, durably."""
+    try:
         os.rename(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        unlink(tmp)
         raise
-    fsync_dir(directory)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def unlink(path):
+    """Remove a file if it exists."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def copy_readonly(src, dest):

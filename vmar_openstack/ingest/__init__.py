@@ -256,7 +256,8 @@ class Library:
                                      map_version=0)
         self._fill_image(desc, fps, disk_format)
         keys, found = ahead.start_map(desc, fps.digests,
-                                      self.conf.vmar.dedup_scope)
+                                      self.conf.vmar.dedup_scope,
+                                      map_path(self.conf, image_id, 1))
         with self._mutation() as (s, written):
             if db_api.get_image(s, image_id) is not None:
                 raise ImageExists('image %s was added concurrently'
@@ -330,18 +331,22 @@ class Library:
         imgs = db_api.images_by_seq(s, seqs)
         for seq in sorted(seqs):
             image = imgs[seq]
-            result = (built or {}).get(seq) or resolver.build(
-                image, known.get(seq))
             version = image.map_version + 1
-            data = mapformat.encode(
-                image.image_id, image.virtual_size, image.block_size,
-                version, result.targets, result.extents)
             path = map_path(self.conf, image.image_id, version)
-            mapformat.write_atomic(path, data)
+            pre = (built or {}).get(seq)
+            if pre is not None and pre.version == version:
+                result, size, sha = pre.result, pre.size, pre.sha256
+                fileutils.install(pre.tmp_path, path)
+            else:
+                result = resolver.build(image, known.get(seq))
+                data = mapformat.encode(
+                    image.image_id, image.virtual_size, image.block_size,
+                    version, result.targets, result.extents)
+                mapformat.write_atomic(path, data)
+                size, sha = len(data), hashlib.sha256(data).hexdigest()
             written.append(path)
-            sha = hashlib.sha256(data).hexdigest()
             s.add(models.MapVersion(
-                seq=seq, version=version, size=len(data), sha256=sha,
+                seq=seq, version=version, size=size, sha256=sha,
                 n_extents=len(result.extents)))
             if on_written:
                 on_written(image.image_id, version, path, sha)

@@ -15,6 +15,8 @@ transaction compares the generation it found with the snapshot's, and
 looks everything up again under the lock when they differ.
 """
 
+import dataclasses
+import hashlib
 import threading
 import types
 
@@ -23,12 +25,25 @@ import numpy as np
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
 from vmar_openstack.db import session as db_session
+from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack import mapformat
 from vmar_openstack import mapgen
 
 # A sequence id above any real one: the map of a new image built before
 # the image has its id. Maps name targets by image id, never by seq.
 PROVISIONAL_SEQ = 2 ** 62
+
+
+@dataclasses.dataclass
+class PreparedMap:
+    """A map built ahead, written to a temporary file beside its name."""
+
+    result: mapgen.MapResult
+    version: int
+    tmp_path: str
+    size: int
+    sha256: str
 
 
 class Ahead:
@@ -98,10 +113,12 @@ class Ahead:
 
     # -- once hashed ---------------------------------------------------------
 
-    def start_map(self, image, digests, scope):
+    def start_map(self, image, digests, scope, path):
         """Start building the map of ``image`` (not in the library yet).
 
-        ``image`` has the attributes of an image row except ``seq``.
+        ``image`` has the attributes of an image row except ``seq``; the
+        map is written to a temporary file for its first version's
+        ``path``, see :meth:`map_result`.
         Returns the image's sorted distinct keys and the ``(keys,
         clusters)`` of those found in the snapshot.
         """
@@ -112,28 +129,39 @@ class Ahead:
         clusters = np.full(len(keys), mapgen.NO_CLUSTER, dtype=np.int64)
         clusters[np.searchsorted(keys, found[0])] = found[1]
         self._thread = threading.Thread(
-            target=self._build, args=(prov, digests, keys, clusters, scope),
+            target=self._build,
+            args=(prov, digests, keys, clusters, scope, path),
             name='vmar-map-ahead', daemon=True)
         self._thread.start()
         return keys, found
 
-    def _build(self, prov, digests, keys, clusters, scope):
+    def _build(self, prov, digests, keys, clusters, scope, path):
         try:
             resolver = mapgen.Resolver(self.session, scope,
                                        digests={prov.seq: digests})
             resolver.images()[prov.seq] = prov
-            self._result = resolver.build(prov, (keys, clusters))
+            result = resolver.build(prov, (keys, clusters))
+            version = prov.map_version + 1
+            data = mapformat.encode(prov.image_id, prov.virtual_size,
+                                    prov.block_size, version,
+                                    result.targets, result.extents)
+            self._result = PreparedMap(
+                result, version, fileutils.write_temp(path, data),
+                len(data), hashlib.sha256(data).hexdigest())
         except BaseException as e:   # re-raised by map_result()
             self._error = e
 
     def map_result(self):
-        """The map :meth:`start_map` built (waits for it)."""
+        """The :class:`PreparedMap` :meth:`start_map` built (waits)."""
         self._thread.join()
         if self._error is not None:
             raise self._error
         return self._result
 
     def close(self):
+        """Wait for the map thread; remove a map file nobody installed."""
         if self._thread is not None:
             self._thread.join()
+        if self._result is not None:
+            fileutils.unlink(self._result.tmp_path)
         self._reader.__exit__(None, None, None)
