@@ -80,8 +80,11 @@ def unique(values):
     return v[keep]
 
 
-def unique_first(values):
-    """``np.unique(values, return_index=True, return_inverse=True)``."""
+def unique_first(values, with_order=False):
+    """``np.unique(values, return_index=True, return_inverse=True)``.
+
+    With ``with_order``, also the stable sort order of ``values``.
+    """
     values = np.asarray(values)
     order = stable_order(values)
     sv = values[order]
@@ -91,6 +94,8 @@ def unique_first(values):
     starts = np.flatnonzero(brk)
     inverse = np.empty(len(values), dtype=np.int64)
     inverse[order] = np.cumsum(brk) - 1
+    if with_order:
+        return sv[starts], order[starts], inverse, order
     return sv[starts], order[starts], inverse
 
 

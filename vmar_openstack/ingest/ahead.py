@@ -124,23 +124,24 @@ class Ahead:
         """
         prov = types.SimpleNamespace(**vars(image))
         prov.seq = PROVISIONAL_SEQ
-        keys = db_api.image_key_set(prov, digests)
+        index = mapgen.BlockIndex(prov, digests)
+        keys = index.keys
         found = self.found(keys)
         clusters = np.full(len(keys), mapgen.NO_CLUSTER, dtype=np.int64)
         clusters[np.searchsorted(keys, found[0])] = found[1]
         self._thread = threading.Thread(
             target=self._build,
-            args=(prov, digests, keys, clusters, scope, path),
+            args=(prov, digests, index, clusters, scope, path),
             name='vmar-map-ahead', daemon=True)
         self._thread.start()
         return keys, found
 
-    def _build(self, prov, digests, keys, clusters, scope, path):
+    def _build(self, prov, digests, index, clusters, scope, path):
         try:
             resolver = mapgen.Resolver(self.session, scope,
                                        digests={prov.seq: digests})
             resolver.images()[prov.seq] = prov
-            result = resolver.build(prov, (keys, clusters))
+            result = resolver.build(prov, (index.keys, clusters), index)
             version = prov.map_version + 1
             data = mapformat.encode(prov.image_id, prov.virtual_size,
                                     prov.block_size, version,

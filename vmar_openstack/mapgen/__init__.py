@@ -40,17 +40,37 @@ def may_redirect(src, tgt, scope):
     return False
 
 
-class FirstOccurrence:
-    """Find the first block of an image holding a given full digest."""
+class BlockIndex:
+    """An image's shareable blocks and their fingerprint keys, sorted.
+
+    ``keys`` are the distinct keys, sorted; ``first[i]`` indexes (in
+    ``blocks``) the first block with ``keys[i]``; ``inverse`` gives each
+    block's key index; ``order`` sorts the blocks by (key, block).
+    """
 
     def __init__(self, image, digests):
         mask = db_api.shareable_mask(digests, image.virtual_size,
                                      image.block_size)
-        blocks = np.flatnonzero(mask)
-        keys = db_api.block_keys(digests, 0)[blocks]
-        order = db_api.stable_order(keys)
+        self.space_key = image.space_key
+        self.blocks = np.flatnonzero(mask)
+        self.block_keys = db_api.block_keys(digests,
+                                            image.space_key)[self.blocks]
+        self.keys, self.first, self.inverse, self.order = (
+            db_api.unique_first(self.block_keys, with_order=True))
+
+
+class FirstOccurrence:
+    """Find the first block of an image holding a given full digest."""
+
+    def __init__(self, image, digests, index=None):
+        if index is None or index.space_key != 0:
+            index = BlockIndex(image, digests)
+            keys = db_api.block_keys(digests, 0)[index.blocks]
+            order = db_api.stable_order(keys)
+        else:   # keys of space 0 are the digest prefixes themselves
+            keys, order = index.block_keys, index.order
         self.keys = keys[order]
-        self.blocks = blocks[order]
+        self.blocks = index.blocks[order]
         self.digests = digests
 
     def find(self, qdigests):
@@ -158,28 +178,33 @@ class Resolver:
             self._digests[image.seq] = d
         return d
 
-    def first(self, image):
-        key = (str(self.session.get_bind().url), image.seq,
-               image.content_sha256)
-        f = _FIRST_CACHE.get(key)
+    def first(self, image, index=None):
+        """The :class:`FirstOccurrence` table of ``image`` (cached).
+
+        Keyed by the image's content checksum, which covers its digests,
+        block size and algorithm: the table is a function of them alone.
+        """
+        f = _FIRST_CACHE.get(image.content_sha256)
         if f is None:
-            f = FirstOccurrence(image, self.digests(image))
-            _FIRST_CACHE.put(key, f)
+            f = FirstOccurrence(image, self.digests(image), index)
+            _FIRST_CACHE.put(image.content_sha256, f)
         return f
 
-    def build(self, image, key_clusters=None):
+    def build(self, image, key_clusters=None, index=None):
         """Map of ``image``; ``key_clusters`` are its (keys, clusters).
 
         A key whose cluster is :data:`NO_CLUSTER` is held by no other image
         (for a map built before the image joins the cluster tables).
+        ``index``: the image's :class:`BlockIndex`, if already made. The
+        image's own first-occurrence table, which the maps of later images
+        need, is cached on the way.
         """
         digests = self.digests(image)
         n = image.n_blocks
-        mask = db_api.shareable_mask(digests, image.virtual_size,
-                                     image.block_size)
-        blocks = np.flatnonzero(mask)
-        bkeys = db_api.block_keys(digests, image.space_key)[blocks]
-        ukeys, first_idx, inverse = db_api.unique_first(bkeys)
+        index = index or BlockIndex(image, digests)
+        self.first(image, index)
+        blocks, ukeys = index.blocks, index.keys
+        first_idx, inverse = index.first, index.inverse
         # cluster of every key
         kc_keys, kc_clusters = key_clusters or db_api.key_clusters(
             self.session, ukeys)
