@@ -10,6 +10,7 @@ import threading
 
 from tests import base
 from tests.functional import services
+from tests.unit import test_ahead
 from tests.unit import test_mapgen
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
@@ -54,6 +55,14 @@ class TestCollisionMariaDB(MariaDB, test_mapgen.TestKeyCollision):
 
 
 class TestCollisionPostgreSQL(PostgreSQL, test_mapgen.TestKeyCollision):
+    pass
+
+
+class TestAheadMariaDB(MariaDB, test_ahead.TestAhead):
+    pass
+
+
+class TestAheadPostgreSQL(PostgreSQL, test_ahead.TestAhead):
     pass
 
 

@@ -1,0 +1,77 @@
+"""Schema migrations keep the data they find."""
+
+import fixtures
+from oslo_config import cfg
+import sqlalchemy as sa
+import testtools
+
+from tests import base
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.db import migration
+from vmar_openstack.db import session as db_session
+from vmar_openstack import ingest
+from vmar_openstack.ingest import check
+
+
+class TestMigration0004(testtools.TestCase):
+    """Smallest members of clusters and the lock generation, backfilled."""
+
+    def setUp(self):
+        super().setUp()
+        tmp = self.useFixture(fixtures.TempDir()).path
+        self.conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(self.conf)
+        self.conf([], project='vmar', default_config_files=[])
+        self.conf.set_override('state_dir', tmp, group='vmar')
+        self.conf.set_override('connection', 'sqlite:///%s/v.sqlite' % tmp,
+                               group='vmar_database')
+
+    def test_backfill(self):
+        migration.upgrade('0003', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            for seq, vis in ((1, 'private'), (2, 'public'), (3, 'public')):
+                c.execute(sa.text(
+                    "INSERT INTO vmar_images (seq, image_id, visibility, "
+                    "disk_format, virtual_size, block_size, algorithm, "
+                    "space_key, state, n_blocks, zero_blocks, content_sha256,"
+                    " map_version, redirected_blocks, n_extents, created_at, "
+                    "updated_at) VALUES (:s, :id, :v, 'raw', 4096, 4096, "
+                    "'sha256', 0, 'active', 1, 0, 'x', 0, 0, 0, "
+                    "'2026-11-22', '2026-11-22')"),
+                    {'s': seq, 'id': 'id-%d' % seq, 'v': vis})
+            for cid, members in ((10, (1, 3)), (11, (2, 3)), (12, (1,))):
+                c.execute(sa.text(
+                    "INSERT INTO vmar_clusters (id, members_hash, n_images, "
+                    "n_fingerprints) VALUES (:c, :h, :n, 1)"),
+                    {'c': cid, 'h': 'h%d' % cid, 'n': len(members)})
+                for m in members:
+                    c.execute(sa.text(
+                        'INSERT INTO vmar_cluster_members (cluster_id, seq) '
+                        'VALUES (:c, :m)'), {'c': cid, 'm': m})
+        migration.upgrade('head', conf=self.conf)
+        with engine.connect() as c:
+            rows = c.execute(sa.text(
+                'SELECT id, min_seq, min_public_seq FROM vmar_clusters '
+                'ORDER BY id')).fetchall()
+            gen = c.execute(sa.text(
+                'SELECT generation FROM vmar_locks')).scalar()
+        self.assertEqual([(10, 1, 3), (11, 2, 2), (12, 1, None)],
+                         [tuple(r) for r in rows])
+        self.assertEqual(0, gen)
+
+    def test_check_reports_a_wrong_smallest_member(self):
+        migration.upgrade('head', conf=self.conf)
+        path = self.useFixture(fixtures.TempDir()).path + '/a.raw'
+        base.write_image(path, [1, 2])
+        lib = ingest.Library(self.conf)
+        lib.add('00000001-0000-4000-8000-000000000001', path,
+                visibility='public', keep_base=False)
+        self.assertEqual([], check.check(self.conf)[0])
+        with db_session.get_engine(self.conf).begin() as c:
+            c.execute(sa.text('UPDATE vmar_clusters SET min_seq = 7, '
+                              'min_public_seq = NULL'))
+        problems = check.check(self.conf)[0]
+        self.assertIn('min_seq 7, smallest member 1', ' '.join(problems))
+        self.assertIn('min_public_seq None, smallest public member 1',
+                      ' '.join(problems))
