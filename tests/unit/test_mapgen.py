@@ -12,6 +12,7 @@ from vmar_openstack.db import session as db_session
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check
 from vmar_openstack import mapformat
+from vmar_openstack import mapgen
 
 
 def _uuid(n):
@@ -288,3 +289,50 @@ class TestKeyArrays(testtools.TestCase):
             got = db_api.unique_first(keys)
             for w, g in zip(want, got):
                 np.testing.assert_array_equal(w.reshape(-1), g)
+
+
+class TestFirstOccurrenceCache(testtools.TestCase):
+    """The per-process cache of first-occurrence tables."""
+
+    def _item(self, n):
+        class Item:
+            digests = np.zeros((n, 32), np.uint8)
+            keys = np.zeros(n, np.int64)
+            blocks = np.zeros(n, np.int64)
+        return Item()
+
+    def test_put_again_replaces_and_evicts_oldest(self):
+        one = self._item(100)            # 4800 bytes
+        lru = mapgen._LRU(3 * 4800)
+        lru.put('a', one)
+        lru.put('a', self._item(100))    # the same key again: one entry
+        self.assertEqual(4800, lru.size)
+        lru.put('b', self._item(100))
+        lru.put('c', self._item(100))
+        self.assertIsNotNone(lru.get('a'))   # now the most recent
+        lru.put('d', self._item(100))
+        self.assertIsNone(lru.get('b'))      # the least recent went
+        self.assertEqual(['c', 'a', 'd'], list(lru.items))
+        self.assertEqual(3 * 4800, lru.size)
+
+    def test_block_index_matches_first_occurrence(self):
+        rng = np.random.default_rng(3)
+        digests = np.zeros((50, 32), np.uint8)
+        digests[:, :8] = rng.integers(0, 6, size=(50, 8))   # repeats
+        digests[7] = 0                                       # a zero block
+
+        class Image:
+            virtual_size = 50 * 4096
+            block_size = 4096
+            space_key = 0
+        index = mapgen.BlockIndex(Image, digests)
+        a = mapgen.FirstOccurrence(Image, digests, index)
+        b = mapgen.FirstOccurrence(Image, digests)
+        np.testing.assert_array_equal(a.keys, b.keys)
+        np.testing.assert_array_equal(a.blocks, b.blocks)
+        self.assertNotIn(7, a.blocks.tolist())
+        found, blocks = a.find(digests[[3, 20, 41]])
+        self.assertTrue(found.all())
+        for q, blk in zip((3, 20, 41), blocks.tolist()):
+            self.assertEqual(digests[q].tobytes(), digests[blk].tobytes())
+            self.assertLessEqual(blk, q)
