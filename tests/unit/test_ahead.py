@@ -6,6 +6,7 @@ map a build under the lock gives.
 """
 
 import os
+import threading
 from unittest import mock
 
 import fixtures
@@ -51,6 +52,22 @@ class TestAhead(base.LibraryTestCase):
         return calls
 
     def test_snapshot_map_is_used_when_nothing_committed(self):
+        self._snapshot_map_is_used()
+
+    def test_snapshot_map_built_in_a_thread(self):
+        threads = []
+        real_build = ahead.Ahead._build
+
+        def build(obj, *a):
+            threads.append(threading.current_thread().name)
+            return real_build(obj, *a)
+        self.useFixture(mockpatch('_build', build))
+        self.useFixture(mockpatch('THREAD_MIN_BLOCKS', 0))
+        self._snapshot_map_is_used()
+        # both adds (the first image's and the second's)
+        self.assertEqual(['vmar-map-ahead'] * 2, threads)
+
+    def _snapshot_map_is_used(self):
         self.lib.add(_uuid(1), self.image('a', [1, 2, 3, None, 4]),
                      visibility='public')
         calls = self._spy()
@@ -65,6 +82,13 @@ class TestAhead(base.LibraryTestCase):
         self.assertEqual(([], []), check.check(self.conf))
 
     def test_commit_during_hashing_discards_the_snapshot(self):
+        self._commit_during_hashing()
+
+    def test_commit_during_hashing_discards_the_threads_map(self):
+        self.useFixture(mockpatch('THREAD_MIN_BLOCKS', 0))
+        self._commit_during_hashing()
+
+    def _commit_during_hashing(self):
         self.lib.add(_uuid(1), self.image('a', [1, 2]), visibility='public')
         other = ingest.Library(self.conf)
         path_b = self.image('b', [3, 4, 5])

@@ -7,6 +7,8 @@ import os
 import subprocess
 import time
 
+import numpy as np
+
 import sqlalchemy as sa
 
 from tests import base
@@ -72,6 +74,22 @@ class TestHashing(base.LibraryTestCase):
         fps = fingerprint.hash_file(path, os.path.getsize(path), workers=2,
                                     native=True)
         self.assertEqual(_oracle(path, 4096), [bytes(r) for r in fps.digests])
+
+    def test_on_chunk_sees_every_row_once_as_it_is_done(self):
+        blocks = [i if i % 5 else None for i in range(1, 300)]
+        path = self.image('chunks', blocks, tail=b'z' * 10)
+        self.patch(fingerprint, 'CHUNK', 64 << 10)
+        for native in (True, False):
+            seen = []
+
+            def on_chunk(rows, seen=seen):
+                seen.append(np.array(rows))   # a copy: rows is a view
+            fps = fingerprint.hash_file(path, os.path.getsize(path),
+                                        workers=2, native=native,
+                                        on_chunk=on_chunk)
+            self.assertGreater(len(seen), 1)
+            got = sorted(bytes(r) for c in seen for r in c)
+            self.assertEqual(sorted(bytes(r) for r in fps.digests), got)
 
     def test_file_changed_while_hashed_is_rejected(self):
         path = self.image('moving', list(range(1, 64)))

@@ -302,27 +302,32 @@ def _split_off(session, dialect, splits, info, keys, seq, public):
 
 def _relabel(session, cids, new_hash, seq, adding, public):
     """Add ``seq`` to, or remove it from, whole clusters: no key moves."""
+    dialect = db_session.dialect(session)
     if adding:
-        bulk.execute_many(session, 'INSERT INTO vmar_cluster_members '
-                          '(cluster_id, seq) VALUES (?, ?)',
-                          [(cid, seq) for cid in cids])
+        src, col = bulk.source(dialect)
+        for i in range(0, len(cids), bulk.BATCH):
+            session.execute(sa.text(
+                'INSERT INTO vmar_cluster_members (cluster_id, seq) '
+                'SELECT %s, :seq FROM %s' % (col, src)),
+                {'seq': seq, 'keys': bulk.encode(cids[i:i + bulk.BATCH])})
     else:
         for i in range(0, len(cids), 500):
             session.execute(sa.delete(models.ClusterMember).where(
                 models.ClusterMember.seq == seq,
                 models.ClusterMember.cluster_id.in_(cids[i:i + 500])))
-    sql = ('UPDATE vmar_clusters SET members_hash = ?, '
-           'n_images = n_images + %d' % (1 if adding else -1))
+    # seq is an int: inlined
+    also = 'n_images = n_images + %d' % (1 if adding else -1)
     if adding:
-        # seq is an int: inlined, so that every row binds the same two
-        sql += (', min_seq = CASE WHEN %d < min_seq THEN %d '
-                'ELSE min_seq END' % (seq, seq))
+        also += (', min_seq = CASE WHEN %d < min_seq THEN %d '
+                 'ELSE min_seq END' % (seq, seq))
         if public:
-            sql += (', min_public_seq = CASE WHEN min_public_seq IS NULL '
-                    'OR %d < min_public_seq THEN %d '
-                    'ELSE min_public_seq END' % (seq, seq))
-    bulk.execute_many(session, sql + ' WHERE id = ?',
-                      [(new_hash[cid], cid) for cid in cids])
+            also += (', min_public_seq = CASE WHEN min_public_seq IS NULL '
+                     'OR %d < min_public_seq THEN %d '
+                     'ELSE min_public_seq END' % (seq, seq))
+    for i in range(0, len(cids), 10000):
+        part = cids[i:i + 10000]
+        bulk.set_hashes(session, dialect, part, [new_hash[c] for c in part],
+                        also)
     if not adding:
         refresh_smallest(session, cids)
 
@@ -359,7 +364,10 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False):
     dest = {}
     # whole clusters: new member set = old toggled by seq
     new_hash = {cid: _toggle(info[cid][0], seq) for cid in whole}
-    existing = _ids_by_hash(session, new_hash.values())
+    # Adding: no cluster holds seq yet (a new image, or one whose keys
+    # were just removed), so no C + {seq} exists; the unique index on
+    # members_hash would refuse a duplicate. Removing may meet one.
+    existing = {} if adding else _ids_by_hash(session, new_hash.values())
     relabel, emptied = [], []
     for cid in whole:
         if not adding and info[cid][1] == 1:

@@ -147,6 +147,35 @@ def lookup(session, dialect, keys, table='vmar_fingerprints', key='fp_key',
     return [np.concatenate(p) for p in parts]
 
 
+def set_hashes(session, dialect, ids, hashes, also=''):
+    """Set ``members_hash`` of clusters ``ids`` to ``hashes``, one statement.
+
+    ``also``: more assignments (unqualified columns of vmar_clusters).
+    One statement instead of one per cluster: ``executemany`` takes the GIL
+    back after every row, and waits for it while another thread (the map
+    build of an ingest) holds it.
+    """
+    pairs = json.dumps([{'id': int(i), 'h': h} for i, h in zip(ids, hashes)])
+    more = (', ' + also) if also else ''
+    if dialect == 'sqlite':
+        sql = ("UPDATE vmar_clusters SET members_hash = "
+               "json_extract(j.value, '$.h')%s FROM json_each(:pairs) AS j "
+               "WHERE vmar_clusters.id = json_extract(j.value, '$.id')"
+               % more)
+    elif dialect == 'postgresql':
+        sql = ('UPDATE vmar_clusters SET members_hash = j.h%s FROM '
+               'jsonb_to_recordset(CAST(:pairs AS jsonb)) AS j(id BIGINT, '
+               'h TEXT) WHERE vmar_clusters.id = j.id' % more)
+    elif dialect in ('mysql', 'mariadb'):
+        sql = ("UPDATE vmar_clusters c JOIN JSON_TABLE(:pairs, '$[*]' "
+               "COLUMNS (id BIGINT PATH '$.id', h VARCHAR(64) PATH '$.h')) "
+               "AS j ON c.id = j.id SET c.members_hash = j.h%s" % more)
+    else:
+        raise NotImplementedError('unsupported database dialect %s'
+                                  % dialect)
+    session.execute(sa.text(sql), {'pairs': pairs})
+
+
 def insert(session, dialect, keys, cluster_id):
     src, col = source(dialect)
     stmt = sa.text('INSERT INTO vmar_fingerprints (fp_key, cluster_id) '

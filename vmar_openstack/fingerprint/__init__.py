@@ -39,7 +39,8 @@ RAW_LIKE = {'raw': ('raw', 'gpt'), 'iso': ('iso',)}
 # Formats qemu-img converts to raw before hashing.
 QEMU_FORMATS = ('qcow2', 'vmdk', 'vhd', 'vhdx', 'vdi', 'qed')
 _QEMU_NAMES = {'vhd': 'vpc'}
-CHUNK = 32 << 20        # bytes per job given to a worker
+CHUNK = 32 << 20        # bytes per job given to a worker, at most
+MIN_CHUNK = 4 << 20     # and at least (smaller images: 4 jobs per worker)
 READ_BUF = 1 << 20      # bytes per read: stays in the CPU cache while hashed
 
 
@@ -366,16 +367,20 @@ def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
     n_blocks = (virtual_size + block_size - 1) // block_size
     digests = np.zeros((n_blocks, dsize), dtype=np.uint8)
     jobs = []
+    workers = workers or os.cpu_count() or 1
+    # chunks small enough that a small image still gives every worker
+    # several, so that on_chunk work overlaps hashing
+    step = min(CHUNK, max(MIN_CHUNK, virtual_size // (4 * workers)))
+    step -= step % block_size
     with open(path, 'rb') as f:
         before = _identity(os.fstat(f.fileno()))
         for start, end in data_ranges(f.fileno(), virtual_size):
             start -= start % block_size
             end = min(-(-end // block_size) * block_size,
                       n_blocks * block_size)
-            for s in range(start, end, CHUNK):
-                jobs.append((s, min(s + CHUNK, end)))
+            for s in range(start, end, step):
+                jobs.append((s, min(s + step, end)))
     total = sum(e - s for s, e in jobs)
-    workers = workers or os.cpu_count() or 1
     if native:
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:
             futures = [ex.submit(_native_range, path, s, e, block_size,
