@@ -1,8 +1,9 @@
-"""Set-based statements over large lists of fingerprint keys.
+"""Set-based statements over large lists of fingerprint keys or clusters.
 
-An ingest touches up to millions of fingerprint keys. Sending them one
-statement per key costs microseconds of Python each, so the keys travel as
-one JSON array per batch and the database expands it in C:
+An ingest touches up to millions of fingerprint keys and thousands of
+clusters. Sending them one statement per row costs microseconds of Python
+each, so they travel as one JSON array per batch and the database expands
+it in C:
 
 * SQLite: ``json_each``;
 * PostgreSQL: ``jsonb_array_elements_text``;
@@ -57,20 +58,6 @@ def fetch_rows(session, sql, params=()):
     try:
         cur.execute(_cursor_sql(conn, sql), tuple(params))
         return cur.fetchall()
-    finally:
-        cur.close()
-
-
-def execute_many(session, sql, rows):
-    """One statement for each parameter tuple in ``rows`` (DB-API).
-
-    Skips SQLAlchemy's per-row parameter processing, which costs more than
-    SQLite's own work for short statements.
-    """
-    conn = session.connection()
-    cur = conn.connection.cursor()
-    try:
-        cur.executemany(_cursor_sql(conn, sql), rows)
     finally:
         cur.close()
 
