@@ -48,6 +48,7 @@ from tests.functional import glance_env  # noqa: E402
 from tests.functional import services  # noqa: E402
 from vmar_openstack import conf as vmar_conf  # noqa: E402
 from vmar_openstack.db import migration  # noqa: E402
+from vmar_openstack.db import session as db_session  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
 from vmar_openstack.mapsource import SourceError  # noqa: E402
@@ -73,6 +74,7 @@ def bare_ingest(work, image):
     t0 = time.monotonic()
     ingest.Library(conf).add(str(uuid.uuid4()), image, keep_base=False)
     dt = time.monotonic() - t0
+    db_session.wait_for_checkpoints()   # its thread may still use the files
     shutil.rmtree(state)
     return dt
 

@@ -10,6 +10,7 @@ import testtools
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import migration
+from vmar_openstack.db import session as db_session
 from vmar_openstack import ingest
 from vmar_openstack import mapgen
 
@@ -45,6 +46,8 @@ class LibraryTestCase(testtools.TestCase):
     def setUp(self):
         super().setUp()
         self.tmp = self.useFixture(fixtures.TempDir()).path
+        # before the directory goes: no checkpoint thread may still use it
+        self.addCleanup(db_session.wait_for_checkpoints)
         self.conf = cfg.ConfigOpts()
         vmar_conf.register_opts(self.conf)
         self.conf([], project='vmar', default_config_files=[])

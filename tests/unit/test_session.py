@@ -1,5 +1,6 @@
 """The library's SQLite engine: checkpoints off the commit path."""
 
+import os
 import threading
 import time
 
@@ -41,6 +42,17 @@ class TestCheckpoints(base.LibraryTestCase):
         self.useFixture(mockpatch('MAX_WAL', 0))
         self._add()
         self.assertIn(True, calls)
+
+    def test_a_removed_database_is_not_recreated(self):
+        self._add()
+        self.assertTrue(db_session.wait_for_checkpoints(10))
+        path = '%s/vmar.sqlite' % self.tmp
+        db_session.get_engine(self.conf).dispose()
+        for suffix in ('', '-wal', '-shm'):
+            if os.path.exists(path + suffix):
+                os.unlink(path + suffix)
+        db_session._checkpointer(path).checkpoint()
+        self.assertFalse(os.path.exists(path))
 
     def test_connections_do_not_checkpoint_on_commit(self):
         engine = db_session.get_engine(self.conf)

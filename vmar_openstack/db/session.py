@@ -16,6 +16,8 @@ import functools
 import os
 import sqlite3
 import threading
+import time
+import urllib.parse
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -76,7 +78,8 @@ class _Checkpointer:
     commit time of an ingest into a large library. Here a thread of its own
     does it (passive: it never waits for, or blocks, readers and writers)
     after each commit, and the committing thread does it itself only when
-    the WAL has grown past :attr:`MAX_WAL` because the thread lags.
+    the WAL has grown past :attr:`MAX_WAL` because the thread lags. It never
+    creates a database: one removed meanwhile is left alone.
     """
 
     MAX_WAL = 256 << 20
@@ -84,9 +87,10 @@ class _Checkpointer:
     def __init__(self, path):
         self.path = path
         self.wal = path + '-wal'
-        self.wake = threading.Event()
+        self.cond = threading.Condition()
+        self.pending = False
+        self.busy = False
         self.thread = None
-        self.lock = threading.Lock()
 
     def committed(self):
         try:
@@ -96,34 +100,70 @@ class _Checkpointer:
         if big:
             self.checkpoint()
             return
-        with self.lock:
+        with self.cond:
+            self.pending = True
+            self.cond.notify_all()
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(
                     target=self._run, name='vmar-sqlite-checkpoint',
                     daemon=True)
                 self.thread.start()
-        self.wake.set()
 
     def checkpoint(self):
-        conn = sqlite3.connect(self.path, timeout=60)
+        if not os.path.exists(self.path):
+            return
+        conn = sqlite3.connect('file:%s?mode=rw' % urllib.parse.quote(
+            self.path), uri=True, timeout=60)
         try:
             conn.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchall()
         finally:
             conn.close()
 
+    def wait_idle(self, timeout):
+        with self.cond:
+            return self.cond.wait_for(
+                lambda: not self.pending and not self.busy, timeout)
+
     def _run(self):
         while True:
-            self.wake.wait()
-            self.wake.clear()
+            with self.cond:
+                self.cond.wait_for(lambda: self.pending)
+                self.pending, self.busy = False, True
             try:
                 self.checkpoint()
             except sqlite3.Error:
                 pass   # the next commit tries again
+            finally:
+                with self.cond:
+                    self.busy = False
+                    self.cond.notify_all()
 
 
-@functools.lru_cache(maxsize=None)
+_CHECKPOINTERS = {}
+_CHECKPOINTERS_LOCK = threading.Lock()
+
+
 def _checkpointer(path):
-    return _Checkpointer(path)
+    with _CHECKPOINTERS_LOCK:
+        cp = _CHECKPOINTERS.get(path)
+        if cp is None:
+            cp = _CHECKPOINTERS[path] = _Checkpointer(path)
+        return cp
+
+
+def wait_for_checkpoints(timeout=60):
+    """Wait until no background checkpoint is queued or running.
+
+    For a caller about to remove or copy a library's SQLite files.
+    Returns False if one was still busy after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    with _CHECKPOINTERS_LOCK:
+        checkpointers = list(_CHECKPOINTERS.values())
+    ok = True
+    for cp in checkpointers:
+        ok &= cp.wait_idle(max(0.0, deadline - time.monotonic()))
+    return ok
 
 
 def _committed(engine):
