@@ -13,7 +13,6 @@ import fixtures
 
 from tests import base
 from vmar_openstack.db import api as db_api
-from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack import ingest
 from vmar_openstack.ingest import ahead
@@ -113,45 +112,6 @@ class TestAhead(base.LibraryTestCase):
         self.assertEqual([(_uuid(1), 0, 1, 0), (_uuid(2), 1, 2, 1),
                           (_uuid(3), 3, 1, 3)], self._map(_uuid(3)))
         self.assertEqual(([], []), check.check(self.conf))
-
-    def _recorded_sha(self, image_id):
-        with db_session.reader(self.conf) as s:
-            img = db_api.get_image(s, image_id)
-            return s.get(models.MapVersion, (img.seq, img.map_version)).sha256
-
-    def test_map_announced_once_before_the_lock(self):
-        self.lib.add(_uuid(1), self.image('a', [1, 2]), visibility='public')
-        calls = []
-        real_writer = db_session.locked_writer
-
-        def writer(*a, **k):
-            calls.append('lock')
-            return real_writer(*a, **k)
-        self.useFixture(fixtures.MockPatchObject(db_session, 'locked_writer',
-                                                 writer))
-        self.lib.add(_uuid(2), self.image('b', [2, 3]), visibility='public',
-                     on_map_written=lambda *a: calls.append(a))
-        self.assertEqual(2, len(calls))
-        self.assertIsInstance(calls[0], tuple)    # before the lock
-        image_id, version, _path, sha = calls[0]
-        self.assertEqual((_uuid(2), 1), (image_id, version))
-        self.assertEqual(self._recorded_sha(_uuid(2)), sha)
-
-    def test_rebuilt_map_is_announced_again(self):
-        self.lib.add(_uuid(1), self.image('a', [1, 2]), visibility='public')
-        other = ingest.Library(self.conf)
-        path_b = self.image('b', [3, 4])
-        announced = []
-
-        def on_map_written(*a):
-            if not announced:   # the snapshot's map: now make it stale
-                other.add(_uuid(2), path_b, visibility='public')
-            announced.append(a)
-        self.lib.add(_uuid(3), self.image('c', [1, 3, 4]),
-                     visibility='public', on_map_written=on_map_written)
-        self.assertEqual(2, len(announced))
-        self.assertNotEqual(announced[0][3], announced[1][3])
-        self.assertEqual(self._recorded_sha(_uuid(3)), announced[1][3])
 
     def test_generation_counts_commits_only(self):
         with db_session.reader(self.conf) as s:

@@ -85,11 +85,9 @@ class Library:
         """Ingest a new image; an id already in the library is refused.
 
         ``on_map_written(image_id, version, path, sha256)``, if given, is
-        called once the image's new map is written, before the transaction
-        commits and possibly before the lock is taken (so that a publisher
-        can start work that overlaps them); ``path`` may not exist yet. The
-        version may still fail to commit. If the library changed meanwhile
-        and the map is rebuilt, it is called again with the new checksum.
+        called once the image's new map file is written, before the
+        transaction commits (so that a publisher can start work that
+        overlaps the commit). The version may still fail to commit.
         """
         image_id = _check_uuid(image_id)
         if visibility not in db_api.VISIBILITIES:
@@ -260,12 +258,6 @@ class Library:
         keys, found = ahead.start_map(desc, fps.digests,
                                       self.conf.vmar.dedup_scope,
                                       map_path(self.conf, image_id, 1))
-        early = ahead.ready()
-        if early is not None and on_map_written:
-            # a publisher can start before the lock is even taken
-            on_map_written(image_id, early.version,
-                           map_path(self.conf, image_id, early.version),
-                           early.sha256)
         with self._mutation() as (s, written):
             if db_api.get_image(s, image_id) is not None:
                 raise ImageExists('image %s was added concurrently'
@@ -286,8 +278,6 @@ class Library:
             s.flush()
             # The new image has the largest sequence id, so it is never the
             # smallest candidate of another image: no other map changes.
-            if fresh and early is not None:
-                on_map_written = None       # announced above
             return self._regenerate(
                 s, written, img, set(), known={img.seq: known},
                 digests={img.seq: fps.digests}, on_written=on_map_written,

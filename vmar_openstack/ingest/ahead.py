@@ -164,12 +164,6 @@ class Ahead:
         except BaseException as e:   # re-raised by map_result()
             self._error = e
 
-    def ready(self):
-        """The :class:`PreparedMap`, if already built (small images)."""
-        if self._thread is None and self._error is None:
-            return self._result
-        return None
-
     def map_result(self):
         """The :class:`PreparedMap` :meth:`start_map` built (waits)."""
         if self._thread is not None:
