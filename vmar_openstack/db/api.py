@@ -304,12 +304,8 @@ def _relabel(session, cids, new_hash, seq, adding, public):
     """Add ``seq`` to, or remove it from, whole clusters: no key moves."""
     dialect = db_session.dialect(session)
     if adding:
-        src, col = bulk.source(dialect)
-        for i in range(0, len(cids), bulk.BATCH):
-            session.execute(sa.text(
-                'INSERT INTO vmar_cluster_members (cluster_id, seq) '
-                'SELECT %s, :seq FROM %s' % (col, src)),
-                {'seq': seq, 'keys': bulk.encode(cids[i:i + bulk.BATCH])})
+        bulk.insert(session, dialect, cids, seq, 'vmar_cluster_members',
+                    ('cluster_id', 'seq'))
     else:
         for i in range(0, len(cids), 500):
             session.execute(sa.delete(models.ClusterMember).where(
@@ -407,8 +403,9 @@ def add_keys(session, seq, keys, public, found=None):
     public member). ``found``: the ``(keys, clusters)`` of those of
     ``keys`` in the table, if already known (they must be current).
 
-    Returns the image's ``(keys, cluster ids)`` afterwards, sorted by key,
-    so that map generation need not read them back.
+    Returns the image's ``(keys, cluster ids)`` afterwards, unsorted, so
+    that map generation need not read them back (most callers do not need
+    them: no sort on the ingest path).
     """
     dialect = db_session.dialect(session)
     found_k, found_c = found or bulk.lookup(session, dialect, keys)
@@ -425,9 +422,7 @@ def add_keys(session, seq, keys, public, found=None):
         _adjust_counts(session, {cid: len(new)})
         out_k.append(new)
         out_c.append(np.full(len(new), cid, dtype=np.int64))
-    k, c = np.concatenate(out_k), np.concatenate(out_c)
-    order = np.argsort(k)
-    return k[order], c[order]
+    return np.concatenate(out_k), np.concatenate(out_c)
 
 
 def remove_keys(session, seq, keys):

@@ -163,12 +163,14 @@ def set_hashes(session, dialect, ids, hashes, also=''):
     session.execute(sa.text(sql), {'pairs': pairs})
 
 
-def insert(session, dialect, keys, cluster_id):
+def insert(session, dialect, keys, value, table='vmar_fingerprints',
+           columns=('fp_key', 'cluster_id')):
+    """Insert one row (key, ``value``) into ``table`` per key."""
     src, col = source(dialect)
-    stmt = sa.text('INSERT INTO vmar_fingerprints (fp_key, cluster_id) '
-                   'SELECT %s, :cid FROM %s' % (col, src))
+    stmt = sa.text('INSERT INTO %s (%s) SELECT %s, :value FROM %s'
+                   % (table, ', '.join(columns), col, src))
     for batch in _batches(keys):
-        session.execute(stmt, {'keys': batch, 'cid': int(cluster_id)})
+        session.execute(stmt, {'keys': batch, 'value': int(value)})
 
 
 def move(session, dialect, keys, cluster_id):

@@ -276,6 +276,9 @@ class Library:
                                     img.visibility == 'public',
                                     found=found if fresh else None)
             s.flush()
+            if not fresh:
+                order = np.argsort(known[0])
+                known = (known[0][order], known[1][order])
             # The new image has the largest sequence id, so it is never the
             # smallest candidate of another image: no other map changes.
             return self._regenerate(
