@@ -1,7 +1,8 @@
 """The library on real MariaDB and PostgreSQL servers.
 
-The oracle, scope and collision tests of the unit suite run again here on
-each server, plus concurrent ingests from separate processes.
+The oracle, scope, collision, lookahead, tier and split tests of the unit
+suite run again here on each server, plus concurrent ingests from separate
+processes.
 """
 
 import subprocess
@@ -11,6 +12,7 @@ import threading
 from tests import base
 from tests.functional import services
 from tests.unit import test_ahead
+from tests.unit import test_clusters
 from tests.unit import test_mapgen
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
@@ -39,6 +41,32 @@ class TestOracleMariaDB(MariaDB, test_mapgen.TestMapsAgainstOracle):
 
 
 class TestOraclePostgreSQL(PostgreSQL, test_mapgen.TestMapsAgainstOracle):
+    pass
+
+
+class TestOracleTiersMariaDB(MariaDB,
+                             test_mapgen.TestMapsAgainstOracleTiers):
+    pass
+
+
+class TestOracleTiersPostgreSQL(PostgreSQL,
+                                test_mapgen.TestMapsAgainstOracleTiers):
+    pass
+
+
+class TestTiersMariaDB(MariaDB, test_clusters.TestTiers):
+    pass
+
+
+class TestTiersPostgreSQL(PostgreSQL, test_clusters.TestTiers):
+    pass
+
+
+class TestSplitsMariaDB(MariaDB, test_clusters.TestSplits):
+    pass
+
+
+class TestSplitsPostgreSQL(PostgreSQL, test_clusters.TestSplits):
     pass
 
 

@@ -194,7 +194,8 @@ class TestHostileImages(base.LibraryTestCase):
         for w in words:
             self.assertIn(w, str(e))
         with db_session.reader(self.conf) as s:
-            for table in (models.Image, models.Fingerprint, models.Cluster,
+            for table in (models.Image, models.Fingerprint,
+                          models.RecentFingerprint, models.Cluster,
                           models.ImageDigests, models.MapVersion):
                 self.assertEqual(0, s.execute(sa.select(sa.func.count())
                                               .select_from(table)).scalar())

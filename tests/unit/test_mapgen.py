@@ -3,11 +3,13 @@
 import os
 import random
 
+import fixtures
 import numpy as np
 import testtools
 
 from tests import base
 from vmar_openstack.db import api as db_api
+from vmar_openstack.db import bulk
 from vmar_openstack.db import session as db_session
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check
@@ -162,6 +164,22 @@ class TestMapsAgainstOracle(base.LibraryTestCase):
 
     def test_global_scope(self):
         self._run('global', 11)
+
+
+class TestMapsAgainstOracleTiers(TestMapsAgainstOracle):
+    """The same runs with the shortcuts of an add at their extremes.
+
+    The small fingerprint tier merges every few adds, and every split that
+    can be done the other way round is (vmar_openstack.db.api._flips).
+    """
+
+    def setUp(self):
+        super().setUp()
+        for obj, name, value in ((bulk, 'MERGE_ROWS', 4),
+                                 (db_api, 'FLIP_MIN_SAVING', 1),
+                                 (db_api, 'FLIP_LOOKUPS_PER_MOVE', 1 << 30),
+                                 (db_api, 'FLIP_BLOCKS_PER_MOVE', 1 << 30)):
+            self.useFixture(fixtures.MockPatchObject(obj, name, value))
 
 
 class TestScopeIsolation(base.LibraryTestCase):

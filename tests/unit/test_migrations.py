@@ -13,8 +13,8 @@ from vmar_openstack import ingest
 from vmar_openstack.ingest import check
 
 
-class TestMigration0004(testtools.TestCase):
-    """Smallest members of clusters and the lock generation, backfilled."""
+class MigrationTestCase(testtools.TestCase):
+    """A library's configuration, its schema not created yet."""
 
     def setUp(self):
         super().setUp()
@@ -25,6 +25,10 @@ class TestMigration0004(testtools.TestCase):
         self.conf.set_override('state_dir', tmp, group='vmar')
         self.conf.set_override('connection', 'sqlite:///%s/v.sqlite' % tmp,
                                group='vmar_database')
+
+
+class TestMigration0004(MigrationTestCase):
+    """Smallest members of clusters and the lock generation, backfilled."""
 
     def test_backfill(self):
         migration.upgrade('0003', conf=self.conf)
@@ -75,3 +79,25 @@ class TestMigration0004(testtools.TestCase):
         self.assertIn('min_seq 7, smallest member 1', ' '.join(problems))
         self.assertIn('min_public_seq None, smallest public member 1',
                       ' '.join(problems))
+
+
+class TestMigration0005(MigrationTestCase):
+    """The small fingerprint tier, added to a library that has data."""
+
+    def test_fingerprints_stay_and_the_small_tier_starts_empty(self):
+        migration.upgrade('0004', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            c.execute(sa.text(
+                "INSERT INTO vmar_clusters (id, members_hash, n_images, "
+                "n_fingerprints, min_seq) VALUES (1, 'h', 0, 2, 0)"))
+            c.execute(sa.text('INSERT INTO vmar_fingerprints (fp_key, '
+                              'cluster_id) VALUES (5, 1), (-7, 1)'))
+        migration.upgrade('head', conf=self.conf)
+        self.assertEqual('0005', migration.current(conf=self.conf))
+        with engine.connect() as c:
+            self.assertEqual([(-7, 1), (5, 1)], [tuple(r) for r in c.execute(
+                sa.text('SELECT fp_key, cluster_id FROM vmar_fingerprints '
+                        'ORDER BY fp_key'))])
+            self.assertEqual(0, c.execute(sa.text(
+                'SELECT COUNT(*) FROM vmar_fingerprints_recent')).scalar())

@@ -23,6 +23,14 @@ from vmar_openstack.db import session as db_session
 from vmar_openstack import fingerprint
 
 DIGEST_CHUNK_BYTES = 4 << 20
+# A split is flipped (see _flips) when it saves this many key moves, and
+# only if it costs at most this many lookups, and reads the digests of
+# members of at most this many blocks, per move saved. The keys outside
+# the image are sought among those of up to FLIP_MEMBERS members.
+FLIP_MIN_SAVING = 256
+FLIP_LOOKUPS_PER_MOVE = 2
+FLIP_BLOCKS_PER_MOVE = 64
+FLIP_MEMBERS = 3
 VISIBILITIES = ('public', 'private', 'shared', 'community')
 
 
@@ -97,6 +105,14 @@ def unique_first(values, with_order=False):
     if with_order:
         return sv[starts], order[starts], inverse, order
     return sv[starts], order[starts], inverse
+
+
+def isin(values, sorted_set):
+    """``np.isin`` for a sorted ``sorted_set``, by binary search."""
+    if not len(sorted_set):
+        return np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[pos] == values
 
 
 def shareable_mask(digests, virtual_size, block_size):
@@ -300,6 +316,108 @@ def _split_off(session, dialect, splits, info, keys, seq, public):
     return dest
 
 
+def _flips(session, dialect, split, info, image_keys):
+    """Split clusters cheaper to split the other way round.
+
+    A split cluster moves the keys on the image's side to a new cluster.
+    When most of the cluster is in the image (typically the base system
+    that nearly every image holds, minus the few files this one changed),
+    it is cheaper for the cluster to take the image as a member and to
+    move its keys outside the image to a new cluster with the old member
+    set. Those keys are found without an index on cluster ids: every
+    member of a cluster holds all its keys, so they are among the keys
+    that a few members hold and the image does not; those candidates are
+    looked up.
+
+    ``split``: (cluster id, key index array) pairs; ``image_keys``: the
+    image's sorted distinct keys. Returns cluster id -> its keys outside
+    the image, for the clusters worth flipping.
+    """
+    wanted = []
+    for cid, grp in split:
+        outside = info[cid][2] - len(grp)
+        if len(grp) - outside >= FLIP_MIN_SAVING:
+            wanted.append((cid, outside, len(grp) - outside))
+    if not wanted:
+        return {}
+    members = _some_members(session, [w[0] for w in wanted], FLIP_MEMBERS)
+    images = images_by_seq(session, {m for ms in members.values()
+                                     for m in ms})
+    keysets = {}
+
+    def keyset(seq):
+        if seq not in keysets:
+            img = images[seq]
+            keysets[seq] = image_key_set(img, load_digests(
+                session, img, fingerprint.DIGEST_SIZES[img.algorithm]))
+        return keysets[seq]
+
+    chosen, parts = [], []
+    for cid, outside, saving in wanted:
+        candidates = None
+        for m in members[cid]:
+            if images[m].n_blocks > FLIP_BLOCKS_PER_MOVE * saving:
+                continue   # reading its digests costs more than it saves
+            if candidates is None:
+                candidates = keyset(m)
+                candidates = candidates[~isin(candidates, image_keys)]
+            elif len(candidates) > saving:
+                candidates = candidates[isin(candidates, keyset(m))]
+        if candidates is None or (
+                len(candidates) > FLIP_LOOKUPS_PER_MOVE * saving):
+            continue   # more lookups than the moves they would save
+        chosen.append((cid, outside))
+        parts.append(candidates)
+    if not chosen:
+        return {}
+    k, c = bulk.lookup(session, dialect, unique(np.concatenate(parts)))
+    flips = {}
+    for cid, outside in chosen:
+        rest = k[c == cid]
+        if len(rest) != outside:
+            raise RuntimeError(
+                'cluster %d has %d keys outside the image being added, but '
+                'its members hold %d keys of it outside the image; run '
+                'vmar-manage check' % (cid, outside, len(rest)))
+        flips[cid] = rest
+    return flips
+
+
+def _some_members(session, cluster_ids, n):
+    """Cluster id -> up to ``n`` of its members (the smallest seqs)."""
+    out = {int(c): [] for c in cluster_ids}
+    rows = session.execute(sa.select(
+        models.ClusterMember.cluster_id, models.ClusterMember.seq)
+        .where(models.ClusterMember.cluster_id.in_(list(out)))
+        .order_by(models.ClusterMember.cluster_id, models.ClusterMember.seq))
+    for cid, seq in rows:
+        if len(out[cid]) < n:
+            out[cid].append(seq)
+    return out
+
+
+def _split_back(session, dialect, flips, info, seq):
+    """Give each flipped cluster's keys outside the image a new cluster.
+
+    Runs after the relabel that made ``seq`` a member of the flipped
+    clusters (and freed their old member-set hashes): the new clusters
+    take the old member sets, hashes and smallest members.
+    """
+    session.execute(sa.insert(models.Cluster), [
+        {'members_hash': info[c][0], 'n_images': info[c][1],
+         'n_fingerprints': len(rest), 'min_seq': info[c][3],
+         'min_public_seq': info[c][4]} for c, rest in flips.items()])
+    ids = _ids_by_hash(session, [info[c][0] for c in flips])
+    session.execute(sa.text(
+        'INSERT INTO vmar_cluster_members (cluster_id, seq) '
+        'SELECT :new, seq FROM vmar_cluster_members '
+        'WHERE cluster_id = :old AND seq <> :seq'),
+        [{'new': ids[info[c][0]], 'old': c, 'seq': seq} for c in flips])
+    for c, rest in flips.items():
+        bulk.move(session, dialect, rest, ids[info[c][0]])
+    _adjust_counts(session, {c: -len(rest) for c, rest in flips.items()})
+
+
 def _relabel(session, cids, new_hash, seq, adding, public):
     """Add ``seq`` to, or remove it from, whole clusters: no key moves."""
     dialect = db_session.dialect(session)
@@ -328,7 +446,8 @@ def _relabel(session, cids, new_hash, seq, adding, public):
         refresh_smallest(session, cids)
 
 
-def _regroup(session, dialect, keys, clusters, seq, adding, public=False):
+def _regroup(session, dialect, keys, clusters, seq, adding, public=False,
+             image_keys=None):
     """Add image ``seq`` to, or remove it from, the clusters of ``keys``.
 
     ``keys`` are the image's keys found in the table and ``clusters`` their
@@ -336,8 +455,9 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False):
     rows and changes its member set; these changes are batched, so the cost
     is a few statements for all such clusters. A cluster that splits (only
     part of it is in the image being added) gets a new cluster for the part,
-    and only those keys move. Returns ``(keys, cluster ids)`` of the kept
-    keys after the change.
+    and only those keys move; or, given the image's sorted distinct
+    ``image_keys``, the other part when that moves fewer (:func:`_flips`).
+    Returns ``(keys, cluster ids)`` of the kept keys after the change.
     """
     order = stable_order(clusters)
     keys, clusters = keys[order], clusters[order]
@@ -356,6 +476,11 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False):
     if not adding and split:
         raise RuntimeError('image %d holds only part of a cluster; run '
                            'vmar-manage check' % seq)
+    flips = {}
+    if split and image_keys is not None:
+        flips = _flips(session, dialect, split, info, image_keys)
+        split = [(cid, grp) for cid, grp in split if cid not in flips]
+        whole += list(flips)
     span = dict(zip(ids, zip(starts.tolist(), ends.tolist())))
     dest = {}
     # whole clusters: new member set = old toggled by seq
@@ -385,6 +510,8 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False):
         _drop_clusters(session, emptied)
     if relabel:
         _relabel(session, relabel, new_hash, seq, adding, public)
+    if flips:
+        _split_back(session, dialect, flips, info, seq)
     if split:
         dest.update(_split_off(session, dialect, split, info, keys, seq,
                                public))
@@ -397,7 +524,9 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False):
 
 
 def add_keys(session, seq, keys, public, found=None):
-    """Add image ``seq`` as a member for every key in ``keys`` (distinct).
+    """Add image ``seq`` as a member for every key in ``keys``.
+
+    ``keys``: the image's distinct keys, sorted.
 
     ``public``: whether the image is public (clusters keep their smallest
     public member). ``found``: the ``(keys, clusters)`` of those of
@@ -412,13 +541,13 @@ def add_keys(session, seq, keys, public, found=None):
     out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     if len(found_k):
         k, c = _regroup(session, dialect, found_k, found_c, seq, True,
-                        public)
+                        public, image_keys=keys)
         out_k.append(k)
         out_c.append(c)
     new = np.setdiff1d(keys, found_k, assume_unique=True)
     if len(new):
         cid = _singleton_cluster(session, seq, public)
-        bulk.insert(session, dialect, new, cid)
+        bulk.add_fingerprints(session, dialect, new, cid)
         _adjust_counts(session, {cid: len(new)})
         out_k.append(new)
         out_c.append(np.full(len(new), cid, dtype=np.int64))

@@ -10,6 +10,17 @@ it in C:
 * MariaDB/MySQL: ``JSON_TABLE``.
 
 Batches stay under MariaDB's default 16 MiB packet limit.
+
+The fingerprint table has two tiers (a two-level LSM tree):
+``vmar_fingerprints`` and the small ``vmar_fingerprints_recent``. An add
+that brings few new keys inserts them into the small table, whose pages
+are few; an insert into the large one dirties about one page per key, since
+keys are hashes, and the commit writes every dirty page. When the small
+table would pass :data:`MERGE_ROWS` rows, it is merged into the large one
+in key order (each page of the large table written once for many keys), in
+the transaction that fills it. A key is in one tier only; :func:`lookup`,
+:func:`move` and :func:`delete` cover both, and :func:`add_fingerprints`
+picks the tier.
 """
 
 import itertools
@@ -19,6 +30,12 @@ import numpy as np
 import sqlalchemy as sa
 
 BATCH = 200000
+
+FINGERPRINTS = 'vmar_fingerprints'
+RECENT = 'vmar_fingerprints_recent'
+# rows the small tier holds at most: 64 Ki keys and their cluster ids fill
+# a few hundred pages
+MERGE_ROWS = 1 << 16
 
 
 def source(dialect, alias='j'):
@@ -115,13 +132,26 @@ def _batches(keys):
         yield encode(keys[i:i + BATCH])
 
 
-def lookup(session, dialect, keys, table='vmar_fingerprints', key='fp_key',
+def lookup(session, dialect, keys, table=FINGERPRINTS, key='fp_key',
            columns=('cluster_id',)):
     """Rows of ``table`` whose ``key`` is in ``keys``.
 
     Returns the found keys and then one array per name in ``columns``
-    (integer SQL expressions over the row ``f``, never NULL).
+    (integer SQL expressions over the row ``f``, never NULL). For the
+    fingerprint table, both tiers: the small one for the keys the large
+    one does not hold.
     """
+    found = _lookup(session, dialect, keys, table, key, columns)
+    if table == FINGERPRINTS and has_recent(session) and (
+            len(found[0]) < len(keys)):
+        rest = np.asarray(keys, dtype=np.int64)
+        rest = rest[~np.isin(rest, found[0], assume_unique=True)]
+        more = _lookup(session, dialect, rest, RECENT, key, columns)
+        found = [np.concatenate(p) for p in zip(found, more)]
+    return found
+
+
+def _lookup(session, dialect, keys, table, key, columns):
     src, col = source(dialect)
     sql = ('SELECT f.%s, %s FROM %s JOIN %s f ON f.%s = %s'
            % (key, ', '.join(columns), src.replace(':keys', '?'), table, key,
@@ -132,6 +162,48 @@ def lookup(session, dialect, keys, table='vmar_fingerprints', key='fp_key',
                 session, sql, (batch,), len(columns) + 1)):
             part.append(values)
     return [np.concatenate(p) for p in parts]
+
+
+def has_recent(session):
+    """Whether the small fingerprint tier has rows (cached per session).
+
+    Sessions here last one transaction; only this module changes the
+    tier, and it keeps the cached answer right.
+    """
+    value = session.info.get('vmar_recent')
+    if value is None:
+        value = session.execute(sa.text(
+            'SELECT 1 FROM %s LIMIT 1' % RECENT)).first() is not None
+        session.info['vmar_recent'] = value
+    return value
+
+
+def add_fingerprints(session, dialect, keys, cluster_id):
+    """Insert new fingerprint keys (in neither tier), all in one cluster.
+
+    Into the small tier while it stays under :data:`MERGE_ROWS` rows;
+    otherwise into the large one, and the small tier is merged into it.
+    """
+    held = 0
+    if has_recent(session):
+        held = session.execute(sa.text(
+            'SELECT COUNT(*) FROM %s' % RECENT)).scalar()
+    if held + len(keys) <= MERGE_ROWS:
+        insert(session, dialect, keys, cluster_id, RECENT)
+        session.info['vmar_recent'] = held + len(keys) > 0
+        return
+    insert(session, dialect, keys, cluster_id)
+    if held:
+        merge_recent(session)
+
+
+def merge_recent(session):
+    """Move every row of the small fingerprint tier into the large one."""
+    session.execute(sa.text(
+        'INSERT INTO %s (fp_key, cluster_id) SELECT fp_key, cluster_id '
+        'FROM %s ORDER BY fp_key' % (FINGERPRINTS, RECENT)))
+    session.execute(sa.text('DELETE FROM %s' % RECENT))
+    session.info['vmar_recent'] = False
 
 
 def set_hashes(session, dialect, ids, hashes, also=''):
@@ -163,9 +235,12 @@ def set_hashes(session, dialect, ids, hashes, also=''):
     session.execute(sa.text(sql), {'pairs': pairs})
 
 
-def insert(session, dialect, keys, value, table='vmar_fingerprints',
+def insert(session, dialect, keys, value, table=FINGERPRINTS,
            columns=('fp_key', 'cluster_id')):
-    """Insert one row (key, ``value``) into ``table`` per key."""
+    """Insert one row (key, ``value``) into ``table`` per key.
+
+    New fingerprints go through :func:`add_fingerprints` instead.
+    """
     src, col = source(dialect)
     stmt = sa.text('INSERT INTO %s (%s) SELECT %s, :value FROM %s'
                    % (table, ', '.join(columns), col, src))
@@ -174,33 +249,51 @@ def insert(session, dialect, keys, value, table='vmar_fingerprints',
 
 
 def move(session, dialect, keys, cluster_id):
-    """Point the given existing keys at ``cluster_id``."""
+    """Point the given existing keys (either tier) at ``cluster_id``."""
     src, col = source(dialect)
+    recent = has_recent(session)
+    stmts = []
     if dialect in ('mysql', 'mariadb'):
-        stmt = sa.text('UPDATE vmar_fingerprints f JOIN %s ON f.fp_key = %s '
-                       'SET f.cluster_id = :cid' % (src, col))
+        for t in (FINGERPRINTS, RECENT) if recent else (FINGERPRINTS,):
+            stmts.append('UPDATE %s f JOIN %s ON f.fp_key = %s '
+                         'SET f.cluster_id = :cid' % (t, src, col))
     elif dialect == 'sqlite':
+        if recent:
+            stmts.append('UPDATE %s SET cluster_id = :cid WHERE fp_key IN '
+                         '(SELECT %s FROM %s)' % (RECENT, col, src))
         # an upsert of rows that all exist: one pass over the keys, without
         # the temporary b-tree SQLite builds for "IN (subquery)" (25 to 40
-        # % faster for half a million keys)
-        stmt = sa.text('INSERT INTO vmar_fingerprints (fp_key, cluster_id) '
-                       'SELECT %s, :cid FROM %s WHERE true '
-                       'ON CONFLICT (fp_key) DO UPDATE '
-                       'SET cluster_id = excluded.cluster_id' % (col, src))
+        # % faster for half a million keys); keys of the small tier are
+        # left out, or the upsert would copy them into the large one
+        stmts.append('INSERT INTO %s (fp_key, cluster_id) '
+                     'SELECT %s, :cid FROM %s WHERE %s '
+                     'ON CONFLICT (fp_key) DO UPDATE '
+                     'SET cluster_id = excluded.cluster_id'
+                     % (FINGERPRINTS, col, src,
+                        'NOT EXISTS (SELECT 1 FROM %s r WHERE r.fp_key = %s)'
+                        % (RECENT, col) if recent else 'true'))
     else:
-        stmt = sa.text('UPDATE vmar_fingerprints SET cluster_id = :cid '
-                       'WHERE fp_key IN (SELECT %s FROM %s)' % (col, src))
+        for t in (FINGERPRINTS, RECENT) if recent else (FINGERPRINTS,):
+            stmts.append('UPDATE %s SET cluster_id = :cid WHERE fp_key IN '
+                         '(SELECT %s FROM %s)' % (t, col, src))
     for batch in _batches(keys):
-        session.execute(stmt, {'keys': batch, 'cid': int(cluster_id)})
+        for stmt in stmts:
+            session.execute(sa.text(stmt),
+                            {'keys': batch, 'cid': int(cluster_id)})
 
 
 def delete(session, dialect, keys):
+    """Delete the given fingerprint keys, from either tier."""
     src, col = source(dialect)
-    if dialect in ('mysql', 'mariadb'):
-        stmt = sa.text('DELETE f FROM vmar_fingerprints f JOIN %s '
-                       'ON f.fp_key = %s' % (src, col))
-    else:
-        stmt = sa.text('DELETE FROM vmar_fingerprints WHERE fp_key IN '
-                       '(SELECT %s FROM %s)' % (col, src))
+    stmts = []
+    for t in (FINGERPRINTS, RECENT) if has_recent(session) else (
+            FINGERPRINTS,):
+        if dialect in ('mysql', 'mariadb'):
+            stmts.append('DELETE f FROM %s f JOIN %s ON f.fp_key = %s'
+                         % (t, src, col))
+        else:
+            stmts.append('DELETE FROM %s WHERE fp_key IN (SELECT %s FROM %s)'
+                         % (t, col, src))
     for batch in _batches(keys):
-        session.execute(stmt, {'keys': batch})
+        for stmt in stmts:
+            session.execute(sa.text(stmt), {'keys': batch})

@@ -6,6 +6,9 @@
   chunked blobs (see doc/source/design.rst for why not one row per block).
 * ``vmar_fingerprints``: one row per distinct fingerprint key in the library,
   naming the cluster it belongs to.
+* ``vmar_fingerprints_recent``: the small second tier of that table, where
+  the new keys of small adds go until it is merged (vmar_openstack.db.bulk).
+  A key is in one of the two, never both.
 * ``vmar_clusters`` and ``vmar_cluster_members``: a cluster is a set of images;
   it holds the fingerprints found in exactly those images (paper Fig. 4-5).
   The cluster row keeps its smallest member and its smallest public member,
@@ -71,6 +74,14 @@ class Fingerprint(Base):
 
     fp_key = sa.Column(BigInt, primary_key=True, autoincrement=False)
     # no index: every lookup goes by key (doc/source/design.rst)
+    cluster_id = sa.Column(BigInt, sa.ForeignKey('vmar_clusters.id'),
+                           nullable=False)
+
+
+class RecentFingerprint(Base):
+    __tablename__ = 'vmar_fingerprints_recent'
+
+    fp_key = sa.Column(BigInt, primary_key=True, autoincrement=False)
     cluster_id = sa.Column(BigInt, sa.ForeignKey('vmar_clusters.id'),
                            nullable=False)
 

@@ -55,6 +55,7 @@ def _engine(url, debug, lock_timeout):
             cur.execute('PRAGMA synchronous=NORMAL')
             cur.execute('PRAGMA foreign_keys=ON')
             cur.execute('PRAGMA cache_size=-262144')
+            cur.execute('PRAGMA mmap_size=%d' % (1 << 34))
             # checkpoints run after commits, off the writer's path
             # (_Checkpointer); a connection that closes last still
             # checkpoints and removes the WAL

@@ -110,14 +110,14 @@ class Ahead:
         self._lookup_pending()
         looked = db_api.unique(np.concatenate(
             [np.empty(0, np.int64)] + self._looked))
-        missing = keys[~mapgen.isin(keys, looked)]
+        missing = keys[~db_api.isin(keys, looked)]
         if len(missing):
             self._lookup(missing)
         fk = np.concatenate([np.empty(0, np.int64)] + self._found_k)
         fc = np.concatenate([np.empty(0, np.int64)] + self._found_c)
         fk, first, _inverse = db_api.unique_first(fk)
         fc = fc[first]
-        keep = mapgen.isin(fk, keys)
+        keep = db_api.isin(fk, keys)
         return fk[keep], fc[keep]
 
     # -- once hashed ---------------------------------------------------------

@@ -48,6 +48,14 @@ def check(conf):
                 expected[k].add(img.seq)
         rows = s.execute(sa.select(models.Fingerprint.fp_key,
                                    models.Fingerprint.cluster_id)).fetchall()
+        recent = s.execute(sa.select(
+            models.RecentFingerprint.fp_key,
+            models.RecentFingerprint.cluster_id)).fetchall()
+        both = {k for k, _c in rows} & {k for k, _c in recent}
+        if both:
+            problems.append('%d fingerprint keys are in both tiers of the '
+                            'fingerprint table' % len(both))
+        rows += recent
         clusters = {c.id: c for c in s.execute(
             sa.select(models.Cluster)).scalars()}
         members = collections.defaultdict(set)

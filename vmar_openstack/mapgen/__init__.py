@@ -102,14 +102,6 @@ class FirstOccurrence:
 NO_CLUSTER = -1
 
 
-def isin(values, sorted_set):
-    """``np.isin`` for a sorted ``sorted_set``, by binary search."""
-    if not len(sorted_set):
-        return np.zeros(len(values), dtype=bool)
-    pos = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
-    return sorted_set[pos] == values
-
-
 @dataclasses.dataclass
 class _Table:
     clusters: np.ndarray
@@ -327,13 +319,13 @@ class Resolver:
                                'run vmar-manage check' % image.image_id)
         # the image itself holds every key of its clusters
         best = np.full(len(clusters), image.seq, np.int64)
-        best[pos] = np.where(isin(low, allowed), low, best[pos])
+        best[pos] = np.where(db_api.isin(low, allowed), low, best[pos])
         best[pos] = np.minimum(best[pos], np.where(
-            isin(low_pub, allowed), low_pub, best[pos]))
+            db_api.isin(low_pub, allowed), low_pub, best[pos]))
         # a public smallest member this image may not read (another block
         # size, say): the next public member may qualify; read the lists
         exact = np.zeros(len(clusters), dtype=bool)
-        exact[pos] = (low_pub >= 0) & ~isin(low_pub, allowed) & (
+        exact[pos] = (low_pub >= 0) & ~db_api.isin(low_pub, allowed) & (
             best[pos] > low_pub)
         others = np.array(sorted(
             s for s in allowed.tolist() if s < image.seq

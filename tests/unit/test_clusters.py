@@ -1,0 +1,136 @@
+"""How an add changes the cluster tables (vmar_openstack.db.api, bulk).
+
+The two tiers of the fingerprint table, and splits made the cheap way
+round: the maps and ``vmar-manage check`` must not see either.
+"""
+
+import hashlib
+
+import fixtures
+import sqlalchemy as sa
+
+from tests import base
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import bulk
+from vmar_openstack.db import models
+from vmar_openstack.db import session as db_session
+from vmar_openstack.ingest import check
+
+
+def _uuid(n):
+    return '%08d-0000-4000-8000-%012d' % (n, n)
+
+
+class TestTiers(base.LibraryTestCase):
+
+    def _tiers(self):
+        with db_session.reader(self.conf) as s:
+            return [dict(s.execute(sa.select(t.fp_key, t.cluster_id)).all())
+                    for t in (models.Fingerprint, models.RecentFingerprint)]
+
+    def _add(self, n, seeds):
+        self.lib.add(_uuid(n), self.image('i%d' % n, seeds),
+                     visibility='public')
+
+    def test_small_adds_fill_the_small_tier_until_it_merges(self):
+        self.useFixture(fixtures.MockPatchObject(bulk, 'MERGE_ROWS', 40))
+        self._add(1, range(1, 25))                  # 24 new keys
+        main, recent = self._tiers()
+        self.assertEqual((0, 24), (len(main), len(recent)))
+        # shares 12 keys with image 1 (they move, in the small tier), and
+        # brings 12 new ones: 36 rows, still under 40
+        self._add(2, list(range(13, 25)) + list(range(100, 112)))
+        main, recent = self._tiers()
+        self.assertEqual((0, 36), (len(main), len(recent)))
+        self.assertEqual([], check.check(self.conf)[0])
+        # 12 more would make 48: everything goes to the large tier
+        self._add(3, list(range(1, 7)) + list(range(200, 212)))
+        main, recent = self._tiers()
+        self.assertEqual((48, 0), (len(main), len(recent)))
+        self.assertEqual([], check.check(self.conf)[0])
+        # and keys of both tiers are found, moved and deleted
+        self._add(4, list(range(300, 310)))
+        self._add(5, [1, 2, 300, 301, 400])
+        main, recent = self._tiers()
+        self.assertEqual(set(), set(main) & set(recent))
+        self.assertEqual((48, 11), (len(main), len(recent)))
+        self.lib.delete(_uuid(4))
+        self.lib.delete(_uuid(1))
+        main, recent = self._tiers()
+        self.assertEqual(3, len(recent))         # 300, 301, 400 of image 5
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_check_reports_a_key_in_both_tiers(self):
+        self._add(1, range(1, 9))
+        main, recent = self._tiers()
+        key, cid = next(iter(recent.items()))
+        with db_session.locked_writer(self.conf) as s:
+            s.execute(sa.insert(models.Fingerprint).values(
+                fp_key=key, cluster_id=cid))
+        problems = check.check(self.conf)[0]
+        self.assertIn('1 fingerprint keys are in both tiers of the '
+                      'fingerprint table', problems)
+
+
+class TestSplits(base.LibraryTestCase):
+
+    def _clusters(self, n):
+        with db_session.reader(self.conf) as s:
+            img = db_api.get_image(s, _uuid(n))
+            keys = db_api.image_key_set(img, db_api.load_digests(
+                s, img, 32))
+            return dict(zip(*[a.tolist() for a in db_api.key_clusters(
+                s, keys)]))
+
+    def _add(self, n, seeds):
+        self.lib.add(_uuid(n), self.image('i%d' % n, seeds),
+                     visibility='public')
+
+    def test_image_holding_most_of_a_cluster_moves_only_the_rest(self):
+        self._add(1, range(1, 301))
+        before = self._clusters(1)
+        self.assertEqual(1, len(set(before.values())))
+        # image 2 holds 290 of the cluster's 300 keys
+        self._add(2, list(range(1, 291)) + list(range(1000, 1010)))
+        after = self._clusters(1)
+        old = set(before.values())
+        shared = {k: c for k, c in after.items() if c in old}
+        # the 290 shared keys kept their cluster, which gained a member;
+        # the 10 others moved to a new cluster with the old member set
+        self.assertEqual(290, len(shared))
+        self.assertEqual(2, len(set(after.values())))
+        with db_session.reader(self.conf) as s:
+            members = db_api.cluster_members(s, set(after.values()))
+            seqs = {db_api.get_image(s, _uuid(n)).seq for n in (1, 2)}
+        self.assertEqual(frozenset(seqs), members[old.pop()])
+        self.assertEqual([], check.check(self.conf)[0])
+        # image 2's shared blocks read image 1
+        with db_session.reader(self.conf) as s:
+            self.assertEqual(290, db_api.get_image(
+                s, _uuid(2)).redirected_blocks)
+
+    def test_image_holding_little_of_a_cluster_moves_its_part(self):
+        self._add(1, range(1, 301))
+        before = set(self._clusters(1).values())
+        self._add(2, list(range(1, 11)) + list(range(1000, 1290)))
+        after = self._clusters(1)
+        self.assertEqual(290, sum(1 for c in after.values() if c in before))
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_corrupt_table_stops_a_flipping_add(self):
+        self._add(1, range(1, 301))
+        # a key of image 1 that image 2 will not hold goes missing
+        digest = hashlib.sha256(base.block(300)).digest()
+        victim = int.from_bytes(digest[:8], 'little', signed=True)
+        with db_session.locked_writer(self.conf) as s:
+            gone = sum(s.execute(sa.text(
+                'DELETE FROM %s WHERE fp_key = :k' % t), {'k': victim}
+            ).rowcount for t in ('vmar_fingerprints',
+                                 'vmar_fingerprints_recent'))
+        self.assertEqual(1, gone)
+        e = self.assertRaises(RuntimeError, self.lib.add, _uuid(2),
+                              self.image('i2', range(1, 291)),
+                              visibility='public')
+        self.assertIn('run vmar-manage check', str(e))
+        with db_session.reader(self.conf) as s:
+            self.assertIsNone(db_api.get_image(s, _uuid(2)))
