@@ -93,7 +93,7 @@ class TestMigration0005(MigrationTestCase):
                 "n_fingerprints, min_seq) VALUES (1, 'h', 0, 2, 0)"))
             c.execute(sa.text('INSERT INTO vmar_fingerprints (fp_key, '
                               'cluster_id) VALUES (5, 1), (-7, 1)'))
-        migration.upgrade('head', conf=self.conf)
+        migration.upgrade('0005', conf=self.conf)
         self.assertEqual('0005', migration.current(conf=self.conf))
         with engine.connect() as c:
             self.assertEqual([(-7, 1), (5, 1)], [tuple(r) for r in c.execute(
@@ -101,3 +101,39 @@ class TestMigration0005(MigrationTestCase):
                         'ORDER BY fp_key'))])
             self.assertEqual(0, c.execute(sa.text(
                 'SELECT COUNT(*) FROM vmar_fingerprints_recent')).scalar())
+
+
+class TestMigration0006(MigrationTestCase):
+    """Member rows become the member lists of the cluster rows."""
+
+    def test_member_rows_become_lists(self):
+        migration.upgrade('0005', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            for seq in (1, 2, 3):
+                c.execute(sa.text(
+                    "INSERT INTO vmar_images (seq, image_id, visibility, "
+                    "disk_format, virtual_size, block_size, algorithm, "
+                    "space_key, state, n_blocks, zero_blocks, content_sha256,"
+                    " map_version, redirected_blocks, n_extents, created_at, "
+                    "updated_at) VALUES (:s, :id, 'public', 'raw', 4096, "
+                    "4096, 'sha256', 0, 'active', 1, 0, 'x', 0, 0, 0, "
+                    "'2026-11-22', '2026-11-22')"),
+                    {'s': seq, 'id': 'id-%d' % seq})
+            for cid, members in ((10, (3, 1)), (11, (2,)), (12, ())):
+                c.execute(sa.text(
+                    "INSERT INTO vmar_clusters (id, members_hash, n_images, "
+                    "n_fingerprints, min_seq) VALUES (:c, :h, :n, 1, 0)"),
+                    {'c': cid, 'h': 'h%d' % cid, 'n': len(members)})
+                for m in members:
+                    c.execute(sa.text(
+                        'INSERT INTO vmar_cluster_members (cluster_id, seq) '
+                        'VALUES (:c, :m)'), {'c': cid, 'm': m})
+        migration.upgrade('head', conf=self.conf)
+        with engine.connect() as c:
+            rows = c.execute(sa.text(
+                'SELECT id, members FROM vmar_clusters ORDER BY id')).all()
+            self.assertNotIn('vmar_cluster_members',
+                             sa.inspect(c).get_table_names())
+        self.assertEqual([(10, '1,3'), (11, '2'), (12, '')],
+                         [tuple(r) for r in rows])

@@ -178,24 +178,52 @@ def _toggle(hash_hex, seq):
     return '%032x' % (int(hash_hex, 16) ^ _member_hash(seq))
 
 
+def parse_members(text):
+    """The member seqs of a cluster row's ``members`` text, as int64."""
+    if not text:
+        return np.empty(0, np.int64)
+    return np.array(text.split(','), dtype=np.int64)
+
+
+def members_text(seqs):
+    return ','.join(str(int(m)) for m in seqs)
+
+
+def _append_member(dialect, seq):
+    """SQL for the ``members`` column with ``seq`` (an int) appended."""
+    if dialect in ('mysql', 'mariadb'):
+        return "CONCAT(members, ',%d')" % int(seq)
+    return "members || ',%d'" % int(seq)
+
+
+def member_texts(session, cluster_ids):
+    """Map cluster id -> its ``members`` text."""
+    src, col = bulk.source(db_session.dialect(session))
+    sql = ('SELECT c.id, c.members FROM %s JOIN vmar_clusters c ON c.id = %s'
+           % (src.replace(':keys', '?'), col))
+    ids = np.asarray([int(c) for c in cluster_ids], dtype=np.int64)
+    out = {}
+    for i in range(0, len(ids), bulk.BATCH):
+        out.update(bulk.fetch_rows(session, sql,
+                                   (bulk.encode(ids[i:i + bulk.BATCH]),)))
+    return out
+
+
 def cluster_members(session, cluster_ids):
     """Map cluster id -> frozenset of member image seqs."""
-    out = {}
-    ids = [int(c) for c in cluster_ids]
-    for i in range(0, len(ids), 500):
-        rows = session.execute(
-            sa.select(models.ClusterMember.cluster_id,
-                      models.ClusterMember.seq)
-            .where(models.ClusterMember.cluster_id.in_(ids[i:i + 500])))
-        for cid, seq in rows:
-            out.setdefault(cid, set()).add(seq)
-    return {k: frozenset(v) for k, v in out.items()}
+    return {cid: frozenset(parse_members(text).tolist())
+            for cid, text in member_texts(session, cluster_ids).items()}
 
 
 def clusters_of_image(session, seq):
-    return session.execute(
-        sa.select(models.ClusterMember.cluster_id)
-        .where(models.ClusterMember.seq == seq)).scalars().all()
+    """Ids of the clusters image ``seq`` is a member of.
+
+    Reads every cluster row: for deletes and metadata changes, not for
+    adds.
+    """
+    return [cid for cid, text in session.execute(sa.select(
+            models.Cluster.id, models.Cluster.members))
+            if seq in parse_members(text)]
 
 
 def _singleton_cluster(session, seq, public):
@@ -207,11 +235,10 @@ def _singleton_cluster(session, seq, public):
         return cid
     cluster = models.Cluster(members_hash=h, n_images=1, n_fingerprints=0,
                              min_seq=seq,
-                             min_public_seq=seq if public else None)
+                             min_public_seq=seq if public else None,
+                             members=members_text([seq]))
     session.add(cluster)
     session.flush()
-    session.execute(sa.insert(models.ClusterMember),
-                    [{'cluster_id': cluster.id, 'seq': seq}])
     return cluster.id
 
 
@@ -220,15 +247,18 @@ def refresh_smallest(session, cluster_ids):
 
     After a member left them, or a member's visibility changed.
     """
-    ids = [int(c) for c in cluster_ids]
-    for i in range(0, len(ids), 500):
+    public = {row.seq for row in image_rows(session)
+              if row.visibility == 'public'}
+    rows = []
+    for cid, text in member_texts(session, cluster_ids).items():
+        m = parse_members(text)
+        pub = [x for x in m.tolist() if x in public]
+        rows.append({'id': cid, 'm': int(m.min()) if len(m) else 0,
+                     'p': min(pub) if pub else None})
+    if rows:
         session.execute(sa.text(
-            "UPDATE vmar_clusters SET min_seq = (SELECT MIN(m.seq) FROM "
-            "vmar_cluster_members m WHERE m.cluster_id = vmar_clusters.id), "
-            "min_public_seq = (SELECT MIN(m.seq) FROM vmar_cluster_members m "
-            "JOIN vmar_images i ON i.seq = m.seq WHERE m.cluster_id = "
-            "vmar_clusters.id AND i.visibility = 'public') WHERE id IN (%s)"
-            % ','.join(str(c) for c in ids[i:i + 500])))
+            'UPDATE vmar_clusters SET min_seq = :m, min_public_seq = :p '
+            'WHERE id = :id'), rows)
 
 
 def _adjust_counts(session, deltas):
@@ -243,8 +273,6 @@ def _adjust_counts(session, deltas):
 def _drop_clusters(session, ids):
     for i in range(0, len(ids), 500):
         part = [int(c) for c in ids[i:i + 500]]
-        session.execute(sa.delete(models.ClusterMember).where(
-            models.ClusterMember.cluster_id.in_(part)))
         session.execute(sa.delete(models.Cluster).where(
             models.Cluster.id.in_(part)))
 
@@ -292,19 +320,14 @@ def _split_off(session, dialect, splits, info, keys, seq, public):
     found = _ids_by_hash(session, want.values())
     create = [cid for cid, _grp in splits if want[cid] not in found]
     if create:
+        texts = member_texts(session, create)
         session.execute(sa.insert(models.Cluster), [
             {'members_hash': want[c], 'n_images': info[c][1] + 1,
              'n_fingerprints': 0, 'min_seq': min(info[c][3], seq),
-             'min_public_seq': _smaller(info[c][4], seq if public else None)}
+             'min_public_seq': _smaller(info[c][4], seq if public else None),
+             'members': texts[c] + ',%d' % seq}
             for c in create])
         found.update(_ids_by_hash(session, [want[c] for c in create]))
-        session.execute(sa.text(
-            'INSERT INTO vmar_cluster_members (cluster_id, seq) '
-            'SELECT :new, seq FROM vmar_cluster_members '
-            'WHERE cluster_id = :old'),
-            [{'new': found[want[c]], 'old': c} for c in create])
-        session.execute(sa.insert(models.ClusterMember), [
-            {'cluster_id': found[want[c]], 'seq': seq} for c in create])
     dest, deltas = {}, {}
     for cid, grp in splits:
         new = found[want[cid]]
@@ -385,34 +408,24 @@ def _flips(session, dialect, split, info, image_keys):
 
 def _some_members(session, cluster_ids, n):
     """Cluster id -> up to ``n`` of its members (the smallest seqs)."""
-    out = {int(c): [] for c in cluster_ids}
-    rows = session.execute(sa.select(
-        models.ClusterMember.cluster_id, models.ClusterMember.seq)
-        .where(models.ClusterMember.cluster_id.in_(list(out)))
-        .order_by(models.ClusterMember.cluster_id, models.ClusterMember.seq))
-    for cid, seq in rows:
-        if len(out[cid]) < n:
-            out[cid].append(seq)
-    return out
+    return {cid: np.sort(parse_members(text))[:n].tolist()
+            for cid, text in member_texts(session, cluster_ids).items()}
 
 
-def _split_back(session, dialect, flips, info, seq):
+def _split_back(session, dialect, flips, info, texts):
     """Give each flipped cluster's keys outside the image a new cluster.
 
-    Runs after the relabel that made ``seq`` a member of the flipped
+    Runs after the relabel that made the image a member of the flipped
     clusters (and freed their old member-set hashes): the new clusters
-    take the old member sets, hashes and smallest members.
+    take the old member sets (``texts``, read before the relabel), hashes
+    and smallest members.
     """
     session.execute(sa.insert(models.Cluster), [
         {'members_hash': info[c][0], 'n_images': info[c][1],
          'n_fingerprints': len(rest), 'min_seq': info[c][3],
-         'min_public_seq': info[c][4]} for c, rest in flips.items()])
+         'min_public_seq': info[c][4], 'members': texts[c]}
+        for c, rest in flips.items()])
     ids = _ids_by_hash(session, [info[c][0] for c in flips])
-    session.execute(sa.text(
-        'INSERT INTO vmar_cluster_members (cluster_id, seq) '
-        'SELECT :new, seq FROM vmar_cluster_members '
-        'WHERE cluster_id = :old AND seq <> :seq'),
-        [{'new': ids[info[c][0]], 'old': c, 'seq': seq} for c in flips])
     for c, rest in flips.items():
         bulk.move(session, dialect, rest, ids[info[c][0]])
     _adjust_counts(session, {c: -len(rest) for c, rest in flips.items()})
@@ -421,17 +434,17 @@ def _split_back(session, dialect, flips, info, seq):
 def _relabel(session, cids, new_hash, seq, adding, public):
     """Add ``seq`` to, or remove it from, whole clusters: no key moves."""
     dialect = db_session.dialect(session)
-    if adding:
-        bulk.insert(session, dialect, cids, seq, 'vmar_cluster_members',
-                    ('cluster_id', 'seq'))
-    else:
-        for i in range(0, len(cids), 500):
-            session.execute(sa.delete(models.ClusterMember).where(
-                models.ClusterMember.seq == seq,
-                models.ClusterMember.cluster_id.in_(cids[i:i + 500])))
+    if not adding:
+        rows = []
+        for cid, text in member_texts(session, cids).items():
+            m = parse_members(text)
+            rows.append({'id': cid, 'm': members_text(m[m != seq])})
+        session.execute(sa.text(
+            'UPDATE vmar_clusters SET members = :m WHERE id = :id'), rows)
     # seq is an int: inlined
     also = 'n_images = n_images + %d' % (1 if adding else -1)
     if adding:
+        also += ', members = ' + _append_member(dialect, seq)
         also += (', min_seq = CASE WHEN %d < min_seq THEN %d '
                  'ELSE min_seq END' % (seq, seq))
         if public:
@@ -508,10 +521,11 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False,
         bulk.delete(session, dialect, np.concatenate(
             [keys[span[c][0]:span[c][1]] for c in emptied]))
         _drop_clusters(session, emptied)
+    flip_texts = member_texts(session, list(flips)) if flips else {}
     if relabel:
         _relabel(session, relabel, new_hash, seq, adding, public)
     if flips:
-        _split_back(session, dialect, flips, info, seq)
+        _split_back(session, dialect, flips, info, flip_texts)
     if split:
         dest.update(_split_off(session, dialect, split, info, keys, seq,
                                public))

@@ -9,10 +9,12 @@
 * ``vmar_fingerprints_recent``: the small second tier of that table, where
   the new keys of small adds go until it is merged (vmar_openstack.db.bulk).
   A key is in one of the two, never both.
-* ``vmar_clusters`` and ``vmar_cluster_members``: a cluster is a set of images;
-  it holds the fingerprints found in exactly those images (paper Fig. 4-5).
-  The cluster row keeps its smallest member and its smallest public member,
-  so that map generation rarely reads member lists.
+* ``vmar_clusters``: a cluster is a set of images; it holds the fingerprints
+  found in exactly those images (paper Fig. 4-5). The row keeps the member
+  list itself (adding a member appends to it: one row written, where a
+  member table inserted into one b-tree position per cluster), its
+  smallest member and its smallest public member, so that map generation
+  rarely reads member lists.
 * ``vmar_maps``: every map version written, with its checksum.
 * ``vmar_locks``: the row that serialises library mutations, with a count
   of the mutations committed so far.
@@ -21,9 +23,12 @@
 import datetime
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 from sqlalchemy import orm
 
 BigInt = sa.BigInteger().with_variant(sa.Integer(), 'sqlite')
+# MariaDB's TEXT holds 64 KiB: about 10000 members
+MembersText = sa.Text().with_variant(mysql.MEDIUMTEXT(), 'mysql', 'mariadb')
 
 
 def _now():
@@ -98,16 +103,9 @@ class Cluster(Base):
     # map generation finds canonical targets from them (mapgen)
     min_seq = sa.Column(sa.BigInteger, nullable=False)
     min_public_seq = sa.Column(sa.BigInteger)
-
-
-class ClusterMember(Base):
-    __tablename__ = 'vmar_cluster_members'
-
-    cluster_id = sa.Column(BigInt, sa.ForeignKey('vmar_clusters.id',
-                                                 ondelete='CASCADE'),
-                           primary_key=True)
-    seq = sa.Column(BigInt, sa.ForeignKey('vmar_images.seq'),
-                    primary_key=True, index=True)
+    # the member seqs, comma-separated, in no particular order (see
+    # vmar_openstack.db.api.parse_members)
+    members = sa.Column(MembersText, nullable=False)
 
 
 class MapVersion(Base):

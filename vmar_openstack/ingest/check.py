@@ -59,10 +59,17 @@ def check(conf):
         clusters = {c.id: c for c in s.execute(
             sa.select(models.Cluster)).scalars()}
         members = collections.defaultdict(set)
-        for cid, seq in s.execute(sa.select(models.ClusterMember.cluster_id,
-                                            models.ClusterMember.seq)):
-            members[cid].add(seq)
-            if seq not in by_seq:
+        for cid, c in clusters.items():
+            try:
+                listed = db_api.parse_members(c.members).tolist()
+            except ValueError:
+                problems.append('cluster %d has an unreadable member list '
+                                '%r' % (cid, c.members[:80]))
+                continue
+            members[cid] = set(listed)
+            if len(listed) != len(members[cid]):
+                problems.append('cluster %d lists a member twice' % cid)
+            for seq in sorted(members[cid] - set(by_seq)):
                 problems.append('cluster %d names missing image seq %d'
                                 % (cid, seq))
         counts = collections.Counter()

@@ -332,22 +332,14 @@ class Resolver:
             and imgs[s].visibility != 'public'), dtype=np.int64)
         todo = real & ~exact & (best > (others[0] if len(others) else best))
         if todo.any():
-            src, col = bulk.source(dialect, 'j')
-            src2, col2 = bulk.source(dialect, 'q')
-            sql = ('SELECT m.cluster_id, MIN(m.seq) FROM '
-                   'vmar_cluster_members m WHERE m.seq IN (SELECT %s FROM %s)'
-                   ' AND m.cluster_id IN (SELECT %s FROM %s) '
-                   'GROUP BY m.cluster_id'
-                   % (col, src.replace(':keys', '?'), col2,
-                      src2.replace(':keys', '?')))
-            for i in range(0, int(todo.sum()), bulk.BATCH):
-                part = clusters[todo][i:i + bulk.BATCH]
-                ids, m = bulk.fetch_pairs(
-                    self.session, sql,
-                    (bulk.encode(others[others < best[todo].max()]),
-                     bulk.encode(part)))
-                at = np.searchsorted(clusters, ids)
-                best[at] = np.minimum(best[at], m)
+            # the member lists of those clusters, for their smallest member
+            # among the owner's other images
+            texts = db_api.member_texts(self.session, clusters[todo])
+            for i in np.flatnonzero(todo).tolist():
+                m = db_api.parse_members(texts[int(clusters[i])])
+                m = m[db_api.isin(m, others)]
+                if len(m):
+                    best[i] = min(best[i], int(m.min()))
         for i in np.flatnonzero(exact).tolist():
             cands = self._full_candidates(image, imgs, int(clusters[i]))
             if cands:
