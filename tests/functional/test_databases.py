@@ -94,6 +94,22 @@ class TestAheadPostgreSQL(PostgreSQL, test_ahead.TestAhead):
     pass
 
 
+class TestAheadByKeyMariaDB(MariaDB, test_ahead.TestAheadByKey):
+    pass
+
+
+class TestAheadByKeyPostgreSQL(PostgreSQL, test_ahead.TestAheadByKey):
+    pass
+
+
+class TestAheadScanMariaDB(MariaDB, test_ahead.TestAheadScan):
+    pass
+
+
+class TestAheadScanPostgreSQL(PostgreSQL, test_ahead.TestAheadScan):
+    pass
+
+
 class ConcurrentIngests:
     """Several ``vmar-manage image add`` processes at once, same library.
 

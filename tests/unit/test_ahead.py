@@ -135,3 +135,55 @@ class TestAhead(base.LibraryTestCase):
 
 def mockpatch(name, new):
     return fixtures.MockPatchObject(ahead.Ahead, name, new)
+
+
+class TestAheadByKey(TestAhead):
+    """The same, looking keys up one by one instead of reading the table.
+
+    An add reads the whole fingerprint table when it holds at most two
+    rows per block of the image, as in most of these small libraries.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.useFixture(fixtures.MockPatchObject(
+            ahead.Ahead, 'SCAN_ROWS_PER_BLOCK', 0))
+
+    def test_reads_by_key(self):
+        scans = []
+        real = ahead.bulk.scan_fingerprints
+
+        def scan(session, *a, **k):
+            scans.append(1)
+            return real(session, *a, **k)
+        self.useFixture(fixtures.MockPatchObject(
+            ahead.bulk, 'scan_fingerprints', scan))
+        self.lib.add(_uuid(1), self.image('a', range(1, 9)))
+        del scans[:]     # reading an empty library whole costs nothing
+        self.lib.add(_uuid(2), self.image('b', range(5, 13)))
+        self.assertEqual([], scans)
+        self.assertEqual([], check.check(self.conf)[0])
+
+
+class TestAheadScan(base.LibraryTestCase):
+
+    def test_small_library_is_read_whole_and_gives_the_same_map(self):
+        lookups = []
+        real = ahead.bulk.lookup
+
+        def lookup(session, dialect, keys, *a, **k):
+            if not a and not k:
+                lookups.append(len(keys))
+            return real(session, dialect, keys, *a, **k)
+        self.useFixture(fixtures.MockPatchObject(ahead.bulk, 'lookup',
+                                                 lookup))
+        self.lib.add(_uuid(1), self.image('a', range(1, 17)),
+                     visibility='public')
+        self.lib.add(_uuid(2), self.image('b', range(9, 33)),
+                     visibility='public')
+        # 16 rows for a 24-block image: read whole, no lookup by key
+        self.assertEqual([], lookups)
+        with db_session.reader(self.conf) as s:
+            self.assertEqual(8, db_api.get_image(
+                s, _uuid(2)).redirected_blocks)
+        self.assertEqual([], check.check(self.conf)[0])

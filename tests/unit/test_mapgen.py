@@ -12,6 +12,7 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
 from vmar_openstack.db import session as db_session
 from vmar_openstack import ingest
+from vmar_openstack.ingest import ahead
 from vmar_openstack.ingest import check
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
@@ -169,13 +170,16 @@ class TestMapsAgainstOracle(base.LibraryTestCase):
 class TestMapsAgainstOracleTiers(TestMapsAgainstOracle):
     """The same runs with the shortcuts of an add at their extremes.
 
-    The small fingerprint tier merges every few adds, and every split that
-    can be done the other way round is (vmar_openstack.db.api._flips).
+    The small fingerprint tier merges every few adds, every split that
+    can be done the other way round is (vmar_openstack.db.api._flips), and
+    an add looks its keys up by key, never by reading the whole table
+    (which the small libraries here otherwise nearly always do).
     """
 
     def setUp(self):
         super().setUp()
         for obj, name, value in ((bulk, 'MERGE_ROWS', 4),
+                                 (ahead.Ahead, 'SCAN_ROWS_PER_BLOCK', 0),
                                  (db_api, 'FLIP_MIN_SAVING', 1),
                                  (db_api, 'FLIP_LOOKUPS_PER_MOVE', 1 << 30),
                                  (db_api, 'FLIP_BLOCKS_PER_MOVE', 1 << 30)):

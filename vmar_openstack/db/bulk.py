@@ -164,6 +164,39 @@ def _lookup(session, dialect, keys, table, key, columns):
     return [np.concatenate(p) for p in parts]
 
 
+def count_fingerprints(session):
+    """Fingerprint keys in the library (both tiers), from the clusters."""
+    return int(session.execute(sa.text(
+        'SELECT COALESCE(SUM(n_fingerprints), 0) FROM vmar_clusters'))
+        .scalar())
+
+
+def scan_fingerprints(session, page=1 << 20):
+    """Every (key, cluster) of both tiers, sorted by key, as int64 arrays.
+
+    Read in pages along the primary key; for a caller about to look up
+    about as many keys as the table holds, for which a scan costs a third
+    of the lookups (vmar_openstack.ingest.ahead).
+    """
+    keys, clusters = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    for table in (FINGERPRINTS, RECENT):
+        last = None
+        while True:
+            where = '' if last is None else 'WHERE fp_key > ? '
+            k, c = fetch_columns(
+                session, 'SELECT fp_key, cluster_id FROM %s %sORDER BY '
+                'fp_key LIMIT %d' % (table, where, page),
+                () if last is None else (last,))
+            keys.append(k)
+            clusters.append(c)
+            if len(k) < page:
+                break
+            last = int(k[-1])
+    keys, clusters = np.concatenate(keys), np.concatenate(clusters)
+    order = np.argsort(keys, kind='stable')
+    return keys[order], clusters[order]
+
+
 def has_recent(session):
     """Whether the small fingerprint tier has rows (cached per session).
 

@@ -105,7 +105,7 @@ class Library:
         try:
             fps, raw_placed = self._fingerprint(
                 image_id, path, disk_format, expected_size, progress,
-                keep_base, on_chunk=ahead.chunk)
+                keep_base, ahead=ahead)
             try:
                 return self._commit_add(image_id, fps, disk_format, owner,
                                         visibility, on_map_written, ahead)
@@ -214,20 +214,22 @@ class Library:
         return img
 
     def _fingerprint(self, image_id, path, disk_format, expected_size,
-                     progress, keep_base, on_chunk=None):
+                     progress, keep_base, ahead=None):
         c = self.conf.vmar
         vsize = fingerprint.inspect(
             path, disk_format, qemu_img=c.qemu_img,
             expected_size=expected_size,
             max_virtual_size=c.max_virtual_size_gb << 30)
+        if ahead is not None:
+            ahead.expect(-(-vsize // c.block_size))
         with fingerprint.raw_view(path, disk_format, qemu_img=c.qemu_img,
                                   work_dir=c.work_dir) as raw:
             if os.stat(raw).st_size != vsize:
                 raise fingerprint.ImageRejected(
                     'raw view of %s is not %d bytes' % (path, vsize))
-            fps = fingerprint.hash_file(raw, vsize, c.block_size,
-                                        c.hash_algorithm, c.hash_workers,
-                                        progress, on_chunk=on_chunk)
+            fps = fingerprint.hash_file(
+                raw, vsize, c.block_size, c.hash_algorithm, c.hash_workers,
+                progress, on_chunk=ahead.chunk if ahead else None)
             placed = False
             if keep_base:
                 dest = base_path(self.conf, image_id)

@@ -59,6 +59,13 @@ class Ahead:
     # than the overlap gains; for 4 GiB (0.7 s of map work, a few large
     # statements) the overlap saves half a second.
     THREAD_MIN_BLOCKS = 1 << 18
+    # The whole fingerprint table is read once, and keys are looked up in
+    # memory, when it holds at most this many rows per block of the image:
+    # a scan returns a row in about 0.4 us, a lookup by key costs about
+    # 1.2 us (SQLite, a million keys). At most SCAN_MAX_ROWS rows (16
+    # bytes each in memory).
+    SCAN_ROWS_PER_BLOCK = 2
+    SCAN_MAX_ROWS = 1 << 24
 
     def __init__(self, conf, algorithm, block_size):
         self.conf = conf
@@ -76,6 +83,12 @@ class Ahead:
         self._thread = None
         self._result = None
         self._error = None
+        self._expected = 0
+        self._table = None      # (keys, clusters) of a scan; False: none
+
+    def expect(self, n_blocks):
+        """The image has about ``n_blocks`` blocks (before hashing)."""
+        self._expected = n_blocks
 
     # -- while hashing -----------------------------------------------------
 
@@ -97,7 +110,19 @@ class Ahead:
         self._lookup(keys)
 
     def _lookup(self, keys):
-        k, c = bulk.lookup(self.session, self._dialect, keys)
+        if self._table is None:   # first lookup: scan, or look up by key
+            limit = min(self.SCAN_MAX_ROWS,
+                        self.SCAN_ROWS_PER_BLOCK * self._expected)
+            self._table = False
+            if bulk.count_fingerprints(self.session) <= limit:
+                self._table = bulk.scan_fingerprints(self.session)
+        if self._table:
+            tk, tc = self._table
+            pos = np.minimum(np.searchsorted(tk, keys), max(len(tk) - 1, 0))
+            hit = tk[pos] == keys if len(tk) else np.zeros(len(keys), bool)
+            k, c = keys[hit], tc[pos[hit]]
+        else:
+            k, c = bulk.lookup(self.session, self._dialect, keys)
         self._looked.append(keys)
         self._found_k.append(k)
         self._found_c.append(c)
