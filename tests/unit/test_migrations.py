@@ -137,3 +137,29 @@ class TestMigration0006(MigrationTestCase):
                              sa.inspect(c).get_table_names())
         self.assertEqual([(10, '1,3'), (11, '2'), (12, '')],
                          [tuple(r) for r in rows])
+
+
+class TestMigration0007(MigrationTestCase):
+    """The fingerprint table loses its foreign key, keeps its rows."""
+
+    def test_rows_stay_and_the_key_goes(self):
+        migration.upgrade('0006', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            c.execute(sa.text(
+                "INSERT INTO vmar_clusters (id, members_hash, n_images, "
+                "n_fingerprints, min_seq, members) VALUES (1, 'h', 1, 2, 1, "
+                "'1')"))
+            c.execute(sa.text('INSERT INTO vmar_fingerprints (fp_key, '
+                              'cluster_id) VALUES (5, 1), (-7, 1)'))
+        migration.upgrade('head', conf=self.conf)
+        with engine.connect() as c:
+            self.assertEqual([], sa.inspect(c).get_foreign_keys(
+                'vmar_fingerprints'))
+            self.assertEqual([(-7, 1), (5, 1)], [tuple(r) for r in c.execute(
+                sa.text('SELECT fp_key, cluster_id FROM vmar_fingerprints '
+                        'ORDER BY fp_key'))])
+            # still keyed by the rowid: no separate index
+            self.assertEqual(['vmar_fingerprints'], [r[0] for r in c.execute(
+                sa.text("SELECT name FROM sqlite_master WHERE tbl_name = "
+                        "'vmar_fingerprints'"))])

@@ -25,6 +25,6 @@ def upgrade():
     op.create_table(
         'vmar_fingerprints_recent',
         sa.Column('fp_key', BigInt, primary_key=True, autoincrement=False),
-        sa.Column('cluster_id', BigInt, sa.ForeignKey('vmar_clusters.id'),
-                  nullable=False),
+        # no foreign key: see migration 0007
+        sa.Column('cluster_id', BigInt, nullable=False),
         mysql_engine='InnoDB')
