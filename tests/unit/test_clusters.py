@@ -134,3 +134,32 @@ class TestSplits(base.LibraryTestCase):
         self.assertIn('run vmar-manage check', str(e))
         with db_session.reader(self.conf) as s:
             self.assertIsNone(db_api.get_image(s, _uuid(2)))
+
+
+class TestMemberLists(base.LibraryTestCase):
+
+    def test_runs(self):
+        for seqs, text in (([], ''), ([4], '4'), ([1, 2, 3], '1-3'),
+                           ([7, 1, 3, 2, 9, 10], '1-3,7,9-10')):
+            self.assertEqual(text, db_api.members_text(seqs))
+            self.assertEqual(sorted(seqs),
+                             db_api.parse_members(text).tolist())
+
+    def test_add_and_remove(self):
+        cases = [('', 5, '5'), ('5', 6, '5-6'), ('1-3', 4, '1-4'),
+                 ('1-3', 7, '1-3,7'), ('1,7', 8, '1,7-8'),
+                 ('2-4,9', 1, '1-4,9'), ('2-4,9', 6, '2-4,6,9')]
+        for text, seq, want in cases:
+            self.assertEqual(want, db_api.add_member(text, seq))
+            self.assertEqual(db_api.members_text(
+                db_api.parse_members(text)), db_api.remove_member(want, seq))
+
+    def test_check_reports_a_list_not_in_runs(self):
+        self.lib.add(_uuid(1), self.image('a', range(1, 5)),
+                     visibility='public')
+        self.assertEqual([], check.check(self.conf)[0])
+        with db_session.locked_writer(self.conf) as s:
+            s.execute(sa.text("UPDATE vmar_clusters SET members = '1,1'"))
+        problems = check.check(self.conf)[0]
+        self.assertTrue(any('is not in ascending runs' in p
+                            for p in problems), problems)

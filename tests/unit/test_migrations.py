@@ -120,7 +120,8 @@ class TestMigration0006(MigrationTestCase):
                     "4096, 'sha256', 0, 'active', 1, 0, 'x', 0, 0, 0, "
                     "'2026-11-22', '2026-11-22')"),
                     {'s': seq, 'id': 'id-%d' % seq})
-            for cid, members in ((10, (3, 1)), (11, (2,)), (12, ())):
+            for cid, members in ((10, (3, 1)), (11, (2,)), (12, ()),
+                                 (13, (1, 2, 3))):
                 c.execute(sa.text(
                     "INSERT INTO vmar_clusters (id, members_hash, n_images, "
                     "n_fingerprints, min_seq) VALUES (:c, :h, :n, 1, 0)"),
@@ -135,7 +136,7 @@ class TestMigration0006(MigrationTestCase):
                 'SELECT id, members FROM vmar_clusters ORDER BY id')).all()
             self.assertNotIn('vmar_cluster_members',
                              sa.inspect(c).get_table_names())
-        self.assertEqual([(10, '1,3'), (11, '2'), (12, '')],
+        self.assertEqual([(10, '1,3'), (11, '2'), (12, ''), (13, '1-3')],
                          [tuple(r) for r in rows])
 
 

@@ -179,21 +179,49 @@ def _toggle(hash_hex, seq):
 
 
 def parse_members(text):
-    """The member seqs of a cluster row's ``members`` text, as int64."""
-    if not text:
-        return np.empty(0, np.int64)
-    return np.array(text.split(','), dtype=np.int64)
+    """The member seqs of a cluster row's ``members`` text, as int64.
+
+    The text lists ascending runs of seqs, comma-separated: ``a`` or
+    ``a-b`` (``a`` to ``b``). Seqs grow with every add, so a cluster that
+    nearly every image holds lists a few runs, however many members it
+    has, and adding the newest image extends its last run.
+    """
+    out = [np.empty(0, np.int64)]
+    for part in text.split(',') if text else ():
+        lo, _sep, hi = part.partition('-')
+        out.append(np.arange(int(lo), int(hi or lo) + 1, dtype=np.int64))
+    return np.concatenate(out)
 
 
 def members_text(seqs):
-    return ','.join(str(int(m)) for m in seqs)
+    """The ``members`` text of the seqs (distinct)."""
+    m = np.unique(np.asarray(seqs, dtype=np.int64))
+    if not len(m):
+        return ''
+    brk = np.flatnonzero(np.diff(m) != 1)
+    starts = np.concatenate([[0], brk + 1]).tolist()
+    ends = np.append(brk, len(m) - 1).tolist()
+    ml = m.tolist()
+    return ','.join('%d' % ml[a] if a == b else '%d-%d' % (ml[a], ml[b])
+                    for a, b in zip(starts, ends))
 
 
-def _append_member(dialect, seq):
-    """SQL for the ``members`` column with ``seq`` (an int) appended."""
-    if dialect in ('mysql', 'mariadb'):
-        return "CONCAT(members, ',%d')" % int(seq)
-    return "members || ',%d'" % int(seq)
+def add_member(text, seq):
+    """``text`` with ``seq`` added; cheap when ``seq`` is the largest."""
+    if text:
+        head, _sep, last = text.rpartition(',')
+        lo, _sep, hi = last.partition('-')
+        end = int(hi or lo)
+        if seq == end + 1:
+            return '%s%s%s-%d' % (head, ',' if head else '', lo, seq)
+        if seq > end:
+            return '%s,%d' % (text, seq)
+    return members_text(np.append(parse_members(text), seq))
+
+
+def remove_member(text, seq):
+    m = parse_members(text)
+    return members_text(m[m != seq])
 
 
 def member_texts(session, cluster_ids):
@@ -292,8 +320,8 @@ def _cluster_info(session, ids):
     """Cluster rows by id, as tuples of the columns after the id."""
     src, col = bulk.source(db_session.dialect(session))
     sql = ('SELECT c.id, c.members_hash, c.n_images, c.n_fingerprints, '
-           'c.min_seq, c.min_public_seq FROM %s JOIN vmar_clusters c '
-           'ON c.id = %s' % (src.replace(':keys', '?'), col))
+           'c.min_seq, c.min_public_seq, c.members FROM %s JOIN '
+           'vmar_clusters c ON c.id = %s' % (src.replace(':keys', '?'), col))
     info = {}
     for i in range(0, len(ids), bulk.BATCH):
         for row in bulk.fetch_rows(session, sql,
@@ -320,12 +348,11 @@ def _split_off(session, dialect, splits, info, keys, seq, public):
     found = _ids_by_hash(session, want.values())
     create = [cid for cid, _grp in splits if want[cid] not in found]
     if create:
-        texts = member_texts(session, create)
         session.execute(sa.insert(models.Cluster), [
             {'members_hash': want[c], 'n_images': info[c][1] + 1,
              'n_fingerprints': 0, 'min_seq': min(info[c][3], seq),
              'min_public_seq': _smaller(info[c][4], seq if public else None),
-             'members': texts[c] + ',%d' % seq}
+             'members': add_member(info[c][5], seq)}
             for c in create])
         found.update(_ids_by_hash(session, [want[c] for c in create]))
     dest, deltas = {}, {}
@@ -412,18 +439,18 @@ def _some_members(session, cluster_ids, n):
             for cid, text in member_texts(session, cluster_ids).items()}
 
 
-def _split_back(session, dialect, flips, info, texts):
+def _split_back(session, dialect, flips, info):
     """Give each flipped cluster's keys outside the image a new cluster.
 
     Runs after the relabel that made the image a member of the flipped
     clusters (and freed their old member-set hashes): the new clusters
-    take the old member sets (``texts``, read before the relabel), hashes
-    and smallest members.
+    take the old member sets, hashes and smallest members (``info``, read
+    before the relabel).
     """
     session.execute(sa.insert(models.Cluster), [
         {'members_hash': info[c][0], 'n_images': info[c][1],
          'n_fingerprints': len(rest), 'min_seq': info[c][3],
-         'min_public_seq': info[c][4], 'members': texts[c]}
+         'min_public_seq': info[c][4], 'members': info[c][5]}
         for c, rest in flips.items()])
     ids = _ids_by_hash(session, [info[c][0] for c in flips])
     for c, rest in flips.items():
@@ -431,20 +458,14 @@ def _split_back(session, dialect, flips, info, texts):
     _adjust_counts(session, {c: -len(rest) for c, rest in flips.items()})
 
 
-def _relabel(session, cids, new_hash, seq, adding, public):
+def _relabel(session, cids, info, new_hash, seq, adding, public):
     """Add ``seq`` to, or remove it from, whole clusters: no key moves."""
     dialect = db_session.dialect(session)
-    if not adding:
-        rows = []
-        for cid, text in member_texts(session, cids).items():
-            m = parse_members(text)
-            rows.append({'id': cid, 'm': members_text(m[m != seq])})
-        session.execute(sa.text(
-            'UPDATE vmar_clusters SET members = :m WHERE id = :id'), rows)
+    change = add_member if adding else remove_member
+    members = {c: change(info[c][5], seq) for c in cids}
     # seq is an int: inlined
     also = 'n_images = n_images + %d' % (1 if adding else -1)
     if adding:
-        also += ', members = ' + _append_member(dialect, seq)
         also += (', min_seq = CASE WHEN %d < min_seq THEN %d '
                  'ELSE min_seq END' % (seq, seq))
         if public:
@@ -454,7 +475,7 @@ def _relabel(session, cids, new_hash, seq, adding, public):
     for i in range(0, len(cids), 10000):
         part = cids[i:i + 10000]
         bulk.set_hashes(session, dialect, part, [new_hash[c] for c in part],
-                        also)
+                        [members[c] for c in part], also)
     if not adding:
         refresh_smallest(session, cids)
 
@@ -521,11 +542,10 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False,
         bulk.delete(session, dialect, np.concatenate(
             [keys[span[c][0]:span[c][1]] for c in emptied]))
         _drop_clusters(session, emptied)
-    flip_texts = member_texts(session, list(flips)) if flips else {}
     if relabel:
-        _relabel(session, relabel, new_hash, seq, adding, public)
+        _relabel(session, relabel, info, new_hash, seq, adding, public)
     if flips:
-        _split_back(session, dialect, flips, info, flip_texts)
+        _split_back(session, dialect, flips, info)
     if split:
         dest.update(_split_off(session, dialect, split, info, keys, seq,
                                public))

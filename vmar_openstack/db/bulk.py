@@ -164,10 +164,14 @@ def _lookup(session, dialect, keys, table, key, columns):
     return [np.concatenate(p) for p in parts]
 
 
-def count_fingerprints(session):
-    """Fingerprint keys in the library (both tiers), from the clusters."""
+def count_fingerprints_at_most(session):
+    """An upper bound of the fingerprint keys in the library.
+
+    The images' non-zero blocks: one row per image to read, where an exact
+    count reads every cluster row or key.
+    """
     return int(session.execute(sa.text(
-        'SELECT COALESCE(SUM(n_fingerprints), 0) FROM vmar_clusters'))
+        'SELECT COALESCE(SUM(n_blocks - zero_blocks), 0) FROM vmar_images'))
         .scalar())
 
 
@@ -239,33 +243,36 @@ def merge_recent(session):
     session.info['vmar_recent'] = False
 
 
-def set_hashes(session, dialect, ids, hashes, also=''):
-    """Set ``members_hash`` of clusters ``ids`` to ``hashes``, one statement.
+def set_hashes(session, dialect, ids, hashes, members, also=''):
+    """Set ``members_hash`` and ``members`` of clusters ``ids``.
 
-    ``also``: more assignments (unqualified columns of vmar_clusters).
-    One statement instead of one per cluster: ``executemany`` takes the GIL
-    back after every row, and waits for it while another thread (the map
-    build of an ingest) holds it.
+    One statement for all of them. ``also``: more assignments (unqualified
+    columns of vmar_clusters). One statement instead of one per cluster:
+    ``executemany`` takes the GIL back after every row, and waits for it
+    while another thread (the map build of an ingest) holds it.
     """
-    pairs = json.dumps([{'id': int(i), 'h': h} for i, h in zip(ids, hashes)])
+    rows = json.dumps([{'id': int(i), 'h': h, 'm': m}
+                       for i, h, m in zip(ids, hashes, members)])
     more = (', ' + also) if also else ''
     if dialect == 'sqlite':
         sql = ("UPDATE vmar_clusters SET members_hash = "
-               "json_extract(j.value, '$.h')%s FROM json_each(:pairs) AS j "
+               "json_extract(j.value, '$.h'), members = "
+               "json_extract(j.value, '$.m')%s FROM json_each(:rows) AS j "
                "WHERE vmar_clusters.id = json_extract(j.value, '$.id')"
                % more)
     elif dialect == 'postgresql':
-        sql = ('UPDATE vmar_clusters SET members_hash = j.h%s FROM '
-               'jsonb_to_recordset(CAST(:pairs AS jsonb)) AS j(id BIGINT, '
-               'h TEXT) WHERE vmar_clusters.id = j.id' % more)
+        sql = ('UPDATE vmar_clusters SET members_hash = j.h, members = j.m%s '
+               'FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS j(id BIGINT,'
+               ' h TEXT, m TEXT) WHERE vmar_clusters.id = j.id' % more)
     elif dialect in ('mysql', 'mariadb'):
-        sql = ("UPDATE vmar_clusters c JOIN JSON_TABLE(:pairs, '$[*]' "
-               "COLUMNS (id BIGINT PATH '$.id', h VARCHAR(64) PATH '$.h')) "
-               "AS j ON c.id = j.id SET c.members_hash = j.h%s" % more)
+        sql = ("UPDATE vmar_clusters c JOIN JSON_TABLE(:rows, '$[*]' "
+               "COLUMNS (id BIGINT PATH '$.id', h VARCHAR(64) PATH '$.h', "
+               "m LONGTEXT PATH '$.m')) AS j ON c.id = j.id "
+               "SET c.members_hash = j.h, c.members = j.m%s" % more)
     else:
         raise NotImplementedError('unsupported database dialect %s'
                                   % dialect)
-    session.execute(sa.text(sql), {'pairs': pairs})
+    session.execute(sa.text(sql), {'rows': rows})
 
 
 def insert(session, dialect, keys, value, table=FINGERPRINTS,

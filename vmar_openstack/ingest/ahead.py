@@ -60,7 +60,8 @@ class Ahead:
     # statements) the overlap saves half a second.
     THREAD_MIN_BLOCKS = 1 << 18
     # The whole fingerprint table is read once, and keys are looked up in
-    # memory, when it holds at most this many rows per block of the image:
+    # memory, when it holds at most this many rows per block of the image
+    # (counted as the library's non-zero blocks, an upper bound):
     # a scan returns a row in about 0.4 us, a lookup by key costs about
     # 1.2 us (SQLite, a million keys). At most SCAN_MAX_ROWS rows (16
     # bytes each in memory).
@@ -114,7 +115,7 @@ class Ahead:
             limit = min(self.SCAN_MAX_ROWS,
                         self.SCAN_ROWS_PER_BLOCK * self._expected)
             self._table = False
-            if bulk.count_fingerprints(self.session) <= limit:
+            if bulk.count_fingerprints_at_most(self.session) <= limit:
                 self._table = bulk.scan_fingerprints(self.session)
         if self._table:
             tk, tc = self._table

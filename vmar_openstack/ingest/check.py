@@ -67,8 +67,9 @@ def check(conf):
                                 '%r' % (cid, c.members[:80]))
                 continue
             members[cid] = set(listed)
-            if len(listed) != len(members[cid]):
-                problems.append('cluster %d lists a member twice' % cid)
+            if db_api.members_text(listed) != c.members:
+                problems.append('cluster %d member list %r is not in '
+                                'ascending runs' % (cid, c.members[:80]))
             for seq in sorted(members[cid] - set(by_seq)):
                 problems.append('cluster %d names missing image seq %d'
                                 % (cid, seq))
