@@ -32,32 +32,44 @@ class TestTiers(base.LibraryTestCase):
         self.lib.add(_uuid(n), self.image('i%d' % n, seeds),
                      visibility='public')
 
-    def test_small_adds_fill_the_small_tier_until_it_merges(self):
-        self.useFixture(fixtures.MockPatchObject(bulk, 'MERGE_ROWS', 40))
-        self._add(1, range(1, 25))                  # 24 new keys
-        main, recent = self._tiers()
-        self.assertEqual((0, 24), (len(main), len(recent)))
-        # shares 12 keys with image 1 (they move, in the small tier), and
-        # brings 12 new ones: 36 rows, still under 40
-        self._add(2, list(range(13, 25)) + list(range(100, 112)))
-        main, recent = self._tiers()
-        self.assertEqual((0, 36), (len(main), len(recent)))
-        self.assertEqual([], check.check(self.conf)[0])
-        # 12 more would make 48: everything goes to the large tier
-        self._add(3, list(range(1, 7)) + list(range(200, 212)))
-        main, recent = self._tiers()
-        self.assertEqual((48, 0), (len(main), len(recent)))
-        self.assertEqual([], check.check(self.conf)[0])
-        # and keys of both tiers are found, moved and deleted
-        self._add(4, list(range(300, 310)))
-        self._add(5, [1, 2, 300, 301, 400])
-        main, recent = self._tiers()
-        self.assertEqual(set(), set(main) & set(recent))
-        self.assertEqual((48, 11), (len(main), len(recent)))
-        self.lib.delete(_uuid(4))
+    def _generation(self):
+        with db_session.reader(self.conf) as s:
+            return db_session.generation(s)
+
+    @staticmethod
+    def _slice(key, slices):
+        return (key + (1 << 63)) // ((1 << 64) // slices)
+
+    def test_each_add_moves_one_slice_of_the_small_tier(self):
+        self.useFixture(fixtures.MockPatchObject(bulk, 'SLICES', 4))
+        seen = set()
+        for n, seeds in enumerate((range(1, 25), range(13, 49),
+                                   range(40, 90)), 1):
+            self._add(n, seeds)
+            # the add ran with the generation before its own increment
+            done = (self._generation() - 1) % 4
+            seen.add(done)
+            main, recent = self._tiers()
+            self.assertEqual(set(), set(main) & set(recent))
+            self.assertTrue(all(self._slice(k, 4) != done for k in recent))
+            self.assertTrue(all(self._slice(k, 4) in seen for k in main))
+            self.assertEqual([], check.check(self.conf)[0])
+        self.assertGreater(len(main), 0)
+        self.assertGreater(len(recent), 0)
+        # keys of both tiers are found, moved and deleted
+        self._add(4, [1, 2, 30, 31, 60, 61, 400])
+        self.lib.delete(_uuid(2))
         self.lib.delete(_uuid(1))
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_an_add_that_would_overflow_the_small_tier_skips_it(self):
+        self.useFixture(fixtures.MockPatchObject(bulk, 'MERGE_ROWS', 10))
+        self._add(1, range(1, 25))
         main, recent = self._tiers()
-        self.assertEqual(3, len(recent))         # 300, 301, 400 of image 5
+        self.assertEqual((24, 0), (len(main), len(recent)))
+        self._add(2, range(100, 104))
+        main, recent = self._tiers()
+        self.assertEqual(28, len(main) + len(recent))
         self.assertEqual([], check.check(self.conf)[0])
 
     def test_check_reports_a_key_in_both_tiers(self):

@@ -170,7 +170,8 @@ class TestMapsAgainstOracle(base.LibraryTestCase):
 class TestMapsAgainstOracleTiers(TestMapsAgainstOracle):
     """The same runs with the shortcuts of an add at their extremes.
 
-    The small fingerprint tier merges every few adds, every split that
+    The small fingerprint tier is small and merges a third of its keys
+    per add, every split that
     can be done the other way round is (vmar_openstack.db.api._flips), and
     an add looks its keys up by key, never by reading the whole table
     (which the small libraries here otherwise nearly always do).
@@ -178,7 +179,8 @@ class TestMapsAgainstOracleTiers(TestMapsAgainstOracle):
 
     def setUp(self):
         super().setUp()
-        for obj, name, value in ((bulk, 'MERGE_ROWS', 4),
+        for obj, name, value in ((bulk, 'MERGE_ROWS', 6),
+                                 (bulk, 'SLICES', 3),
                                  (ahead.Ahead, 'SCAN_ROWS_PER_BLOCK', 0),
                                  (db_api, 'FLIP_MIN_SAVING', 1),
                                  (db_api, 'FLIP_LOOKUPS_PER_MOVE', 1 << 30),

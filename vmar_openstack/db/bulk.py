@@ -15,12 +15,11 @@ The fingerprint table has two tiers (a two-level LSM tree):
 ``vmar_fingerprints`` and the small ``vmar_fingerprints_recent``. An add
 that brings few new keys inserts them into the small table, whose pages
 are few; an insert into the large one dirties about one page per key, since
-keys are hashes, and the commit writes every dirty page. When the small
-table would pass :data:`MERGE_ROWS` rows, it is merged into the large one
-in key order (each page of the large table written once for many keys), in
-the transaction that fills it. A key is in one tier only; :func:`lookup`,
-:func:`move` and :func:`delete` cover both, and :func:`add_fingerprints`
-picks the tier.
+keys are hashes, and the commit writes every dirty page. Every add then
+moves one of :data:`SLICES` key ranges of the small table into the large
+one, each page of that range written once for many keys. A key is in one
+tier only; :func:`lookup`, :func:`move` and :func:`delete` cover both, and
+:func:`add_fingerprints` picks the tier.
 """
 
 import itertools
@@ -36,6 +35,8 @@ RECENT = 'vmar_fingerprints_recent'
 # rows the small tier holds at most: 64 Ki keys and their cluster ids fill
 # a few hundred pages
 MERGE_ROWS = 1 << 16
+# key ranges of the small tier, one merged into the large tier per add
+SLICES = 32
 
 
 def source(dialect, alias='j'):
@@ -218,8 +219,11 @@ def has_recent(session):
 def add_fingerprints(session, dialect, keys, cluster_id):
     """Insert new fingerprint keys (in neither tier), all in one cluster.
 
-    Into the small tier while it stays under :data:`MERGE_ROWS` rows;
-    otherwise into the large one, and the small tier is merged into it.
+    Into the small tier while it stays under :data:`MERGE_ROWS` rows,
+    otherwise into the large one. Then one of :data:`SLICES` key ranges of
+    the small tier moves to the large one, a different range each
+    mutation (by the lock row's generation): each add writes the pages of
+    1/SLICES of the large table, and no add pays for a whole merge.
     """
     held = 0
     if has_recent(session):
@@ -228,19 +232,23 @@ def add_fingerprints(session, dialect, keys, cluster_id):
     if held + len(keys) <= MERGE_ROWS:
         insert(session, dialect, keys, cluster_id, RECENT)
         session.info['vmar_recent'] = held + len(keys) > 0
-        return
-    insert(session, dialect, keys, cluster_id)
-    if held:
-        merge_recent(session)
+    else:
+        insert(session, dialect, keys, cluster_id)
+    if session.info['vmar_recent']:
+        merge_slice(session, session.info.get('vmar_generation', 0) % SLICES)
 
 
-def merge_recent(session):
-    """Move every row of the small fingerprint tier into the large one."""
+def merge_slice(session, i):
+    """Move the small tier's keys in key range ``i`` to the large tier."""
+    width = (1 << 64) // SLICES
+    lo = -(1 << 63) + i * width
+    bounds = {'lo': lo, 'hi': lo + width - 1}
     session.execute(sa.text(
         'INSERT INTO %s (fp_key, cluster_id) SELECT fp_key, cluster_id '
-        'FROM %s ORDER BY fp_key' % (FINGERPRINTS, RECENT)))
-    session.execute(sa.text('DELETE FROM %s' % RECENT))
-    session.info['vmar_recent'] = False
+        'FROM %s WHERE fp_key BETWEEN :lo AND :hi ORDER BY fp_key'
+        % (FINGERPRINTS, RECENT)), bounds)
+    session.execute(sa.text('DELETE FROM %s WHERE fp_key BETWEEN :lo AND :hi'
+                            % RECENT), bounds)
 
 
 def set_hashes(session, dialect, ids, hashes, members, also=''):
