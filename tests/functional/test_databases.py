@@ -1,8 +1,8 @@
 """The library on real MariaDB and PostgreSQL servers.
 
-The oracle, scope, collision, lookahead, tier and split tests of the unit
-suite run again here on each server, plus concurrent ingests from separate
-processes.
+The oracle, scope, collision, lookahead, tier, split and migration tests
+of the unit suite run again here on each server, plus concurrent ingests
+from separate processes.
 """
 
 import subprocess
@@ -14,6 +14,7 @@ from tests.functional import services
 from tests.unit import test_ahead
 from tests.unit import test_clusters
 from tests.unit import test_mapgen
+from tests.unit import test_migrations
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack.ingest import check
@@ -67,6 +68,24 @@ class TestSplitsMariaDB(MariaDB, test_clusters.TestSplits):
 
 
 class TestSplitsPostgreSQL(PostgreSQL, test_clusters.TestSplits):
+    pass
+
+
+class TestMigration0006MariaDB(MariaDB, test_migrations.TestMigration0006):
+    pass
+
+
+class TestMigration0006PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0006):
+    pass
+
+
+class TestMigration0007MariaDB(MariaDB, test_migrations.TestMigration0007):
+    pass
+
+
+class TestMigration0007PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0007):
     pass
 
 
