@@ -2,9 +2,11 @@
 
 While an image is being hashed, its fingerprint keys are looked up in a
 read snapshot of the library, chunk by chunk, as the hashing threads
-finish them. Once it is hashed, its map is built from the same snapshot:
-for a large image in a thread of its own, while the locked transaction
-updates the cluster tables; for a small one before the lock is taken.
+finish them; or, when the fingerprint table is small against the image,
+the first chunk reads the whole table and the keys are found in it once
+the image is hashed. Then its map is built from the same snapshot: for a
+large image in a thread of its own, while the locked transaction updates
+the cluster tables; for a small one before the lock is taken.
 
 A new image has the largest sequence id, so its map depends only on the
 clusters as they were before it joined them: the snapshot is enough. Its
@@ -95,6 +97,10 @@ class Ahead:
 
     def chunk(self, rows):
         """``on_chunk`` of :func:`fingerprint.hash_file`."""
+        if self._table is None:
+            self._choose()
+        if self._table is not False:
+            return   # the table is in memory: :meth:`found` looks up
         nonzero = fingerprint.words(rows).any(axis=1)
         if nonzero.any():
             self._pending.append(db_api.block_keys(rows[nonzero],
@@ -110,20 +116,25 @@ class Ahead:
         self._pending, self._n_pending = [], 0
         self._lookup(keys)
 
+    def _choose(self):
+        """Read the whole table now, or look keys up by key as they come."""
+        limit = min(self.SCAN_MAX_ROWS,
+                    self.SCAN_ROWS_PER_BLOCK * self._expected)
+        self._table = False
+        if bulk.count_fingerprints_at_most(self.session) <= limit:
+            self._table = bulk.scan_fingerprints(self.session)
+
+    def _in_memory(self, keys):
+        """(keys, clusters) of the sorted ``keys`` in the scanned table."""
+        tk, tc = self._table
+        if not len(tk):
+            return keys[:0], keys[:0]
+        pos = np.minimum(np.searchsorted(tk, keys), len(tk) - 1)
+        hit = tk[pos] == keys
+        return keys[hit], tc[pos[hit]]
+
     def _lookup(self, keys):
-        if self._table is None:   # first lookup: scan, or look up by key
-            limit = min(self.SCAN_MAX_ROWS,
-                        self.SCAN_ROWS_PER_BLOCK * self._expected)
-            self._table = False
-            if bulk.count_fingerprints_at_most(self.session) <= limit:
-                self._table = bulk.scan_fingerprints(self.session)
-        if self._table:
-            tk, tc = self._table
-            pos = np.minimum(np.searchsorted(tk, keys), max(len(tk) - 1, 0))
-            hit = tk[pos] == keys if len(tk) else np.zeros(len(keys), bool)
-            k, c = keys[hit], tc[pos[hit]]
-        else:
-            k, c = bulk.lookup(self.session, self._dialect, keys)
+        k, c = bulk.lookup(self.session, self._dialect, keys)
         self._looked.append(keys)
         self._found_k.append(k)
         self._found_c.append(c)
@@ -133,6 +144,10 @@ class Ahead:
 
         Sorted by key. Keys no chunk looked up are looked up now.
         """
+        if self._table is None:
+            self._choose()
+        if self._table is not False:
+            return self._in_memory(keys)
         self._lookup_pending()
         looked = db_api.unique(np.concatenate(
             [np.empty(0, np.int64)] + self._looked))
