@@ -390,7 +390,9 @@ def _flips(session, dialect, split, info, image_keys):
             wanted.append((cid, outside, len(grp) - outside))
     if not wanted:
         return {}
-    members = _some_members(session, [w[0] for w in wanted], FLIP_MEMBERS)
+    # the smallest members: lists are ascending
+    members = {cid: parse_members(info[cid][5])[:FLIP_MEMBERS].tolist()
+               for cid, _o, _s in wanted}
     images = images_by_seq(session, {m for ms in members.values()
                                      for m in ms})
     keysets = {}
@@ -431,12 +433,6 @@ def _flips(session, dialect, split, info, image_keys):
                 'vmar-manage check' % (cid, outside, len(rest)))
         flips[cid] = rest
     return flips
-
-
-def _some_members(session, cluster_ids, n):
-    """Cluster id -> up to ``n`` of its members (the smallest seqs)."""
-    return {cid: np.sort(parse_members(text))[:n].tolist()
-            for cid, text in member_texts(session, cluster_ids).items()}
 
 
 def _split_back(session, dialect, flips, info):
