@@ -32,6 +32,33 @@ class MigrationTestCase(testtools.TestCase):
         self.conf.set_override('connection', self.database_url(),
                                group='vmar_database')
 
+    @staticmethod
+    def insert_image(c, seq, visibility='public'):
+        c.execute(sa.text(
+            "INSERT INTO vmar_images (seq, image_id, visibility, "
+            "disk_format, virtual_size, block_size, algorithm, space_key, "
+            "state, n_blocks, zero_blocks, content_sha256, map_version, "
+            "redirected_blocks, n_extents, created_at, updated_at) VALUES "
+            "(:s, :id, :v, 'raw', 4096, 4096, 'sha256', 0, 'active', 1, 0, "
+            "'x', 0, 0, 0, '2026-11-22', '2026-11-22')"),
+            {'s': seq, 'id': 'id-%d' % seq, 'v': visibility})
+
+    @staticmethod
+    def insert_cluster_with_member_rows(c, cid, members, columns=''):
+        """A cluster as revisions before 0006 kept it.
+
+        ``columns``: more column names of that revision, given the value 0.
+        """
+        c.execute(sa.text(
+            "INSERT INTO vmar_clusters (id, members_hash, n_images, "
+            "n_fingerprints%s) VALUES (:c, :h, :n, 1%s)"
+            % (columns and ', ' + columns, columns and ', 0')),
+            {'c': cid, 'h': 'h%d' % cid, 'n': len(members)})
+        for m in members:
+            c.execute(sa.text(
+                'INSERT INTO vmar_cluster_members (cluster_id, seq) '
+                'VALUES (:c, :m)'), {'c': cid, 'm': m})
+
 
 class TestMigration0004(MigrationTestCase):
     """Smallest members of clusters and the lock generation, backfilled."""
@@ -41,24 +68,9 @@ class TestMigration0004(MigrationTestCase):
         engine = db_session.get_engine(self.conf)
         with engine.begin() as c:
             for seq, vis in ((1, 'private'), (2, 'public'), (3, 'public')):
-                c.execute(sa.text(
-                    "INSERT INTO vmar_images (seq, image_id, visibility, "
-                    "disk_format, virtual_size, block_size, algorithm, "
-                    "space_key, state, n_blocks, zero_blocks, content_sha256,"
-                    " map_version, redirected_blocks, n_extents, created_at, "
-                    "updated_at) VALUES (:s, :id, :v, 'raw', 4096, 4096, "
-                    "'sha256', 0, 'active', 1, 0, 'x', 0, 0, 0, "
-                    "'2026-11-22', '2026-11-22')"),
-                    {'s': seq, 'id': 'id-%d' % seq, 'v': vis})
+                self.insert_image(c, seq, vis)
             for cid, members in ((10, (1, 3)), (11, (2, 3)), (12, (1,))):
-                c.execute(sa.text(
-                    "INSERT INTO vmar_clusters (id, members_hash, n_images, "
-                    "n_fingerprints) VALUES (:c, :h, :n, 1)"),
-                    {'c': cid, 'h': 'h%d' % cid, 'n': len(members)})
-                for m in members:
-                    c.execute(sa.text(
-                        'INSERT INTO vmar_cluster_members (cluster_id, seq) '
-                        'VALUES (:c, :m)'), {'c': cid, 'm': m})
+                self.insert_cluster_with_member_rows(c, cid, members)
         migration.upgrade('head', conf=self.conf)
         with engine.connect() as c:
             rows = c.execute(sa.text(
@@ -117,25 +129,11 @@ class TestMigration0006(MigrationTestCase):
         engine = db_session.get_engine(self.conf)
         with engine.begin() as c:
             for seq in (1, 2, 3):
-                c.execute(sa.text(
-                    "INSERT INTO vmar_images (seq, image_id, visibility, "
-                    "disk_format, virtual_size, block_size, algorithm, "
-                    "space_key, state, n_blocks, zero_blocks, content_sha256,"
-                    " map_version, redirected_blocks, n_extents, created_at, "
-                    "updated_at) VALUES (:s, :id, 'public', 'raw', 4096, "
-                    "4096, 'sha256', 0, 'active', 1, 0, 'x', 0, 0, 0, "
-                    "'2026-11-22', '2026-11-22')"),
-                    {'s': seq, 'id': 'id-%d' % seq})
+                self.insert_image(c, seq)
             for cid, members in ((10, (3, 1)), (11, (2,)), (12, ()),
                                  (13, (1, 2, 3))):
-                c.execute(sa.text(
-                    "INSERT INTO vmar_clusters (id, members_hash, n_images, "
-                    "n_fingerprints, min_seq) VALUES (:c, :h, :n, 1, 0)"),
-                    {'c': cid, 'h': 'h%d' % cid, 'n': len(members)})
-                for m in members:
-                    c.execute(sa.text(
-                        'INSERT INTO vmar_cluster_members (cluster_id, seq) '
-                        'VALUES (:c, :m)'), {'c': cid, 'm': m})
+                self.insert_cluster_with_member_rows(c, cid, members,
+                                                     'min_seq')
         migration.upgrade('head', conf=self.conf)
         with engine.connect() as c:
             rows = c.execute(sa.text(

@@ -220,6 +220,7 @@ def add_member(text, seq):
 
 
 def remove_member(text, seq):
+    """``text`` without ``seq``."""
     m = parse_members(text)
     return members_text(m[m != seq])
 
@@ -316,6 +317,12 @@ def _ids_by_hash(session, hashes):
     return out
 
 
+def _create_clusters(session, rows):
+    """Insert cluster rows; returns members hash -> new cluster id."""
+    session.execute(sa.insert(models.Cluster), rows)
+    return _ids_by_hash(session, [r['members_hash'] for r in rows])
+
+
 def _cluster_info(session, ids):
     """Cluster rows by id, as tuples of the columns after the id."""
     src, col = bulk.source(db_session.dialect(session))
@@ -348,13 +355,12 @@ def _split_off(session, dialect, splits, info, keys, seq, public):
     found = _ids_by_hash(session, want.values())
     create = [cid for cid, _grp in splits if want[cid] not in found]
     if create:
-        session.execute(sa.insert(models.Cluster), [
+        found.update(_create_clusters(session, [
             {'members_hash': want[c], 'n_images': info[c][1] + 1,
              'n_fingerprints': 0, 'min_seq': min(info[c][3], seq),
              'min_public_seq': _smaller(info[c][4], seq if public else None),
              'members': add_member(info[c][5], seq)}
-            for c in create])
-        found.update(_ids_by_hash(session, [want[c] for c in create]))
+            for c in create]))
     dest, deltas = {}, {}
     for cid, grp in splits:
         new = found[want[cid]]
@@ -443,12 +449,11 @@ def _split_back(session, dialect, flips, info):
     take the old member sets, hashes and smallest members (``info``, read
     before the relabel).
     """
-    session.execute(sa.insert(models.Cluster), [
+    ids = _create_clusters(session, [
         {'members_hash': info[c][0], 'n_images': info[c][1],
          'n_fingerprints': len(rest), 'min_seq': info[c][3],
          'min_public_seq': info[c][4], 'members': info[c][5]}
         for c, rest in flips.items()])
-    ids = _ids_by_hash(session, [info[c][0] for c in flips])
     for c, rest in flips.items():
         bulk.move(session, dialect, rest, ids[info[c][0]])
     _adjust_counts(session, {c: -len(rest) for c, rest in flips.items()})

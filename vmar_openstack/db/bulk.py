@@ -184,7 +184,7 @@ def scan_fingerprints(session, page=1 << 20):
     of the lookups (vmar_openstack.ingest.ahead).
     """
     keys, clusters = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-    for table in (FINGERPRINTS, RECENT):
+    for table in _tiers(session):
         last = None
         while True:
             where = '' if last is None else 'WHERE fp_key > ? '
@@ -198,8 +198,15 @@ def scan_fingerprints(session, page=1 << 20):
                 break
             last = int(k[-1])
     keys, clusters = np.concatenate(keys), np.concatenate(clusters)
-    order = np.argsort(keys, kind='stable')
-    return keys[order], clusters[order]
+    if has_recent(session):   # two sorted runs: one sort
+        order = np.argsort(keys, kind='stable')
+        keys, clusters = keys[order], clusters[order]
+    return keys, clusters
+
+
+def _tiers(session):
+    """The fingerprint tables that may hold a key."""
+    return (FINGERPRINTS, RECENT) if has_recent(session) else (FINGERPRINTS,)
 
 
 def has_recent(session):
@@ -226,15 +233,15 @@ def add_fingerprints(session, dialect, keys, cluster_id):
     1/SLICES of the large table, and no add pays for a whole merge.
     """
     held = 0
-    if has_recent(session):
+    if has_recent(session) and len(keys) <= MERGE_ROWS:
         held = session.execute(sa.text(
             'SELECT COUNT(*) FROM %s' % RECENT)).scalar()
     if held + len(keys) <= MERGE_ROWS:
-        insert(session, dialect, keys, cluster_id, RECENT)
+        _insert(session, dialect, keys, cluster_id, RECENT)
         session.info['vmar_recent'] = held + len(keys) > 0
     else:
-        insert(session, dialect, keys, cluster_id)
-    if session.info['vmar_recent']:
+        _insert(session, dialect, keys, cluster_id, FINGERPRINTS)
+    if has_recent(session):
         merge_slice(session, session.info.get('vmar_generation', 0) % SLICES)
 
 
@@ -283,17 +290,13 @@ def set_hashes(session, dialect, ids, hashes, members, also=''):
     session.execute(sa.text(sql), {'rows': rows})
 
 
-def insert(session, dialect, keys, value, table=FINGERPRINTS,
-           columns=('fp_key', 'cluster_id')):
-    """Insert one row (key, ``value``) into ``table`` per key.
-
-    New fingerprints go through :func:`add_fingerprints` instead.
-    """
+def _insert(session, dialect, keys, cluster_id, table):
+    """Insert one row (key, ``cluster_id``) into ``table`` per key."""
     src, col = source(dialect)
-    stmt = sa.text('INSERT INTO %s (%s) SELECT %s, :value FROM %s'
-                   % (table, ', '.join(columns), col, src))
+    stmt = sa.text('INSERT INTO %s (fp_key, cluster_id) SELECT %s, :cid '
+                   'FROM %s' % (table, col, src))
     for batch in _batches(keys):
-        session.execute(stmt, {'keys': batch, 'value': int(value)})
+        session.execute(stmt, {'keys': batch, 'cid': int(cluster_id)})
 
 
 def move(session, dialect, keys, cluster_id):
@@ -302,7 +305,7 @@ def move(session, dialect, keys, cluster_id):
     recent = has_recent(session)
     stmts = []
     if dialect in ('mysql', 'mariadb'):
-        for t in (FINGERPRINTS, RECENT) if recent else (FINGERPRINTS,):
+        for t in _tiers(session):
             stmts.append('UPDATE %s f JOIN %s ON f.fp_key = %s '
                          'SET f.cluster_id = :cid' % (t, src, col))
     elif dialect == 'sqlite':
@@ -321,7 +324,7 @@ def move(session, dialect, keys, cluster_id):
                         'NOT EXISTS (SELECT 1 FROM %s r WHERE r.fp_key = %s)'
                         % (RECENT, col) if recent else 'true'))
     else:
-        for t in (FINGERPRINTS, RECENT) if recent else (FINGERPRINTS,):
+        for t in _tiers(session):
             stmts.append('UPDATE %s SET cluster_id = :cid WHERE fp_key IN '
                          '(SELECT %s FROM %s)' % (t, col, src))
     for batch in _batches(keys):
@@ -334,8 +337,7 @@ def delete(session, dialect, keys):
     """Delete the given fingerprint keys, from either tier."""
     src, col = source(dialect)
     stmts = []
-    for t in (FINGERPRINTS, RECENT) if has_recent(session) else (
-            FINGERPRINTS,):
+    for t in _tiers(session):
         if dialect in ('mysql', 'mariadb'):
             stmts.append('DELETE f FROM %s f JOIN %s ON f.fp_key = %s'
                          % (t, src, col))

@@ -102,8 +102,8 @@ class Cluster(Base):
     # map generation finds canonical targets from them (mapgen)
     min_seq = sa.Column(sa.BigInteger, nullable=False)
     min_public_seq = sa.Column(sa.BigInteger)
-    # the member seqs, comma-separated, in no particular order (see
-    # vmar_openstack.db.api.parse_members)
+    # the member seqs as ascending runs, comma-separated: 1-57,59,61-200
+    # (vmar_openstack.db.api.parse_members)
     members = sa.Column(MembersText, nullable=False)
 
 
