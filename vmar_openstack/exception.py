@@ -1,0 +1,81 @@
+"""Every exception vmar-openstack raises on purpose.
+
+One base class, :class:`VmarException`, carries a message template filled
+from keyword arguments, in the style of os-brick's ``exception.py``::
+
+    raise LibraryInconsistent(what='image 3 holds part of cluster 7')
+
+or a ready message as the first argument. The ``cmd`` mains catch
+:class:`VmarException` and print its message on one line. Classes that
+callers used to catch by a built-in type keep it as a second base.
+"""
+
+
+class VmarException(Exception):
+    """Base class: ``message % kwargs``, or the message given."""
+
+    message = 'An unknown error occurred.'
+
+    def __init__(self, message=None, **kwargs):
+        self.kwargs = kwargs
+        if message is None:
+            try:
+                message = self.message % kwargs
+            except (KeyError, TypeError, ValueError):
+                # a template that does not fit its arguments is a bug of
+                # ours; say what we have rather than hide the error
+                message = '%s %r' % (self.message, kwargs)
+        self.msg = message
+        super().__init__(message)
+
+    def __str__(self):
+        return self.msg
+
+
+class LibraryInconsistent(VmarException, RuntimeError):
+    message = ('the library is inconsistent: %(what)s; run '
+               '"vmar-manage check"')
+
+
+class LockTimeout(VmarException, RuntimeError):
+    message = 'could not take the library lock within %(timeout)s s'
+
+
+class ImageRejected(VmarException, ValueError):
+    message = 'image rejected: %(reason)s'
+
+
+class ImageNotFound(VmarException, LookupError):
+    message = 'image %(image_id)s is not in the library'
+
+
+class ImageExists(VmarException, ValueError):
+    message = 'image %(image_id)s is already in the library'
+
+
+class MapFormatError(VmarException, ValueError):
+    message = 'invalid map: %(reason)s'
+
+
+class SourceError(VmarException, RuntimeError):
+    """A map or base image cannot be found, fetched or verified."""
+    message = 'cannot get %(what)s: %(reason)s'
+
+
+class ExportError(VmarException, RuntimeError):
+    """An export cannot be created, restored or removed."""
+    message = 'export failed: %(reason)s'
+
+
+class PublishError(VmarException, RuntimeError):
+    """A map could not be published (Glance refused or is unreachable)."""
+    message = 'cannot publish the map of %(image_id)s: %(reason)s'
+
+
+class StuckError(PublishError):
+    """A map image stays in 'saving' (its uploader died)."""
+    message = 'map image %(image_id)s is stuck in saving'
+
+
+class CommandError(VmarException):
+    """A console command was given something it cannot act on."""
