@@ -27,12 +27,11 @@ HASH_FILES=("${DRIVER_FILES[@]}" qapi-vmar.py build.sh)
 TOOLS=(qemu-img qemu-io qemu-nbd qemu-storage-daemon)
 # Ninja targets (paths inside the build directory), same order as TOOLS.
 TARGETS=(qemu-img qemu-io qemu-nbd storage-daemon/qemu-storage-daemon)
-BUILD_DEPS=(build-essential ninja-build meson pkg-config libglib2.0-dev
-    libpixman-1-dev zlib1g-dev libaio-dev liburing-dev libfdt-dev
-    libslirp-dev libzstd-dev libcap-ng-dev libattr1-dev ccache
-    dpkg-dev python3)
+# Build dependencies: bindep.txt, profile "qemu" (tools/install-deps.sh).
+INSTALL_DEPS="${HERE}/../tools/install-deps.sh"
 SOURCES_DIR=/etc/apt/sources.list.d
 DEBSRC_FILE="${SOURCES_DIR}/vmar-openstack-deb-src.sources"
+DEBSRC_LIST="${SOURCES_DIR}/vmar-openstack-deb-src.list"
 
 say() {
     echo "build.sh: $*" >&2
@@ -61,17 +60,28 @@ have_debsrc() {
 ensure_debsrc() {
     local updated=0
     if ! have_debsrc; then
-        say "adding deb-src entries in ${DEBSRC_FILE}"
         local src="${SOURCES_DIR}/debian.sources"
-        [[ -f "${src}" ]] || die "${src} not found"
-        # Copy every deb stanza of debian.sources as a deb-src stanza.
-        awk 'BEGIN { RS = ""; ORS = "\n\n" }
-            /(^|\n)Types:[^\n]*deb/ {
-                sub(/Types:[^\n]*/, "Types: deb-src"); print
-            }' "${src}" >"${DEBSRC_FILE}.tmp"
-        grep -q '^Types: deb-src' "${DEBSRC_FILE}.tmp" ||
-            die "no deb stanza found in ${src}"
-        mv "${DEBSRC_FILE}.tmp" "${DEBSRC_FILE}"
+        if [[ -f "${src}" ]]; then
+            say "adding deb-src entries in ${DEBSRC_FILE}"
+            # Copy every deb stanza of debian.sources as a deb-src stanza.
+            awk 'BEGIN { RS = ""; ORS = "\n\n" }
+                /(^|\n)Types:[^\n]*deb/ {
+                    sub(/Types:[^\n]*/, "Types: deb-src"); print
+                }' "${src}" >"${DEBSRC_FILE}.tmp"
+            grep -q '^Types: deb-src' "${DEBSRC_FILE}.tmp" ||
+                die "no deb stanza found in ${src}"
+            mv "${DEBSRC_FILE}.tmp" "${DEBSRC_FILE}"
+        else
+            # A machine installed by debian-installer or debootstrap lists
+            # its mirrors one per line in sources.list.
+            src=/etc/apt/sources.list
+            say "adding deb-src lines in ${DEBSRC_LIST}"
+            sed -n 's/^[[:space:]]*deb[[:space:]]/deb-src /p' "${src}" \
+                >"${DEBSRC_LIST}.tmp" 2>/dev/null || true
+            [[ -s "${DEBSRC_LIST}.tmp" ]] ||
+                die "no deb line found in ${src} or ${SOURCES_DIR}"
+            mv "${DEBSRC_LIST}.tmp" "${DEBSRC_LIST}"
+        fi
         run apt-get update || die "apt-get update failed"
         updated=1
     fi
@@ -83,23 +93,10 @@ ensure_debsrc() {
 }
 
 ensure_build_deps() {
-    local missing=() pkg status
-    for pkg in "${BUILD_DEPS[@]}"; do
-        status="$(dpkg-query -W -f '${Status}' "${pkg}" 2>/dev/null || true)"
-        if [[ "${status}" != "install ok installed" ]]; then
-            missing+=("${pkg}")
-        fi
-    done
-    if [[ ${#missing[@]} -gt 0 ]]; then
-        say "installing build dependencies: ${missing[*]}"
-        if ! DEBIAN_FRONTEND=noninteractive run apt-get install -y \
-            --no-install-recommends "${missing[@]}"; then
-            run apt-get update || true
-            DEBIAN_FRONTEND=noninteractive run apt-get install -y \
-                --no-install-recommends "${missing[@]}" ||
-                die "apt-get install of build dependencies failed"
-        fi
-    fi
+    # Also on a cached build: the packages bring the shared libraries the
+    # tools load.
+    "${INSTALL_DEPS}" --debs-only qemu >>"${LOG}" 2>&1 ||
+        die "installing the build dependencies failed"
 }
 
 # Source package version that "apt-get source qemu" would fetch, taken from
@@ -235,6 +232,7 @@ main() {
         [[ -f "${HERE}/${f}" ]] || die "missing ${HERE}/${f}"
     done
 
+    ensure_build_deps
     ensure_debsrc
     local version
     version="$(qemu_source_version)"
@@ -251,7 +249,6 @@ main() {
         return 0
     fi
 
-    ensure_build_deps
     fetch_source "${version}"
     local src
     src="$(source_dir)" || die "no qemu source tree under ${SRCROOT}"

@@ -8,7 +8,7 @@ set -euo pipefail
 
 TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"
-VENV=$(tools/install-deps.sh | tail -n 1)
+VENV=$(tools/install-deps.sh demo | tail -n 1)
 export PATH="$VENV/bin:$PATH"
 
 LIBRARY=${VMAR_IMAGE_LIBRARY:-/var/cache/vmar-openstack/images}

@@ -1,38 +1,75 @@
 #!/bin/bash
 # Run the whole vmar-openstack test suite on a fresh Debian 12 machine (as
-# root): installs what it needs, then runs style checks, unit tests and the
-# functional tests against real QEMU tools, SQLite, MariaDB and PostgreSQL.
+# root): installs what it needs, then runs style checks, unit tests, the
+# functional tests against real QEMU tools, libvirt, SQLite, MariaDB,
+# PostgreSQL, RabbitMQ and glance-api, and last the fresh-machine stage: the
+# README's demo command in a pristine Debian 12 root (tools/fresh-root.sh).
+#
+# Usage: tools/run-tests.sh [--no-fresh-root]
+#   --no-fresh-root  skip the fresh-machine stage (CI always runs it)
+#
+# Servers the tests start (MariaDB, PostgreSQL, libvirtd, virtlogd) are
+# stopped when the run ends; servers that were already running are left
+# alone.
 set -euo pipefail
 
 TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"
-VENV=$(tools/install-deps.sh --test | tail -n 1)
+FRESH_ROOT=1
+case ${1:-} in
+    --no-fresh-root) FRESH_ROOT=0 ;;
+    "") ;;
+    *) echo "usage: $0 [--no-fresh-root]" >&2; exit 2 ;;
+esac
+if [ "$FRESH_ROOT" = 0 ] && [ -n "${CI:-}" ]; then
+    echo "CI runs the fresh-machine stage; ignoring --no-fresh-root" >&2
+    FRESH_ROOT=1
+fi
+VENV=$(tools/install-deps.sh test | tail -n 1)
 export PATH="$VENV/bin:$PATH"
 
-echo "== style: flake8 (hacking), shellcheck, bashate"
+VMAR_TEST_STARTED=$(mktemp /tmp/vmar-test-started.XXXXXX)
+export VMAR_TEST_STARTED
+stop_started() {
+    python3 -m tests.functional.services stop "$VMAR_TEST_STARTED" || true
+}
+trap stop_started EXIT
+
+stage() {
+    printf '== %s (%s)\n' "$1" "$(date +%H:%M:%S)"
+}
+
+stage "style: flake8 (hacking), shellcheck, bashate"
 flake8
 tools/lint-shell.sh
 
-echo "== release notes"
+stage "release notes"
 reno lint >/dev/null
 
-echo "== config sample is up to date"
+stage "config sample is up to date"
 tools/gen-config.sh --check
 
-echo "== unit tests"
+stage "unit tests"
 stestr --test-path=./tests/unit run
 
-echo "== patched QEMU (qemu/build.sh; cached by content hash)"
+stage "patched QEMU (qemu/build.sh; cached by content hash)"
 VMAR_QEMU_PREFIX=$(qemu/build.sh | tail -n 1)
 export VMAR_QEMU_PREFIX
 echo "$VMAR_QEMU_PREFIX"
 
-echo "== Debian image library and test guest (cached)"
+stage "Debian image library and test guest (cached)"
 VMAR_IMAGE_LIBRARY=${VMAR_IMAGE_LIBRARY:-/var/cache/vmar-openstack/images}
 export VMAR_IMAGE_LIBRARY
 tools/build-image-library.sh "$VMAR_IMAGE_LIBRARY" | tail -n 4
 tools/build-test-guest.sh | tail -n 1
 
-echo "== functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL)"
+stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL)"
 mkdir -p bench/out
 stestr --test-path=./tests/functional run --concurrency=1
+stop_started
+
+if [ "$FRESH_ROOT" = 1 ]; then
+    stage "fresh machine: tools/demo.sh in a pristine Debian 12 root"
+    tools/fresh-root.sh tools/demo.sh
+fi
+stage "done"

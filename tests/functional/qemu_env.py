@@ -14,6 +14,8 @@ import re
 import subprocess
 import time
 
+from tests.functional import services
+
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 SYSTEM_QEMU_IMG = '/usr/bin/qemu-img'
@@ -68,8 +70,10 @@ def libvirt():
     _kvm_device_as_debian_sets_it()
     if not _running('virtlogd'):
         subprocess.run(['virtlogd', '-d'], check=True)
+        services.record_started('virtlogd')
     if not _running('libvirtd'):
         subprocess.run(['libvirtd', '-d'], check=True)
+        services.record_started('libvirtd')
     deadline = time.time() + 30
     while time.time() < deadline:
         if subprocess.run(['virsh', '-c', 'qemu:///system', 'version'],

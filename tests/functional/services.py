@@ -5,13 +5,21 @@ The functional suite needs MariaDB and PostgreSQL. Debian installs them
 the harness does: ``mysqld_safe`` for MariaDB and ``pg_ctlcluster`` for
 PostgreSQL, then creates a ``vmar`` role and a ``vmar_test`` database in each.
 Starting is idempotent; servers are left running for the rest of the run.
+
+What the harness starts (these servers, and libvirtd/virtlogd in
+:mod:`qemu_env`) it records in the file ``$VMAR_TEST_STARTED`` names, if set.
+``tools/run-tests.sh`` sets it and, when the run ends, stops exactly those
+(``python -m tests.functional.services stop FILE``); servers that were
+already running are not recorded and are left alone.
 """
 
 import functools
 import glob
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 
 import sqlalchemy as sa
@@ -38,6 +46,51 @@ def _ok(cmd):
     return subprocess.run(cmd, capture_output=True).returncode == 0
 
 
+def record_started(*words):
+    """Note a server this run started, for ``stop`` at the end of the run."""
+    path = os.environ.get('VMAR_TEST_STARTED')
+    if path:
+        with open(path, 'a') as f:
+            f.write(' '.join(words) + '\n')
+
+
+def _stop_pidfile(path, timeout=30):
+    try:
+        with open(path) as f:
+            pid = int(f.read().split()[0])
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError, IndexError):
+        return
+    _wait(lambda: not os.path.exists('/proc/%d' % pid), path, timeout)
+
+
+_STOP = {
+    'mariadb': lambda: subprocess.run(['mysqladmin', 'shutdown'],
+                                      capture_output=True),
+    'postgresql': lambda version: subprocess.run(
+        ['pg_ctlcluster', version, 'main', 'stop'], capture_output=True),
+    'libvirtd': lambda: _stop_pidfile('/run/libvirtd.pid'),
+    'virtlogd': lambda: _stop_pidfile('/run/virtlogd.pid'),
+}
+
+
+def stop_started(path):
+    """Stop what ``record_started`` noted in ``path``, newest first."""
+    try:
+        with open(path) as f:
+            entries = [line.split() for line in f if line.strip()]
+    except FileNotFoundError:
+        return
+    done = set()
+    for name, *args in reversed(entries):
+        if name in done or name not in _STOP:
+            continue
+        done.add(name)
+        print('stopping %s (started by the tests)' % name)
+        _STOP[name](*args)
+    os.unlink(path)
+
+
 @functools.lru_cache(maxsize=None)
 def mariadb_url():
     if not shutil.which('mysqld_safe'):
@@ -49,6 +102,7 @@ def mariadb_url():
         subprocess.Popen(['mysqld_safe', '--skip-syslog'],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
+        record_started('mariadb')
         _wait(lambda: _ok(['mysqladmin', 'ping']), 'MariaDB')
     sql = ("CREATE DATABASE IF NOT EXISTS {db};"
            "CREATE USER IF NOT EXISTS '{u}'@'localhost' IDENTIFIED BY '{p}';"
@@ -85,6 +139,7 @@ def postgresql_url():
     if not _ok(['pg_isready', '-q']):
         subprocess.run(['pg_ctlcluster', version, 'main', 'start'],
                        check=True, capture_output=True)
+        record_started('postgresql', version)
         _wait(lambda: _ok(['pg_isready', '-q']), 'PostgreSQL')
     if _psql("SELECT 1 FROM pg_roles WHERE rolname='%s'" % USER
              ).stdout.strip() != '1':
@@ -105,3 +160,9 @@ def reset(url):
         meta.drop_all(engine)
     finally:
         engine.dispose()
+
+
+if __name__ == '__main__':
+    if len(sys.argv) != 3 or sys.argv[1] != 'stop':
+        sys.exit('usage: python -m tests.functional.services stop FILE')
+    stop_started(sys.argv[2])
