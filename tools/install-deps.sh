@@ -34,16 +34,21 @@ for arg in "$@"; do
     esac
 done
 
+APT_LOG=/var/log/vmar-openstack-install.log
 apt_updated=0
 apt_install() {
     [ "$#" -gt 0 ] || return 0
-    echo "installing Debian packages: $*" >&2
+    echo "installing Debian packages (log: $APT_LOG): $*" >&2
     export DEBIAN_FRONTEND=noninteractive
-    if [ "$apt_updated" = 0 ]; then
-        apt-get update -q >&2
+    {
+        [ "$apt_updated" = 1 ] || apt-get update -q
         apt_updated=1
-    fi
-    apt-get install -y -q --no-install-recommends "$@" >&2
+        apt-get install -y -q --no-install-recommends "$@"
+    } >>"$APT_LOG" 2>&1 || {
+        tail -n 30 "$APT_LOG" >&2
+        echo "apt-get failed; see $APT_LOG" >&2
+        return 1
+    }
 }
 
 missing=()
