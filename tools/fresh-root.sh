@@ -3,7 +3,7 @@
 # Run a command of this repository in a pristine Debian 12 root, as a new
 # user on a fresh machine would: what the README promises, checked.
 #
-# Usage: tools/fresh-root.sh [--keep] [COMMAND [ARG...]]
+# Usage: tools/fresh-root.sh [--keep] [--cold] [COMMAND [ARG...]]
 #
 # COMMAND runs as root in a fresh clone of this repository's HEAD (commit
 # first: uncommitted changes are not in the clone), from the clone's top
@@ -22,6 +22,8 @@
 # pip's wheel cache, debootstrap's .deb cache and the QEMU build tree and
 # ccache of qemu/build.sh. Installed results are never shared: the
 # virtualenv, the QEMU prefix and the image library are made in the root.
+# --cold shares none of them: every download and build happens in the root,
+# as on a new machine (how the README's timings are measured).
 #
 # The command runs in its own mount namespace with /proc, /sys, /dev and a
 # tmpfs on /run; the mounts vanish with it. If any process is still running
@@ -108,17 +110,19 @@ add_workplace_config() {
 
 # Inside a private mount namespace: mount, chroot, run.
 inside() {
-    local root=$1 d
-    shift
+    local root=$1 cold=$2 d
+    shift 2
     mount --make-rprivate /
     mount -t proc proc "$root/proc"
     mount -t sysfs sysfs "$root/sys"
     mount --rbind /dev "$root/dev"
     mount -t tmpfs tmpfs "$root/run"
-    for d in "${SHARED_CACHES[@]}"; do
-        mkdir -p "$d" "$root$d"
-        mount --bind "$d" "$root$d"
-    done
+    if [ "$cold" = 0 ]; then
+        for d in "${SHARED_CACHES[@]}"; do
+            mkdir -p "$d" "$root$d"
+            mount --bind "$d" "$root$d"
+        done
+    fi
     # shellcheck disable=SC2016  # expanded by the inner shell
     exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
@@ -136,15 +140,19 @@ leftovers() {
 }
 
 main() {
-    local keep=0 root work tar rc start left
+    local keep=0 cold=0 root work tar rc start left
     if [ "${1:-}" = --inside ]; then
         shift
         inside "$@"
     fi
-    if [ "${1:-}" = --keep ]; then
-        keep=1
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --keep) keep=1 ;;
+            --cold) cold=1 ;;
+            *) break ;;
+        esac
         shift
-    fi
+    done
     [ $# -gt 0 ] || set -- tools/demo.sh
     [ "$(id -u)" -eq 0 ] || die "must run as root"
     command -v debootstrap >/dev/null ||
@@ -163,7 +171,7 @@ main() {
         "running: $*"
 
     rc=0
-    unshare --mount -- "$SCRIPT" --inside "$root" "$@" || rc=$?
+    unshare --mount -- "$SCRIPT" --inside "$root" "$cold" "$@" || rc=$?
     say "command exited with $rc after $((SECONDS - start)) s"
 
     left=$(leftovers "$root")
