@@ -14,6 +14,7 @@ import fixtures
 from tests import base
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 from vmar_openstack import ingest
 from vmar_openstack.ingest import ahead
 from vmar_openstack.ingest import check
@@ -117,7 +118,7 @@ class TestAhead(base.LibraryTestCase):
         with db_session.reader(self.conf) as s:
             g0 = db_session.generation(s)
         self.lib.add(_uuid(1), self.image('a', [1]), visibility='public')
-        self.assertRaises(ingest.ImageExists, self.lib.add, _uuid(1),
+        self.assertRaises(exception.ImageExists, self.lib.add, _uuid(1),
                           self.image('a2', [1]))
         with db_session.reader(self.conf) as s:
             self.assertEqual(g0 + 1, db_session.generation(s))

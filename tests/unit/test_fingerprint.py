@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from tests import base
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack import ingest
 
@@ -112,7 +113,7 @@ class TestHashing(base.LibraryTestCase):
                             f.seek(size - 4096)
                             f.write(base.block(999))
                 e = self.assertRaises(
-                    fingerprint.ImageRejected, fingerprint.hash_file, path,
+                    exception.ImageRejected, fingerprint.hash_file, path,
                     size, workers=1, progress=progress, native=native)
                 self.assertIn('changed while it was being read', str(e))
 
@@ -189,7 +190,7 @@ class TestHostileImages(base.LibraryTestCase):
     """Each bad image is refused with a reason, and nothing is written."""
 
     def _assert_rejected(self, path, fmt, words, **kw):
-        e = self.assertRaises(fingerprint.ImageRejected, self.lib.add, ID,
+        e = self.assertRaises(exception.ImageRejected, self.lib.add, ID,
                               path, disk_format=fmt, **kw)
         for w in words:
             self.assertIn(w, str(e))

@@ -12,6 +12,7 @@ import numpy as np
 import testtools
 
 from tests import base
+from vmar_openstack import exception
 from vmar_openstack import mapformat
 
 
@@ -33,7 +34,7 @@ class TestVectors(testtools.TestCase):
             with open(name + '.vmap', 'rb') as f:
                 data = f.read()
             if not meta['valid']:
-                e = self.assertRaises(mapformat.MapFormatError,
+                e = self.assertRaises(exception.MapFormatError,
                                       mapformat.decode, data)
                 self.assertEqual(meta['reason'], e.reason, name)
                 continue
@@ -133,7 +134,7 @@ class TestRoundTripAndFuzz(testtools.TestCase):
                     bad = bad[:rnd.randrange(len(bad))]
                 try:
                     m = mapformat.decode(bytes(bad))
-                except mapformat.MapFormatError:
+                except exception.MapFormatError:
                     continue
                 # accepted: it must still be a consistent map
                 mapformat.build_index(m.extents, m.n_blocks, m.section_shift)

@@ -22,6 +22,7 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import migration
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
@@ -29,10 +30,6 @@ from vmar_openstack import mapformat
 
 CONF = vmar_conf.CONF
 LOG = logging.getLogger(__name__)
-
-
-class CommandError(Exception):
-    pass
 
 
 def _progress(total, desc):
@@ -83,8 +80,8 @@ def image_update():
         out = lib.update_metadata(a.id, owner=a.owner,
                                   visibility=a.visibility)
     elif not a.path:
-        raise CommandError('nothing to update: give PATH, --owner or '
-                           '--visibility')
+        raise exception.CommandError('nothing to update: give PATH, --owner '
+                                     'or --visibility')
     _out('updated %s: map v%d' % (out.image_id, out.map_version))
     _report_regenerated(out)
 
@@ -123,19 +120,20 @@ def _current_map(image_id, version=None):
     with db_session.reader() as s:
         img = db_api.get_image(s, image_id)
         if img is None:
-            raise CommandError('image %s is not in the library' % image_id)
+            raise exception.CommandError('image %s is not in the library'
+                                         % image_id)
         version = version or img.map_version
         mv = s.get(models.MapVersion, (img.seq, version))
         if mv is None:
-            raise CommandError('image %s has no map v%d' % (image_id,
-                                                            version))
+            raise exception.CommandError('image %s has no map v%d'
+                                         % (image_id, version))
         sha = mv.sha256
     path = ingest.map_path(CONF, image_id, version)
     with open(path, 'rb') as f:
         data = f.read()
     if hashlib.sha256(data).hexdigest() != sha:
-        raise CommandError('map %s does not match its recorded checksum'
-                           % path)
+        raise exception.CommandError('map %s does not match its recorded '
+                                     'checksum' % path)
     return path, mapformat.decode(data)
 
 
@@ -172,8 +170,8 @@ def map_verify():
             out.flush()
             bad = _first_difference(raw, out.fileno(), m.virtual_size)
     if bad is not None:
-        raise CommandError('map v%d of %s differs from %s at byte %d'
-                           % (m.map_version, a.id, source, bad))
+        raise exception.CommandError('map v%d of %s differs from %s at byte '
+                                     '%d' % (m.map_version, a.id, source, bad))
     _out('map v%d of %s reconstructs %s byte for byte (%d bytes)'
          % (m.map_version, a.id, source, m.virtual_size))
 
@@ -283,7 +281,7 @@ def check():
     for p in problems:
         _out('problem: %s' % p)
     if problems:
-        raise CommandError('%d problems found' % len(problems))
+        raise exception.CommandError('%d problems found' % len(problems))
     _out('library consistent')
 
 
@@ -343,10 +341,10 @@ def add_command_parsers(subparsers):
 
 
 def main(argv=None):
-    return cmd.run(CONF, 'vmar-manage', add_command_parsers, (
-        CommandError, ingest.ImageNotFound, ingest.ImageExists,
-        fingerprint.ImageRejected, mapformat.MapFormatError, ValueError,
-        OSError), argv)
+    # ValueError: an argument the library refuses (an image id that is no
+    # UUID, an unknown visibility); OSError: a file that cannot be read
+    return cmd.run(CONF, 'vmar-manage', add_command_parsers,
+                   (ValueError, OSError), argv)
 
 
 if __name__ == '__main__':

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from vmar_openstack.db import bulk
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 from vmar_openstack import fingerprint
 
 DIGEST_CHUNK_BYTES = 4 << 20
@@ -149,9 +150,9 @@ def load_digests(session, image, dsize):
         .order_by(models.ImageDigests.chunk)).scalars().all()
     raw = b''.join(chunks)
     if len(raw) != image.n_blocks * dsize:
-        raise RuntimeError('digest list of image %s has %d bytes, expected %d'
-                           % (image.image_id, len(raw),
-                              image.n_blocks * dsize))
+        raise exception.LibraryInconsistent(
+            what='digest list of image %s has %d bytes, expected %d'
+            % (image.image_id, len(raw), image.n_blocks * dsize))
     return np.frombuffer(raw, dtype=np.uint8).reshape(image.n_blocks, dsize)
 
 
@@ -433,10 +434,10 @@ def _flips(session, dialect, split, info, image_keys):
     for cid, outside in chosen:
         rest = k[c == cid]
         if len(rest) != outside:
-            raise RuntimeError(
-                'cluster %d has %d keys outside the image being added, but '
-                'its members hold %d keys of it outside the image; run '
-                'vmar-manage check' % (cid, outside, len(rest)))
+            raise exception.LibraryInconsistent(
+                what='cluster %d has %d keys outside the image being added, '
+                'but its members hold %d keys of it outside the image'
+                % (cid, outside, len(rest)))
         flips[cid] = rest
     return flips
 
@@ -509,8 +510,8 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False,
         else:
             split.append((cid, np.arange(start, start + count)))
     if not adding and split:
-        raise RuntimeError('image %d holds only part of a cluster; run '
-                           'vmar-manage check' % seq)
+        raise exception.LibraryInconsistent(
+            what='image %d holds only part of a cluster' % seq)
     flips = {}
     if split and image_keys is not None:
         flips = _flips(session, dialect, split, info, image_keys)
@@ -594,9 +595,9 @@ def remove_keys(session, seq, keys):
     dialect = db_session.dialect(session)
     found_k, found_c = bulk.lookup(session, dialect, keys)
     if len(found_k) != len(keys):
-        raise RuntimeError('image %d has %d fingerprint keys missing from '
-                           'the fingerprint table; run vmar-manage check'
-                           % (seq, len(keys) - len(found_k)))
+        raise exception.LibraryInconsistent(
+            what='image %d has %d fingerprint keys missing from the '
+            'fingerprint table' % (seq, len(keys) - len(found_k)))
     _regroup(session, dialect, found_k, found_c, seq, False)
 
 

@@ -23,6 +23,8 @@ import numpy as np
 from oslo_log import log as logging
 from oslo_utils.imageutils import format_inspector
 
+from vmar_openstack.exception import ImageRejected
+
 try:
     from vmar_openstack.fingerprint import _blockhash
 except ImportError:  # not built: no compiler or libssl-dev at install time
@@ -42,10 +44,6 @@ _QEMU_NAMES = {'vhd': 'vpc'}
 CHUNK = 32 << 20        # bytes per job given to a worker, at most
 MIN_CHUNK = 4 << 20     # and at least (smaller images: 4 jobs per worker)
 READ_BUF = 1 << 20      # bytes per read: stays in the CPU cache while hashed
-
-
-class ImageRejected(ValueError):
-    """The image is unsafe, corrupt, or not what the caller claims."""
 
 
 @dataclasses.dataclass

@@ -23,6 +23,10 @@ from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
+# still caught here by callers outside this package
+from vmar_openstack.exception import ImageExists  # noqa: F401
+from vmar_openstack.exception import ImageNotFound  # noqa: F401
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
 from vmar_openstack.ingest import ahead as ingest_ahead
@@ -30,14 +34,6 @@ from vmar_openstack import mapformat
 from vmar_openstack import mapgen
 
 LOG = logging.getLogger(__name__)
-
-
-class ImageNotFound(LookupError):
-    pass
-
-
-class ImageExists(ValueError):
-    pass
 
 
 @dataclasses.dataclass
@@ -96,10 +92,11 @@ class Library:
         with db_session.reader(self.conf) as s:
             existing = db_api.get_image(s, image_id)
             if existing is not None:
-                raise ImageExists('image %s is already in the library (seq '
-                                  '%d, map v%d); use update to change it'
-                                  % (existing.image_id, existing.seq,
-                                     existing.map_version))
+                raise exception.ImageExists(
+                    'image %s is already in the library (seq %d, map v%d); '
+                    'use update to change it' % (
+                        existing.image_id, existing.seq,
+                        existing.map_version))
         ahead = ingest_ahead.Ahead(self.conf, self.conf.vmar.hash_algorithm,
                                    self.conf.vmar.block_size)
         try:
@@ -210,7 +207,7 @@ class Library:
     def _get(self, s, image_id):
         img = db_api.get_image(s, image_id)
         if img is None:
-            raise ImageNotFound('image %s is not in the library' % image_id)
+            raise exception.ImageNotFound(image_id=image_id)
         return img
 
     def _fingerprint(self, image_id, path, disk_format, expected_size,
@@ -225,7 +222,7 @@ class Library:
         with fingerprint.raw_view(path, disk_format, qemu_img=c.qemu_img,
                                   work_dir=c.work_dir) as raw:
             if os.stat(raw).st_size != vsize:
-                raise fingerprint.ImageRejected(
+                raise exception.ImageRejected(
                     'raw view of %s is not %d bytes' % (path, vsize))
             fps = fingerprint.hash_file(
                 raw, vsize, c.block_size, c.hash_algorithm, c.hash_workers,
@@ -262,8 +259,8 @@ class Library:
                                       map_path(self.conf, image_id, 1))
         with self._mutation() as (s, written):
             if db_api.get_image(s, image_id) is not None:
-                raise ImageExists('image %s was added concurrently'
-                                  % image_id)
+                raise exception.ImageExists('image %s was added concurrently'
+                                            % image_id)
             img = models.Image(**vars(desc))
             s.add(img)
             s.flush()

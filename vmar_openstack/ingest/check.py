@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack import ingest
 from vmar_openstack import mapformat
@@ -37,8 +38,8 @@ def check(conf):
             try:
                 d = db_api.load_digests(
                     s, img, fingerprint.DIGEST_SIZES[img.algorithm])
-            except RuntimeError as e:
-                problems.append(str(e))
+            except exception.LibraryInconsistent as e:
+                problems.append(e.kwargs['what'])
                 continue
             digests[img.seq] = d
             if int((~d.any(axis=1)).sum()) != img.zero_blocks:
@@ -141,7 +142,7 @@ def _check_maps(conf, s, images):
             continue
         try:
             bmap = mapformat.decode(data)
-        except mapformat.MapFormatError as e:
+        except exception.MapFormatError as e:
             problems.append('image %s: %s' % (img.image_id, e))
             continue
         fresh = resolver.build(img)

@@ -15,6 +15,9 @@ import zlib
 
 import numpy as np
 
+from vmar_openstack import exception
+# still caught here by callers outside this package
+from vmar_openstack.exception import MapFormatError  # noqa: F401
 from vmar_openstack.fileutils import write_atomic  # noqa: F401
 
 MAGIC = b'VMARMAP\0'
@@ -34,18 +37,6 @@ assert _HEADER.size == HEADER_SIZE
 EXTENT_DTYPE = np.dtype([('src', '<u4'), ('length', '<u4'),
                          ('target_block', '<u4'), ('target', '<u4')])
 INDEX_DTYPE = np.dtype([('first', '<u4'), ('count', '<u4')])
-
-
-class MapFormatError(ValueError):
-    """A map file breaks a rule of the specification.
-
-    ``reason`` is one of: header, magic, version, crc, bounds, targets,
-    extents, index, filter.
-    """
-
-    def __init__(self, reason, message):
-        super().__init__('invalid VMAR map (%s): %s' % (reason, message))
-        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,13 +170,15 @@ def encode(image_id, virtual_size, block_size, map_version, targets,
 
 
 def _fail(reason, message, *args):
-    raise MapFormatError(reason, message % args if args else message)
+    raise exception.MapFormatError(
+        reason=reason, detail=message % args if args else message)
 
 
 def decode(data):
     """Parse and fully validate a map. Returns :class:`BlockMap`.
 
-    :raises MapFormatError: naming the first broken rule.
+    :raises vmar_openstack.exception.MapFormatError: naming the first
+        broken rule.
     """
     data = memoryview(data).cast('B')
     if len(data) < HEADER_SIZE:
@@ -407,9 +400,8 @@ def reconstruct(bmap, target_path, out, chunk=8 << 20):
             files[t.image_id] = f
             size = os.fstat(f.fileno()).st_size
             if size != t.size:
-                raise MapFormatError(
-                    'targets', 'target %s is %d bytes, the map says %d'
-                    % (t.image_id, size, t.size))
+                _fail('targets', 'target %s is %d bytes, the map says %d',
+                      t.image_id, size, t.size)
         for offset, length, tidx, toff in iter_ranges(bmap):
             if tidx is None:
                 continue

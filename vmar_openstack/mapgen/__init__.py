@@ -20,6 +20,7 @@ import numpy as np
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
 from vmar_openstack.db.session import dialect as bulk_dialect
+from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack.fingerprint import DIGEST_SIZES
 from vmar_openstack import mapformat
@@ -215,9 +216,9 @@ class Resolver:
         ok = pos < len(kc_keys)
         ok[ok] = kc_keys[pos[ok]] == ukeys[ok]
         if not ok.all():
-            raise RuntimeError('image %s: %d fingerprint keys are in no '
-                               'cluster of the image; run vmar-manage check'
-                               % (image.image_id, int((~ok).sum())))
+            raise exception.LibraryInconsistent(
+                what='image %s: %d fingerprint keys are in no cluster of '
+                'the image' % (image.image_id, int((~ok).sum())))
         ucluster = kc_clusters[pos]
         imgs = self.images()
         # Resolve each distinct key through the digest of its first block:
@@ -315,8 +316,9 @@ class Resolver:
             ('f.min_seq', 'COALESCE(f.min_public_seq, -1)'))
         pos = np.searchsorted(clusters, cl)
         if len(cl) != real.sum() or not np.array_equal(clusters[pos], cl):
-            raise RuntimeError('image %s: some of its clusters are missing; '
-                               'run vmar-manage check' % image.image_id)
+            raise exception.LibraryInconsistent(
+                what='image %s: some of its clusters are missing'
+                % image.image_id)
         # the image itself holds every key of its clusters
         best = np.full(len(clusters), image.seq, np.int64)
         best[pos] = np.where(db_api.isin(low, allowed), low, best[pos])
@@ -373,8 +375,9 @@ class Resolver:
             pending = pending[~found]
             if not len(pending):
                 return
-        raise RuntimeError('a digest of image %d is not in the image itself'
-                           % cands[-1])
+        raise exception.LibraryInconsistent(
+            what='a digest of image %d is not in the image itself'
+            % cands[-1])
 
     def _extents(self, image, imgs, tseq, tblk):
         mapped = np.flatnonzero(tseq >= 0)
