@@ -14,6 +14,7 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack.ingest import check
 
 
@@ -89,7 +90,7 @@ class TestSplits(base.LibraryTestCase):
     def _clusters(self, n):
         with db_session.reader(self.conf) as s:
             img = db_api.get_image(s, _uuid(n))
-            keys = db_api.image_key_set(img, db_api.load_digests(
+            keys = fp_keys.image_key_set(img, db_api.load_digests(
                 s, img, 32))
             return dict(zip(*[a.tolist() for a in db_api.key_clusters(
                 s, keys)]))

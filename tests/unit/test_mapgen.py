@@ -11,6 +11,7 @@ from tests import base
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
 from vmar_openstack.db import session as db_session
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import ingest
 from vmar_openstack.ingest import ahead
 from vmar_openstack.ingest import check
@@ -303,14 +304,14 @@ class TestKeyArrays(testtools.TestCase):
     def test_stable_order(self):
         for keys in self._cases():
             np.testing.assert_array_equal(
-                np.argsort(keys, kind='stable'), db_api.stable_order(keys))
+                np.argsort(keys, kind='stable'), fp_keys.stable_order(keys))
 
     def test_unique_and_unique_first(self):
         for keys in self._cases():
             np.testing.assert_array_equal(np.unique(keys),
-                                          db_api.unique(keys))
+                                          fp_keys.unique(keys))
             want = np.unique(keys, return_index=True, return_inverse=True)
-            got = db_api.unique_first(keys)
+            got = fp_keys.unique_first(keys)
             for w, g in zip(want, got):
                 np.testing.assert_array_equal(w.reshape(-1), g)
 

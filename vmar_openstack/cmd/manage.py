@@ -24,6 +24,7 @@ from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack import exception
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
@@ -214,10 +215,10 @@ def collect_stats(conf=None):
         for img in images:
             d = db_api.load_digests(
                 s, img, fingerprint.DIGEST_SIZES[img.algorithm])
-            mask = db_api.shareable_mask(d, img.virtual_size, img.block_size)
-            keys = db_api.block_keys(d[mask], img.space_key)
-            kc_keys, kc_cl = db_api.key_clusters(s, db_api.unique(keys))
-            mem = db_api.cluster_members(s, db_api.unique(kc_cl))
+            mask = fp_keys.shareable_mask(d, img.virtual_size, img.block_size)
+            keys = fp_keys.block_keys(d[mask], img.space_key)
+            kc_keys, kc_cl = db_api.key_clusters(s, fp_keys.unique(keys))
+            mem = db_api.cluster_members(s, fp_keys.unique(kc_cl))
             single = np.array([mem[c] == {img.seq} for c in kc_cl.tolist()],
                               dtype=bool)
             cl_single = single[np.searchsorted(kc_keys, keys)] if len(

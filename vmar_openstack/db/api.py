@@ -22,6 +22,7 @@ from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack import exception
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import keys as fp_keys
 
 DIGEST_CHUNK_BYTES = 4 << 20
 # A split is flipped (see _flips) when it saves this many key moves, and
@@ -33,101 +34,6 @@ FLIP_LOOKUPS_PER_MOVE = 2
 FLIP_BLOCKS_PER_MOVE = 64
 FLIP_MEMBERS = 3
 VISIBILITIES = ('public', 'private', 'shared', 'community')
-
-
-def space_key(algorithm, block_size):
-    """The XOR constant that separates fingerprint spaces."""
-    if (algorithm, block_size) == ('sha256', 4096):
-        return 0
-    tag = ('%s/%d' % (algorithm, block_size)).encode()
-    return int.from_bytes(hashlib.sha256(tag).digest()[:8], 'little',
-                          signed=True)
-
-
-def block_keys(digests, skey):
-    """Per-block int64 keys of a ``(n, digest_size)`` uint8 digest array."""
-    d = np.ascontiguousarray(digests)
-    if d.shape[1] % 8 == 0:
-        prefix = d.view('<i8')[:, 0]
-    else:
-        prefix = np.ascontiguousarray(d[:, :8]).view('<i8').reshape(-1)
-    return prefix ^ np.int64(skey)
-
-
-def stable_order(keys):
-    """``np.argsort(keys, kind='stable')``, about five times faster.
-
-    Sorts with numpy's fast unstable sort, then puts the (usually few) runs
-    of equal keys back in index order.
-    """
-    keys = np.asarray(keys)
-    order = np.argsort(keys)
-    sk = keys[order]
-    eq = sk[1:] == sk[:-1]
-    if eq.any():
-        dup = np.zeros(len(keys), dtype=bool)
-        dup[1:] |= eq
-        dup[:-1] |= eq
-        idx = np.flatnonzero(dup)
-        sub = order[idx]
-        order[idx] = sub[np.lexsort((sub, keys[sub]))]
-    return order
-
-
-def unique(values):
-    """Sorted distinct values.
-
-    ``np.unique`` without its hash table, which costs 70 times a sort on a
-    million int64 keys (numpy 2.4).
-    """
-    v = np.sort(np.asarray(values).reshape(-1))
-    if len(v) < 2:
-        return v
-    keep = np.empty(len(v), dtype=bool)
-    keep[0] = True
-    np.not_equal(v[1:], v[:-1], out=keep[1:])
-    return v[keep]
-
-
-def unique_first(values, with_order=False):
-    """``np.unique(values, return_index=True, return_inverse=True)``.
-
-    With ``with_order``, also the stable sort order of ``values``.
-    """
-    values = np.asarray(values)
-    order = stable_order(values)
-    sv = values[order]
-    brk = np.ones(len(values), dtype=bool)
-    if len(values):
-        np.not_equal(sv[1:], sv[:-1], out=brk[1:])
-    starts = np.flatnonzero(brk)
-    inverse = np.empty(len(values), dtype=np.int64)
-    inverse[order] = np.cumsum(brk) - 1
-    if with_order:
-        return sv[starts], order[starts], inverse, order
-    return sv[starts], order[starts], inverse
-
-
-def isin(values, sorted_set):
-    """``np.isin`` for a sorted ``sorted_set``, by binary search."""
-    if not len(sorted_set):
-        return np.zeros(len(values), dtype=bool)
-    pos = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
-    return sorted_set[pos] == values
-
-
-def shareable_mask(digests, virtual_size, block_size):
-    """Blocks that can be shared: non-zero, and not a partial last block."""
-    mask = fingerprint.words(digests).any(axis=1)
-    if virtual_size % block_size and len(mask):
-        mask[-1] = False
-    return mask
-
-
-def image_key_set(image, digests):
-    """Sorted distinct fingerprint keys of an image's shareable blocks."""
-    mask = shareable_mask(digests, image.virtual_size, image.block_size)
-    return unique(block_keys(digests[mask], image.space_key))
 
 
 # -- digest lists ----------------------------------------------------------
@@ -407,7 +313,7 @@ def _flips(session, dialect, split, info, image_keys):
     def keyset(seq):
         if seq not in keysets:
             img = images[seq]
-            keysets[seq] = image_key_set(img, load_digests(
+            keysets[seq] = fp_keys.image_key_set(img, load_digests(
                 session, img, fingerprint.DIGEST_SIZES[img.algorithm]))
         return keysets[seq]
 
@@ -419,9 +325,9 @@ def _flips(session, dialect, split, info, image_keys):
                 continue   # reading its digests costs more than it saves
             if candidates is None:
                 candidates = keyset(m)
-                candidates = candidates[~isin(candidates, image_keys)]
+                candidates = candidates[~fp_keys.isin(candidates, image_keys)]
             elif len(candidates) > saving:
-                candidates = candidates[isin(candidates, keyset(m))]
+                candidates = candidates[fp_keys.isin(candidates, keyset(m))]
         if candidates is None or (
                 len(candidates) > FLIP_LOOKUPS_PER_MOVE * saving):
             continue   # more lookups than the moves they would save
@@ -429,7 +335,7 @@ def _flips(session, dialect, split, info, image_keys):
         parts.append(candidates)
     if not chosen:
         return {}
-    k, c = bulk.lookup(session, dialect, unique(np.concatenate(parts)))
+    k, c = bulk.lookup(session, dialect, fp_keys.unique(np.concatenate(parts)))
     flips = {}
     for cid, outside in chosen:
         rest = k[c == cid]
@@ -495,7 +401,7 @@ def _regroup(session, dialect, keys, clusters, seq, adding, public=False,
     ``image_keys``, the other part when that moves fewer (:func:`_flips`).
     Returns ``(keys, cluster ids)`` of the kept keys after the change.
     """
-    order = stable_order(clusters)
+    order = fp_keys.stable_order(clusters)
     keys, clusters = keys[order], clusters[order]
     starts = np.flatnonzero(np.diff(clusters)) + 1
     starts = np.concatenate([np.zeros(min(1, len(keys)), np.int64), starts])

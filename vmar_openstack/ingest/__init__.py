@@ -29,6 +29,7 @@ from vmar_openstack.exception import ImageExists  # noqa: F401
 from vmar_openstack.exception import ImageNotFound  # noqa: F401
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack.ingest import ahead as ingest_ahead
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
@@ -122,13 +123,13 @@ class Library:
         with self._mutation() as (s, written):
             img = self._get(s, image_id)
             old = db_api.load_digests(s, img, self._dsize(img))
-            old_keys = db_api.image_key_set(img, old)
+            old_keys = fp_keys.image_key_set(img, old)
             affected = self._affected(s, img)
             db_api.remove_keys(s, img.seq, old_keys)
             self._fill_image(img, fps, disk_format)
             db_api.store_digests(s, img.seq, fps.digests)
-            db_api.add_keys(s, img.seq, db_api.image_key_set(img,
-                                                             fps.digests),
+            db_api.add_keys(s, img.seq,
+                            fp_keys.image_key_set(img, fps.digests),
                             img.visibility == 'public')
             s.flush()
             affected |= self._affected(s, img)
@@ -159,8 +160,8 @@ class Library:
             img = self._get(s, image_id)
             digests = db_api.load_digests(s, img, self._dsize(img))
             affected = self._affected(s, img)
-            db_api.remove_keys(s, img.seq, db_api.image_key_set(img,
-                                                                digests))
+            db_api.remove_keys(s, img.seq,
+                               fp_keys.image_key_set(img, digests))
             old_versions = s.execute(sa.select(models.MapVersion.version)
                                      .where(models.MapVersion.seq == img.seq)
                                      ).scalars().all()
@@ -213,25 +214,21 @@ class Library:
     def _fingerprint(self, image_id, path, disk_format, expected_size,
                      progress, keep_base, ahead=None):
         c = self.conf.vmar
-        vsize = fingerprint.inspect(
-            path, disk_format, qemu_img=c.qemu_img,
-            expected_size=expected_size,
-            max_virtual_size=c.max_virtual_size_gb << 30)
-        if ahead is not None:
-            ahead.expect(-(-vsize // c.block_size))
-        with fingerprint.raw_view(path, disk_format, qemu_img=c.qemu_img,
-                                  work_dir=c.work_dir) as raw:
-            if os.stat(raw).st_size != vsize:
-                raise exception.ImageRejected(
-                    'raw view of %s is not %d bytes' % (path, vsize))
+        with fingerprint.checked_raw_view(
+                path, disk_format, qemu_img=c.qemu_img, work_dir=c.work_dir,
+                expected_size=expected_size,
+                max_virtual_size=c.max_virtual_size_gb << 30) as raw:
+            if ahead is not None:
+                ahead.expect(-(-raw.virtual_size // c.block_size))
             fps = fingerprint.hash_file(
-                raw, vsize, c.block_size, c.hash_algorithm, c.hash_workers,
-                progress, on_chunk=ahead.chunk if ahead else None)
+                raw.path, raw.virtual_size, c.block_size, c.hash_algorithm,
+                c.hash_workers, progress,
+                on_chunk=ahead.chunk if ahead else None)
             placed = False
             if keep_base:
                 dest = base_path(self.conf, image_id)
-                if os.path.realpath(raw) != os.path.realpath(dest):
-                    fileutils.copy_readonly(raw, dest)
+                if os.path.realpath(raw.path) != os.path.realpath(dest):
+                    fileutils.copy_readonly(raw.path, dest)
                     placed = True
         return fps, placed
 
@@ -243,7 +240,7 @@ class Library:
         img.virtual_size = fps.virtual_size
         img.block_size = fps.block_size
         img.algorithm = fps.algorithm
-        img.space_key = db_api.space_key(fps.algorithm, fps.block_size)
+        img.space_key = fp_keys.space_key(fps.algorithm, fps.block_size)
         img.n_blocks = fps.n_blocks
         img.zero_blocks = int(fps.zero_mask.sum())
         img.content_sha256 = _content_id(fps)

@@ -22,6 +22,7 @@ from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack import exception
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import ingest
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
@@ -45,7 +46,7 @@ def check(conf):
             if int((~d.any(axis=1)).sum()) != img.zero_blocks:
                 problems.append('image %s: zero_blocks %d does not match its '
                                 'digests' % (img.image_id, img.zero_blocks))
-            for k in db_api.image_key_set(img, d).tolist():
+            for k in fp_keys.image_key_set(img, d).tolist():
                 expected[k].add(img.seq)
         rows = s.execute(sa.select(models.Fingerprint.fp_key,
                                    models.Fingerprint.cluster_id)).fetchall()

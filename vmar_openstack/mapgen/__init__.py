@@ -23,6 +23,7 @@ from vmar_openstack.db.session import dialect as bulk_dialect
 from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack.fingerprint import DIGEST_SIZES
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import mapformat
 
 
@@ -51,14 +52,14 @@ class BlockIndex:
     """
 
     def __init__(self, image, digests):
-        mask = db_api.shareable_mask(digests, image.virtual_size,
-                                     image.block_size)
+        mask = fp_keys.shareable_mask(digests, image.virtual_size,
+                                      image.block_size)
         self.space_key = image.space_key
         self.blocks = np.flatnonzero(mask)
-        self.block_keys = db_api.block_keys(digests,
-                                            image.space_key)[self.blocks]
+        self.block_keys = fp_keys.block_keys(digests,
+                                             image.space_key)[self.blocks]
         self.keys, self.first, self.inverse, self.order = (
-            db_api.unique_first(self.block_keys, with_order=True))
+            fp_keys.unique_first(self.block_keys, with_order=True))
 
 
 class FirstOccurrence:
@@ -67,8 +68,8 @@ class FirstOccurrence:
     def __init__(self, image, digests, index=None):
         if index is None or index.space_key != 0:
             index = BlockIndex(image, digests)
-            keys = db_api.block_keys(digests, 0)[index.blocks]
-            order = db_api.stable_order(keys)
+            keys = fp_keys.block_keys(digests, 0)[index.blocks]
+            order = fp_keys.stable_order(keys)
         else:   # keys of space 0 are the digest prefixes themselves
             keys, order = index.block_keys, index.order
         self.keys = keys[order]
@@ -77,7 +78,7 @@ class FirstOccurrence:
 
     def find(self, qdigests):
         """Return (found mask, block numbers) for rows of ``qdigests``."""
-        qkeys = db_api.block_keys(qdigests, 0)
+        qkeys = fp_keys.block_keys(qdigests, 0)
         pos = np.searchsorted(self.keys, qkeys, side='left')
         found = np.zeros(len(qkeys), dtype=bool)
         blocks = np.zeros(len(qkeys), dtype=np.int64)
@@ -227,12 +228,12 @@ class Resolver:
         udig = fingerprint.take_rows(digests, blocks[first_idx])
         u_tseq = np.full(len(ukeys), -1, dtype=np.int64)
         u_tblk = np.zeros(len(ukeys), dtype=np.int64)
-        table = self._candidate_table(image, imgs, db_api.unique(ucluster))
+        table = self._candidate_table(image, imgs, fp_keys.unique(ucluster))
         row = np.searchsorted(table.clusters, ucluster)
         pending = np.arange(len(ukeys))
         for r in range(table.seqs.shape[1]):
             cand = table.seqs[row[pending], r]
-            for t in db_api.unique(cand).tolist():
+            for t in fp_keys.unique(cand).tolist():
                 if t < 0:
                     continue
                 sel = pending[cand == t]
@@ -252,7 +253,7 @@ class Resolver:
         # Keys found neither in the smallest candidate nor in the image
         # itself at the first try (possible only after a key collision):
         # try every candidate of their cluster in order.
-        for cid in db_api.unique(ucluster[pending]).tolist():
+        for cid in fp_keys.unique(ucluster[pending]).tolist():
             sel = pending[ucluster[pending] == cid]
             self._resolve(sel, self._full_candidates(image, imgs, cid),
                           imgs, udig, u_tseq, u_tblk)
@@ -321,13 +322,13 @@ class Resolver:
                 % image.image_id)
         # the image itself holds every key of its clusters
         best = np.full(len(clusters), image.seq, np.int64)
-        best[pos] = np.where(db_api.isin(low, allowed), low, best[pos])
+        best[pos] = np.where(fp_keys.isin(low, allowed), low, best[pos])
         best[pos] = np.minimum(best[pos], np.where(
-            db_api.isin(low_pub, allowed), low_pub, best[pos]))
+            fp_keys.isin(low_pub, allowed), low_pub, best[pos]))
         # a public smallest member this image may not read (another block
         # size, say): the next public member may qualify; read the lists
         exact = np.zeros(len(clusters), dtype=bool)
-        exact[pos] = (low_pub >= 0) & ~db_api.isin(low_pub, allowed) & (
+        exact[pos] = (low_pub >= 0) & ~fp_keys.isin(low_pub, allowed) & (
             best[pos] > low_pub)
         others = np.array(sorted(
             s for s in allowed.tolist() if s < image.seq
@@ -339,7 +340,7 @@ class Resolver:
             texts = db_api.member_texts(self.session, clusters[todo])
             for i in np.flatnonzero(todo).tolist():
                 m = db_api.parse_members(texts[int(clusters[i])])
-                m = m[db_api.isin(m, others)]
+                m = m[fp_keys.isin(m, others)]
                 if len(m):
                     best[i] = min(best[i], int(m.min()))
         for i in np.flatnonzero(exact).tolist():
@@ -381,7 +382,7 @@ class Resolver:
 
     def _extents(self, image, imgs, tseq, tblk):
         mapped = np.flatnonzero(tseq >= 0)
-        target_seqs = db_api.unique(tseq[mapped]).tolist()
+        target_seqs = fp_keys.unique(tseq[mapped]).tolist()
         targets = [mapformat.Target(imgs[s].image_id, imgs[s].virtual_size,
                                     s == image.seq) for s in target_seqs]
         if not len(mapped):
