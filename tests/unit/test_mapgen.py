@@ -11,6 +11,7 @@ from tests import base
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
 from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import ingest
 from vmar_openstack.ingest import ahead
@@ -173,7 +174,7 @@ class TestMapsAgainstOracleTiers(TestMapsAgainstOracle):
 
     The small fingerprint tier is small and merges a third of its keys
     per add, every split that
-    can be done the other way round is (vmar_openstack.db.api._flips), and
+    can be done the other way round is (vmar_openstack.db.store, _flips), and
     an add looks its keys up by key, never by reading the whole table
     (which the small libraries here otherwise nearly always do).
     """
@@ -183,9 +184,9 @@ class TestMapsAgainstOracleTiers(TestMapsAgainstOracle):
         for obj, name, value in ((bulk, 'MERGE_ROWS', 6),
                                  (bulk, 'SLICES', 3),
                                  (ahead.Ahead, 'SCAN_ROWS_PER_BLOCK', 0),
-                                 (db_api, 'FLIP_MIN_SAVING', 1),
-                                 (db_api, 'FLIP_LOOKUPS_PER_MOVE', 1 << 30),
-                                 (db_api, 'FLIP_BLOCKS_PER_MOVE', 1 << 30)):
+                                 (db_store, 'FLIP_MIN_SAVING', 1),
+                                 (db_store, 'FLIP_LOOKUPS_PER_MOVE', 1 << 30),
+                                 (db_store, 'FLIP_BLOCKS_PER_MOVE', 1 << 30)):
             self.useFixture(fixtures.MockPatchObject(obj, name, value))
 
 
@@ -275,7 +276,7 @@ class TestKeyCollision(base.LibraryTestCase):
         def colliding(digests, skey):
             # every block gets the same key: the worst possible collision
             return np.zeros(len(digests), dtype=np.int64) ^ np.int64(skey)
-        self.patch(db_api, 'block_keys', colliding)
+        self.patch(fp_keys, 'block_keys', colliding)
         self.lib.add(_uuid(1), a, visibility='public')
         self.lib.add(_uuid(2), b, visibility='public')
         self.assertEqual([], check.check(self.conf)[0])

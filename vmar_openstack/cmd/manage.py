@@ -13,15 +13,14 @@ import tempfile
 
 import numpy as np
 from oslo_log import log as logging
-import sqlalchemy as sa
 import tqdm
 
 from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import migration
-from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack.fingerprint import keys as fp_keys
@@ -119,12 +118,13 @@ def _table(header, rows):
 
 def _current_map(image_id, version=None):
     with db_session.reader() as s:
-        img = db_api.get_image(s, image_id)
+        store = db_store.ClusterStore(s)
+        img = store.get_image(image_id)
         if img is None:
             raise exception.CommandError('image %s is not in the library'
                                          % image_id)
         version = version or img.map_version
-        mv = s.get(models.MapVersion, (img.seq, version))
+        mv = store.map_version(img.seq, version)
         if mv is None:
             raise exception.CommandError('image %s has no map v%d'
                                          % (image_id, version))
@@ -200,30 +200,24 @@ def collect_stats(conf=None):
     conf = conf or CONF
     out = {'images': [], 'clusters': 0}
     with db_session.reader(conf) as s:
-        images = db_api.list_images(s)
-        out['clusters'] = s.execute(sa.select(sa.func.count()).select_from(
-            models.Cluster)).scalar()
+        store = db_store.ClusterStore(s)
+        images = store.list_images()
+        out['clusters'] = store.cluster_count()
         # distinct fingerprints by the number of images holding them
         # (the paper's Fig. 12b)
-        hist = {}
-        for n_images, n_fps in s.execute(
-                sa.select(models.Cluster.n_images,
-                          sa.func.sum(models.Cluster.n_fingerprints))
-                .group_by(models.Cluster.n_images)):
-            hist[int(n_images)] = int(n_fps)
-        out['fingerprints_by_images'] = dict(sorted(hist.items()))
+        out['fingerprints_by_images'] = dict(sorted(
+            store.fingerprints_by_images().items()))
         for img in images:
-            d = db_api.load_digests(
-                s, img, fingerprint.DIGEST_SIZES[img.algorithm])
+            d = store.load_digests(img)
             mask = fp_keys.shareable_mask(d, img.virtual_size, img.block_size)
             keys = fp_keys.block_keys(d[mask], img.space_key)
-            kc_keys, kc_cl = db_api.key_clusters(s, fp_keys.unique(keys))
-            mem = db_api.cluster_members(s, fp_keys.unique(kc_cl))
+            kc_keys, kc_cl = store.key_clusters(fp_keys.unique(keys))
+            mem = store.cluster_members(fp_keys.unique(kc_cl))
             single = np.array([mem[c] == {img.seq} for c in kc_cl.tolist()],
                               dtype=bool)
             cl_single = single[np.searchsorted(kc_keys, keys)] if len(
                 keys) else np.zeros(0, bool)
-            mv = s.get(models.MapVersion, (img.seq, img.map_version))
+            mv = store.map_version(img.seq, img.map_version)
             data_blocks = img.n_blocks - img.zero_blocks
             gib = img.virtual_size / float(1 << 30)
             out['images'].append({

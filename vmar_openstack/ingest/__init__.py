@@ -17,12 +17,11 @@ import uuid
 
 import numpy as np
 from oslo_log import log as logging
-import sqlalchemy as sa
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
-from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
 # still caught here by callers outside this package
 from vmar_openstack.exception import ImageExists  # noqa: F401
@@ -120,20 +119,19 @@ class Library:
         image_id = _check_uuid(image_id)
         fps, _placed = self._fingerprint(image_id, path, disk_format,
                                          expected_size, progress, keep_base)
-        with self._mutation() as (s, written):
-            img = self._get(s, image_id)
-            old = db_api.load_digests(s, img, self._dsize(img))
+        with self._mutation() as (store, written):
+            img = self._get(store, image_id)
+            old = store.load_digests(img)
             old_keys = fp_keys.image_key_set(img, old)
-            affected = self._affected(s, img)
-            db_api.remove_keys(s, img.seq, old_keys)
+            affected = self._affected(store, img)
+            store.remove_keys(img.seq, old_keys)
             self._fill_image(img, fps, disk_format)
-            db_api.store_digests(s, img.seq, fps.digests)
-            db_api.add_keys(s, img.seq,
-                            fp_keys.image_key_set(img, fps.digests),
-                            img.visibility == 'public')
-            s.flush()
-            affected |= self._affected(s, img)
-            return self._regenerate(s, written, img, affected)
+            store.store_digests(img.seq, fps.digests)
+            store.add_keys(img.seq, fp_keys.image_key_set(img, fps.digests),
+                           img.visibility == 'public')
+            store.flush()
+            affected |= self._affected(store, img)
+            return self._regenerate(store, written, img, affected)
 
     def update_metadata(self, image_id, owner=None, visibility=None):
         """Change owner and/or visibility: an update for dedup scope."""
@@ -141,37 +139,28 @@ class Library:
         if visibility is not None and visibility not in db_api.VISIBILITIES:
             raise ValueError('visibility must be one of %s'
                              % ', '.join(db_api.VISIBILITIES))
-        with self._mutation() as (s, written):
-            img = self._get(s, image_id)
-            affected = self._affected(s, img)
+        with self._mutation() as (store, written):
+            img = self._get(store, image_id)
+            affected = self._affected(store, img)
             if owner is not None:
                 img.owner = owner
             if visibility is not None:
                 img.visibility = visibility
-            s.flush()
-            db_api.refresh_smallest(s, db_api.clusters_of_image(s, img.seq))
-            affected |= self._affected(s, img)
-            return self._regenerate(s, written, img, affected)
+            store.flush()
+            store.refresh_smallest(store.clusters_of_image(img.seq))
+            affected |= self._affected(store, img)
+            return self._regenerate(store, written, img, affected)
 
     def delete(self, image_id):
         """Remove an image; regenerate the maps that pointed into it."""
         image_id = _check_uuid(image_id)
-        with self._mutation() as (s, written):
-            img = self._get(s, image_id)
-            digests = db_api.load_digests(s, img, self._dsize(img))
-            affected = self._affected(s, img)
-            db_api.remove_keys(s, img.seq,
-                               fp_keys.image_key_set(img, digests))
-            old_versions = s.execute(sa.select(models.MapVersion.version)
-                                     .where(models.MapVersion.seq == img.seq)
-                                     ).scalars().all()
-            s.execute(sa.delete(models.MapVersion).where(
-                models.MapVersion.seq == img.seq))
-            s.execute(sa.delete(models.ImageDigests).where(
-                models.ImageDigests.seq == img.seq))
-            s.delete(img)
-            s.flush()
-            regenerated = self._write_maps(s, affected, written)
+        with self._mutation() as (store, written):
+            img = self._get(store, image_id)
+            digests = store.load_digests(img)
+            affected = self._affected(store, img)
+            store.remove_keys(img.seq, fp_keys.image_key_set(img, digests))
+            old_versions = store.delete_image(img)
+            regenerated = self._write_maps(store, affected, written)
         for v in old_versions:
             _unlink(map_path(self.conf, image_id, v))
         self._unplace(image_id)
@@ -184,29 +173,29 @@ class Library:
         lost one is replaced by a new one, never rewritten). Returns it.
         """
         image_id = _check_uuid(image_id)
-        with self._mutation() as (s, written):
-            img = self._get(s, image_id)
-            return self._write_maps(s, {img.seq}, written)[image_id]
+        with self._mutation() as (store, written):
+            img = self._get(store, image_id)
+            return self._write_maps(store, {img.seq}, written)[image_id]
 
     # -- helpers -----------------------------------------------------------
 
     @contextlib.contextmanager
     def _mutation(self):
-        """One locked transaction; map files it wrote go if it fails."""
+        """One locked transaction; map files it wrote go if it fails.
+
+        Yields its :class:`ClusterStore` and the list of map files written.
+        """
         written = []
         try:
             with db_session.locked_writer(self.conf) as s:
-                yield s, written
+                yield db_store.ClusterStore(s), written
         except BaseException:
             for p in written:
                 _unlink(p)
             raise
 
-    def _dsize(self, img):
-        return fingerprint.DIGEST_SIZES[img.algorithm]
-
-    def _get(self, s, image_id):
-        img = db_api.get_image(s, image_id)
+    def _get(self, store, image_id):
+        img = store.get_image(image_id)
         if img is None:
             raise exception.ImageNotFound(image_id=image_id)
         return img
@@ -254,45 +243,42 @@ class Library:
         keys, found = ahead.start_map(desc, fps.digests,
                                       self.conf.vmar.dedup_scope,
                                       map_path(self.conf, image_id, 1))
-        with self._mutation() as (s, written):
-            if db_api.get_image(s, image_id) is not None:
+        with self._mutation() as (store, written):
+            if store.get_image(image_id) is not None:
                 raise exception.ImageExists('image %s was added concurrently'
                                             % image_id)
-            img = models.Image(**vars(desc))
-            s.add(img)
-            s.flush()
+            img = store.add_image(**vars(desc))
             # the snapshot's answers hold if nothing committed since
-            fresh = s.info['vmar_generation'] == ahead.generation
+            fresh = store.generation() == ahead.generation
             if not fresh:
                 LOG.debug('image %s: the library changed while it was '
                           'hashed; looking its fingerprints up again',
                           image_id)
-            db_api.store_digests(s, img.seq, fps.digests)
-            known = db_api.add_keys(s, img.seq, keys,
-                                    img.visibility == 'public',
-                                    found=found if fresh else None)
-            s.flush()
+            store.store_digests(img.seq, fps.digests)
+            known = store.add_keys(img.seq, keys, img.visibility == 'public',
+                                   found=found if fresh else None)
+            store.flush()
             if not fresh:
                 order = np.argsort(known[0])
                 known = (known[0][order], known[1][order])
             # The new image has the largest sequence id, so it is never the
             # smallest candidate of another image: no other map changes.
             return self._regenerate(
-                s, written, img, set(), known={img.seq: known},
+                store, written, img, set(), known={img.seq: known},
                 digests={img.seq: fps.digests}, on_written=on_map_written,
                 built={img.seq: ahead.map_result()} if fresh else None)
 
-    def _affected(self, s, img):
+    def _affected(self, store, img):
         """Other images whose canonical target is ``img`` for some cluster.
 
         Called before and after a change; the union of both answers is the
         set of maps the change can alter (paper Fig. 7, update_list).
         """
         scope = self.conf.vmar.dedup_scope
-        cids = db_api.clusters_of_image(s, img.seq)
-        members = db_api.cluster_members(s, cids)
+        cids = store.clusters_of_image(img.seq)
+        members = store.cluster_members(cids)
         seqs = set().union(*members.values()) if members else set()
-        imgs = db_api.images_by_seq(s, seqs)
+        imgs = store.images_by_seq(seqs)
         imgs[img.seq] = img
         out = set()
         for m in members.values():
@@ -306,9 +292,9 @@ class Library:
                     out.add(y)
         return out
 
-    def _regenerate(self, s, written, img, affected, known=None,
+    def _regenerate(self, store, written, img, affected, known=None,
                     digests=None, on_written=None, built=None):
-        versions = self._write_maps(s, {img.seq} | set(affected), written,
+        versions = self._write_maps(store, {img.seq} | set(affected), written,
                                     known, digests, on_written, built)
         version = versions.pop(img.image_id)
         LOG.info('image %s: map v%d, %d other maps regenerated',
@@ -317,17 +303,17 @@ class Library:
         frac = (img.redirected_blocks / shared) if shared else 0.0
         return Outcome(img.image_id, img.seq, version, versions, frac)
 
-    def _write_maps(self, s, seqs, written, known=None, digests=None,
+    def _write_maps(self, store, seqs, written, known=None, digests=None,
                     on_written=None, built=None):
         """Write and record a new map version of each image in ``seqs``.
 
         ``built`` holds maps already built, by seq (see :mod:`ahead`).
         """
-        resolver = mapgen.Resolver(s, self.conf.vmar.dedup_scope,
+        resolver = mapgen.Resolver(store, self.conf.vmar.dedup_scope,
                                    digests=digests)
         known = known or {}
         out = {}
-        imgs = db_api.images_by_seq(s, seqs)
+        imgs = store.images_by_seq(seqs)
         for seq in sorted(seqs):
             image = imgs[seq]
             version = image.map_version + 1
@@ -344,16 +330,15 @@ class Library:
                 mapformat.write_atomic(path, data)
                 size, sha = len(data), hashlib.sha256(data).hexdigest()
             written.append(path)
-            s.add(models.MapVersion(
-                seq=seq, version=version, size=size, sha256=sha,
-                n_extents=len(result.extents)))
+            store.record_map_version(seq, version, size, sha,
+                                     len(result.extents))
             if on_written:
                 on_written(image.image_id, version, path, sha)
             image.map_version = version
             image.redirected_blocks = result.redirected_blocks
             image.n_extents = len(result.extents)
             out[image.image_id] = version
-        s.flush()
+        store.flush()
         return out
 
 

@@ -24,8 +24,8 @@ import types
 
 import numpy as np
 
-from vmar_openstack.db import bulk
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
 from vmar_openstack.fingerprint import keys as fp_keys
@@ -74,13 +74,12 @@ class Ahead:
         self.conf = conf
         self.space_key = fp_keys.space_key(algorithm, block_size)
         self._reader = db_session.reader(conf)
-        self.session = self._reader.__enter__()
+        self.store = db_store.ClusterStore(self._reader.__enter__())
         try:
-            self.generation = db_session.generation(self.session)
+            self.generation = self.store.generation()
         except BaseException:
             self._reader.__exit__(None, None, None)
             raise
-        self._dialect = db_session.dialect(self.session)
         self._pending, self._n_pending = [], 0
         self._looked, self._found_k, self._found_c = [], [], []
         self._thread = None
@@ -121,8 +120,8 @@ class Ahead:
         limit = min(self.SCAN_MAX_ROWS,
                     self.SCAN_ROWS_PER_BLOCK * self._expected)
         self._table = False
-        if bulk.count_fingerprints_at_most(self.session) <= limit:
-            self._table = bulk.scan_fingerprints(self.session)
+        if self.store.count_fingerprints_at_most() <= limit:
+            self._table = self.store.scan_fingerprints()
 
     def _in_memory(self, keys):
         """(keys, clusters) of the sorted ``keys`` in the scanned table."""
@@ -134,7 +133,7 @@ class Ahead:
         return keys[hit], tc[pos[hit]]
 
     def _lookup(self, keys):
-        k, c = bulk.lookup(self.session, self._dialect, keys)
+        k, c = self.store.lookup(keys)
         self._looked.append(keys)
         self._found_k.append(k)
         self._found_c.append(c)
@@ -191,7 +190,7 @@ class Ahead:
 
     def _build(self, prov, digests, index, clusters, scope, path):
         try:
-            resolver = mapgen.Resolver(self.session, scope,
+            resolver = mapgen.Resolver(self.store, scope,
                                        digests={prov.seq: digests})
             resolver.images()[prov.seq] = prov
             result = resolver.build(prov, (index.keys, clusters), index)

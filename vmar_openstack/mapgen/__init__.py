@@ -17,12 +17,8 @@ import threading
 
 import numpy as np
 
-from vmar_openstack.db import api as db_api
-from vmar_openstack.db import bulk
-from vmar_openstack.db.session import dialect as bulk_dialect
 from vmar_openstack import exception
 from vmar_openstack import fingerprint
-from vmar_openstack.fingerprint import DIGEST_SIZES
 from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import mapformat
 
@@ -169,8 +165,8 @@ def clear_cache():
 class Resolver:
     """Builds maps for several images in one transaction, sharing lookups."""
 
-    def __init__(self, session, scope, digests=None):
-        self.session = session
+    def __init__(self, store, scope, digests=None):
+        self.store = store
         self.scope = scope
         self._digests = dict(digests or {})
         self._images = None
@@ -178,8 +174,7 @@ class Resolver:
     def digests(self, image):
         d = self._digests.get(image.seq)
         if d is None:
-            d = db_api.load_digests(self.session, image,
-                                    DIGEST_SIZES[image.algorithm])
+            d = self.store.load_digests(image)
             self._digests[image.seq] = d
         return d
 
@@ -211,8 +206,8 @@ class Resolver:
         blocks, ukeys = index.blocks, index.keys
         first_idx, inverse = index.first, index.inverse
         # cluster of every key
-        kc_keys, kc_clusters = key_clusters or db_api.key_clusters(
-            self.session, ukeys)
+        kc_keys, kc_clusters = key_clusters or self.store.key_clusters(
+            ukeys)
         pos = np.searchsorted(kc_keys, ukeys)
         ok = pos < len(kc_keys)
         ok[ok] = kc_keys[pos[ok]] == ukeys[ok]
@@ -289,8 +284,7 @@ class Resolver:
         which cost ten times as much to build.
         """
         if self._images is None:
-            self._images = {i.seq: i for i in db_api.image_rows(
-                self.session)}
+            self._images = {i.seq: i for i in self.store.image_rows()}
         return self._images
 
     def _candidate_table(self, image, imgs, clusters):
@@ -311,10 +305,7 @@ class Resolver:
         clusters = np.asarray(clusters, dtype=np.int64)
         real = clusters >= 0      # NO_CLUSTER: keys new to the library
         allowed = self._allowed(image, imgs)
-        dialect = bulk_dialect(self.session)
-        cl, low, low_pub = bulk.lookup(
-            self.session, dialect, clusters[real], 'vmar_clusters', 'id',
-            ('f.min_seq', 'COALESCE(f.min_public_seq, -1)'))
+        cl, low, low_pub = self.store.cluster_minima(clusters[real])
         pos = np.searchsorted(clusters, cl)
         if len(cl) != real.sum() or not np.array_equal(clusters[pos], cl):
             raise exception.LibraryInconsistent(
@@ -337,9 +328,9 @@ class Resolver:
         if todo.any():
             # the member lists of those clusters, for their smallest member
             # among the owner's other images
-            texts = db_api.member_texts(self.session, clusters[todo])
+            lists = self.store.member_lists(clusters[todo])
             for i in np.flatnonzero(todo).tolist():
-                m = db_api.parse_members(texts[int(clusters[i])])
+                m = lists[int(clusters[i])]
                 m = m[fp_keys.isin(m, others)]
                 if len(m):
                     best[i] = min(best[i], int(m.min()))
@@ -362,7 +353,7 @@ class Resolver:
 
         The image itself is one, whether or not it is a member yet.
         """
-        members = db_api.cluster_members(self.session, [cluster])
+        members = self.store.cluster_members([cluster])
         allowed = set(self._allowed(image, imgs).tolist())
         return sorted((members.get(cluster, frozenset()) & allowed)
                       | {image.seq})
