@@ -18,6 +18,7 @@ from vmar_openstack.ingest import ahead
 from vmar_openstack.ingest import check
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
+from vmar_openstack.mapgen import cache as mapgen_cache
 
 
 def _uuid(n):
@@ -329,7 +330,7 @@ class TestFirstOccurrenceCache(testtools.TestCase):
 
     def test_put_again_replaces_and_evicts_oldest(self):
         one = self._item(100)            # 4800 bytes
-        lru = mapgen._LRU(3 * 4800)
+        lru = mapgen_cache.LRU(3 * 4800)
         lru.put('a', one)
         lru.put('a', self._item(100))    # the same key again: one entry
         self.assertEqual(4800, lru.size)
