@@ -21,9 +21,10 @@ from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
 from vmar_openstack.fingerprint import keys as fp_keys
-from vmar_openstack import ingest
+from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
+from vmar_openstack import names
 
 
 def check(conf):
@@ -122,7 +123,7 @@ def _check_maps(conf, store, images):
             problems.append('image %s: current map v%d is not recorded'
                             % (img.image_id, img.map_version))
             continue
-        path = ingest.map_path(conf, img.image_id, img.map_version)
+        path = paths.map_path(conf, img.image_id, img.map_version)
         try:
             with open(path, 'rb') as f:
                 data = f.read()
@@ -150,17 +151,18 @@ def _check_maps(conf, store, images):
 
 def _orphans(conf, images):
     """Map files no transaction recorded (e.g. after a kill -9)."""
-    current = {'%s.%d.vmap' % (i.image_id, v)
+    current = {(i.image_id, v)
                for i in images for v in range(1, i.map_version + 1)}
     problems = []
     try:
-        names = os.listdir(conf.vmar.map_dir)
+        files = os.listdir(conf.vmar.map_dir)
     except FileNotFoundError:
         return problems
-    for name in names:
+    for name in files:
         if name.startswith('.tmp-'):
             problems.append('leftover temporary map file %s' % name)
-        elif name.endswith('.vmap') and name not in current:
+        elif name.endswith('.vmap') and (
+                names.parse_map_file(name) not in current):
             problems.append('unrecorded map file %s (harmless; remove it)'
                             % name)
     return problems
