@@ -33,8 +33,8 @@ class VmarException(Exception):
 
 
 class LibraryInconsistent(VmarException, RuntimeError):
-    message = ('the library is inconsistent: %(what)s; run '
-               '"vmar-manage check"')
+    message = ('the library is inconsistent: %(what)s; run vmar-manage '
+               'check')
 
 
 class LockTimeout(VmarException, RuntimeError):
@@ -54,7 +54,16 @@ class ImageExists(VmarException, ValueError):
 
 
 class MapFormatError(VmarException, ValueError):
-    message = 'invalid map: %(reason)s'
+    """A map file breaks a rule of the specification.
+
+    ``reason`` is the rule: one of header, magic, version, crc, bounds,
+    targets, extents, index, filter.
+    """
+    message = 'invalid VMAR map (%(reason)s): %(detail)s'
+
+    @property
+    def reason(self):
+        return self.kwargs.get('reason')
 
 
 class SourceError(VmarException, RuntimeError):

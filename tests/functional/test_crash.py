@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from tests import base
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
-from vmar_openstack import fingerprint
+from vmar_openstack import exception
 from vmar_openstack.ingest import check
 
 ID = '0c000000-0000-4000-8000-0000000000c1'
@@ -92,7 +92,7 @@ class TestFullDisk(base.LibraryTestCase):
         subprocess.run(['qemu-img', 'convert', '-f', 'raw', '-O', 'qcow2',
                         raw, qcow], check=True)
         self.conf.set_override('work_dir', self._tmpfs('1m'), group='vmar')
-        e = self.assertRaises(fingerprint.ImageRejected, self.lib.add, ID,
+        e = self.assertRaises(exception.ImageRejected, self.lib.add, ID,
                               qcow, disk_format='qcow2')
         self.assertIn('No space', str(e))
         self.assertEqual(0, _count(self.conf, models.Image))

@@ -14,6 +14,8 @@ import fixtures
 from tests import base
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
+from vmar_openstack import exception
 from vmar_openstack import ingest
 from vmar_openstack.ingest import ahead
 from vmar_openstack.ingest import check
@@ -117,7 +119,7 @@ class TestAhead(base.LibraryTestCase):
         with db_session.reader(self.conf) as s:
             g0 = db_session.generation(s)
         self.lib.add(_uuid(1), self.image('a', [1]), visibility='public')
-        self.assertRaises(ingest.ImageExists, self.lib.add, _uuid(1),
+        self.assertRaises(exception.ImageExists, self.lib.add, _uuid(1),
                           self.image('a2', [1]))
         with db_session.reader(self.conf) as s:
             self.assertEqual(g0 + 1, db_session.generation(s))
@@ -151,13 +153,13 @@ class TestAheadByKey(TestAhead):
 
     def test_reads_by_key(self):
         scans = []
-        real = ahead.bulk.scan_fingerprints
+        real = db_store.ClusterStore.scan_fingerprints
 
-        def scan(session, *a, **k):
+        def scan(store, *a, **k):
             scans.append(1)
-            return real(session, *a, **k)
+            return real(store, *a, **k)
         self.useFixture(fixtures.MockPatchObject(
-            ahead.bulk, 'scan_fingerprints', scan))
+            db_store.ClusterStore, 'scan_fingerprints', scan))
         self.lib.add(_uuid(1), self.image('a', range(1, 9)))
         del scans[:]     # reading an empty library whole costs nothing
         self.lib.add(_uuid(2), self.image('b', range(5, 13)))
@@ -169,14 +171,14 @@ class TestAheadScan(base.LibraryTestCase):
 
     def test_small_library_is_read_whole_and_gives_the_same_map(self):
         lookups = []
-        real = ahead.bulk.lookup
+        real = db_store.ClusterStore.lookup
 
-        def lookup(session, dialect, keys, *a, **k):
+        def lookup(store, keys, *a, **k):
             if not a and not k:
                 lookups.append(len(keys))
-            return real(session, dialect, keys, *a, **k)
-        self.useFixture(fixtures.MockPatchObject(ahead.bulk, 'lookup',
-                                                 lookup))
+            return real(store, keys, *a, **k)
+        self.useFixture(fixtures.MockPatchObject(db_store.ClusterStore,
+                                                 'lookup', lookup))
         self.lib.add(_uuid(1), self.image('a', range(1, 17)),
                      visibility='public')
         self.lib.add(_uuid(2), self.image('b', range(9, 33)),

@@ -1,4 +1,4 @@
-"""How an add changes the cluster tables (vmar_openstack.db.api, bulk).
+"""How an add changes the cluster tables (vmar_openstack.db.store, bulk).
 
 The two tiers of the fingerprint table, and splits made the cheap way
 round: the maps and ``vmar-manage check`` must not see either.
@@ -12,8 +12,11 @@ import sqlalchemy as sa
 from tests import base
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
+from vmar_openstack.db import members as db_members
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack.ingest import check
 
 
@@ -88,11 +91,11 @@ class TestSplits(base.LibraryTestCase):
 
     def _clusters(self, n):
         with db_session.reader(self.conf) as s:
-            img = db_api.get_image(s, _uuid(n))
-            keys = db_api.image_key_set(img, db_api.load_digests(
-                s, img, 32))
-            return dict(zip(*[a.tolist() for a in db_api.key_clusters(
-                s, keys)]))
+            store = db_store.ClusterStore(s)
+            img = store.get_image(_uuid(n))
+            keys = fp_keys.image_key_set(img, store.load_digests(img))
+            return dict(zip(*[a.tolist() for a in store.key_clusters(
+                keys)]))
 
     def _add(self, n, seeds):
         self.lib.add(_uuid(n), self.image('i%d' % n, seeds),
@@ -112,7 +115,8 @@ class TestSplits(base.LibraryTestCase):
         self.assertEqual(290, len(shared))
         self.assertEqual(2, len(set(after.values())))
         with db_session.reader(self.conf) as s:
-            members = db_api.cluster_members(s, set(after.values()))
+            members = db_store.ClusterStore(s).cluster_members(
+                set(after.values()))
             seqs = {db_api.get_image(s, _uuid(n)).seq for n in (1, 2)}
         self.assertEqual(frozenset(seqs), members[old.pop()])
         self.assertEqual([], check.check(self.conf)[0])
@@ -153,18 +157,19 @@ class TestMemberLists(base.LibraryTestCase):
     def test_runs(self):
         for seqs, text in (([], ''), ([4], '4'), ([1, 2, 3], '1-3'),
                            ([7, 1, 3, 2, 9, 10], '1-3,7,9-10')):
-            self.assertEqual(text, db_api.members_text(seqs))
+            self.assertEqual(text, db_members.members_text(seqs))
             self.assertEqual(sorted(seqs),
-                             db_api.parse_members(text).tolist())
+                             db_members.parse_members(text).tolist())
 
     def test_add_and_remove(self):
         cases = [('', 5, '5'), ('5', 6, '5-6'), ('1-3', 4, '1-4'),
                  ('1-3', 7, '1-3,7'), ('1,7', 8, '1,7-8'),
                  ('2-4,9', 1, '1-4,9'), ('2-4,9', 6, '2-4,6,9')]
         for text, seq, want in cases:
-            self.assertEqual(want, db_api.add_member(text, seq))
-            self.assertEqual(db_api.members_text(
-                db_api.parse_members(text)), db_api.remove_member(want, seq))
+            self.assertEqual(want, db_members.add_member(text, seq))
+            self.assertEqual(db_members.members_text(
+                db_members.parse_members(text)),
+                db_members.remove_member(want, seq))
 
     def test_check_reports_a_list_not_in_runs(self):
         self.lib.add(_uuid(1), self.image('a', range(1, 5)),

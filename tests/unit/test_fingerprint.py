@@ -14,7 +14,9 @@ import sqlalchemy as sa
 from tests import base
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import hashing
 from vmar_openstack import ingest
 
 ID = '0f000000-0000-4000-8000-00000000000f'
@@ -63,14 +65,14 @@ class TestHashing(base.LibraryTestCase):
     def test_native_hasher_is_built(self):
         # tools/install-deps.sh installs what it needs; a missing build
         # would silently cost a third of the hashing rate
-        self.assertIsNotNone(fingerprint._blockhash)
+        self.assertIsNotNone(hashing._blockhash)
 
     def test_native_hasher_spans_chunks_and_buffers(self):
         # more blocks than one read buffer and one job, data at odd places
         blocks = [i if i % 7 else None for i in range(1, 700)]
         path = self.image('big', blocks, tail=b'y' * 100)
-        self.patch(fingerprint, 'CHUNK', 64 << 10)
-        self.patch(fingerprint, 'READ_BUF', 12 << 10)
+        self.patch(hashing, 'CHUNK', 64 << 10)
+        self.patch(hashing, 'READ_BUF', 12 << 10)
         fps = fingerprint.hash_file(path, os.path.getsize(path), workers=2,
                                     native=True)
         self.assertEqual(_oracle(path, 4096), [bytes(r) for r in fps.digests])
@@ -78,7 +80,7 @@ class TestHashing(base.LibraryTestCase):
     def test_on_chunk_sees_every_row_once_as_it_is_done(self):
         blocks = [i if i % 5 else None for i in range(1, 300)]
         path = self.image('chunks', blocks, tail=b'z' * 10)
-        self.patch(fingerprint, 'CHUNK', 64 << 10)
+        self.patch(hashing, 'CHUNK', 64 << 10)
         for native in (True, False):
             seen = []
 
@@ -93,7 +95,7 @@ class TestHashing(base.LibraryTestCase):
 
     def test_file_changed_while_hashed_is_rejected(self):
         path = self.image('moving', list(range(1, 64)))
-        self.patch(fingerprint, 'CHUNK', 64 << 10)
+        self.patch(hashing, 'CHUNK', 64 << 10)
         for native in (True, False):
             for change in ('truncate', 'write'):
                 base.write_image(path, list(range(1, 64)))
@@ -112,7 +114,7 @@ class TestHashing(base.LibraryTestCase):
                             f.seek(size - 4096)
                             f.write(base.block(999))
                 e = self.assertRaises(
-                    fingerprint.ImageRejected, fingerprint.hash_file, path,
+                    exception.ImageRejected, fingerprint.hash_file, path,
                     size, workers=1, progress=progress, native=native)
                 self.assertIn('changed while it was being read', str(e))
 
@@ -159,12 +161,12 @@ class TestHashing(base.LibraryTestCase):
             return n
         self.patch(os, 'preadv', counting)
         spans = []
-        real_range = fingerprint._native_range
+        real_range = hashing._native_range
 
         def recording(path, start, end, *args):
             spans.append(end - start)
             return real_range(path, start, end, *args)
-        self.patch(fingerprint, '_native_range', recording)
+        self.patch(hashing, '_native_range', recording)
         for native in (False, True):
             fps = fingerprint.hash_file(path, 1 << 30, workers=1,
                                         native=native)
@@ -189,7 +191,7 @@ class TestHostileImages(base.LibraryTestCase):
     """Each bad image is refused with a reason, and nothing is written."""
 
     def _assert_rejected(self, path, fmt, words, **kw):
-        e = self.assertRaises(fingerprint.ImageRejected, self.lib.add, ID,
+        e = self.assertRaises(exception.ImageRejected, self.lib.add, ID,
                               path, disk_format=fmt, **kw)
         for w in words:
             self.assertIn(w, str(e))

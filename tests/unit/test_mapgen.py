@@ -11,11 +11,14 @@ from tests import base
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import ingest
 from vmar_openstack.ingest import ahead
 from vmar_openstack.ingest import check
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
+from vmar_openstack.mapgen import cache as mapgen_cache
 
 
 def _uuid(n):
@@ -172,7 +175,7 @@ class TestMapsAgainstOracleTiers(TestMapsAgainstOracle):
 
     The small fingerprint tier is small and merges a third of its keys
     per add, every split that
-    can be done the other way round is (vmar_openstack.db.api._flips), and
+    can be done the other way round is (vmar_openstack.db.store, _flips), and
     an add looks its keys up by key, never by reading the whole table
     (which the small libraries here otherwise nearly always do).
     """
@@ -182,9 +185,9 @@ class TestMapsAgainstOracleTiers(TestMapsAgainstOracle):
         for obj, name, value in ((bulk, 'MERGE_ROWS', 6),
                                  (bulk, 'SLICES', 3),
                                  (ahead.Ahead, 'SCAN_ROWS_PER_BLOCK', 0),
-                                 (db_api, 'FLIP_MIN_SAVING', 1),
-                                 (db_api, 'FLIP_LOOKUPS_PER_MOVE', 1 << 30),
-                                 (db_api, 'FLIP_BLOCKS_PER_MOVE', 1 << 30)):
+                                 (db_store, 'FLIP_MIN_SAVING', 1),
+                                 (db_store, 'FLIP_LOOKUPS_PER_MOVE', 1 << 30),
+                                 (db_store, 'FLIP_BLOCKS_PER_MOVE', 1 << 30)):
             self.useFixture(fixtures.MockPatchObject(obj, name, value))
 
 
@@ -274,7 +277,7 @@ class TestKeyCollision(base.LibraryTestCase):
         def colliding(digests, skey):
             # every block gets the same key: the worst possible collision
             return np.zeros(len(digests), dtype=np.int64) ^ np.int64(skey)
-        self.patch(db_api, 'block_keys', colliding)
+        self.patch(fp_keys, 'block_keys', colliding)
         self.lib.add(_uuid(1), a, visibility='public')
         self.lib.add(_uuid(2), b, visibility='public')
         self.assertEqual([], check.check(self.conf)[0])
@@ -303,14 +306,14 @@ class TestKeyArrays(testtools.TestCase):
     def test_stable_order(self):
         for keys in self._cases():
             np.testing.assert_array_equal(
-                np.argsort(keys, kind='stable'), db_api.stable_order(keys))
+                np.argsort(keys, kind='stable'), fp_keys.stable_order(keys))
 
     def test_unique_and_unique_first(self):
         for keys in self._cases():
             np.testing.assert_array_equal(np.unique(keys),
-                                          db_api.unique(keys))
+                                          fp_keys.unique(keys))
             want = np.unique(keys, return_index=True, return_inverse=True)
-            got = db_api.unique_first(keys)
+            got = fp_keys.unique_first(keys)
             for w, g in zip(want, got):
                 np.testing.assert_array_equal(w.reshape(-1), g)
 
@@ -327,7 +330,7 @@ class TestFirstOccurrenceCache(testtools.TestCase):
 
     def test_put_again_replaces_and_evicts_oldest(self):
         one = self._item(100)            # 4800 bytes
-        lru = mapgen._LRU(3 * 4800)
+        lru = mapgen_cache.LRU(3 * 4800)
         lru.put('a', one)
         lru.put('a', self._item(100))    # the same key again: one entry
         self.assertEqual(4800, lru.size)

@@ -5,12 +5,15 @@ import sys
 from oslo_config import cfg
 from oslo_log import log as logging
 
+from vmar_openstack import exception
 
-def run(conf, name, add_command_parsers, errors, argv=None):
+
+def run(conf, name, add_command_parsers, errors=(), argv=None):
     """Parse ``argv`` into ``conf``, run the chosen sub-command.
 
-    Exceptions of the classes in ``errors`` become one line on stderr and
-    exit status 1; no sub-command prints the help and returns 2.
+    A :class:`~vmar_openstack.exception.VmarException`, or an exception of
+    a class in ``errors``, becomes one line on stderr and exit status 1;
+    no sub-command prints the help and returns 2.
     """
     conf.register_cli_opt(cfg.SubCommandOpt(
         'category', title='commands', handler=add_command_parsers))
@@ -23,7 +26,7 @@ def run(conf, name, add_command_parsers, errors, argv=None):
         return 2
     try:
         func()
-    except errors as e:
+    except (exception.VmarException,) + tuple(errors) as e:
         print('%s: error: %s' % (name, e), file=sys.stderr)
         return 1
     return 0

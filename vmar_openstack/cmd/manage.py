@@ -13,26 +13,23 @@ import tempfile
 
 import numpy as np
 from oslo_log import log as logging
-import sqlalchemy as sa
 import tqdm
 
 from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import migration
-from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
+from vmar_openstack import exception
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
 
 CONF = vmar_conf.CONF
 LOG = logging.getLogger(__name__)
-
-
-class CommandError(Exception):
-    pass
 
 
 def _progress(total, desc):
@@ -83,8 +80,8 @@ def image_update():
         out = lib.update_metadata(a.id, owner=a.owner,
                                   visibility=a.visibility)
     elif not a.path:
-        raise CommandError('nothing to update: give PATH, --owner or '
-                           '--visibility')
+        raise exception.CommandError('nothing to update: give PATH, --owner '
+                                     'or --visibility')
     _out('updated %s: map v%d' % (out.image_id, out.map_version))
     _report_regenerated(out)
 
@@ -121,21 +118,23 @@ def _table(header, rows):
 
 def _current_map(image_id, version=None):
     with db_session.reader() as s:
-        img = db_api.get_image(s, image_id)
+        store = db_store.ClusterStore(s)
+        img = store.get_image(image_id)
         if img is None:
-            raise CommandError('image %s is not in the library' % image_id)
+            raise exception.CommandError('image %s is not in the library'
+                                         % image_id)
         version = version or img.map_version
-        mv = s.get(models.MapVersion, (img.seq, version))
+        mv = store.map_version(img.seq, version)
         if mv is None:
-            raise CommandError('image %s has no map v%d' % (image_id,
-                                                            version))
+            raise exception.CommandError('image %s has no map v%d'
+                                         % (image_id, version))
         sha = mv.sha256
     path = ingest.map_path(CONF, image_id, version)
     with open(path, 'rb') as f:
         data = f.read()
     if hashlib.sha256(data).hexdigest() != sha:
-        raise CommandError('map %s does not match its recorded checksum'
-                           % path)
+        raise exception.CommandError('map %s does not match its recorded '
+                                     'checksum' % path)
     return path, mapformat.decode(data)
 
 
@@ -172,8 +171,8 @@ def map_verify():
             out.flush()
             bad = _first_difference(raw, out.fileno(), m.virtual_size)
     if bad is not None:
-        raise CommandError('map v%d of %s differs from %s at byte %d'
-                           % (m.map_version, a.id, source, bad))
+        raise exception.CommandError('map v%d of %s differs from %s at byte '
+                                     '%d' % (m.map_version, a.id, source, bad))
     _out('map v%d of %s reconstructs %s byte for byte (%d bytes)'
          % (m.map_version, a.id, source, m.virtual_size))
 
@@ -201,30 +200,24 @@ def collect_stats(conf=None):
     conf = conf or CONF
     out = {'images': [], 'clusters': 0}
     with db_session.reader(conf) as s:
-        images = db_api.list_images(s)
-        out['clusters'] = s.execute(sa.select(sa.func.count()).select_from(
-            models.Cluster)).scalar()
+        store = db_store.ClusterStore(s)
+        images = store.list_images()
+        out['clusters'] = store.cluster_count()
         # distinct fingerprints by the number of images holding them
         # (the paper's Fig. 12b)
-        hist = {}
-        for n_images, n_fps in s.execute(
-                sa.select(models.Cluster.n_images,
-                          sa.func.sum(models.Cluster.n_fingerprints))
-                .group_by(models.Cluster.n_images)):
-            hist[int(n_images)] = int(n_fps)
-        out['fingerprints_by_images'] = dict(sorted(hist.items()))
+        out['fingerprints_by_images'] = dict(sorted(
+            store.fingerprints_by_images().items()))
         for img in images:
-            d = db_api.load_digests(
-                s, img, fingerprint.DIGEST_SIZES[img.algorithm])
-            mask = db_api.shareable_mask(d, img.virtual_size, img.block_size)
-            keys = db_api.block_keys(d[mask], img.space_key)
-            kc_keys, kc_cl = db_api.key_clusters(s, db_api.unique(keys))
-            mem = db_api.cluster_members(s, db_api.unique(kc_cl))
+            d = store.load_digests(img)
+            mask = fp_keys.shareable_mask(d, img.virtual_size, img.block_size)
+            keys = fp_keys.block_keys(d[mask], img.space_key)
+            kc_keys, kc_cl = store.key_clusters(fp_keys.unique(keys))
+            mem = store.cluster_members(fp_keys.unique(kc_cl))
             single = np.array([mem[c] == {img.seq} for c in kc_cl.tolist()],
                               dtype=bool)
             cl_single = single[np.searchsorted(kc_keys, keys)] if len(
                 keys) else np.zeros(0, bool)
-            mv = s.get(models.MapVersion, (img.seq, img.map_version))
+            mv = store.map_version(img.seq, img.map_version)
             data_blocks = img.n_blocks - img.zero_blocks
             gib = img.virtual_size / float(1 << 30)
             out['images'].append({
@@ -283,7 +276,7 @@ def check():
     for p in problems:
         _out('problem: %s' % p)
     if problems:
-        raise CommandError('%d problems found' % len(problems))
+        raise exception.CommandError('%d problems found' % len(problems))
     _out('library consistent')
 
 
@@ -343,10 +336,10 @@ def add_command_parsers(subparsers):
 
 
 def main(argv=None):
-    return cmd.run(CONF, 'vmar-manage', add_command_parsers, (
-        CommandError, ingest.ImageNotFound, ingest.ImageExists,
-        fingerprint.ImageRejected, mapformat.MapFormatError, ValueError,
-        OSError), argv)
+    # ValueError: an argument the library refuses (an image id that is no
+    # UUID, an unknown visibility); OSError: a file that cannot be read
+    return cmd.run(CONF, 'vmar-manage', add_command_parsers,
+                   (ValueError, OSError), argv)
 
 
 if __name__ == '__main__':

@@ -103,7 +103,7 @@ class Cluster(Base):
     min_seq = sa.Column(sa.BigInteger, nullable=False)
     min_public_seq = sa.Column(sa.BigInteger)
     # the member seqs as ascending runs, comma-separated: 1-57,59,61-200
-    # (vmar_openstack.db.api.parse_members)
+    # (vmar_openstack.db.members.parse_members)
     members = sa.Column(MembersText, nullable=False)
 
 

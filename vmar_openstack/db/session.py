@@ -24,12 +24,9 @@ from sqlalchemy import event
 from sqlalchemy import orm
 
 from vmar_openstack import conf
+from vmar_openstack import exception
 
 LIBRARY_LOCK = 'library'
-
-
-class LockTimeout(RuntimeError):
-    """The library lock stayed busy for longer than the lock timeout."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,7 +243,8 @@ def _take_lock(session, timeout):
             'SELECT name FROM vmar_locks WHERE name = :n FOR UPDATE'),
             {'n': LIBRARY_LOCK}).first()
     except sa.exc.OperationalError as e:
-        raise LockTimeout('library lock busy for %ds: %s' % (timeout, e))
+        raise exception.LockTimeout('library lock busy for %ds: %s'
+                                    % (timeout, e))
     if row is None:
         raise RuntimeError('the vmar_locks row is missing; run '
                            '"vmar-manage db sync"')

@@ -24,11 +24,11 @@ import types
 
 import numpy as np
 
-from vmar_openstack.db import api as db_api
-from vmar_openstack.db import bulk
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
 
@@ -72,15 +72,14 @@ class Ahead:
 
     def __init__(self, conf, algorithm, block_size):
         self.conf = conf
-        self.space_key = db_api.space_key(algorithm, block_size)
+        self.space_key = fp_keys.space_key(algorithm, block_size)
         self._reader = db_session.reader(conf)
-        self.session = self._reader.__enter__()
+        self.store = db_store.ClusterStore(self._reader.__enter__())
         try:
-            self.generation = db_session.generation(self.session)
+            self.generation = self.store.generation()
         except BaseException:
             self._reader.__exit__(None, None, None)
             raise
-        self._dialect = db_session.dialect(self.session)
         self._pending, self._n_pending = [], 0
         self._looked, self._found_k, self._found_c = [], [], []
         self._thread = None
@@ -103,8 +102,8 @@ class Ahead:
             return   # the table is in memory: :meth:`found` looks up
         nonzero = fingerprint.words(rows).any(axis=1)
         if nonzero.any():
-            self._pending.append(db_api.block_keys(rows[nonzero],
-                                                   self.space_key))
+            self._pending.append(fp_keys.block_keys(rows[nonzero],
+                                                    self.space_key))
             self._n_pending += int(nonzero.sum())
         if self._n_pending >= self.LOOKUP_BATCH:
             self._lookup_pending()
@@ -112,7 +111,7 @@ class Ahead:
     def _lookup_pending(self):
         if not self._pending:
             return
-        keys = db_api.unique(np.concatenate(self._pending))
+        keys = fp_keys.unique(np.concatenate(self._pending))
         self._pending, self._n_pending = [], 0
         self._lookup(keys)
 
@@ -121,8 +120,8 @@ class Ahead:
         limit = min(self.SCAN_MAX_ROWS,
                     self.SCAN_ROWS_PER_BLOCK * self._expected)
         self._table = False
-        if bulk.count_fingerprints_at_most(self.session) <= limit:
-            self._table = bulk.scan_fingerprints(self.session)
+        if self.store.count_fingerprints_at_most() <= limit:
+            self._table = self.store.scan_fingerprints()
 
     def _in_memory(self, keys):
         """(keys, clusters) of the sorted ``keys`` in the scanned table."""
@@ -134,7 +133,7 @@ class Ahead:
         return keys[hit], tc[pos[hit]]
 
     def _lookup(self, keys):
-        k, c = bulk.lookup(self.session, self._dialect, keys)
+        k, c = self.store.lookup(keys)
         self._looked.append(keys)
         self._found_k.append(k)
         self._found_c.append(c)
@@ -149,16 +148,16 @@ class Ahead:
         if self._table is not False:
             return self._in_memory(keys)
         self._lookup_pending()
-        looked = db_api.unique(np.concatenate(
+        looked = fp_keys.unique(np.concatenate(
             [np.empty(0, np.int64)] + self._looked))
-        missing = keys[~db_api.isin(keys, looked)]
+        missing = keys[~fp_keys.isin(keys, looked)]
         if len(missing):
             self._lookup(missing)
         fk = np.concatenate([np.empty(0, np.int64)] + self._found_k)
         fc = np.concatenate([np.empty(0, np.int64)] + self._found_c)
-        fk, first, _inverse = db_api.unique_first(fk)
+        fk, first, _inverse = fp_keys.unique_first(fk)
         fc = fc[first]
-        keep = db_api.isin(fk, keys)
+        keep = fp_keys.isin(fk, keys)
         return fk[keep], fc[keep]
 
     # -- once hashed ---------------------------------------------------------
@@ -191,7 +190,7 @@ class Ahead:
 
     def _build(self, prov, digests, index, clusters, scope, path):
         try:
-            resolver = mapgen.Resolver(self.session, scope,
+            resolver = mapgen.Resolver(self.store, scope,
                                        digests={prov.seq: digests})
             resolver.images()[prov.seq] = prov
             result = resolver.build(prov, (index.keys, clusters), index)

@@ -15,59 +15,55 @@ import hashlib
 import os
 
 import numpy as np
-import sqlalchemy as sa
 
-from vmar_openstack.db import api as db_api
-from vmar_openstack.db import models
+from vmar_openstack.db import members as db_members
 from vmar_openstack.db import session as db_session
-from vmar_openstack import fingerprint
-from vmar_openstack import ingest
+from vmar_openstack.db import store as db_store
+from vmar_openstack import exception
+from vmar_openstack.fingerprint import keys as fp_keys
+from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
+from vmar_openstack import names
 
 
 def check(conf):
     problems = []
     with db_session.reader(conf) as s:
-        images = db_api.list_images(s)
+        store = db_store.ClusterStore(s)
+        images = store.list_images()
         by_seq = {i.seq: i for i in images}
         digests = {}
         expected = collections.defaultdict(set)   # key -> member seqs
         for img in images:
             try:
-                d = db_api.load_digests(
-                    s, img, fingerprint.DIGEST_SIZES[img.algorithm])
-            except RuntimeError as e:
-                problems.append(str(e))
+                d = store.load_digests(img)
+            except exception.LibraryInconsistent as e:
+                problems.append(e.kwargs['what'])
                 continue
             digests[img.seq] = d
             if int((~d.any(axis=1)).sum()) != img.zero_blocks:
                 problems.append('image %s: zero_blocks %d does not match its '
                                 'digests' % (img.image_id, img.zero_blocks))
-            for k in db_api.image_key_set(img, d).tolist():
+            for k in fp_keys.image_key_set(img, d).tolist():
                 expected[k].add(img.seq)
-        rows = s.execute(sa.select(models.Fingerprint.fp_key,
-                                   models.Fingerprint.cluster_id)).fetchall()
-        recent = s.execute(sa.select(
-            models.RecentFingerprint.fp_key,
-            models.RecentFingerprint.cluster_id)).fetchall()
+        rows, recent = store.fingerprint_rows()
         both = {k for k, _c in rows} & {k for k, _c in recent}
         if both:
             problems.append('%d fingerprint keys are in both tiers of the '
                             'fingerprint table' % len(both))
         rows += recent
-        clusters = {c.id: c for c in s.execute(
-            sa.select(models.Cluster)).scalars()}
+        clusters = store.cluster_rows()
         members = collections.defaultdict(set)
         for cid, c in clusters.items():
             try:
-                listed = db_api.parse_members(c.members).tolist()
+                listed = db_members.parse_members(c.members).tolist()
             except ValueError:
                 problems.append('cluster %d has an unreadable member list '
                                 '%r' % (cid, c.members[:80]))
                 continue
             members[cid] = set(listed)
-            if db_api.members_text(listed) != c.members:
+            if db_members.members_text(listed) != c.members:
                 problems.append('cluster %d member list %r is not in '
                                 'ascending runs' % (cid, c.members[:80]))
             for seq in sorted(members[cid] - set(by_seq)):
@@ -99,7 +95,7 @@ def check(conf):
                                 % (cid, c.n_fingerprints, counts[cid]))
             if counts[cid] == 0:
                 problems.append('cluster %d is empty' % cid)
-            if c.members_hash != db_api.members_hash(members[cid]):
+            if c.members_hash != db_members.members_hash(members[cid]):
                 problems.append('cluster %d members_hash is stale' % cid)
             if c.n_images != len(members[cid]):
                 problems.append('cluster %d n_images is stale' % cid)
@@ -113,21 +109,21 @@ def check(conf):
                                 'public member %s' % (
                                     cid, c.min_public_seq,
                                     min(public) if public else None))
-        problems.extend(_check_maps(conf, s, images))
+        problems.extend(_check_maps(conf, store, images))
         warnings = _orphans(conf, images)
     return problems, warnings
 
 
-def _check_maps(conf, s, images):
+def _check_maps(conf, store, images):
     problems = []
-    resolver = mapgen.Resolver(s, conf.vmar.dedup_scope)
+    resolver = mapgen.Resolver(store, conf.vmar.dedup_scope)
     for img in images:
-        mv = s.get(models.MapVersion, (img.seq, img.map_version))
+        mv = store.map_version(img.seq, img.map_version)
         if mv is None:
             problems.append('image %s: current map v%d is not recorded'
                             % (img.image_id, img.map_version))
             continue
-        path = ingest.map_path(conf, img.image_id, img.map_version)
+        path = paths.map_path(conf, img.image_id, img.map_version)
         try:
             with open(path, 'rb') as f:
                 data = f.read()
@@ -141,7 +137,7 @@ def _check_maps(conf, s, images):
             continue
         try:
             bmap = mapformat.decode(data)
-        except mapformat.MapFormatError as e:
+        except exception.MapFormatError as e:
             problems.append('image %s: %s' % (img.image_id, e))
             continue
         fresh = resolver.build(img)
@@ -155,17 +151,18 @@ def _check_maps(conf, s, images):
 
 def _orphans(conf, images):
     """Map files no transaction recorded (e.g. after a kill -9)."""
-    current = {'%s.%d.vmap' % (i.image_id, v)
+    current = {(i.image_id, v)
                for i in images for v in range(1, i.map_version + 1)}
     problems = []
     try:
-        names = os.listdir(conf.vmar.map_dir)
+        files = os.listdir(conf.vmar.map_dir)
     except FileNotFoundError:
         return problems
-    for name in names:
+    for name in files:
         if name.startswith('.tmp-'):
             problems.append('leftover temporary map file %s' % name)
-        elif name.endswith('.vmap') and name not in current:
+        elif name.endswith('.vmap') and (
+                names.parse_map_file(name) not in current):
             problems.append('unrecorded map file %s (harmless; remove it)'
                             % name)
     return problems

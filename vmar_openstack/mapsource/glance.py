@@ -242,16 +242,15 @@ class GlanceSource:
         try:
             fmt = img.get('disk_format') or 'raw'
             try:
-                fingerprint.inspect(tmp, fmt, self.conf.vmar.qemu_img,
-                                    expected_size=img.get('size'))
-                with fingerprint.raw_view(tmp, fmt, self.conf.vmar.qemu_img,
-                                          work) as raw:
-                    if raw == tmp:
+                with fingerprint.checked_raw_view(
+                        tmp, fmt, self.conf.vmar.qemu_img, work_dir=work,
+                        expected_size=img.get('size')) as raw:
+                    if raw.path == tmp:
                         os.chmod(tmp, 0o444)
                         os.rename(tmp, dest)
                         fileutils.fsync_dir(work)
                     else:
-                        fileutils.copy_readonly(raw, dest)
+                        fileutils.copy_readonly(raw.path, dest)
             except fingerprint.ImageRejected as e:
                 raise SourceError('image %s rejected: %s' % (image_id, e))
         finally:

@@ -2,7 +2,7 @@
 
 ``vmar_clusters.members`` holds the member seqs as ascending runs,
 comma-separated (``1-57,59,61-200``; see
-vmar_openstack.db.api.parse_members); the ``vmar_cluster_members`` table
+vmar_openstack.db.members.parse_members); the ``vmar_cluster_members`` table
 goes. An add makes the new image a member
 of hundreds or thousands of clusters: with one member row per pair, that
 inserted one row per cluster into random places of two indexes, and the

@@ -1,0 +1,574 @@
+"""The cluster tables behind one object (the VMAR paper, Fig. 4-7).
+
+A :class:`ClusterStore` wraps one session. It owns the fingerprint table
+(both tiers, :mod:`.bulk`), the cluster rows (:class:`ClusterRow`, with
+their member sets, :mod:`.members`) and the images' digest lists; callers
+outside this package reach the tables only through it, and never see SQL.
+
+The fingerprint table is keyed by fingerprint keys
+(:mod:`vmar_openstack.fingerprint.keys`). Full digests live in each image's
+digest list and are compared whenever a map is built, so two digests that
+share a key (by accident or by a crafted collision) never redirect a read
+to different content: they only share a cluster row.
+
+The mutating methods expect a session of :func:`session.locked_writer`.
+"""
+
+import typing
+
+import numpy as np
+import sqlalchemy as sa
+
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import bulk
+from vmar_openstack.db import members as db_members
+from vmar_openstack.db import models
+from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
+from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import keys as fp_keys
+
+DIGEST_CHUNK_BYTES = 4 << 20
+# A split is flipped (see _flips) when it saves this many key moves, and
+# only if it costs at most this many lookups, and reads the digests of
+# members of at most this many blocks, per move saved. The keys outside
+# the image are sought among those of up to FLIP_MEMBERS members.
+FLIP_MIN_SAVING = 256
+FLIP_LOOKUPS_PER_MOVE = 2
+FLIP_BLOCKS_PER_MOVE = 64
+FLIP_MEMBERS = 3
+
+
+class ClusterRow(typing.NamedTuple):
+    """A row of vmar_clusters."""
+
+    id: int
+    members_hash: str
+    n_images: int
+    n_fingerprints: int
+    min_seq: int
+    min_public_seq: typing.Optional[int]
+    members: str
+
+
+def _smaller(a, b):
+    """min() where None means "none"."""
+    if a is None or b is None:
+        return b if a is None else a
+    return min(a, b)
+
+
+class ClusterStore:
+    """The library's tables, as one transaction (``session``) sees them."""
+
+    def __init__(self, session):
+        self.session = session
+        self._sql = bulk.BulkSQL(session)
+        self.dialect = self._sql.dialect
+
+    def flush(self):
+        self.session.flush()
+
+    def generation(self):
+        """Library mutations committed before this transaction.
+
+        In a :func:`session.locked_writer`, the count it found when it took
+        the lock (before its own increment).
+        """
+        value = self.session.info.get('vmar_generation')
+        if value is None:
+            value = db_session.generation(self.session)
+        return value
+
+    # -- images --------------------------------------------------------------
+
+    def get_image(self, image_id):
+        return db_api.get_image(self.session, image_id)
+
+    def images_by_seq(self, seqs):
+        return db_api.images_by_seq(self.session, seqs)
+
+    def image_rows(self):
+        return db_api.image_rows(self.session)
+
+    def list_images(self):
+        return db_api.list_images(self.session)
+
+    def add_image(self, **columns):
+        """A new image row; its ``seq`` is set once this returns."""
+        img = models.Image(**columns)
+        self.session.add(img)
+        self.session.flush()
+        return img
+
+    def delete_image(self, img):
+        """Remove an image's row, digest list and map versions.
+
+        Returns the versions its map files had.
+        """
+        versions = self.session.execute(
+            sa.select(models.MapVersion.version)
+            .where(models.MapVersion.seq == img.seq)).scalars().all()
+        self.session.execute(sa.delete(models.MapVersion).where(
+            models.MapVersion.seq == img.seq))
+        self.session.execute(sa.delete(models.ImageDigests).where(
+            models.ImageDigests.seq == img.seq))
+        self.session.delete(img)
+        self.session.flush()
+        return versions
+
+    def map_version(self, seq, version):
+        """The map version row of image ``seq``, or None."""
+        return self.session.get(models.MapVersion, (seq, version))
+
+    def record_map_version(self, seq, version, size, sha256, n_extents):
+        self.session.add(models.MapVersion(
+            seq=seq, version=version, size=size, sha256=sha256,
+            n_extents=n_extents))
+
+    # -- digest lists --------------------------------------------------------
+
+    def store_digests(self, seq, digests):
+        raw = np.ascontiguousarray(digests).tobytes()
+        self.session.execute(sa.delete(models.ImageDigests).where(
+            models.ImageDigests.seq == seq))
+        rows = [{'seq': seq, 'chunk': i // DIGEST_CHUNK_BYTES,
+                 'data': raw[i:i + DIGEST_CHUNK_BYTES]}
+                for i in range(0, len(raw), DIGEST_CHUNK_BYTES)]
+        if rows:
+            self.session.execute(sa.insert(models.ImageDigests), rows)
+
+    def load_digests(self, image):
+        """The digest list of ``image``, ``(n_blocks, digest size)`` uint8."""
+        dsize = fingerprint.DIGEST_SIZES[image.algorithm]
+        chunks = self.session.execute(
+            sa.select(models.ImageDigests.data)
+            .where(models.ImageDigests.seq == image.seq)
+            .order_by(models.ImageDigests.chunk)).scalars().all()
+        raw = b''.join(chunks)
+        if len(raw) != image.n_blocks * dsize:
+            raise exception.LibraryInconsistent(
+                what='digest list of image %s has %d bytes, expected %d'
+                % (image.image_id, len(raw), image.n_blocks * dsize))
+        return np.frombuffer(raw, dtype=np.uint8).reshape(image.n_blocks,
+                                                          dsize)
+
+    # -- fingerprint keys ----------------------------------------------------
+
+    def lookup(self, keys):
+        """(keys, cluster ids) of those of ``keys`` in either tier.
+
+        Unsorted.
+        """
+        return self._sql.lookup(keys)
+
+    def key_clusters(self, keys):
+        """(keys, cluster ids) of the given distinct keys, sorted by key.
+
+        Goes through the fingerprint table's primary key: the table has no
+        index on ``cluster_id``, whose upkeep doubled the cost of every
+        insert and move (see doc/source/design.rst).
+        """
+        found_k, found_c = self.lookup(keys)
+        order = np.argsort(found_k)
+        return found_k[order], found_c[order]
+
+    def scan_fingerprints(self):
+        """Every (key, cluster) of both tiers, sorted by key."""
+        return self._sql.scan_fingerprints()
+
+    def count_fingerprints_at_most(self):
+        """An upper bound of the fingerprint keys in the library."""
+        return self._sql.count_fingerprints_at_most()
+
+    def fingerprint_rows(self):
+        """Every ``(key, cluster id)`` of the large and of the small tier."""
+        return tuple(self.session.execute(sa.select(t.fp_key, t.cluster_id))
+                     .fetchall()
+                     for t in (models.Fingerprint, models.RecentFingerprint))
+
+    # -- clusters ------------------------------------------------------------
+
+    def cluster_rows(self):
+        """Every cluster, by id, as :class:`ClusterRow`."""
+        return {r[0]: ClusterRow._make(r) for r in self.session.execute(
+            sa.select(*(getattr(models.Cluster, c)
+                        for c in ClusterRow._fields)))}
+
+    def cluster_count(self):
+        return self.session.execute(sa.select(sa.func.count()).select_from(
+            models.Cluster)).scalar()
+
+    def fingerprints_by_images(self):
+        """Distinct fingerprints by the number of images holding them.
+
+        The paper's Fig. 12b, as ``{n_images: n_fingerprints}``.
+        """
+        return {int(n_images): int(n_fps) for n_images, n_fps in
+                self.session.execute(
+                    sa.select(models.Cluster.n_images,
+                              sa.func.sum(models.Cluster.n_fingerprints))
+                    .group_by(models.Cluster.n_images))}
+
+    def cluster_minima(self, cluster_ids):
+        """The smallest member and smallest public member of clusters.
+
+        Returns ``(ids, min_seq, min_public_seq)`` int64 arrays, in no
+        particular order, -1 where a cluster has no public member; ids
+        with no cluster row are left out.
+        """
+        return self._sql.lookup(
+            cluster_ids, bulk.CLUSTERS, 'id',
+            ('f.min_seq', 'COALESCE(f.min_public_seq, -1)'))
+
+    def _member_texts(self, cluster_ids):
+        """Map cluster id -> its ``members`` text."""
+        return dict(self._sql.rows_by_id(cluster_ids, ('members',)))
+
+    def member_lists(self, cluster_ids):
+        """Map cluster id -> its member seqs, ascending, as int64."""
+        return {cid: db_members.parse_members(text)
+                for cid, text in self._member_texts(cluster_ids).items()}
+
+    def cluster_members(self, cluster_ids):
+        """Map cluster id -> frozenset of member image seqs."""
+        return {cid: frozenset(db_members.parse_members(text).tolist())
+                for cid, text in self._member_texts(cluster_ids).items()}
+
+    def clusters_of_image(self, seq):
+        """Ids of the clusters image ``seq`` is a member of.
+
+        Reads every cluster row: for deletes and metadata changes, not for
+        adds.
+        """
+        return [cid for cid, text in self.session.execute(sa.select(
+                models.Cluster.id, models.Cluster.members))
+                if seq in db_members.parse_members(text)]
+
+    def refresh_smallest(self, cluster_ids):
+        """Recompute ``min_seq`` and ``min_public_seq`` of clusters.
+
+        After a member left them, or a member's visibility changed.
+        """
+        public = {row.seq for row in self.image_rows()
+                  if row.visibility == 'public'}
+        rows = []
+        for cid, text in self._member_texts(cluster_ids).items():
+            m = db_members.parse_members(text)
+            pub = [x for x in m.tolist() if x in public]
+            rows.append({'id': cid, 'm': int(m.min()) if len(m) else 0,
+                         'p': min(pub) if pub else None})
+        if rows:
+            self.session.execute(sa.text(
+                'UPDATE vmar_clusters SET min_seq = :m, min_public_seq = :p '
+                'WHERE id = :id'), rows)
+
+    def _singleton_cluster(self, seq, public):
+        """The cluster whose only member is image ``seq``, made if need be."""
+        h = db_members.members_hash([seq])
+        cid = self.session.execute(sa.select(models.Cluster.id).where(
+            models.Cluster.members_hash == h)).scalar()
+        if cid is not None:
+            return cid
+        cluster = models.Cluster(members_hash=h, n_images=1,
+                                 n_fingerprints=0, min_seq=seq,
+                                 min_public_seq=seq if public else None,
+                                 members=db_members.members_text([seq]))
+        self.session.add(cluster)
+        self.session.flush()
+        return cluster.id
+
+    def _adjust_counts(self, deltas):
+        """Add ``deltas[cid]`` to each cluster's fingerprint count."""
+        if deltas:
+            self.session.execute(sa.text(
+                'UPDATE vmar_clusters SET n_fingerprints = n_fingerprints + '
+                ':d WHERE id = :cid'),
+                [{'cid': int(c), 'd': int(d)} for c, d in deltas.items()])
+
+    def _drop_clusters(self, ids):
+        for i in range(0, len(ids), 500):
+            part = [int(c) for c in ids[i:i + 500]]
+            self.session.execute(sa.delete(models.Cluster).where(
+                models.Cluster.id.in_(part)))
+
+    def _ids_by_hash(self, hashes):
+        out = {}
+        hashes = list(hashes)
+        for i in range(0, len(hashes), 500):
+            for cid, h in self.session.execute(
+                    sa.select(models.Cluster.id, models.Cluster.members_hash)
+                    .where(models.Cluster.members_hash.in_(
+                        hashes[i:i + 500]))):
+                out[h] = cid
+        return out
+
+    def _create_clusters(self, rows):
+        """Insert cluster rows; returns members hash -> new cluster id."""
+        self.session.execute(sa.insert(models.Cluster), rows)
+        return self._ids_by_hash([r['members_hash'] for r in rows])
+
+    def _cluster_info(self, ids):
+        """Cluster rows by id, as :class:`ClusterRow`."""
+        return {row[0]: ClusterRow._make(row) for row in
+                self._sql.rows_by_id(ids, ClusterRow._fields[1:])}
+
+    # -- adding and removing an image's keys ----------------------------------
+
+    def add_keys(self, seq, keys, public, found=None):
+        """Add image ``seq`` as a member for every key in ``keys``.
+
+        ``keys``: the image's distinct keys, sorted.
+
+        ``public``: whether the image is public (clusters keep their
+        smallest public member). ``found``: the ``(keys, clusters)`` of
+        those of ``keys`` in the table, if already known (they must be
+        current).
+
+        Returns the image's ``(keys, cluster ids)`` afterwards, unsorted, so
+        that map generation need not read them back (most callers do not
+        need them: no sort on the ingest path).
+        """
+        found_k, found_c = found or self.lookup(keys)
+        out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        if len(found_k):
+            k, c = self._regroup(found_k, found_c, seq, True, public,
+                                 image_keys=keys)
+            out_k.append(k)
+            out_c.append(c)
+        new = np.setdiff1d(keys, found_k, assume_unique=True)
+        if len(new):
+            cid = self._singleton_cluster(seq, public)
+            self._sql.add_fingerprints(new, cid)
+            self._adjust_counts({cid: len(new)})
+            out_k.append(new)
+            out_c.append(np.full(len(new), cid, dtype=np.int64))
+        return np.concatenate(out_k), np.concatenate(out_c)
+
+    def remove_keys(self, seq, keys):
+        """Remove image ``seq`` from the clusters of ``keys``."""
+        found_k, found_c = self.lookup(keys)
+        if len(found_k) != len(keys):
+            raise exception.LibraryInconsistent(
+                what='image %d has %d fingerprint keys missing from the '
+                'fingerprint table' % (seq, len(keys) - len(found_k)))
+        self._regroup(found_k, found_c, seq, False)
+
+    def _regroup(self, keys, clusters, seq, adding, public=False,
+                 image_keys=None):
+        """Add image ``seq`` to, or remove it from, the clusters of ``keys``.
+
+        ``keys`` are the image's keys found in the table and ``clusters``
+        their current clusters. A cluster whose keys all change keeps its
+        fingerprint rows and changes its member set; these changes are
+        batched, so the cost is a few statements for all such clusters. A
+        cluster that splits (only part of it is in the image being added)
+        gets a new cluster for the part, and only those keys move; or,
+        given the image's sorted distinct ``image_keys``, the other part
+        when that moves fewer (:meth:`_flips`). Returns ``(keys, cluster
+        ids)`` of the kept keys after the change.
+        """
+        order = fp_keys.stable_order(clusters)
+        keys, clusters = keys[order], clusters[order]
+        starts = np.flatnonzero(np.diff(clusters)) + 1
+        starts = np.concatenate([np.zeros(min(1, len(keys)), np.int64),
+                                 starts])
+        ends = np.append(starts[1:], len(keys))
+        ids = clusters[starts].tolist()
+        info = self._cluster_info(ids)
+        counts = (ends - starts).tolist()
+        whole, split = [], []
+        for cid, start, count in zip(ids, starts.tolist(), counts):
+            if count == info[cid].n_fingerprints:
+                whole.append(cid)
+            else:
+                split.append((cid, np.arange(start, start + count)))
+        if not adding and split:
+            raise exception.LibraryInconsistent(
+                what='image %d holds only part of a cluster' % seq)
+        flips = {}
+        if split and image_keys is not None:
+            flips = self._flips(split, info, image_keys)
+            split = [(cid, grp) for cid, grp in split if cid not in flips]
+            whole += list(flips)
+        span = dict(zip(ids, zip(starts.tolist(), ends.tolist())))
+        dest = {}
+        # whole clusters: new member set = old toggled by seq
+        new_hash = {cid: db_members.toggle(info[cid].members_hash, seq)
+                    for cid in whole}
+        # Adding: no cluster holds seq yet (a new image, or one whose keys
+        # were just removed), so no C + {seq} exists; the unique index on
+        # members_hash would refuse a duplicate. Removing may meet one.
+        existing = {} if adding else self._ids_by_hash(new_hash.values())
+        relabel, emptied = [], []
+        for cid in whole:
+            if not adding and info[cid].n_images == 1:
+                emptied.append(cid)   # the image was the only member
+            elif new_hash[cid] in existing:
+                # the new member set has a cluster already: move the keys
+                dst = existing[new_hash[cid]]
+                lo, hi = span[cid]
+                self._sql.move(keys[lo:hi], dst)
+                self._adjust_counts({dst: hi - lo})
+                self._drop_clusters([cid])
+                dest[cid] = dst
+            else:
+                relabel.append(cid)
+                dest[cid] = cid
+        if emptied:
+            self._sql.delete(np.concatenate(
+                [keys[span[c][0]:span[c][1]] for c in emptied]))
+            self._drop_clusters(emptied)
+        if relabel:
+            self._relabel(relabel, info, new_hash, seq, adding, public)
+        if flips:
+            self._split_back(flips, info)
+        if split:
+            dest.update(self._split_off(split, info, keys, seq, public))
+        out_k = [np.empty(0, np.int64)] + [keys[span[c][0]:span[c][1]]
+                                           for c in dest]
+        out_c = [np.empty(0, np.int64)] + [
+            np.full(span[c][1] - span[c][0], d, np.int64)
+            for c, d in dest.items()]
+        return np.concatenate(out_k), np.concatenate(out_c)
+
+    def _split_off(self, splits, info, keys, seq, public):
+        """Move each split cluster's keys in the image to old members + seq.
+
+        ``splits`` is a list of (cluster id, key index array). The clusters
+        for the new member sets are found or created together, a few
+        statements for all of them. Returns old cluster id -> new cluster
+        id.
+        """
+        want = {cid: db_members.toggle(info[cid].members_hash, seq)
+                for cid, _grp in splits}
+        found = self._ids_by_hash(want.values())
+        create = [cid for cid, _grp in splits if want[cid] not in found]
+        if create:
+            found.update(self._create_clusters([
+                {'members_hash': want[c], 'n_images': info[c].n_images + 1,
+                 'n_fingerprints': 0, 'min_seq': min(info[c].min_seq, seq),
+                 'min_public_seq': _smaller(info[c].min_public_seq,
+                                            seq if public else None),
+                 'members': db_members.add_member(info[c].members, seq)}
+                for c in create]))
+        dest, deltas = {}, {}
+        for cid, grp in splits:
+            new = found[want[cid]]
+            self._sql.move(keys[grp], new)
+            deltas[new] = deltas.get(new, 0) + len(grp)
+            deltas[cid] = deltas.get(cid, 0) - len(grp)
+            dest[cid] = new
+        self._adjust_counts(deltas)
+        return dest
+
+    def _flips(self, split, info, image_keys):
+        """Split clusters cheaper to split the other way round.
+
+        A split cluster moves the keys on the image's side to a new
+        cluster. When most of the cluster is in the image (typically the
+        base system that nearly every image holds, minus the few files this
+        one changed), it is cheaper for the cluster to take the image as a
+        member and to move its keys outside the image to a new cluster with
+        the old member set. Those keys are found without an index on
+        cluster ids: every member of a cluster holds all its keys, so they
+        are among the keys that a few members hold and the image does not;
+        those candidates are looked up.
+
+        ``split``: (cluster id, key index array) pairs; ``image_keys``: the
+        image's sorted distinct keys. Returns cluster id -> its keys
+        outside the image, for the clusters worth flipping.
+        """
+        wanted = []
+        for cid, grp in split:
+            outside = info[cid].n_fingerprints - len(grp)
+            if len(grp) - outside >= FLIP_MIN_SAVING:
+                wanted.append((cid, outside, len(grp) - outside))
+        if not wanted:
+            return {}
+        # the smallest members: lists are ascending
+        members = {cid: db_members.parse_members(
+            info[cid].members)[:FLIP_MEMBERS].tolist()
+            for cid, _o, _s in wanted}
+        images = self.images_by_seq({m for ms in members.values()
+                                     for m in ms})
+        keysets = {}
+
+        def keyset(seq):
+            if seq not in keysets:
+                img = images[seq]
+                keysets[seq] = fp_keys.image_key_set(
+                    img, self.load_digests(img))
+            return keysets[seq]
+
+        chosen, parts = [], []
+        for cid, outside, saving in wanted:
+            candidates = None
+            for m in members[cid]:
+                if images[m].n_blocks > FLIP_BLOCKS_PER_MOVE * saving:
+                    continue   # reading its digests costs more than it saves
+                if candidates is None:
+                    candidates = keyset(m)
+                    candidates = candidates[~fp_keys.isin(candidates,
+                                                          image_keys)]
+                elif len(candidates) > saving:
+                    candidates = candidates[fp_keys.isin(candidates,
+                                                         keyset(m))]
+            if candidates is None or (
+                    len(candidates) > FLIP_LOOKUPS_PER_MOVE * saving):
+                continue   # more lookups than the moves they would save
+            chosen.append((cid, outside))
+            parts.append(candidates)
+        if not chosen:
+            return {}
+        k, c = self.lookup(fp_keys.unique(np.concatenate(parts)))
+        flips = {}
+        for cid, outside in chosen:
+            rest = k[c == cid]
+            if len(rest) != outside:
+                raise exception.LibraryInconsistent(
+                    what='cluster %d has %d keys outside the image being '
+                    'added, but its members hold %d keys of it outside the '
+                    'image' % (cid, outside, len(rest)))
+            flips[cid] = rest
+        return flips
+
+    def _split_back(self, flips, info):
+        """Give each flipped cluster's keys outside the image a new cluster.
+
+        Runs after the relabel that made the image a member of the flipped
+        clusters (and freed their old member-set hashes): the new clusters
+        take the old member sets, hashes and smallest members (``info``,
+        read before the relabel).
+        """
+        ids = self._create_clusters([
+            {'members_hash': info[c].members_hash,
+             'n_images': info[c].n_images, 'n_fingerprints': len(rest),
+             'min_seq': info[c].min_seq,
+             'min_public_seq': info[c].min_public_seq,
+             'members': info[c].members}
+            for c, rest in flips.items()])
+        for c, rest in flips.items():
+            self._sql.move(rest, ids[info[c].members_hash])
+        self._adjust_counts({c: -len(rest) for c, rest in flips.items()})
+
+    def _relabel(self, cids, info, new_hash, seq, adding, public):
+        """Add ``seq`` to, or remove it from, whole clusters: no key moves."""
+        change = (db_members.add_member if adding
+                  else db_members.remove_member)
+        members = {c: change(info[c].members, seq) for c in cids}
+        # seq is an int: inlined
+        also = 'n_images = n_images + %d' % (1 if adding else -1)
+        if adding:
+            also += (', min_seq = CASE WHEN %d < min_seq THEN %d '
+                     'ELSE min_seq END' % (seq, seq))
+            if public:
+                also += (', min_public_seq = CASE WHEN min_public_seq IS '
+                         'NULL OR %d < min_public_seq THEN %d '
+                         'ELSE min_public_seq END' % (seq, seq))
+        for i in range(0, len(cids), 10000):
+            part = cids[i:i + 10000]
+            self._sql.set_hashes(part, [new_hash[c] for c in part],
+                                 [members[c] for c in part], also)
+        if not adding:
+            self.refresh_smallest(cids)

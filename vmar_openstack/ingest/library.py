@@ -1,0 +1,332 @@
+"""The image library: add, update and delete images (paper Fig. 7).
+
+:class:`Library` fingerprints an image (outside any lock), then in one
+locked transaction updates the cluster tables, works out which other
+images' maps change, writes the new map versions atomically and records
+them. Map files written by a transaction that does not commit are removed;
+a killed process leaves at most unreferenced files, which ``vmar-manage
+check`` reports.
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import types
+import uuid
+
+import numpy as np
+from oslo_log import log as logging
+
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.db import api as db_api
+from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
+from vmar_openstack import exception
+from vmar_openstack import fileutils
+from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import keys as fp_keys
+from vmar_openstack.ingest import ahead as ingest_ahead
+from vmar_openstack.ingest import paths
+from vmar_openstack import mapformat
+from vmar_openstack import mapgen
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Outcome:
+    image_id: str
+    seq: int
+    map_version: int
+    regenerated: dict          # image id -> new map version, other images
+    shared_fraction: float = 0.0
+
+
+def _check_uuid(image_id):
+    try:
+        return str(uuid.UUID(image_id))
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError('%r is not an image id (UUID)' % (image_id,))
+
+
+def _content_id(fps):
+    h = hashlib.sha256(b'%s/%d/%d/' % (fps.algorithm.encode(),
+                                       fps.block_size, fps.virtual_size))
+    h.update(np.ascontiguousarray(fps.digests).data)
+    return h.hexdigest()
+
+
+class Library:
+    """The image library described by one configuration."""
+
+    def __init__(self, conf=None):
+        self.conf = conf or vmar_conf.CONF
+
+    # -- public operations -------------------------------------------------
+
+    def add(self, image_id, path, disk_format='raw', owner=None,
+            visibility='private', expected_size=None, progress=None,
+            keep_base=True, on_map_written=None):
+        """Ingest a new image; an id already in the library is refused.
+
+        ``on_map_written(image_id, version, path, sha256)``, if given, is
+        called once the image's new map file is written, before the
+        transaction commits (so that a publisher can start work that
+        overlaps the commit). The version may still fail to commit.
+        """
+        image_id = _check_uuid(image_id)
+        if visibility not in db_api.VISIBILITIES:
+            raise ValueError('visibility must be one of %s'
+                             % ', '.join(db_api.VISIBILITIES))
+        with db_session.reader(self.conf) as s:
+            existing = db_api.get_image(s, image_id)
+            if existing is not None:
+                raise exception.ImageExists(
+                    'image %s is already in the library (seq %d, map v%d); '
+                    'use update to change it' % (
+                        existing.image_id, existing.seq,
+                        existing.map_version))
+        ahead = ingest_ahead.Ahead(self.conf, self.conf.vmar.hash_algorithm,
+                                   self.conf.vmar.block_size)
+        try:
+            fps, raw_placed = self._fingerprint(
+                image_id, path, disk_format, expected_size, progress,
+                keep_base, ahead=ahead)
+            try:
+                return self._commit_add(image_id, fps, disk_format, owner,
+                                        visibility, on_map_written, ahead)
+            except BaseException:
+                if raw_placed:
+                    self._unplace(image_id)
+                raise
+        finally:
+            ahead.close()
+
+    def update_content(self, image_id, path, disk_format='raw',
+                       expected_size=None, progress=None, keep_base=True):
+        """Replace an image's content, keeping its sequence id (Fig. 7)."""
+        image_id = _check_uuid(image_id)
+        fps, _placed = self._fingerprint(image_id, path, disk_format,
+                                         expected_size, progress, keep_base)
+        with self._mutation() as (store, written):
+            img = self._get(store, image_id)
+            old = store.load_digests(img)
+            old_keys = fp_keys.image_key_set(img, old)
+            affected = self._affected(store, img)
+            store.remove_keys(img.seq, old_keys)
+            self._fill_image(img, fps, disk_format)
+            store.store_digests(img.seq, fps.digests)
+            store.add_keys(img.seq, fp_keys.image_key_set(img, fps.digests),
+                           img.visibility == 'public')
+            store.flush()
+            affected |= self._affected(store, img)
+            return self._regenerate(store, written, img, affected)
+
+    def update_metadata(self, image_id, owner=None, visibility=None):
+        """Change owner and/or visibility: an update for dedup scope."""
+        image_id = _check_uuid(image_id)
+        if visibility is not None and visibility not in db_api.VISIBILITIES:
+            raise ValueError('visibility must be one of %s'
+                             % ', '.join(db_api.VISIBILITIES))
+        with self._mutation() as (store, written):
+            img = self._get(store, image_id)
+            affected = self._affected(store, img)
+            if owner is not None:
+                img.owner = owner
+            if visibility is not None:
+                img.visibility = visibility
+            store.flush()
+            store.refresh_smallest(store.clusters_of_image(img.seq))
+            affected |= self._affected(store, img)
+            return self._regenerate(store, written, img, affected)
+
+    def delete(self, image_id):
+        """Remove an image; regenerate the maps that pointed into it."""
+        image_id = _check_uuid(image_id)
+        with self._mutation() as (store, written):
+            img = self._get(store, image_id)
+            digests = store.load_digests(img)
+            affected = self._affected(store, img)
+            store.remove_keys(img.seq, fp_keys.image_key_set(img, digests))
+            old_versions = store.delete_image(img)
+            regenerated = self._write_maps(store, affected, written)
+        for v in old_versions:
+            fileutils.unlink(paths.map_path(self.conf, image_id, v))
+        self._unplace(image_id)
+        return Outcome(image_id, 0, 0, regenerated)
+
+    def remap(self, image_id):
+        """Write a new map version of an image from the tables.
+
+        For a host that lost a map file (the versions are immutable, so a
+        lost one is replaced by a new one, never rewritten). Returns it.
+        """
+        image_id = _check_uuid(image_id)
+        with self._mutation() as (store, written):
+            img = self._get(store, image_id)
+            return self._write_maps(store, {img.seq}, written)[image_id]
+
+    # -- helpers -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _mutation(self):
+        """One locked transaction; map files it wrote go if it fails.
+
+        Yields its :class:`ClusterStore` and the list of map files written.
+        """
+        written = []
+        try:
+            with db_session.locked_writer(self.conf) as s:
+                yield db_store.ClusterStore(s), written
+        except BaseException:
+            for p in written:
+                fileutils.unlink(p)
+            raise
+
+    def _get(self, store, image_id):
+        img = store.get_image(image_id)
+        if img is None:
+            raise exception.ImageNotFound(image_id=image_id)
+        return img
+
+    def _fingerprint(self, image_id, path, disk_format, expected_size,
+                     progress, keep_base, ahead=None):
+        c = self.conf.vmar
+        with fingerprint.checked_raw_view(
+                path, disk_format, qemu_img=c.qemu_img, work_dir=c.work_dir,
+                expected_size=expected_size,
+                max_virtual_size=c.max_virtual_size_gb << 30) as raw:
+            if ahead is not None:
+                ahead.expect(-(-raw.virtual_size // c.block_size))
+            fps = fingerprint.hash_file(
+                raw.path, raw.virtual_size, c.block_size, c.hash_algorithm,
+                c.hash_workers, progress,
+                on_chunk=ahead.chunk if ahead else None)
+            placed = False
+            if keep_base:
+                dest = paths.base_path(self.conf, image_id)
+                if os.path.realpath(raw.path) != os.path.realpath(dest):
+                    fileutils.copy_readonly(raw.path, dest)
+                    placed = True
+        return fps, placed
+
+    def _unplace(self, image_id):
+        fileutils.unlink(paths.base_path(self.conf, image_id))
+
+    def _fill_image(self, img, fps, disk_format):
+        img.disk_format = disk_format
+        img.virtual_size = fps.virtual_size
+        img.block_size = fps.block_size
+        img.algorithm = fps.algorithm
+        img.space_key = fp_keys.space_key(fps.algorithm, fps.block_size)
+        img.n_blocks = fps.n_blocks
+        img.zero_blocks = int(fps.zero_mask.sum())
+        img.content_sha256 = _content_id(fps)
+
+    def _commit_add(self, image_id, fps, disk_format, owner, visibility,
+                    on_map_written, ahead):
+        desc = types.SimpleNamespace(image_id=image_id, owner=owner,
+                                     visibility=visibility, state='active',
+                                     map_version=0)
+        self._fill_image(desc, fps, disk_format)
+        keys, found = ahead.start_map(desc, fps.digests,
+                                      self.conf.vmar.dedup_scope,
+                                      paths.map_path(self.conf, image_id, 1))
+        with self._mutation() as (store, written):
+            if store.get_image(image_id) is not None:
+                raise exception.ImageExists('image %s was added concurrently'
+                                            % image_id)
+            img = store.add_image(**vars(desc))
+            # the snapshot's answers hold if nothing committed since
+            fresh = store.generation() == ahead.generation
+            if not fresh:
+                LOG.debug('image %s: the library changed while it was '
+                          'hashed; looking its fingerprints up again',
+                          image_id)
+            store.store_digests(img.seq, fps.digests)
+            known = store.add_keys(img.seq, keys, img.visibility == 'public',
+                                   found=found if fresh else None)
+            store.flush()
+            if not fresh:
+                order = np.argsort(known[0])
+                known = (known[0][order], known[1][order])
+            # The new image has the largest sequence id, so it is never the
+            # smallest candidate of another image: no other map changes.
+            return self._regenerate(
+                store, written, img, set(), known={img.seq: known},
+                digests={img.seq: fps.digests}, on_written=on_map_written,
+                built={img.seq: ahead.map_result()} if fresh else None)
+
+    def _affected(self, store, img):
+        """Other images whose canonical target is ``img`` for some cluster.
+
+        Called before and after a change; the union of both answers is the
+        set of maps the change can alter (paper Fig. 7, update_list).
+        """
+        scope = self.conf.vmar.dedup_scope
+        cids = store.clusters_of_image(img.seq)
+        members = store.cluster_members(cids)
+        seqs = set().union(*members.values()) if members else set()
+        imgs = store.images_by_seq(seqs)
+        imgs[img.seq] = img
+        out = set()
+        for m in members.values():
+            for y in m:
+                if y == img.seq or y in out or y not in imgs:
+                    continue
+                src = imgs[y]
+                allowed = [t for t in m if t in imgs
+                           and mapgen.may_redirect(src, imgs[t], scope)]
+                if img.seq in allowed and min(allowed) == img.seq:
+                    out.add(y)
+        return out
+
+    def _regenerate(self, store, written, img, affected, known=None,
+                    digests=None, on_written=None, built=None):
+        versions = self._write_maps(store, {img.seq} | set(affected), written,
+                                    known, digests, on_written, built)
+        version = versions.pop(img.image_id)
+        LOG.info('image %s: map v%d, %d other maps regenerated',
+                 img.image_id, version, len(versions))
+        shared = img.n_blocks - img.zero_blocks
+        frac = (img.redirected_blocks / shared) if shared else 0.0
+        return Outcome(img.image_id, img.seq, version, versions, frac)
+
+    def _write_maps(self, store, seqs, written, known=None, digests=None,
+                    on_written=None, built=None):
+        """Write and record a new map version of each image in ``seqs``.
+
+        ``built`` holds maps already built, by seq (see :mod:`ahead`).
+        """
+        resolver = mapgen.Resolver(store, self.conf.vmar.dedup_scope,
+                                   digests=digests)
+        known = known or {}
+        out = {}
+        imgs = store.images_by_seq(seqs)
+        for seq in sorted(seqs):
+            image = imgs[seq]
+            version = image.map_version + 1
+            path = paths.map_path(self.conf, image.image_id, version)
+            pre = (built or {}).get(seq)
+            if pre is not None and pre.version == version:
+                result, size, sha = pre.result, pre.size, pre.sha256
+                fileutils.install(pre.tmp_path, path)
+            else:
+                result = resolver.build(image, known.get(seq))
+                data = mapformat.encode(
+                    image.image_id, image.virtual_size, image.block_size,
+                    version, result.targets, result.extents)
+                mapformat.write_atomic(path, data)
+                size, sha = len(data), hashlib.sha256(data).hexdigest()
+            written.append(path)
+            store.record_map_version(seq, version, size, sha,
+                                     len(result.extents))
+            if on_written:
+                on_written(image.image_id, version, path, sha)
+            image.map_version = version
+            image.redirected_blocks = result.redirected_blocks
+            image.n_extents = len(result.extents)
+            out[image.image_id] = version
+        store.flush()
+        return out

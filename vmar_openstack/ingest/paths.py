@@ -1,0 +1,15 @@
+"""Where the library keeps its files on this host."""
+
+import os
+
+from vmar_openstack import names
+
+
+def map_path(conf, image_id, version):
+    """The map file of one map version of an image."""
+    return os.path.join(conf.vmar.map_dir, names.map_file(image_id, version))
+
+
+def base_path(conf, image_id):
+    """The raw base file of an image."""
+    return os.path.join(conf.vmar.base_dir, image_id)
