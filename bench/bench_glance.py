@@ -49,9 +49,9 @@ from tests.functional import services  # noqa: E402
 from vmar_openstack import conf as vmar_conf  # noqa: E402
 from vmar_openstack.db import migration  # noqa: E402
 from vmar_openstack.db import session as db_session  # noqa: E402
+from vmar_openstack.exception import SourceError  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
-from vmar_openstack.mapsource import SourceError  # noqa: E402
 
 
 def library_conf(state, sections=None):

@@ -47,9 +47,9 @@ from oslo_config import cfg  # noqa: E402
 from tests.functional import glance_env  # noqa: E402
 from tests.functional import qemu_env  # noqa: E402
 from vmar_openstack.db import migration  # noqa: E402
+from vmar_openstack.exception import SourceError  # noqa: E402
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
-from vmar_openstack.mapsource import SourceError  # noqa: E402
 from vmar_openstack.nova_imagebackend import hooks  # noqa: E402
 
 MAPPING = {'bus': 'virtio', 'dev': 'vda', 'type': 'disk'}

@@ -67,6 +67,12 @@ class ExportError(VmarException, RuntimeError):
     message = 'export failed: %(reason)s'
 
 
+class ExportDaemonDown(ExportError):
+    """Nothing answers on the export daemon's QMP socket."""
+    message = ('the export daemon is not running (%(reason)s); start '
+               '"vmar-export serve"')
+
+
 class PublishError(VmarException, RuntimeError):
     """A map could not be published (Glance refused or is unreachable)."""
     message = 'cannot publish the map of %(image_id)s: %(reason)s'

@@ -30,10 +30,10 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import migration
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack.exception import SourceError
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
 from vmar_openstack.mapsource import glance as gsource
-from vmar_openstack.mapsource import SourceError
 
 
 def _sha(path):
