@@ -83,5 +83,10 @@ class StuckError(PublishError):
     message = 'map image %(image_id)s is stuck in saving'
 
 
+class ImageUnusable(VmarException):
+    """The agent can never ingest an image: retrying cannot help."""
+    message = 'image %(image_id)s rejected by mapgen: %(reason)s'
+
+
 class CommandError(VmarException):
     """A console command was given something it cannot act on."""
