@@ -16,7 +16,7 @@ import time
 import uuid
 
 from tests import base
-from tests.functional import qemu_env
+from tools.vmarenv import qemu_env
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack import export

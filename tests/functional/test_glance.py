@@ -23,8 +23,8 @@ import oslo_messaging
 import testtools
 
 from tests import base
-from tests.functional import glance_env
-from tests.functional import services
+from tools.vmarenv import glance_env
+from tools.vmarenv import services
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import migration
