@@ -44,6 +44,7 @@ from oslo_config import cfg
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import migration
 from vmar_openstack import export
+from vmar_openstack.export import supervisor
 from vmar_openstack import ingest
 
 
@@ -149,7 +150,8 @@ def run(args, work, conf, sock, stats, machine_ra):
         ids.append(image_id)
     first, second = ids
     svc = export.ExportService(conf)
-    proc = svc._start_daemon()
+    sup = supervisor.Supervisor(svc)
+    proc = sup.start_daemon()
     res = {'readahead_kb': args.readahead_kb, 'machine_readahead_kb':
            machine_ra, 'aio': args.aio, 'gather_gap': args.gather_gap}
     try:
@@ -159,7 +161,7 @@ def run(args, work, conf, sock, stats, machine_ra):
         mon = svc.monitor()
         mon.execute('blockdev-add', {
             'driver': 'file', 'node-name': 'rawbench', 'read-only': True,
-            'filename': svc.base_file(second), 'aio': svc._aio('base')})
+            'filename': svc.base_file(second), 'aio': svc.aio('base')})
         mon.execute('block-export-add', {
             'type': 'nbd', 'id': 'rawbench', 'node-name': 'rawbench',
             'name': 'raw', 'writable': False})
@@ -226,7 +228,7 @@ def run(args, work, conf, sock, stats, machine_ra):
             'not_redirected_fraction':
                 1 - st['redirected_fraction']}
     finally:
-        svc._quit(proc)
+        sup.quit(proc)
     # 2. in process
     map_path = svc.map_file(second, 1)
     spec = json.dumps({'driver': 'vmar', 'file': {

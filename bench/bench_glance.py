@@ -44,14 +44,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
 from oslo_config import cfg  # noqa: E402
 import oslo_messaging  # noqa: E402
 
-from tests.functional import glance_env  # noqa: E402
-from tests.functional import services  # noqa: E402
+from tools.vmarenv import glance_env  # noqa: E402
+from tools.vmarenv import services  # noqa: E402
 from vmar_openstack import conf as vmar_conf  # noqa: E402
 from vmar_openstack.db import migration  # noqa: E402
 from vmar_openstack.db import session as db_session  # noqa: E402
+from vmar_openstack.exception import SourceError  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
-from vmar_openstack.mapsource import SourceError  # noqa: E402
 
 
 def library_conf(state, sections=None):

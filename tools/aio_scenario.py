@@ -44,12 +44,12 @@ from nova.virt.libvirt import instancejobtracker  # noqa: E402
 from nova.virt.libvirt import utils as libvirt_utils  # noqa: E402
 from oslo_config import cfg  # noqa: E402
 
-from tests.functional import glance_env  # noqa: E402
-from tests.functional import qemu_env  # noqa: E402
+from tools.vmarenv import glance_env  # noqa: E402
+from tools.vmarenv import qemu_env  # noqa: E402
 from vmar_openstack.db import migration  # noqa: E402
+from vmar_openstack.exception import SourceError  # noqa: E402
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
-from vmar_openstack.mapsource import SourceError  # noqa: E402
 from vmar_openstack.nova_imagebackend import hooks  # noqa: E402
 
 MAPPING = {'bus': 'virtio', 'dev': 'vda', 'type': 'disk'}

@@ -76,6 +76,12 @@ class ExportError(VmarException, RuntimeError):
     message = 'export failed: %(reason)s'
 
 
+class ExportDaemonDown(ExportError):
+    """Nothing answers on the export daemon's QMP socket."""
+    message = ('the export daemon is not running (%(reason)s); start '
+               '"vmar-export serve"')
+
+
 class PublishError(VmarException, RuntimeError):
     """A map could not be published (Glance refused or is unreachable)."""
     message = 'cannot publish the map of %(image_id)s: %(reason)s'
@@ -84,6 +90,11 @@ class PublishError(VmarException, RuntimeError):
 class StuckError(PublishError):
     """A map image stays in 'saving' (its uploader died)."""
     message = 'map image %(image_id)s is stuck in saving'
+
+
+class ImageUnusable(VmarException):
+    """The agent can never ingest an image: retrying cannot help."""
+    message = 'image %(image_id)s rejected by mapgen: %(reason)s'
 
 
 class CommandError(VmarException):

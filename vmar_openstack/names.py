@@ -48,9 +48,15 @@ def nbd_uri(export_name, socket):
 
 
 def parse_nbd_uri(uri):
-    """``(export_name, socket)`` of an ``nbd+unix`` URI, or None."""
+    """``(export_name, socket)`` of an ``nbd+unix`` URI, or None.
+
+    None too for a URI that names its socket more than once. ``socket`` is
+    None if the URI names none.
+    """
     u = urllib.parse.urlsplit(uri)
     if u.scheme != 'nbd+unix':
         return None
-    socket = urllib.parse.parse_qs(u.query).get('socket', [None])[0]
-    return u.path.lstrip('/'), socket
+    sockets = urllib.parse.parse_qs(u.query).get('socket', [None])
+    if len(sockets) != 1:
+        return None
+    return u.path.lstrip('/'), sockets[0]

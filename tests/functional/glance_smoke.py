@@ -27,9 +27,10 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 
-import glance_env  # noqa: E402
+from tools.vmarenv import glance_env  # noqa: E402
 
 POOL = 'vmar-glance-smoke'
 PLUGIN = 'vmar_smoke_probe'

@@ -6,7 +6,7 @@ import sys
 
 import testtools
 
-from tests.functional import qemu_env
+from tools.vmarenv import qemu_env
 
 
 class TestAllInOne(testtools.TestCase):

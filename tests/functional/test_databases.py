@@ -10,11 +10,11 @@ import sys
 import threading
 
 from tests import base
-from tests.functional import services
 from tests.unit import test_ahead
 from tests.unit import test_clusters
 from tests.unit import test_mapgen
 from tests.unit import test_migrations
+from tools.vmarenv import services
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack.ingest import check

@@ -31,7 +31,7 @@ from oslo_config import cfg
 from oslo_config import types
 import testtools
 
-from tests.functional import qemu_env
+from tools.vmarenv import qemu_env
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import models
 

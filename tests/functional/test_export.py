@@ -16,12 +16,13 @@ import time
 import uuid
 
 from tests import base
-from tests.functional import qemu_env
+from tools.vmarenv import qemu_env
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack import export
 from vmar_openstack import ingest
 from vmar_openstack import mapformat
+from vmar_openstack import names as vnames
 
 
 def _id(name):
@@ -103,7 +104,7 @@ class ExportTestCase(base.LibraryTestCase):
         exports, _live = self.svc.list()
         names = [e.name for e in exports.values() if e.image_id == image_id]
         self.assertEqual(1, len(names), exports)
-        return export.nbd_uri(names[0], self.sock)
+        return vnames.nbd_uri(names[0], self.sock)
 
     def qsd_pid(self):
         with open(os.path.join(self.conf.vmar.host_dir, 'qsd.pid')) as f:

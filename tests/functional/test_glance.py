@@ -23,17 +23,17 @@ import oslo_messaging
 import testtools
 
 from tests import base
-from tests.functional import glance_env
-from tests.functional import services
+from tools.vmarenv import glance_env
+from tools.vmarenv import services
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import migration
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack.exception import SourceError
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
 from vmar_openstack.mapsource import glance as gsource
-from vmar_openstack.mapsource import SourceError
 
 
 def _sha(path):

@@ -12,8 +12,8 @@ import subprocess
 import time
 import uuid
 
-from tests.functional import qemu_env
 from tests.functional import test_export
+from tools.vmarenv import qemu_env
 
 GUEST_XML = """<domain type='qemu'>
   <name>{name}</name>

@@ -28,8 +28,8 @@ from oslo_config import fixture as config_fixture
 from oslo_utils import units
 
 from tests import base
-from tests.functional import qemu_env
 from tests.functional import test_export
+from tools.vmarenv import qemu_env
 from vmar_openstack.nova_imagebackend import hooks
 from vmar_openstack.nova_imagebackend import image as vimage
 

@@ -16,6 +16,7 @@ from oslo_config import cfg
 from oslo_config import fixture as config_fixture
 import testtools
 
+from vmar_openstack import exception as vmar_exception
 from vmar_openstack import export
 from vmar_openstack import mapformat
 from vmar_openstack.nova_imagebackend import hooks
@@ -256,7 +257,8 @@ class TestProvisioningErrors(BackendTestCase):
 
     def test_no_map_is_refused_before_any_disk_is_made(self):
         exports = mock.Mock(socket=SOCK)
-        exports.add.side_effect = export.ExportError('no map of image X')
+        exports.add.side_effect = vmar_exception.ExportError(
+            'no map of image X')
         inst = instance(VMAR)
         disk = vimage.VmarImage(instance=inst, disk_name='disk',
                                 disk_info_mapping=MAPPING, exports=exports)

@@ -11,6 +11,7 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack import exception
 from vmar_openstack.glance_hooks import agent
 from vmar_openstack.mapsource import glance as gsource
 
@@ -38,7 +39,7 @@ def main(argv=None):
     try:
         handler = agent.Handler(CONF, gsource.client(CONF))
         clean = agent.run(CONF, handler, stop, started)
-    except (cfg.Error, RuntimeError) as e:
+    except (cfg.Error, exception.VmarException) as e:
         print('vmar-agent: error: %s' % e, file=sys.stderr)
         return 1
     if not clean:

@@ -11,6 +11,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack import exception
 from vmar_openstack import export
 
 CONF = vmar_conf.CONF
@@ -88,7 +89,7 @@ def add_command_parsers(subparsers):
 
 def main(argv=None):
     return cmd.run(CONF, 'vmar-export', add_command_parsers,
-                   (export.ExportError, ValueError, OSError), argv)
+                   (exception.VmarException, ValueError, OSError), argv)
 
 
 if __name__ == '__main__':

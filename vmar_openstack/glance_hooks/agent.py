@@ -29,8 +29,8 @@ handled, so a killed agent's work is redelivered. Every handler is
 idempotent (a known image is not ingested twice; deleting an unknown image
 is a no-op; publishing is idempotent). A failure is retried with
 exponential backoff (``retry_delay``, requeued); after ``max_attempts``, or
-at once for an image mapgen rejects, it is recorded in
-``vmar_agent_failures`` and not retried.
+at once for an image mapgen rejects (``exception.ImageUnusable``), it is
+recorded in ``vmar_agent_failures`` and not retried.
 """
 
 import os
@@ -45,6 +45,7 @@ import sqlalchemy as sa
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack.glance_hooks import publish
 from vmar_openstack import ingest
@@ -53,10 +54,6 @@ from vmar_openstack.mapsource import glance as gsource
 LOG = logging.getLogger(__name__)
 
 INGEST_EVENTS = ('image.activate', 'image.upload')
-
-
-class Permanent(Exception):
-    """Retrying cannot help (a hostile or unreadable image)."""
 
 
 class Handler:
@@ -130,8 +127,8 @@ class Handler:
         except ingest.ImageExists:
             return                     # another agent, or the plugin
         except (fingerprint.ImageRejected, ValueError) as e:
-            raise Permanent('image %s rejected by mapgen: %s'
-                            % (image_id, str(e).replace(path, name)))
+            raise exception.ImageUnusable(
+                image_id=image_id, reason=str(e).replace(path, name))
         LOG.info('ingested %s: map v%d, %.1f %% shared', image_id,
                  out.map_version, 100 * out.shared_fraction)
         self._publish_regenerated(out.regenerated)
@@ -271,7 +268,7 @@ class Endpoint:
         try:
             self.handler.dispatch(event_type, payload)
         except Exception as e:
-            permanent = isinstance(e, Permanent)
+            permanent = isinstance(e, exception.ImageUnusable)
             attempts, gave_up = self.failures.record(
                 image_id, event_type, '%s: %s' % (type(e).__name__, e),
                 permanent)

@@ -27,18 +27,11 @@ from oslo_log import log as logging
 
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 from vmar_openstack import ingest
 from vmar_openstack.mapsource import glance as gsource
 
 LOG = logging.getLogger(__name__)
-
-
-class PublishError(RuntimeError):
-    """A map could not be published (Glance refused or is unreachable)."""
-
-
-class StuckError(PublishError):
-    """A map image stays in 'saving' (its uploader died)."""
 
 
 class Publisher:
@@ -124,7 +117,7 @@ class Publisher:
             path = ingest.map_path(self.conf, image_id, version)
         try:
             self.publish(image_id, version, path)
-        except StuckError as e:
+        except exception.StuckError as e:
             # a dead uploader can leave a map image in 'saving' for good,
             # and a deleted image id cannot be reused: use a new version
             LOG.warning('%s; publishing a new version', e)
@@ -149,13 +142,13 @@ class Publisher:
             if (img['status'] == 'queued'
                     and img.get(gsource.PROP_SHA256) != sha):
                 # left by an attempt whose version never committed
-                raise StuckError('map image %s was created for other '
-                                 'content' % mid)
+                raise exception.StuckError(
+                    'map image %s was created for other content' % mid)
             deadline = time.monotonic() + 60
             while img['status'] in ('saving', 'importing'):
                 if time.monotonic() > deadline:
-                    raise StuckError('map image %s stuck in %s'
-                                     % (mid, img['status']))
+                    raise exception.StuckError(
+                        'map image %s stuck in %s' % (mid, img['status']))
                 time.sleep(0.5)
                 img = self.glance.images.get(mid)
             if img['status'] == 'queued':
@@ -169,15 +162,15 @@ class Publisher:
                     # Glance answers the PUT once the image is active
                     img = dict(img, status='active')
             if img['status'] != 'active':
-                raise PublishError('map image %s is %s'
-                                   % (mid, img['status']))
+                raise exception.PublishError(
+                    'map image %s is %s' % (mid, img['status']))
             if img.get(gsource.PROP_SHA256) != sha:
-                raise PublishError('map image %s has SHA-256 %s, the map '
-                                   'file %s' % (mid, img.get(
-                                       gsource.PROP_SHA256), sha))
+                raise exception.PublishError(
+                    'map image %s has SHA-256 %s, the map file %s'
+                    % (mid, img.get(gsource.PROP_SHA256), sha))
         except glance_exc.ClientException as e:
-            raise PublishError('publishing map v%d of %s: %s'
-                               % (version, image_id, e))
+            raise exception.PublishError(
+                'publishing map v%d of %s: %s' % (version, image_id, e))
         LOG.info('published map v%d of %s as Glance image %s', version,
                  image_id, mid)
         return mid
@@ -200,7 +193,8 @@ class Publisher:
             found = list(self.glance.images.list(filters={
                 gsource.PROP_OF: image_id, 'os_hidden': True}))
         except glance_exc.ClientException as e:
-            raise PublishError('listing the maps of %s: %s' % (image_id, e))
+            raise exception.PublishError(
+                'listing the maps of %s: %s' % (image_id, e))
         for img in found:
             if img.get(gsource.PROP_OF) != image_id:
                 continue
@@ -209,6 +203,6 @@ class Publisher:
             except glance_exc.HTTPNotFound:
                 pass
             except glance_exc.ClientException as e:
-                raise PublishError('deleting map image %s: %s'
-                                   % (img['id'], e))
+                raise exception.PublishError(
+                    'deleting map image %s: %s' % (img['id'], e))
         return len(found)

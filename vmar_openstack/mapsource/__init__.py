@@ -11,12 +11,9 @@ A source answers three questions for the export service
 ``[vmar] map_source`` chooses one: ``dir`` (:mod:`.local`, a library
 directory on the host) or ``glance`` (:mod:`.glance`, maps published as
 hidden Glance images by ``vmar-agent``). Every failure is a
-:class:`SourceError` with a message an operator can act on.
+:class:`vmar_openstack.exception.SourceError` with a message an operator
+can act on.
 """
-
-
-class SourceError(RuntimeError):
-    """A map or base image cannot be found, fetched or verified."""
 
 
 def get_source(conf):

@@ -38,10 +38,10 @@ from glanceclient import exc as glance_exc
 from keystoneauth1 import loading as ks_loading
 from oslo_log import log as logging
 
+from vmar_openstack.exception import SourceError
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
 from vmar_openstack import mapformat
-from vmar_openstack.mapsource import SourceError
 
 LOG = logging.getLogger(__name__)
 

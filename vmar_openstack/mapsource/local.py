@@ -5,12 +5,10 @@ tests. The current map of an image is its highest version present.
 """
 
 import os
-import re
 
+from vmar_openstack import exception
 from vmar_openstack import fileutils
-from vmar_openstack.mapsource import SourceError
-
-_MAP_NAME = re.compile(r'^(?P<id>[0-9a-f-]{36})\.(?P<v>[0-9]+)\.vmap$')
+from vmar_openstack import names
 
 
 class LocalDirSource:
@@ -21,21 +19,21 @@ class LocalDirSource:
     def current_version(self, image_id):
         versions = []
         try:
-            names = os.listdir(os.path.join(self.root, 'maps'))
+            files = os.listdir(os.path.join(self.root, 'maps'))
         except FileNotFoundError:
-            names = []
-        for name in names:
-            m = _MAP_NAME.match(name)
-            if m and m.group('id') == image_id:
-                versions.append(int(m.group('v')))
+            files = []
+        for name in files:
+            parsed = names.parse_map_file(name)
+            if parsed and parsed[0] == image_id:
+                versions.append(parsed[1])
         if not versions:
-            raise SourceError('no map of image %s in %s'
-                              % (image_id, self.root))
+            raise exception.SourceError('no map of image %s in %s'
+                                        % (image_id, self.root))
         return max(versions)
 
     def fetch_map(self, image_id, version, dest):
-        name = '%s.%d.vmap' % (image_id, version)
-        self._copy(os.path.join(self.root, 'maps', name), dest)
+        self._copy(os.path.join(self.root, 'maps',
+                                names.map_file(image_id, version)), dest)
 
     def fetch_base(self, image_id, dest):
         self._copy(os.path.join(self.root, 'bases', image_id), dest)
@@ -45,4 +43,4 @@ class LocalDirSource:
         try:
             fileutils.copy_readonly(src, dest)
         except OSError as e:
-            raise SourceError('cannot fetch %s: %s' % (src, e))
+            raise exception.SourceError('cannot fetch %s: %s' % (src, e))

@@ -13,8 +13,6 @@ not manage, and stay there while an export reads them.
 """
 
 import os
-import re
-import urllib.parse
 
 from nova import exception
 from nova.virt.disk import api as disk_api
@@ -28,18 +26,18 @@ from oslo_log import log as logging
 from oslo_utils import strutils
 
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack import exception as vmar_exception
 from vmar_openstack import export
+from vmar_openstack.export import state as export_state
 from vmar_openstack import fingerprint
 from vmar_openstack import mapformat
+from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 CONF = vmar_conf.CONF
 
 SPEC_ENABLED = 'vmar:enabled'
 SPEC_HOST_CACHE = 'vmar:host_cache'
-_EXPORT_NAME = re.compile(
-    r'^(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})'
-    r'\.(?P<v>[0-9]{1,6})$')
 
 
 def flavor_policy(flavor):
@@ -67,16 +65,10 @@ def is_root_disk(name):
 
 def parse_backing(uri, socket):
     """(image id, map version) of a vmar overlay's backing URI, or None."""
-    u = urllib.parse.urlsplit(uri or '')
-    if u.scheme != 'nbd+unix':
+    parsed = names.parse_nbd_uri(uri or '')
+    if parsed is None or parsed[1] is None or parsed[1] != socket:
         return None
-    query = urllib.parse.parse_qs(u.query)
-    if query.get('socket') != [socket]:
-        return None
-    m = _EXPORT_NAME.match(u.path.lstrip('/'))
-    if not m:
-        return None
-    return m.group('id'), int(m.group('v'))
+    return names.parse_export(parsed[0])
 
 
 class VmarDiskConfig(vconfig.LibvirtConfigGuestDisk):
@@ -187,7 +179,7 @@ class VmarImage(imagebackend.Image):
         try:
             return self.exports.add(image_id, host_cache=host_cache,
                                     holder=holder, version=version)
-        except export.ExportError as e:
+        except vmar_exception.ExportError as e:
             raise exception.ImageUnacceptable(
                 image_id=image_id,
                 reason='cannot export its VMAR view: %s' % e)
@@ -196,7 +188,7 @@ class VmarImage(imagebackend.Image):
         return release(holder, self.exports)
 
     def uri_of(self, pin):
-        return export.nbd_uri(export.export_name(*pin), self.exports.socket)
+        return names.nbd_uri(names.export(*pin), self.exports.socket)
 
     def _create_overlay(self, exp, size):
         bmap = mapformat.read(self.exports.map_file(exp.image_id,
@@ -241,11 +233,11 @@ class VmarImage(imagebackend.Image):
 def release(holder, exports=None):
     """Drop every export reference of ``holder`` (a deleted instance)."""
     exports = exports or export.ExportService(CONF)
-    if not os.path.exists(os.path.join(exports.host_dir, 'exports.json')):
+    if not export_state.saved(exports.host_dir):
         return []
     try:
         return exports.release(holder)
-    except export.ExportError as e:
+    except vmar_exception.ExportError as e:
         LOG.warning('could not release the exports of %s: %s; run '
                     '"vmar-export release %s"', holder, e, holder)
         return []

@@ -1,0 +1,1 @@
+"""Developer tools of vmar-openstack (scripts, and :mod:`tools.vmarenv`)."""

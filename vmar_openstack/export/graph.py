@@ -1,0 +1,174 @@
+"""What the export daemon holds, and the QMP commands that change it.
+
+For every export the daemon has:
+
+* one read-only ``file`` node per base image file, named ``vb<id>``
+  (buffered, the host-cache-for-base policy) or ``vd<id>`` (O_DIRECT, for
+  images exported with ``host_cache=none``), where ``<id>`` is the image
+  UUID in 22 characters of base64url; base nodes are shared by every VMAR
+  node that reads from them;
+* one ``vmar`` node per map version, ``vm<id>.<version>``, reading its map
+  and, through the base node prefix, its base nodes;
+* one NBD export whose name is the export's name
+  (:func:`vmar_openstack.names.export`) and whose QMP id is that name
+  behind ``vmar-`` (QMP ids must start with a letter).
+
+Every function takes an open :class:`~vmar_openstack.export.qmp.Monitor`.
+"""
+
+import base64
+import contextlib
+import os
+import time
+import uuid
+
+from vmar_openstack import exception
+
+_BUFFERED, _DIRECT, _VMAR = 'vb', 'vd', 'vm'
+_EXPORT_ID_PREFIX = 'vmar-'
+
+
+# -- names ----------------------------------------------------------------
+
+def b64id(image_id):
+    return base64.urlsafe_b64encode(
+        uuid.UUID(image_id).bytes).decode().rstrip('=')
+
+
+def base_prefix(host_cache):
+    return _BUFFERED if host_cache == 'base' else _DIRECT
+
+
+def base_node(image_id, host_cache):
+    return base_prefix(host_cache) + b64id(image_id)
+
+
+def vmar_node(image_id, version):
+    # node names are at most 31 characters: 'vm' + 22 + '.' + 6 digits
+    # (names.MAX_MAP_VERSION)
+    return '%s%s.%d' % (_VMAR, b64id(image_id), version)
+
+
+def export_id(name):
+    """QMP ids must start with a letter; the NBD name is the bare name."""
+    return _EXPORT_ID_PREFIX + name
+
+
+def _export_name(qmp_id):
+    return qmp_id[len(_EXPORT_ID_PREFIX):]
+
+
+# -- queries --------------------------------------------------------------
+
+def nodes(mon):
+    """Names of every block node in the daemon."""
+    return {n['node-name'] for n in mon.execute('query-named-block-nodes',
+                                                {'flat': True})}
+
+
+def export_ids(mon):
+    """QMP ids of every block export in the daemon."""
+    return {e['id'] for e in mon.execute('query-block-exports')}
+
+
+def exported(mon):
+    """Names of the NBD exports the daemon serves."""
+    return {_export_name(i) for i in export_ids(mon)}
+
+
+# -- changes --------------------------------------------------------------
+
+def add_nodes(mon, exp, have, map_file, base_file, aio, gather_gap):
+    """Add the base and vmar nodes of ``exp`` missing from ``have``.
+
+    ``have`` (a set of node names) is updated. ``map_file`` and
+    ``base_file`` give the paths of the files; ``aio`` the aio mode of the
+    base nodes.
+    """
+    for tid, _size in exp.targets:
+        name = base_node(tid, exp.host_cache)
+        if name in have:
+            continue
+        mon.execute('blockdev-add', {
+            'driver': 'file', 'node-name': name,
+            'filename': base_file(tid), 'read-only': True,
+            'cache': {'direct': exp.host_cache == 'none'},
+            'aio': aio})
+        have.add(name)
+    name = vmar_node(exp.image_id, exp.map_version)
+    if name not in have:
+        mon.execute('blockdev-add', {
+            'driver': 'vmar', 'node-name': name, 'read-only': True,
+            'file': {'driver': 'file', 'read-only': True,
+                     'filename': map_file(exp.image_id, exp.map_version)},
+            'base-node-prefix': base_prefix(exp.host_cache),
+            'gather-gap': gather_gap})
+        have.add(name)
+
+
+def add_export(mon, exp):
+    """Export the vmar node of ``exp`` over NBD, unless it already is."""
+    if export_id(exp.name) not in export_ids(mon):
+        mon.execute('block-export-add', {
+            'type': 'nbd', 'id': export_id(exp.name),
+            'node-name': vmar_node(exp.image_id, exp.map_version),
+            'name': exp.name, 'writable': False})
+
+
+def del_exports(mon, exports, timeout=30):
+    """Stop serving ``exports``; return once their clients are gone."""
+    live = export_ids(mon)
+    for exp in exports:
+        if export_id(exp.name) in live:
+            mon.execute('block-export-del', {'id': export_id(exp.name)})
+    for exp in exports:
+        _wait_export_gone(mon, exp.name, timeout)
+
+
+def _wait_export_gone(mon, name, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if export_id(name) not in export_ids(mon):
+            return
+        time.sleep(0.05)
+    raise exception.ExportError('export %s still has clients after %ds'
+                                % (name, timeout))
+
+
+def del_unused_nodes(mon, exports):
+    """Delete the nodes no export in ``exports`` reads from."""
+    wanted = set()
+    for exp in exports:
+        wanted.add(vmar_node(exp.image_id, exp.map_version))
+        for tid, _size in exp.targets:
+            wanted.add(base_node(tid, exp.host_cache))
+    # vmar nodes first: they hold the base nodes
+    for kinds in ((_VMAR,), (_BUFFERED, _DIRECT)):
+        for name in sorted(nodes(mon)):
+            if name[:2] in kinds and name not in wanted:
+                mon.execute('blockdev-del', {'node-name': name})
+
+
+def nbd_running(mon, socket):
+    """Whether the daemon already serves NBD (an adopted daemon).
+
+    Probes with a server on ``socket + '.probe'``, stopped again at once.
+    """
+    probe = socket + '.probe'
+    try:
+        mon.execute('nbd-server-start', {
+            'addr': {'type': 'unix', 'data': {'path': probe}}})
+    except exception.ExportError as e:
+        if 'already running' in str(e):
+            return True
+        raise
+    mon.execute('nbd-server-stop')
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(probe)
+    return False
+
+
+def start_nbd(mon, path):
+    """Serve NBD on the unix socket ``path``."""
+    mon.execute('nbd-server-start', {
+        'addr': {'type': 'unix', 'data': {'path': path}}})

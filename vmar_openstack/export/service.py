@@ -1,0 +1,209 @@
+"""The export service: which exports a host has, and who holds them.
+
+:class:`ExportService` keeps the record (:mod:`.state`), the files
+(:mod:`.hostdir`) and the daemon (:mod:`.graph`, over :mod:`.qmp`) in step.
+Each public operation runs under the state lock, so ``vmar-export`` and
+every ``vmar-nova-compute`` worker of a host can call it at once.
+"""
+
+import contextlib
+import grp
+import os
+import uuid
+
+from oslo_log import log as logging
+
+from vmar_openstack import exception
+from vmar_openstack.export import graph
+from vmar_openstack.export import hostdir
+from vmar_openstack.export import qmp
+from vmar_openstack.export import state as export_state
+from vmar_openstack.export import supervisor
+from vmar_openstack import mapsource
+from vmar_openstack import names
+
+LOG = logging.getLogger(__name__)
+
+
+class ExportService:
+
+    def __init__(self, conf, source=None):
+        self.conf = conf
+        c = conf.vmar
+        self.host_dir = c.host_dir
+        self.socket = c.export_socket
+        self.qmp_socket = os.path.join(c.host_dir, 'qsd-qmp.sock')
+        self.pid_file = os.path.join(c.host_dir, 'qsd.pid')
+        self.source = source or mapsource.get_source(conf)
+        self.files = hostdir.HostDir(c.host_dir, self.source)
+        if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
+                == os.path.realpath(c.host_dir)):
+            # host_dir is pruned of unreferenced files: never the library
+            raise exception.ExportError(
+                '[vmar] host_dir must not be map_source_dir')
+
+    # paths
+    def map_file(self, image_id, version):
+        return self.files.map_file(image_id, version)
+
+    def base_file(self, image_id):
+        return self.files.base_file(image_id)
+
+    def monitor(self, timeout=30):
+        """An open :class:`.qmp.Monitor` of the daemon (a context manager).
+
+        :raises ExportDaemonDown: the daemon does not answer.
+        """
+        return qmp.Monitor(self.qmp_socket, timeout=timeout)
+
+    def aio(self, host_cache):
+        """The aio mode of the base nodes of an export."""
+        aio = self.conf.vmar.base_aio
+        if aio == 'native' and host_cache != 'none':
+            return 'threads'    # Linux AIO needs O_DIRECT
+        return aio
+
+    def _add_nodes(self, mon, exp, have):
+        graph.add_nodes(mon, exp, have, self.map_file, self.base_file,
+                        self.aio(exp.host_cache),
+                        self.conf.vmar.read_gather_gap)
+
+    # public operations
+    def uri(self, exp):
+        """The NBD URI a QEMU client opens for ``exp`` (format raw)."""
+        return names.nbd_uri(exp.name, self.socket)
+
+    def add(self, image_id, host_cache='base', holder='cli', version=None):
+        """Export a map version of an image (the current one by default).
+
+        Idempotent per holder. Returns the :class:`.state.Export`.
+        """
+        image_id = str(uuid.UUID(image_id))
+        if host_cache not in export_state.HOST_CACHE:
+            raise exception.ExportError(
+                'host_cache must be one of %s'
+                % ', '.join(export_state.HOST_CACHE))
+        if version is None:
+            version = self.files.fetch(self.source.current_version,
+                                       image_id)
+        if not 0 < version <= names.MAX_MAP_VERSION:
+            raise exception.ExportError('map version %r out of range'
+                                        % (version,))
+        with export_state.State(self.host_dir) as state:
+            exp = state.exports.get(names.export(image_id, version))
+            if exp is not None and exp.host_cache != host_cache:
+                raise exception.ExportError(
+                    'image %s v%d is exported with host_cache=%s'
+                    % (image_id, version, exp.host_cache))
+            if exp is None:
+                bmap = self.files.ensure(image_id, version)
+                exp = export_state.Export(
+                    image_id, version, host_cache, [],
+                    [(t.image_id, t.size) for t in bmap.targets])
+            with self.monitor() as mon:
+                self._add_nodes(mon, exp, graph.nodes(mon))
+                graph.add_export(mon, exp)
+            if holder not in exp.holders:
+                exp.holders.append(holder)
+            state.exports[exp.name] = exp
+            state.save()
+        return exp
+
+    def remove(self, image_id, holder='cli', version=None):
+        """Drop ``holder``'s reference on the exports of an image.
+
+        Only the given map version if ``version`` is set. An export goes
+        with its last holder, and files with the last export reading them.
+        Returns the exports that remain (with their holders).
+        """
+        image_id = str(uuid.UUID(image_id))
+        with export_state.State(self.host_dir) as state:
+            mine = [e for e in state.exports.values()
+                    if e.image_id == image_id
+                    and (version is None or e.map_version == version)]
+            if not mine:
+                raise exception.ExportError('image %s is not exported'
+                                            % image_id)
+            if not any(holder in e.holders for e in mine):
+                raise exception.ExportError('%s holds no export of image %s'
+                                            % (holder, image_id))
+            return self._drop(state, mine, holder)
+
+    def release(self, holder):
+        """Drop every reference ``holder`` has (an instance was deleted)."""
+        with export_state.State(self.host_dir) as state:
+            held = [e for e in state.exports.values() if holder in e.holders]
+            if held:
+                self._drop(state, held, holder)
+            return [e.name for e in held]
+
+    def holders(self):
+        """holder -> names of the exports it holds."""
+        with export_state.State(self.host_dir) as state:
+            out = {}
+            for e in state.exports.values():
+                for h in e.holders:
+                    out.setdefault(h, []).append(e.name)
+            return out
+
+    def _drop(self, state, exports, holder):
+        gone = []
+        for exp in exports:
+            if holder in exp.holders:
+                exp.holders.remove(holder)
+            if not exp.holders:
+                gone.append(exp)
+        if gone:
+            with self.monitor() as mon:
+                graph.del_exports(mon, gone)
+                for exp in gone:
+                    del state.exports[exp.name]
+                graph.del_unused_nodes(mon, state.exports.values())
+            self.files.prune(state.exports.values())
+        state.save()
+        return [e for e in exports if e.holders]
+
+    def list(self):
+        """(name -> Export, set of live names or None if the daemon is down)"""
+        with export_state.State(self.host_dir) as state:
+            exports = dict(state.exports)
+        try:
+            with self.monitor(timeout=5) as mon:
+                live = graph.exported(mon)
+        except exception.ExportDaemonDown:
+            live = None
+        return exports, live
+
+    def restore(self):
+        """Re-create every persisted export, then publish the NBD socket."""
+        tmp_sock = self.socket + '.starting'
+        with export_state.State(self.host_dir) as state:
+            with self.monitor() as mon:
+                have = graph.nodes(mon)
+                for exp in state.exports.values():
+                    self.files.ensure(exp.image_id, exp.map_version)
+                    self._add_nodes(mon, exp, have)
+                os.makedirs(os.path.dirname(self.socket), exist_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp_sock)
+                if not graph.nbd_running(mon, self.socket):
+                    graph.start_nbd(mon, tmp_sock)
+                else:
+                    tmp_sock = None
+                for exp in state.exports.values():
+                    graph.add_export(mon, exp)
+        if tmp_sock:
+            group = self.conf.vmar.export_socket_group
+            if group:
+                os.chown(tmp_sock, -1, grp.getgrnam(group).gr_gid)
+            os.chmod(tmp_sock, 0o660)
+            os.rename(tmp_sock, self.socket)
+        LOG.info('restored %d exports on %s', len(state.exports), self.socket)
+        return len(state.exports)
+
+    def serve(self, stop_event=None, max_backoff=10):
+        """Run and supervise the daemon until SIGTERM/SIGINT.
+
+        See :class:`.supervisor.Supervisor`.
+        """
+        supervisor.Supervisor(self).serve(stop_event, max_backoff)

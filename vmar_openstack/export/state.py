@@ -1,0 +1,80 @@
+"""The exports of a host, as recorded in ``<host_dir>/exports.json``.
+
+The file is the service's memory across daemon restarts: ``vmar-export
+serve`` restores every export it lists. It is rewritten whole (atomically)
+and only read or written under the exclusive lock ``exports.lock``.
+"""
+
+import dataclasses
+import fcntl
+import json
+import os
+
+from vmar_openstack import fileutils
+from vmar_openstack import names
+
+# How an export's base files are cached on the host: 'base' once in the host
+# page cache (shared by every reader), 'none' O_DIRECT.
+HOST_CACHE = ('base', 'none')
+
+_FILE = 'exports.json'
+_LOCK = 'exports.lock'
+
+
+@dataclasses.dataclass
+class Export:
+    """One map version of one image, served as NBD export ``name``.
+
+    Exports are immutable: a new map version of an image is a new export
+    next to the old one, which stays until its last holder (a running
+    instance) lets it go.
+    """
+    image_id: str
+    map_version: int
+    host_cache: str
+    holders: list
+    targets: list          # [(image_id, size)]
+
+    @property
+    def name(self):
+        return names.export(self.image_id, self.map_version)
+
+
+def saved(host_dir):
+    """Whether ``host_dir`` has ever recorded an export."""
+    return os.path.exists(os.path.join(host_dir, _FILE))
+
+
+class State:
+    """``exports.json`` under an exclusive lock while in use."""
+
+    def __init__(self, host_dir):
+        self.host_dir = host_dir
+        self.path = os.path.join(host_dir, _FILE)
+        self.exports = {}
+        self._lockf = None
+
+    def __enter__(self):
+        os.makedirs(self.host_dir, exist_ok=True)
+        self._lockf = open(os.path.join(self.host_dir, _LOCK), 'a')
+        fcntl.flock(self._lockf, fcntl.LOCK_EX)
+        try:
+            with open(self.path) as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raw = {'exports': {}}
+        exports = [Export(v['image_id'], v['map_version'], v['host_cache'],
+                          v['holders'], [tuple(t) for t in v['targets']])
+                   for v in raw['exports'].values()]
+        self.exports = {e.name: e for e in exports}
+        return self
+
+    def save(self):
+        data = {'exports': {k: dataclasses.asdict(v)
+                            for k, v in sorted(self.exports.items())}}
+        fileutils.write_atomic(self.path, json.dumps(
+            data, indent=1, sort_keys=True).encode())
+
+    def __exit__(self, *exc):
+        fcntl.flock(self._lockf, fcntl.LOCK_UN)
+        self._lockf.close()

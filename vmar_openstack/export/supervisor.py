@@ -1,0 +1,156 @@
+"""``vmar-export serve``: run the export daemon, and run it again.
+
+The supervisor starts ``qemu-storage-daemon`` with only a QMP monitor (or
+adopts one an earlier ``serve`` left running), has the service restore
+every export before the NBD socket appears (so a reconnecting client never
+finds a missing export), and restarts the daemon with backoff whenever it
+dies, until SIGTERM or SIGINT.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+
+from oslo_log import log as logging
+
+from vmar_openstack import exception
+
+LOG = logging.getLogger(__name__)
+
+
+class _Adopted:
+    """A daemon this process did not start: poll it through /proc."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None and not os.path.exists(
+                '/proc/%d' % self.pid):
+            self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = time.monotonic() + (timeout or 1e9)
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired('qemu-storage-daemon',
+                                                timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class Supervisor:
+    """The daemon process of an :class:`~.service.ExportService`."""
+
+    def __init__(self, service):
+        self.service = service
+        self.conf = service.conf
+        self.host_dir = service.host_dir
+        self.qmp_socket = service.qmp_socket
+        self.pid_file = service.pid_file
+
+    def _running_daemon(self):
+        """A daemon left by an earlier ``serve`` that still answers QMP."""
+        try:
+            with open(self.pid_file) as f:
+                pid = int(f.read().strip())
+            with open('/proc/%d/cmdline' % pid, 'rb') as f:
+                if b'qemu-storage-daemon' not in f.read():
+                    return None
+        except (OSError, ValueError):
+            return None
+        try:
+            with self.service.monitor(timeout=5):
+                pass
+        except exception.ExportDaemonDown:
+            return None
+        return _Adopted(pid)
+
+    def start_daemon(self):
+        """The running daemon (adopted, or started); a Popen-like object."""
+        c = self.conf.vmar
+        os.makedirs(self.host_dir, exist_ok=True)
+        adopted = self._running_daemon()
+        if adopted:
+            LOG.info('adopting running qemu-storage-daemon %d', adopted.pid)
+            return adopted
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.qmp_socket)
+        cmd = [c.qemu_storage_daemon,
+               '--chardev', 'socket,id=qmp0,path=%s,server=on,wait=off'
+               % self.qmp_socket,
+               '--monitor', 'chardev=qmp0', '--pidfile', self.pid_file]
+        log = open(os.path.join(self.host_dir, 'qsd.log'), 'ab')
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.qmp_socket):
+            if proc.poll() is not None:
+                raise exception.ExportError(
+                    '%s exited with %d; see %s/qsd.log'
+                    % (c.qemu_storage_daemon, proc.returncode,
+                       self.host_dir))
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise exception.ExportError(
+                    'qemu-storage-daemon did not start')
+            time.sleep(0.02)
+        return proc
+
+    def serve(self, stop_event=None, max_backoff=10):
+        """Run and supervise the daemon until SIGTERM/SIGINT."""
+        stopping = []
+
+        def _stop(signum, frame):
+            stopping.append(signum)
+        if stop_event is None:
+            signal.signal(signal.SIGTERM, _stop)
+            signal.signal(signal.SIGINT, _stop)
+        backoff = 0.5
+        while not stopping and not (stop_event and stop_event.is_set()):
+            started = time.monotonic()
+            proc = self.start_daemon()
+            try:
+                self.service.restore()
+            except exception.ExportError as e:
+                LOG.error('restoring exports failed: %s', e)
+                proc.kill()
+                proc.wait()
+                time.sleep(backoff)
+                backoff = min(max_backoff, backoff * 2)
+                continue
+            while proc.poll() is None:
+                if stopping or (stop_event and stop_event.is_set()):
+                    self.quit(proc)
+                    break
+                time.sleep(0.1)
+            else:
+                LOG.error('qemu-storage-daemon exited with %d; restarting',
+                          proc.returncode)
+                if time.monotonic() - started > 30:
+                    backoff = 0.5
+                else:
+                    time.sleep(backoff)
+                    backoff = min(max_backoff, backoff * 2)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.service.socket)
+
+    def quit(self, proc):
+        """Ask the daemon to quit; kill it if it has not within 10 s."""
+        with contextlib.suppress(exception.ExportError, OSError), \
+                self.service.monitor() as mon:
+            mon.execute('quit')
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
