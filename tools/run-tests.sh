@@ -31,7 +31,7 @@ export PATH="$VENV/bin:$PATH"
 VMAR_TEST_STARTED=$(mktemp /tmp/vmar-test-started.XXXXXX)
 export VMAR_TEST_STARTED
 stop_started() {
-    python3 -m tests.functional.services stop "$VMAR_TEST_STARTED" || true
+    python3 -m tools.vmarenv.services stop "$VMAR_TEST_STARTED" || true
 }
 trap stop_started EXIT
 

@@ -14,7 +14,7 @@ import re
 import subprocess
 import time
 
-from tests.functional import services
+from tools.vmarenv import services
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))

@@ -9,7 +9,7 @@ Starting is idempotent; servers are left running for the rest of the run.
 What the harness starts (these servers, and libvirtd/virtlogd in
 :mod:`qemu_env`) it records in the file ``$VMAR_TEST_STARTED`` names, if set.
 ``tools/run-tests.sh`` sets it and, when the run ends, stops exactly those
-(``python -m tests.functional.services stop FILE``); servers that were
+(``python -m tools.vmarenv.services stop FILE``); servers that were
 already running are not recorded and are left alone.
 """
 
@@ -164,5 +164,5 @@ def reset(url):
 
 if __name__ == '__main__':
     if len(sys.argv) != 3 or sys.argv[1] != 'stop':
-        sys.exit('usage: python -m tests.functional.services stop FILE')
+        sys.exit('usage: python -m tools.vmarenv.services stop FILE')
     stop_started(sys.argv[2])
