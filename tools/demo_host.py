@@ -279,12 +279,21 @@ class HostSide:
         self.proc = None
 
 
+def _alive(pid):
+    """Whether ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except (OSError, IndexError):
+        return False
+
+
 def _session_members(sid):
     pids = []
     for name in os.listdir('/proc'):
         if name.isdigit():
             with contextlib.suppress(OSError):
-                if os.getsid(int(name)) == sid:
+                if os.getsid(int(name)) == sid and _alive(int(name)):
                     pids.append(int(name))
     return pids
 
@@ -316,8 +325,7 @@ def stop_session(sid, proc=None, host_dir=None, timeout=30):
     elif 'vmar-export' in _cmdline(sid) and os.getsid(sid) == sid:
         os.kill(sid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while os.path.exists('/proc/%d' % sid) and (
-                time.monotonic() < deadline):
+        while _alive(sid) and time.monotonic() < deadline:
             time.sleep(0.1)
     deadline = time.monotonic() + 10
     while True:
@@ -333,7 +341,7 @@ def stop_session(sid, proc=None, host_dir=None, timeout=30):
         with contextlib.suppress(OSError, ValueError):
             with open(os.path.join(host_dir, 'qsd.pid')) as f:
                 pid = int(f.read())
-            if os.getsid(pid) == sid:
+            if os.getsid(pid) == sid and _alive(pid):
                 members.append(pid)
     return sorted(set(members))
 
@@ -347,7 +355,7 @@ def stop_leftovers(state):
     except (OSError, ValueError):
         return None
     msg = None
-    if os.path.exists('/proc/%d' % sid) and 'vmar-export' in _cmdline(sid):
+    if _alive(sid) and 'vmar-export' in _cmdline(sid):
         left = stop_session(sid, host_dir=os.path.join(state, 'host'))
         msg = 'stopped vmar-export serve %d left by an earlier run%s' % (
             sid, ' (still alive: %s)' % left if left else '')
