@@ -9,7 +9,8 @@
 # plain raw files, and the host page cache each way is printed next to the
 # unique-block limit. A PNG chart of the figures goes into the state dir
 # ($VMAR_DEMO_STATE, default /var/tmp/vmar-demo); the last line names it.
-# Nothing the demo starts is left running.
+# Nothing the demo starts is left running. VMAR_QEMU_PREFIX names an
+# already built patched QEMU instead (as for the functional tests).
 set -euo pipefail
 
 TOP=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,8 +27,12 @@ stop_host() { python3 tools/demo_host.py stop --state "$STATE" || true; }
 trap stop_host EXIT
 stop_host
 
-echo "== building the patched QEMU (qemu/build.sh, cached)" >&2
-QEMU_PREFIX=$(qemu/build.sh | tail -n 1)
+if [ -n "${VMAR_QEMU_PREFIX:-}" ]; then
+    QEMU_PREFIX=$VMAR_QEMU_PREFIX
+else
+    echo "== building the patched QEMU (qemu/build.sh, cached)" >&2
+    QEMU_PREFIX=$(qemu/build.sh | tail -n 1)
+fi
 
 echo "== building the Debian image library in $LIBRARY (cached)" >&2
 mapfile -t images < <(tools/build-image-library.sh "$LIBRARY" | tail -n 4)
