@@ -49,6 +49,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +67,7 @@ HOST_CONF = 'vmar-host.conf'
 SERVE_PID = 'vmar-export-serve.pid'
 CHART = 'demo-host.png'
 READ_CHUNK = 64 << 20
+DEFAULT_READAHEAD_KB = 128      # the kernel's default
 DAMON = '/sys/kernel/mm/damon/admin/kdamonds'
 MiB = float(1 << 20)
 
@@ -105,6 +107,39 @@ def drop_caches():
     subprocess.run(['sync'], check=True)
     with open('/proc/sys/vm/drop_caches', 'w') as f:
         f.write('3\n')
+
+
+def readahead_knob(path):
+    """The ``read_ahead_kb`` file of the disk holding ``path``, or None."""
+    dev = os.stat(path).st_dev
+    sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
+    for queue in (os.path.join(sysdir, 'queue'),     # a whole disk
+                  os.path.join(sysdir, '..', 'queue')):  # a partition
+        knob = os.path.join(queue, 'read_ahead_kb')
+        if os.path.exists(knob):
+            return knob
+    return None
+
+
+def read_knob(knob):
+    with open(knob) as f:
+        return int(f.read())
+
+
+@contextlib.contextmanager
+def readahead(knob, kb):
+    """Set the disk's read-ahead to ``kb`` KiB; put it back afterwards."""
+    if knob is None or kb is None:
+        yield
+        return
+    old = read_knob(knob)
+    with open(knob, 'w') as f:
+        f.write(str(kb))
+    try:
+        yield
+    finally:
+        with open(knob, 'w') as f:
+            f.write(str(old))
 
 
 def fincore(paths):
@@ -163,13 +198,14 @@ def library_stats(config_file):
 
 
 def unique_limit(conf, image_ids):
-    """(bytes, blocks) of the distinct non-zero blocks of the images.
+    """The unique-block limit of the images, from the library database.
 
-    From the digest lists ingest stored: a block is shareable when it is
-    not all zeros (and not a partial last block), and two blocks are the
-    same when their fingerprints are.
+    From the digest lists ingest stored: a block counts when it is not all
+    zeros (nor a partial last block), and two blocks are the same when
+    their fingerprints are. Returns ``{'bytes', 'blocks', 'block_size',
+    'data_bytes': {image_id: bytes of its non-zero blocks}}``.
     """
-    keys, block_size = [], None
+    keys, block_size, data = [], None, {}
     with db_session.reader(conf) as s:
         for image_id in image_ids:
             img = db_api.get_image(s, image_id)
@@ -181,8 +217,10 @@ def unique_limit(conf, image_ids):
             if block_size not in (None, img.block_size):
                 raise DemoError('the images have different block sizes')
             block_size = img.block_size
+            data[image_id] = (img.n_blocks - img.zero_blocks) * block_size
     n = len(db_api.unique(np.concatenate(keys)))
-    return n * block_size, n
+    return {'bytes': n * block_size, 'blocks': n, 'block_size': block_size,
+            'data_bytes': data}
 
 
 # -- vmar-export --------------------------------------------------------------
@@ -224,6 +262,8 @@ class HostSide:
                     + list(args), 'vmar-export ' + ' '.join(args))
 
     def __enter__(self):
+        # a fresh host_dir: no export of an earlier run is restored
+        shutil.rmtree(self.host_dir, ignore_errors=True)
         self.write_conf()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket)
@@ -263,6 +303,9 @@ class HostSide:
         if not m:
             raise DemoError('vmar-export add printed no URI: %s' % out)
         return m.group(0)
+
+    def remove(self, image_id):
+        self.export_cli('remove', image_id, '--holder', 'demo')
 
     def base_files(self):
         d = os.path.join(self.host_dir, 'bases')
@@ -365,29 +408,23 @@ def stop_leftovers(state):
 
 # -- the run ------------------------------------------------------------------
 
-def measure(qemu_io, pair, uris, raws, sizes, base_files):
-    """Both ways, each measured right after its reads.
+def measure(qemu_io, pair, targets, files, sizes):
+    """Drop the page cache, read each image in full, measure ``files()``.
 
-    Returns way -> {'files': [{'file', 'cached', 'size'}], 'read_s',
+    Returns {'files': [{'file', 'cached', 'size'}], 'read_s',
     'measured_after_s'}.
     """
-    res = {}
-    for way, targets, files in (('export', uris, base_files),
-                                ('raw', raws, lambda: [raws[n]
-                                                       for n in pair])):
-        drop_caches()
-        t0 = time.monotonic()
-        secs = {n: read_all(qemu_io, targets[n], sizes[n]) for n in pair}
-        paths = files()
-        cached = fincore(paths)
-        res[way] = {'files': [{'file': p, 'cached': cached[p],
-                               'size': os.path.getsize(p)} for p in paths],
-                    'read_s': secs,
-                    'measured_after_s': time.monotonic() - t0}
-    return res
+    drop_caches()
+    t0 = time.monotonic()
+    secs = {n: read_all(qemu_io, targets[n], sizes[n]) for n in pair}
+    paths = files()
+    cached = fincore(paths)
+    return {'files': [{'file': p, 'cached': cached[p],
+                       'size': os.path.getsize(p)} for p in paths],
+            'read_s': secs, 'measured_after_s': time.monotonic() - t0}
 
 
-def chart(path, hist, maps, cache, limit, pair):
+def chart(path, hist, maps, cache, ra_of, limit, pair):
     """The three panels as a PNG (matplotlib, Agg: no display needed)."""
     try:
         import matplotlib
@@ -395,9 +432,12 @@ def chart(path, hist, maps, cache, limit, pair):
         raise DemoError('matplotlib is missing: pip install -r '
                         'demo-requirements.txt')
     matplotlib.use('Agg')
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
     from matplotlib import pyplot as plt
 
-    fig, (ax_a, ax_b, ax_c) = plt.subplots(1, 3, figsize=(17, 5.5))
+    fig, (ax_a, ax_b, ax_c) = plt.subplots(
+        1, 3, figsize=(18, 5.8), gridspec_kw={'width_ratios': [1, 1, 1.4]})
     ks = sorted(hist)
     bars = ax_a.bar([str(k) for k in ks], [hist[k] for k in ks],
                     color='tab:blue')
@@ -419,35 +459,49 @@ def chart(path, hist, maps, cache, limit, pair):
     ax_b.set_ylabel('map file (KiB)')
     ax_b.margins(y=0.2)
 
-    ways = [('export', 'via exports\n(base files in host_dir)'),
-            ('raw', 'via the raw files')]
-    colors = ['tab:orange', 'tab:purple', 'tab:olive', 'tab:cyan',
-              'tab:brown', 'tab:pink']
-    top = max([limit / MiB] + [sum(f['cached'] for f in cache[w]) / MiB
-                               for w, _l in ways])
+    colors = dict(zip(pair, ('tab:orange', 'tab:purple')))
+    other = iter(['tab:olive', 'tab:cyan', 'tab:brown', 'tab:pink'] * 9)
+    seg = {w: [(f['cached'], colors.get(f['image']) or next(other), None)
+               for f in cache[w]] for w in cache if w != 'raw'}
+    # raw files: their non-zero data first, then the zero pages
+    data = [(min(f['cached'], f['data']), colors[f['image']], None)
+            for f in cache['raw']]
+    zero = [(f['cached'] - min(f['cached'], f['data']), colors[f['image']],
+             '//') for f in cache['raw']]
+    seg['raw'] = data + zero
+    ways = []
+    for w in cache:
+        ra = ra_of[w]
+        if w == 'raw':
+            ways.append((w, 'via the raw files'))
+        else:
+            ways.append((w, 'via the exports\nread-ahead %s' % (
+                '%d KiB' % ra if ra is not None else 'n/a')))
     for x, (way, _label) in enumerate(ways):
         bottom = 0.0
-        for i, f in enumerate(cache[way]):
-            mib = f['cached'] / MiB
-            ax_c.bar(x, mib, bottom=bottom, width=0.6,
-                     color=colors[i % len(colors)], edgecolor='white')
-            if mib > top / 15:
-                ax_c.text(x, bottom + mib / 2, '%s\n%.1f MiB'
-                          % (f['label'], mib), ha='center', va='center',
-                          fontsize=8)
-            bottom += mib
-        ax_c.text(x, bottom, '%.1f MiB = %.2f x limit' % (
+        for got, color, hatch in seg[way]:
+            ax_c.bar(x, got / MiB, bottom=bottom, width=0.6, color=color,
+                     alpha=0.35 if hatch else 1.0, hatch=hatch,
+                     edgecolor='white' if not hatch else color)
+            bottom += got / MiB
+        ax_c.text(x, bottom, '%.1f MiB\n= %.2f x limit' % (
             bottom, bottom * MiB / limit if limit else 0), ha='center',
-            va='bottom', fontsize=8)
+            va='bottom', fontsize=8,
+            bbox={'facecolor': 'white', 'edgecolor': 'none', 'pad': 1})
     ax_c.axhline(limit / MiB, color='black', linestyle='--', linewidth=1)
-    ax_c.text(-0.55, limit / MiB, 'unique-block limit %.1f MiB'
-              % (limit / MiB), va='bottom', ha='left', fontsize=8)
+    handles = [Patch(color=colors[n], label=n) for n in pair]
+    handles.append(Patch(facecolor='white', edgecolor='grey', hatch='//',
+                         label='zero pages of the raw files'))
+    handles.append(Line2D([], [], color='black', linestyle='--',
+                          label='unique-block limit %.1f MiB'
+                          % (limit / MiB)))
+    ax_c.legend(handles=handles, loc='upper left', fontsize=8)
     ax_c.set_xticks(range(len(ways)), [w[1] for w in ways])
-    ax_c.set_xlim(-0.6, 1.6)
+    ax_c.set_xlim(-0.6, len(ways) - 0.4)
     ax_c.set_title('(c) host page cache after reading\n%s and %s in full'
                    % tuple(pair))
     ax_c.set_ylabel('cached (MiB)')
-    ax_c.margins(y=0.2)
+    ax_c.margins(y=0.25)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -474,36 +528,71 @@ def print_library(hist, maps):
     print()
 
 
-def print_cache(res, pair, limit, limit_blocks):
+def _title(way, res):
+    if way in ('export', 'raw'):
+        return way
+    return 'export RA %dK' % res[way]['readahead_kb']
+
+
+def print_cache(res, pair, limit):
     print('host page cache after reading %s and %s in full, every byte '
           '(qemu-io -f raw),' % tuple(pair))
     print('each way right after dropping the page cache and reading')
-    print('%-7s %-36s %13s %13s %8s' % ('way', 'file', 'cached bytes',
-                                        'file size', 'cached'))
+    ra = res['export']['readahead_kb']
+    if ra is None:
+        print('read-ahead: n/a (host_dir is not on a block device)')
+    else:
+        print('read-ahead: the daemon opened the base files with %d KiB, '
+              'the kernel default' % ra)
+        print('(doc/source/export.rst: keep it moderate on the disk of '
+              'host_dir);')
+        for w in res:
+            if w not in ('export', 'raw'):
+                print("'%s': the same with this disk's own read-ahead, "
+                      '%d KiB' % (_title(w, res), res[w]['readahead_kb']))
+    print('%-16s %-18s %13s %13s %8s' % ('way', 'file', 'cached bytes',
+                                         'file size', 'cached'))
     totals = {}
-    for way in ('export', 'raw'):
+    for way in res:
+        t = _title(way, res)
         for f in res[way]['files']:
-            print('%-7s %-36s %13d %13d %7.1f%%' % (
-                way, f['label'][-36:], f['cached'], f['size'],
+            print('%-16s %-18s %13d %13d %7.1f%%' % (
+                t, f['label'], f['cached'], f['size'],
                 100.0 * f['cached'] / f['size'] if f['size'] else 0))
         totals[way] = sum(f['cached'] for f in res[way]['files'])
-        print('%-7s %-36s %13d %13d %8s' % (
-            way, 'total', totals[way],
-            sum(f['size'] for f in res[way]['files']), ''))
+        size = sum(f['size'] for f in res[way]['files'])
+        print('%-16s %-18s %13d %13d %7.1f%%' % (
+            t, 'total', totals[way], size,
+            100.0 * totals[way] / size if size else 0))
+    print('(export: the base files in host_dir; raw: the image files in %s)'
+          % ', '.join(sorted({os.path.dirname(f['file'])
+                              for f in res['raw']['files']})))
     print()
-    print('unique-block limit: %d bytes (%s), the %d distinct non-zero '
-          '4 KiB blocks' % (limit, _mib(limit), limit_blocks))
-    print('of %s and %s (from the library database: the fingerprints '
+    lim = limit['bytes']
+
+    def times(n):
+        return '%13d bytes (%s) = %5.2f x the limit' % (
+            n, _mib(n), n / lim if lim else 0)
+    print('unique-block limit: %d bytes (%s): the %d distinct non-zero '
+          '4 KiB blocks' % (lim, _mib(lim), limit['blocks']))
+    print('of %s and %s, from the library database (the fingerprints '
           'ingest stored)' % tuple(pair))
-    for way, label in (('export', 'via exports'), ('raw', 'via raw files')):
-        print('  %-14s %13d bytes (%s) = %.2f x the limit; read in %.1f s, '
-              'measured %.1f s after the first read began' % (
-                  label, totals[way], _mib(totals[way]),
-                  totals[way] / limit if limit else 0,
-                  sum(res[way]['read_s'].values()),
-                  res[way]['measured_after_s']))
-    print('  (reading a raw file caches every page, zero pages included; '
-          'an export reads no base file for zero blocks)')
+    for way in res:
+        print('  %-16s %s' % (_title(way, res), times(totals[way])))
+    data = sum(limit['data_bytes'].values())
+    print('  for reference, the non-zero blocks of the two images counted '
+          'apart:')
+    print('  %-16s %s' % ('', times(data)))
+    print('  (reading a raw file caches every page it reads, zero pages '
+          'included;')
+    print('  an export reads no base file for a zero block, and each shared '
+          'block from one file;')
+    print('  read-ahead adds neighbours of the blocks read, second copies '
+          'included)')
+    for way in res:
+        print('  %-16s read in %.1f s, measured %.1f s after the first read '
+              'began' % (_title(way, res), sum(res[way]['read_s'].values()),
+                         res[way]['measured_after_s']))
     return totals
 
 
@@ -529,23 +618,39 @@ def run(args):
             for i in st['images']]
     print_library(hist, maps)
 
-    limit, limit_blocks = unique_limit(conf, [images[n]['id'] for n in pair])
+    limit = unique_limit(conf, [images[n]['id'] for n in pair])
     sizes = {n: os.path.getsize(images[n]['path']) for n in pair}
     raws = {n: images[n]['path'] for n in pair}
-    pids = {}
+    # A file's read-ahead is fixed when it is opened, so the daemon opens
+    # the base files (vmar-export add) under the read-ahead of each way.
+    knob = readahead_knob(state)
+    machine_ra = read_knob(knob) if knob else None
+    plan = [('export', DEFAULT_READAHEAD_KB if knob else None)]
+    if knob and machine_ra != DEFAULT_READAHEAD_KB:
+        plan.append(('export_ra%d' % machine_ra, machine_ra))
+    pids, res = {}, {}
     with HostSide(state, lib_state, args.qemu_prefix,
                   socket=args.socket) as host:
         pids['serve'] = host.proc.pid
         print('vmar-export serve: pid %d, config %s' % (host.proc.pid,
                                                         host.conf_file))
-        uris = {}
-        for n in pair:
-            uris[n] = host.add(images[n]['id'])
-            print('exported %s: %s' % (n, uris[n]))
+        for i, (way, kb) in enumerate(plan):
+            if i:
+                for n in pair:
+                    host.remove(images[n]['id'])
+            uris = {}
+            with readahead(knob, kb):
+                for n in pair:
+                    uris[n] = host.add(images[n]['id'])
+                    if not i:
+                        print('exported %s: %s' % (n, uris[n]))
+            res[way] = measure(qemu_io, pair, uris, host.base_files, sizes)
+            res[way]['readahead_kb'] = kb
         with open(os.path.join(host.host_dir, 'qsd.pid')) as f:
             pids['daemon'] = int(f.read())
-        print()
-        res = measure(qemu_io, pair, uris, raws, sizes, host.base_files)
+        res['raw'] = measure(qemu_io, pair, raws,
+                             lambda: [raws[n] for n in pair], sizes)
+        res['raw']['readahead_kb'] = machine_ra
         for n in pair:
             proc = subprocess.run(
                 [qemu_img, 'compare', '-f', 'raw', '-F', 'raw', uris[n],
@@ -553,15 +658,19 @@ def run(args):
             if proc.returncode:
                 raise DemoError('the export of %s differs from %s: %s' % (
                     n, raws[n], (proc.stdout + proc.stderr).strip()))
+        print()
     if host.left:
         raise DemoError('processes of vmar-export still alive: %s'
                         % host.left)
-    for f in res['export']['files']:
+    for f in (f for w in res if w != 'raw' for f in res[w]['files']):
         base = os.path.basename(f['file'])
-        f['label'] = 'base of %s' % name_of.get(base, base)
-    for f in res['raw']['files']:
-        f['label'] = f['file']
-    totals = print_cache(res, pair, limit, limit_blocks)
+        f['image'] = name_of.get(base, base[:8])
+        f['label'] = 'base of %s' % f['image']
+    for n, f in zip(pair, res['raw']['files']):
+        f['image'] = n
+        f['label'] = os.path.basename(f['file'])
+        f['data'] = limit['data_bytes'][images[n]['id']]
+    totals = print_cache(res, pair, limit)
     damon = damon_settings()
     if damon:
         print('  ' + damon)
@@ -570,22 +679,18 @@ def run(args):
     print('vmar-export and its qemu-storage-daemon stopped (pids %d, %d)'
           % (pids['serve'], pids['daemon']))
     path = os.path.join(state, CHART)
-    chart(path, hist, maps,
-          {w: [dict(f, label=_short(f['label'])) for f in res[w]['files']]
-           for w in res}, limit, pair)
+    chart(path, hist, maps, {w: res[w]['files'] for w in res},
+          {w: res[w]['readahead_kb'] for w in res}, limit['bytes'], pair)
     if args.json:
         with open(args.json, 'w') as f:
             json.dump({'histogram': hist, 'maps': maps, 'cache': res,
-                       'totals': totals, 'limit_bytes': limit,
-                       'limit_blocks': limit_blocks, 'pair': pair,
+                       'totals': totals, 'limit_bytes': limit['bytes'],
+                       'limit_blocks': limit['blocks'],
+                       'data_bytes': limit['data_bytes'], 'pair': pair,
                        'pids': pids, 'damon': damon, 'chart': path},
                       f, indent=1)
     print('chart: %s' % path)
     return 0
-
-
-def _short(label):
-    return os.path.basename(label) if label.startswith('/') else label
 
 
 def _terminate(signum, frame):
