@@ -5,19 +5,25 @@
 and the patched QEMU (``qemu/build.sh`` prints its prefix), and:
 
 1. writes ``vmar-host.conf`` into the library's state dir (``[vmar]
-   host_dir = <state>/host``, ``map_source = dir`` reading the library,
-   ``export_socket``, ``qemu_storage_daemon`` from the prefix) and starts
-   ``vmar-export serve`` in the background, in a session of its own;
+   host_dir = <state>/host``, emptied first; ``map_source = dir`` reading
+   the library; ``export_socket``; ``qemu_storage_daemon`` from the
+   prefix) and starts ``vmar-export serve`` in the background, in a
+   session of its own;
 2. exports two similar images (``vmar-export add``; default: minbase and
-   python3);
+   python3) while the disk holding ``host_dir`` has the kernel's default
+   read-ahead, 128 KiB (doc/source/export.rst: keep it moderate there; a
+   file keeps the read-ahead it was opened with, and the machine's own
+   setting is put back right after the adds);
 3. drops the page cache, reads both images in full through their NBD
    exports (``qemu-io -f raw``, every byte) and at once measures with
    ``fincore`` how many bytes of each base file in ``host_dir`` are cached;
+   if the disk's own read-ahead is not 128 KiB, exports them again under
+   it (``remove``, ``add``) and measures that way too;
 4. drops the page cache again, reads the two plain raw image files in full
    with the same reader and measures them the same way;
-5. prints both next to the unique-block limit: the bytes of the distinct
-   non-zero 4 KiB blocks of the two images, from the library database
-   (the fingerprint digests ingest stored);
+5. prints each way next to the unique-block limit: the bytes of the
+   distinct non-zero 4 KiB blocks of the two images, from the library
+   database (the fingerprint digests ingest stored);
 6. checks that each export reads back equal to its raw file
    (``qemu-img compare``);
 7. writes a PNG chart: (a) the library's sharing histogram (the paper's
