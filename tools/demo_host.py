@@ -745,7 +745,7 @@ def main(argv=None):
         return 1
     except KeyboardInterrupt as e:
         print('demo_host: interrupted (%s); vmar-export stopped'
-              % (e or 'Ctrl-C'), file=sys.stderr)
+              % (str(e) or 'Ctrl-C'), file=sys.stderr)
         return 130
 
 
