@@ -40,7 +40,8 @@ The machine reclaims idle page cache on its own (DAMON ``pageout`` of pages
 idle for about a minute), so each way is measured within seconds of its
 reads, and the DAMON settings are printed next to the figures.
 
-Needs root (``/proc/sys/vm/drop_caches``), ``fincore`` (util-linux) and
+Needs root (``/proc/sys/vm/drop_caches``, else each measured file is
+evicted with ``POSIX_FADV_DONTNEED``), ``fincore`` (util-linux) and
 matplotlib (``demo-requirements.txt``).
 
 Usage::
@@ -109,21 +110,39 @@ def library_conf(path):
     return conf
 
 
-def drop_caches():
+def drop_caches(paths):
+    """Empty the page cache; returns how.
+
+    ``sync; echo 3 > /proc/sys/vm/drop_caches`` where that is allowed; in a
+    container that may not write it, each of ``paths`` is evicted instead
+    (``POSIX_FADV_DONTNEED`` after ``fdatasync``).
+    """
     subprocess.run(['sync'], check=True)
-    with open('/proc/sys/vm/drop_caches', 'w') as f:
-        f.write('3\n')
+    try:
+        with open('/proc/sys/vm/drop_caches', 'w') as f:
+            f.write('3\n')
+        return 'drop_caches'
+    except OSError:
+        pass
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return 'fadvise'
 
 
 def readahead_knob(path):
-    """The ``read_ahead_kb`` file of the disk holding ``path``, or None."""
+    """The ``read_ahead_kb`` of the disk holding ``path``, if writable."""
     dev = os.stat(path).st_dev
     sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
     for queue in (os.path.join(sysdir, 'queue'),     # a whole disk
                   os.path.join(sysdir, '..', 'queue')):  # a partition
         knob = os.path.join(queue, 'read_ahead_kb')
         if os.path.exists(knob):
-            return knob
+            return knob if os.access(knob, os.W_OK) else None
     return None
 
 
@@ -420,14 +439,15 @@ def measure(qemu_io, pair, targets, files, sizes):
     Returns {'files': [{'file', 'cached', 'size'}], 'read_s',
     'measured_after_s'}.
     """
-    drop_caches()
+    paths = files()
+    how = drop_caches(paths)
     t0 = time.monotonic()
     secs = {n: read_all(qemu_io, targets[n], sizes[n]) for n in pair}
-    paths = files()
     cached = fincore(paths)
     return {'files': [{'file': p, 'cached': cached[p],
                        'size': os.path.getsize(p)} for p in paths],
-            'read_s': secs, 'measured_after_s': time.monotonic() - t0}
+            'read_s': secs, 'measured_after_s': time.monotonic() - t0,
+            'dropped_by': how}
 
 
 def chart(path, hist, maps, cache, ra_of, limit, pair):
@@ -543,7 +563,10 @@ def _title(way, res):
 def print_cache(res, pair, limit):
     print('host page cache after reading %s and %s in full, every byte '
           '(qemu-io -f raw),' % tuple(pair))
-    print('each way right after dropping the page cache and reading')
+    how = {res[w]['dropped_by'] for w in res}
+    print('each way right after emptying the page cache (%s) and reading'
+          % ('drop_caches' if how == {'drop_caches'} else
+             'fadvise DONTNEED on the files measured: no drop_caches here'))
     ra = res['export']['readahead_kb']
     if ra is None:
         print('read-ahead: n/a (host_dir is not on a block device)')
@@ -738,7 +761,8 @@ def main(argv=None):
                 print(msg)
             return 0
         if os.geteuid() != 0:
-            raise DemoError('needs root (to drop the page cache)')
+            raise DemoError('needs root (to drop the page cache and set '
+                            'the read-ahead)')
         return run(args)
     except DemoError as e:
         print('demo_host: error: %s' % e, file=sys.stderr)
