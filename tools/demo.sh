@@ -3,7 +3,14 @@
 #
 # Builds (or reuses) a small, byte-reproducible Debian bookworm image
 # library, ingests it into an embedded SQLite library with vmar-manage, and
-# prints the dedup and map figures.
+# prints the dedup and map figures. Then the host side (tools/demo_host.py):
+# vmar-export, on the patched QEMU (qemu/build.sh, cached), serves minbase
+# and python3 over NBD; both are read in full through their exports and as
+# plain raw files, and the host page cache each way is printed next to the
+# unique-block limit. A PNG chart of the figures goes into the state dir
+# ($VMAR_DEMO_STATE, default /var/tmp/vmar-demo); the last line names it.
+# Nothing the demo starts is left running. VMAR_QEMU_PREFIX names an
+# already built patched QEMU instead (as for the functional tests).
 set -euo pipefail
 
 TOP=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,6 +20,19 @@ export PATH="$VENV/bin:$PATH"
 
 LIBRARY=${VMAR_IMAGE_LIBRARY:-/var/cache/vmar-openstack/images}
 STATE=${VMAR_DEMO_STATE:-/var/tmp/vmar-demo}
+
+# Whatever happens, stop what tools/demo_host.py started (it stops it itself
+# unless it is killed hard); also what an earlier, killed run left.
+stop_host() { python3 tools/demo_host.py stop --state "$STATE" || true; }
+trap stop_host EXIT
+stop_host
+
+if [ -n "${VMAR_QEMU_PREFIX:-}" ]; then
+    QEMU_PREFIX=$VMAR_QEMU_PREFIX
+else
+    echo "== building the patched QEMU (qemu/build.sh, cached)" >&2
+    QEMU_PREFIX=$(qemu/build.sh | tail -n 1)
+fi
 
 echo "== building the Debian image library in $LIBRARY (cached)" >&2
 mapfile -t images < <(tools/build-image-library.sh "$LIBRARY" | tail -n 4)
@@ -30,6 +50,7 @@ manage() { vmar-manage --config-file "$STATE/vmar.conf" "$@"; }
 
 echo "== vmar-manage db sync"
 manage db sync
+host_args=()
 for entry in "${images[@]}"; do
     name=${entry%% *}
     path=${entry#* }
@@ -37,6 +58,7 @@ for entry in "${images[@]}"; do
 'vmar-demo/$name'))")
     echo "== vmar-manage image add $name ($path)"
     manage image add --id "$id" --visibility public "$path"
+    host_args+=(--image "$name" "$id" "$path")
 done
 echo "== vmar-manage image list"
 manage image list
@@ -53,3 +75,6 @@ for entry in "${images[@]}"; do
     args+=("${entry%% *}=${entry#* }")
 done
 python3 bench/bench_library.py "${args[@]}"
+echo "== the host side: vmar-export, page cache and chart (tools/demo_host.py)"
+python3 tools/demo_host.py run --config-file "$STATE/vmar.conf" \
+    --qemu-prefix "$QEMU_PREFIX" "${host_args[@]}" --pair minbase python3
