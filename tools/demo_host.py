@@ -68,7 +68,8 @@ from oslo_config import cfg
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
-from vmar_openstack import fingerprint
+from vmar_openstack.db import store as db_store
+from vmar_openstack.fingerprint import keys as fp_keys
 
 HOST_CONF = 'vmar-host.conf'
 SERVE_PID = 'vmar-export-serve.pid'
@@ -232,18 +233,17 @@ def unique_limit(conf, image_ids):
     """
     keys, block_size, data = [], None, {}
     with db_session.reader(conf) as s:
+        store = db_store.ClusterStore(s)
         for image_id in image_ids:
             img = db_api.get_image(s, image_id)
             if img is None:
                 raise DemoError('image %s is not in the library' % image_id)
-            digests = db_api.load_digests(
-                s, img, fingerprint.DIGEST_SIZES[img.algorithm])
-            keys.append(db_api.image_key_set(img, digests))
+            keys.append(fp_keys.image_key_set(img, store.load_digests(img)))
             if block_size not in (None, img.block_size):
                 raise DemoError('the images have different block sizes')
             block_size = img.block_size
             data[image_id] = (img.n_blocks - img.zero_blocks) * block_size
-    n = len(db_api.unique(np.concatenate(keys)))
+    n = len(fp_keys.unique(np.concatenate(keys)))
     return {'bytes': n * block_size, 'blocks': n, 'block_size': block_size,
             'data_bytes': data}
 

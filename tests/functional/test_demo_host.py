@@ -15,7 +15,7 @@ import sys
 import time
 
 from tests import base
-from tests.functional import qemu_env
+from tools.vmarenv import qemu_env
 
 TOOL = os.path.join(qemu_env.TOP, 'tools', 'demo_host.py')
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
