@@ -136,14 +136,14 @@ def drop_caches(paths):
 
 
 def readahead_knob(path):
-    """The ``read_ahead_kb`` of the disk holding ``path``, if writable."""
+    """The ``read_ahead_kb`` file of the disk holding ``path``, or None."""
     dev = os.stat(path).st_dev
     sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
     for queue in (os.path.join(sysdir, 'queue'),     # a whole disk
                   os.path.join(sysdir, '..', 'queue')):  # a partition
         knob = os.path.join(queue, 'read_ahead_kb')
         if os.path.exists(knob):
-            return knob if os.access(knob, os.W_OK) else None
+            return knob
     return None
 
 
@@ -571,10 +571,12 @@ def print_cache(res, pair, limit):
     if ra is None:
         print('read-ahead: n/a (host_dir is not on a block device)')
     else:
-        print('read-ahead: the daemon opened the base files with %d KiB, '
-              'the kernel default' % ra)
+        print('read-ahead: the daemon opened the base files with %d KiB%s'
+              % (ra, ', the kernel default' if ra == DEFAULT_READAHEAD_KB
+                 else " (this disk's own; it cannot be changed here)"
+                 if len(res) == 2 else ''))
         print('(doc/source/export.rst: keep it moderate on the disk of '
-              'host_dir);')
+              'host_dir)')
         for w in res:
             if w not in ('export', 'raw'):
                 print("'%s': the same with this disk's own read-ahead, "
@@ -654,16 +656,19 @@ def run(args):
     # the base files (vmar-export add) under the read-ahead of each way.
     knob = readahead_knob(state)
     machine_ra = read_knob(knob) if knob else None
-    plan = [('export', DEFAULT_READAHEAD_KB if knob else None)]
-    if knob and machine_ra != DEFAULT_READAHEAD_KB:
-        plan.append(('export_ra%d' % machine_ra, machine_ra))
+    settable = knob and os.access(knob, os.W_OK)
+    # (way, read-ahead to set for the adds, read-ahead the files get)
+    plan = [('export', None, machine_ra)]
+    if settable and machine_ra != DEFAULT_READAHEAD_KB:
+        plan = [('export', DEFAULT_READAHEAD_KB, DEFAULT_READAHEAD_KB),
+                ('export_ra%d' % machine_ra, machine_ra, machine_ra)]
     pids, res = {}, {}
     with HostSide(state, lib_state, args.qemu_prefix,
                   socket=args.socket) as host:
         pids['serve'] = host.proc.pid
         print('vmar-export serve: pid %d, config %s' % (host.proc.pid,
                                                         host.conf_file))
-        for i, (way, kb) in enumerate(plan):
+        for i, (way, kb, got_kb) in enumerate(plan):
             if i:
                 for n in pair:
                     host.remove(images[n]['id'])
@@ -674,7 +679,7 @@ def run(args):
                     if not i:
                         print('exported %s: %s' % (n, uris[n]))
             res[way] = measure(qemu_io, pair, uris, host.base_files, sizes)
-            res[way]['readahead_kb'] = kb
+            res[way]['readahead_kb'] = got_kb
         with open(os.path.join(host.host_dir, 'qsd.pid')) as f:
             pids['daemon'] = int(f.read())
         res['raw'] = measure(qemu_io, pair, raws,
