@@ -18,7 +18,6 @@ import testtools
 
 from vmar_openstack import exception as vmar_exception
 from vmar_openstack import export
-from vmar_openstack import mapformat
 from vmar_openstack.nova_imagebackend import hooks
 from vmar_openstack.nova_imagebackend import image as vimage
 
@@ -281,7 +280,7 @@ class TestProvisioningErrors(BackendTestCase):
                                 disk_info_mapping=MAPPING, exports=exports)
         os.makedirs(exports.host_dir)
         open(os.path.join(exports.host_dir, 'exports.json'), 'w').close()
-        self.assertRaises((OSError, mapformat.MapFormatError), disk.cache,
+        self.assertRaises((OSError, vmar_exception.MapFormatError), disk.cache,
                           fetch_func=mock.Mock(),
                           filename='x', image_id=inst.image_ref, size=None)
         exports.release.assert_called_once_with(inst.uuid)

@@ -50,7 +50,7 @@ class HostDir:
             self.fetch(self.source.fetch_map, image_id, version, path)
         try:
             bmap = mapformat.read(path)
-        except mapformat.MapFormatError as e:
+        except exception.MapFormatError as e:
             os.unlink(path)
             raise exception.ExportError('map v%d of %s rejected: %s'
                                         % (version, image_id, e))

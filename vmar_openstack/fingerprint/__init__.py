@@ -9,7 +9,6 @@ derived from them (:mod:`.keys`). It touches no database.
 """
 
 # still caught here by callers outside this package
-from vmar_openstack.exception import ImageRejected  # noqa: F401
 from vmar_openstack.fingerprint.digests import DIGEST_SIZES  # noqa: F401
 from vmar_openstack.fingerprint.digests import Fingerprints  # noqa: F401
 from vmar_openstack.fingerprint.digests import rows_equal  # noqa: F401

@@ -46,7 +46,6 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack import exception
-from vmar_openstack import fingerprint
 from vmar_openstack.glance_hooks import publish
 from vmar_openstack import ingest
 from vmar_openstack.mapsource import glance as gsource
@@ -124,9 +123,9 @@ class Handler:
                     visibility=meta.get('visibility', 'private'),
                     expected_size=meta.get('size'), keep_base=False,
                     on_map_written=on_map_written)
-        except ingest.ImageExists:
+        except exception.ImageExists:
             return                     # another agent, or the plugin
-        except (fingerprint.ImageRejected, ValueError) as e:
+        except (exception.ImageRejected, ValueError) as e:
             raise exception.ImageUnusable(
                 image_id=image_id, reason=str(e).replace(path, name))
         LOG.info('ingested %s: map v%d, %.1f %% shared', image_id,
@@ -142,7 +141,7 @@ class Handler:
         if self._known(image_id) is not None:
             try:
                 out = self.library.delete(image_id)
-            except ingest.ImageNotFound:
+            except exception.ImageNotFound:
                 out = None
             if out is not None:
                 self._publish_regenerated(out.regenerated)

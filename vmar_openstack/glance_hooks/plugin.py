@@ -31,6 +31,7 @@ from taskflow.patterns import linear_flow as lf
 from taskflow import task
 
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack import exception
 from vmar_openstack import ingest
 
 LOG = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class _Mapgen(task.Task):
             out = ingest.Library(CONF).add(
                 self.image_id, path, disk_format=fmt, owner=image.owner,
                 visibility=image.visibility, keep_base=False)
-        except ingest.ImageExists:
+        except exception.ImageExists:
             LOG.info('image %s is already in the VMAR library',
                      self.image_id)
             return None

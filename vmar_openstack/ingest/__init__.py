@@ -7,8 +7,6 @@ takes the library lock (:mod:`.ahead`), where the library's files live
 """
 
 # still caught here by callers outside this package
-from vmar_openstack.exception import ImageExists  # noqa: F401
-from vmar_openstack.exception import ImageNotFound  # noqa: F401
 from vmar_openstack.ingest.library import Library  # noqa: F401
 from vmar_openstack.ingest.library import Outcome  # noqa: F401
 from vmar_openstack.ingest.paths import base_path  # noqa: F401

@@ -10,7 +10,6 @@ the same rules and is checked against the same vectors in
 """
 
 # still caught here by callers outside this package
-from vmar_openstack.exception import MapFormatError  # noqa: F401
 from vmar_openstack.fileutils import write_atomic  # noqa: F401
 from vmar_openstack.mapformat.codec import BlockMap  # noqa: F401
 from vmar_openstack.mapformat.codec import build_filter  # noqa: F401

@@ -38,6 +38,7 @@ from glanceclient import exc as glance_exc
 from keystoneauth1 import loading as ks_loading
 from oslo_log import log as logging
 
+from vmar_openstack import exception
 from vmar_openstack.exception import SourceError
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
@@ -220,7 +221,7 @@ class GlanceSource:
         try:
             try:
                 bmap = mapformat.read(tmp)
-            except mapformat.MapFormatError as e:
+            except exception.MapFormatError as e:
                 raise SourceError('map v%d of %s is invalid: %s'
                                   % (version, image_id, e))
             if bmap.image_id != image_id or bmap.map_version != version:
@@ -251,7 +252,7 @@ class GlanceSource:
                         fileutils.fsync_dir(work)
                     else:
                         fileutils.copy_readonly(raw.path, dest)
-            except fingerprint.ImageRejected as e:
+            except exception.ImageRejected as e:
                 raise SourceError('image %s rejected: %s' % (image_id, e))
         finally:
             if os.path.exists(tmp):

@@ -266,5 +266,5 @@ def _qemu_img_info(path):
     try:
         return fingerprint.qemu_img_info(CONF.vmar.qemu_img, path, 'qcow2',
                                          force_share=True)
-    except fingerprint.ImageRejected as e:
+    except vmar_exception.ImageRejected as e:
         raise exception.InvalidDiskInfo(reason=str(e))
