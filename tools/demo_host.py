@@ -724,6 +724,9 @@ def run(args):
             if proc.returncode:
                 raise DemoError('the export of %s differs from %s: %s' % (
                     n, raws[n], (proc.stdout + proc.stderr).strip()))
+        # host_dir keeps no copy of the maps and bases
+        for n in pair:
+            host.remove(images[n]['id'])
         print()
     if host.left:
         raise DemoError('processes of vmar-export still alive: %s'
