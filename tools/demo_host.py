@@ -32,9 +32,9 @@ and the patched QEMU (``qemu/build.sh`` prints its prefix), and:
    the same numbers.
 
 Whatever happens (an error, Ctrl-C, SIGTERM), ``vmar-export serve`` and its
-qemu-storage-daemon are stopped before the tool exits. ``stop`` stops what
-an earlier ``run`` left behind (one killed with SIGKILL, say), found by the
-pid files in the state dir.
+qemu-storage-daemon are stopped, and the read-ahead is put back, before the
+tool exits. ``stop`` undoes what an earlier ``run`` left behind (one killed
+with SIGKILL, say), found by the files it notes in the state dir.
 
 The machine reclaims idle page cache on its own (DAMON ``pageout`` of pages
 idle for about a minute), so each way is measured within seconds of its
@@ -73,6 +73,7 @@ from vmar_openstack.fingerprint import keys as fp_keys
 
 HOST_CONF = 'vmar-host.conf'
 SERVE_PID = 'vmar-export-serve.pid'
+READAHEAD_NOTE = 'readahead-to-restore.json'
 CHART = 'demo-host.png'
 READ_CHUNK = 64 << 20
 DEFAULT_READAHEAD_KB = 128      # the kernel's default
@@ -153,19 +154,40 @@ def read_knob(knob):
 
 
 @contextlib.contextmanager
-def readahead(knob, kb):
-    """Set the disk's read-ahead to ``kb`` KiB; put it back afterwards."""
+def readahead(knob, kb, state):
+    """Set the disk's read-ahead to ``kb`` KiB; put it back afterwards.
+
+    The old setting is noted in ``state`` first, so that ``stop`` can put
+    it back after a run that was killed hard.
+    """
     if knob is None or kb is None:
         yield
         return
     old = read_knob(knob)
-    with open(knob, 'w') as f:
-        f.write(str(kb))
+    note = os.path.join(state, READAHEAD_NOTE)
+    with open(note + '.tmp', 'w') as f:
+        json.dump({'knob': knob, 'kb': old}, f)
+    os.rename(note + '.tmp', note)
     try:
+        with open(knob, 'w') as f:
+            f.write(str(kb))
         yield
     finally:
-        with open(knob, 'w') as f:
-            f.write(str(old))
+        restore_readahead(state)
+
+
+def restore_readahead(state):
+    """Put back a read-ahead noted in ``state``; returns it, or None."""
+    note = os.path.join(state, READAHEAD_NOTE)
+    try:
+        with open(note) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    with open(saved['knob'], 'w') as f:
+        f.write(str(saved['kb']))
+    os.unlink(note)
+    return saved
 
 
 def fincore(paths):
@@ -415,20 +437,30 @@ def stop_session(sid, proc=None, host_dir=None, timeout=30):
 
 
 def stop_leftovers(state):
-    """Stop a serve an earlier run left (its pid file); returns a message."""
+    """Undo what an earlier run left; returns what was done, in lines.
+
+    Stops its ``vmar-export serve`` (found by its pid file) and puts back
+    the read-ahead it had changed.
+    """
+    done = []
     path = os.path.join(state, SERVE_PID)
     try:
         with open(path) as f:
             sid = int(f.read())
     except (OSError, ValueError):
-        return None
-    msg = None
-    if _alive(sid) and 'vmar-export' in _cmdline(sid):
-        left = stop_session(sid, host_dir=os.path.join(state, 'host'))
-        msg = 'stopped vmar-export serve %d left by an earlier run%s' % (
-            sid, ' (still alive: %s)' % left if left else '')
-    os.unlink(path)
-    return msg
+        sid = None
+    if sid is not None:
+        if _alive(sid) and 'vmar-export' in _cmdline(sid):
+            left = stop_session(sid, host_dir=os.path.join(state, 'host'))
+            done.append('stopped vmar-export serve %d left by an earlier '
+                        'run%s' % (sid, ' (still alive: %s)' % left
+                                   if left else ''))
+        os.unlink(path)
+    saved = restore_readahead(state)
+    if saved:
+        done.append('put back the read-ahead an earlier run had changed: '
+                    '%d KiB in %s' % (saved['kb'], saved['knob']))
+    return done
 
 
 # -- the run ------------------------------------------------------------------
@@ -673,7 +705,7 @@ def run(args):
                 for n in pair:
                     host.remove(images[n]['id'])
             uris = {}
-            with readahead(knob, kb):
+            with readahead(knob, kb, state):
                 for n in pair:
                     uris[n] = host.add(images[n]['id'])
                     if not i:
@@ -692,6 +724,9 @@ def run(args):
             if proc.returncode:
                 raise DemoError('the export of %s differs from %s: %s' % (
                     n, raws[n], (proc.stdout + proc.stderr).strip()))
+        # host_dir keeps no copy of the maps and bases
+        for n in pair:
+            host.remove(images[n]['id'])
         print()
     if host.left:
         raise DemoError('processes of vmar-export still alive: %s'
@@ -761,9 +796,8 @@ def main(argv=None):
     signal.signal(signal.SIGHUP, _terminate)
     try:
         if args.command == 'stop':
-            msg = stop_leftovers(args.state)
-            if msg:
-                print(msg)
+            for line in stop_leftovers(args.state):
+                print(line)
             return 0
         if os.geteuid() != 0:
             raise DemoError('needs root (to drop the page cache and set '

@@ -198,6 +198,8 @@ class TestDemoHost(base.LibraryTestCase):
         self.assertNothingLeft()
 
     def test_interrupt_stops_the_export(self):
+        knob = _load_tool().readahead_knob(self.tmp)
+        ra = knob and tool_read_knob(knob)
         proc = subprocess.Popen(self.args(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         self.wait_for_socket(proc)
@@ -207,8 +209,12 @@ class TestDemoHost(base.LibraryTestCase):
         self.assertEqual(130, proc.returncode, out + err)
         self.assertIn('interrupted', err)
         self.assertNothingLeft()
+        if knob:
+            self.assertEqual(ra, tool_read_knob(knob))
 
     def test_stop_after_a_hard_kill(self):
+        knob = _load_tool().readahead_knob(self.tmp)
+        ra = knob and tool_read_knob(knob)
         proc = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         self.wait_for_socket(proc)
@@ -220,6 +226,8 @@ class TestDemoHost(base.LibraryTestCase):
         self.assertEqual(0, stop.returncode, stop.stderr)
         self.assertIn('stopped vmar-export serve', stop.stdout)
         self.assertNothingLeft()
+        if knob:        # put back if the kill came while it was changed
+            self.assertEqual(ra, tool_read_knob(knob))
         # a second stop finds nothing to do
         stop = subprocess.run([sys.executable, TOOL, 'stop', '--state',
                                self.tmp], capture_output=True, text=True)
