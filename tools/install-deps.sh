@@ -99,8 +99,8 @@ if [ "$debs_only" = 0 ]; then
         "$TOP/setup.py" "$TOP/vmar_openstack/fingerprint/_blockhash.c"
     for purpose in "${purposes[@]}"; do
         [ -f "$TOP/$purpose-requirements.txt" ] || continue
-        pip_install "$purpose" "$TOP/$purpose-requirements.txt" \
-            "$TOP/requirements.txt"
+        # a purpose's file may include others (-r): hash them all
+        pip_install "$purpose" "$TOP"/*requirements.txt
     done
 fi
 echo "$VENV"
