@@ -51,6 +51,7 @@ from vmar_openstack.exception import SourceError  # noqa: E402
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
 from vmar_openstack.nova_imagebackend import hooks  # noqa: E402
+from vmar_openstack import pagecache  # noqa: E402
 
 MAPPING = {'bus': 'virtio', 'dev': 'vda', 'type': 'disk'}
 IMAGES = ('minbase', 'python3', 'nginx')
@@ -68,11 +69,8 @@ def check(cond, what):
 
 
 def sha256(path):
-    h = hashlib.sha256()
     with open(path, 'rb') as f:
-        for b in iter(lambda: f.read(8 << 20), b''):
-            h.update(b)
-    return h.hexdigest()
+        return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
 class Scenario:
@@ -328,7 +326,7 @@ class Scenario:
 
 def _readahead(path, kb, knob=None):
     """Set read_ahead_kb of the disk holding ``path``; (old kb, knob)."""
-    knob = knob or qemu_env._queue_of(path)
+    knob = knob or pagecache.readahead_knob(path)
     with open(knob) as f:
         old = int(f.read())
     with open(knob, 'w') as f:

@@ -70,6 +70,7 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack.fingerprint import keys as fp_keys
+from vmar_openstack import pagecache
 
 HOST_CONF = 'vmar-host.conf'
 SERVE_PID = 'vmar-export-serve.pid'
@@ -112,47 +113,6 @@ def library_conf(path):
     return conf
 
 
-def drop_caches(paths):
-    """Empty the page cache; returns how.
-
-    ``sync; echo 3 > /proc/sys/vm/drop_caches`` where that is allowed; in a
-    container that may not write it, each of ``paths`` is evicted instead
-    (``POSIX_FADV_DONTNEED`` after ``fdatasync``).
-    """
-    subprocess.run(['sync'], check=True)
-    try:
-        with open('/proc/sys/vm/drop_caches', 'w') as f:
-            f.write('3\n')
-        return 'drop_caches'
-    except OSError:
-        pass
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return 'fadvise'
-
-
-def readahead_knob(path):
-    """The ``read_ahead_kb`` file of the disk holding ``path``, or None."""
-    dev = os.stat(path).st_dev
-    sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
-    for queue in (os.path.join(sysdir, 'queue'),     # a whole disk
-                  os.path.join(sysdir, '..', 'queue')):  # a partition
-        knob = os.path.join(queue, 'read_ahead_kb')
-        if os.path.exists(knob):
-            return knob
-    return None
-
-
-def read_knob(knob):
-    with open(knob) as f:
-        return int(f.read())
-
-
 @contextlib.contextmanager
 def readahead(knob, kb, state):
     """Set the disk's read-ahead to ``kb`` KiB; put it back afterwards.
@@ -163,7 +123,7 @@ def readahead(knob, kb, state):
     if knob is None or kb is None:
         yield
         return
-    old = read_knob(knob)
+    old = pagecache.read_knob(knob)
     note = os.path.join(state, READAHEAD_NOTE)
     with open(note + '.tmp', 'w') as f:
         json.dump({'knob': knob, 'kb': old}, f)
@@ -188,14 +148,6 @@ def restore_readahead(state):
         f.write(str(saved['kb']))
     os.unlink(note)
     return saved
-
-
-def fincore(paths):
-    """path -> bytes of it in the page cache (util-linux ``fincore``)."""
-    out = _run(['fincore', '--bytes', '--json', '--output', 'RES,FILE']
-               + list(paths), 'fincore')
-    rows = json.loads(out)['fincore']
-    return {p: int(r['res']) for p, r in zip(paths, rows)}
 
 
 def read_all(qemu_io, target, size):
@@ -472,10 +424,10 @@ def measure(qemu_io, pair, targets, files, sizes):
     'measured_after_s'}.
     """
     paths = files()
-    how = drop_caches(paths)
+    how = pagecache.drop(paths)
     t0 = time.monotonic()
     secs = {n: read_all(qemu_io, targets[n], sizes[n]) for n in pair}
-    cached = fincore(paths)
+    cached = pagecache.resident_bytes(paths)
     return {'files': [{'file': p, 'cached': cached[p],
                        'size': os.path.getsize(p)} for p in paths],
             'read_s': secs, 'measured_after_s': time.monotonic() - t0,
@@ -686,8 +638,8 @@ def run(args):
     raws = {n: images[n]['path'] for n in pair}
     # A file's read-ahead is fixed when it is opened, so the daemon opens
     # the base files (vmar-export add) under the read-ahead of each way.
-    knob = readahead_knob(state)
-    machine_ra = read_knob(knob) if knob else None
+    knob = pagecache.readahead_knob(state)
+    machine_ra = pagecache.read_knob(knob) if knob else None
     settable = knob and os.access(knob, os.W_OK)
     # (way, read-ahead to set for the adds, read-ahead the files get)
     plan = [('export', None, machine_ra)]

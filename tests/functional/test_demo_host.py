@@ -16,6 +16,7 @@ import time
 
 from tests import base
 from tools.vmarenv import qemu_env
+from vmar_openstack import pagecache
 
 TOOL = os.path.join(qemu_env.TOP, 'tools', 'demo_host.py')
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -37,11 +38,8 @@ def tool_read_knob(knob):
 
 
 def sha256_file(path):
-    h = hashlib.sha256()
     with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
 class TestDemoHost(base.LibraryTestCase):
@@ -106,7 +104,7 @@ class TestDemoHost(base.LibraryTestCase):
             time.sleep(0.02)
 
     def test_run(self):
-        self.knob = _load_tool().readahead_knob(self.tmp)
+        self.knob = pagecache.readahead_knob(self.tmp)
         self.machine_ra = self.knob and tool_read_knob(self.knob)
         proc = subprocess.run(self.args(), capture_output=True, text=True)
         self.assertEqual(0, proc.returncode, proc.stdout + proc.stderr)
@@ -198,7 +196,7 @@ class TestDemoHost(base.LibraryTestCase):
         self.assertNothingLeft()
 
     def test_interrupt_stops_the_export(self):
-        knob = _load_tool().readahead_knob(self.tmp)
+        knob = pagecache.readahead_knob(self.tmp)
         ra = knob and tool_read_knob(knob)
         proc = subprocess.Popen(self.args(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -213,7 +211,7 @@ class TestDemoHost(base.LibraryTestCase):
             self.assertEqual(ra, tool_read_knob(knob))
 
     def test_stop_after_a_hard_kill(self):
-        knob = _load_tool().readahead_knob(self.tmp)
+        knob = pagecache.readahead_knob(self.tmp)
         ra = knob and tool_read_knob(knob)
         proc = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)

@@ -30,13 +30,8 @@ def _id(name):
 
 
 def sha256_file(path):
-    h = hashlib.sha256()
     with open(path, 'rb') as f:
-        while True:
-            b = f.read(8 << 20)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
+        return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
 class ExportTestCase(base.LibraryTestCase):

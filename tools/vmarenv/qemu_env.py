@@ -15,6 +15,7 @@ import subprocess
 import time
 
 from tools.vmarenv import services
+from vmar_openstack import pagecache
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -109,33 +110,15 @@ def virsh(*args, check=True):
 
 def fincore_bytes(path):
     """Bytes of ``path`` in the page cache."""
-    out = subprocess.run(['fincore', '--bytes', '--noheadings', '--output',
-                          'RES', path], capture_output=True, text=True,
-                         check=True).stdout
-    return int(out.split()[0])
+    return pagecache.resident_bytes([path])[path]
 
 
-def evict(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _queue_of(path):
-    dev = os.stat(path).st_dev
-    sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
-    queue = os.path.join(sysdir, 'queue')
-    if not os.path.exists(queue):      # a partition: its disk's queue
-        queue = os.path.join(sysdir, '..', 'queue')
-    return os.path.join(queue, 'read_ahead_kb')
+evict = pagecache.evict
 
 
 def set_readahead(path, kb, test):
     """Set the read-ahead of the disk holding ``path`` for one test."""
-    knob = _queue_of(path)
+    knob = pagecache.readahead_knob(path)
     with open(knob) as f:
         old = f.read().strip()
 
