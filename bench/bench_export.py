@@ -116,15 +116,8 @@ def main():
     conf.set_override('base_aio', args.aio, group='vmar')
     conf.set_override('read_gather_gap', args.gather_gap, group='vmar')
     knob = pagecache.readahead_knob(work)
-    with open(knob) as f:
-        machine_ra = int(f.read())
-    with open(knob, 'w') as f:
-        f.write(str(args.readahead_kb))
-    try:
+    with pagecache.readahead(knob, args.readahead_kb) as machine_ra:
         return run(args, work, conf, sock, stats, machine_ra)
-    finally:
-        with open(knob, 'w') as f:
-            f.write(str(machine_ra))
 
 
 def run(args, work, conf, sock, stats, machine_ra):

@@ -123,17 +123,17 @@ def readahead(knob, kb, state):
     if knob is None or kb is None:
         yield
         return
-    old = pagecache.read_knob(knob)
-    note = os.path.join(state, READAHEAD_NOTE)
-    with open(note + '.tmp', 'w') as f:
-        json.dump({'knob': knob, 'kb': old}, f)
-    os.rename(note + '.tmp', note)
-    try:
-        with open(knob, 'w') as f:
-            f.write(str(kb))
-        yield
-    finally:
-        restore_readahead(state)
+    with pagecache.knob_held(knob):
+        old = pagecache.read_knob(knob)
+        note = os.path.join(state, READAHEAD_NOTE)
+        with open(note + '.tmp', 'w') as f:
+            json.dump({'knob': knob, 'kb': old}, f)
+        os.rename(note + '.tmp', note)
+        try:
+            pagecache.write_knob(knob, kb)
+            yield
+        finally:
+            restore_readahead(state)
 
 
 def restore_readahead(state):
@@ -144,8 +144,7 @@ def restore_readahead(state):
             saved = json.load(f)
     except (OSError, ValueError):
         return None
-    with open(saved['knob'], 'w') as f:
-        f.write(str(saved['kb']))
+    pagecache.write_knob(saved['knob'], saved['kb'])
     os.unlink(note)
     return saved
 

@@ -6,6 +6,8 @@ to empty the cache of it, and which ``read_ahead_kb`` knob decides how much
 the kernel reads around each miss.
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -68,3 +70,33 @@ def read_knob(knob):
     """The read-ahead in KiB a ``read_ahead_kb`` file holds."""
     with open(knob) as f:
         return int(f.read())
+
+
+def write_knob(knob, kb):
+    with open(knob, 'w') as f:
+        f.write(str(kb))
+
+
+@contextlib.contextmanager
+def knob_held(knob):
+    """Hold the disk's read-ahead knob for ourselves (an exclusive flock).
+
+    Whoever changes the read-ahead for a measurement holds it, so two
+    concurrent measurements (a demo and a benchmark, say) take turns
+    instead of putting back each other's settings.
+    """
+    with open(knob) as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def readahead(knob, kb):
+    """The disk's read-ahead at ``kb`` KiB; the old value put back after."""
+    with knob_held(knob):
+        old = read_knob(knob)
+        write_knob(knob, kb)
+        try:
+            yield old
+        finally:
+            write_knob(knob, old)
