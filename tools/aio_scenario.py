@@ -22,6 +22,7 @@ Usage: tools/aio_scenario.py [--qemu-prefix P] [--library DIR] [--json OUT]
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -136,12 +137,14 @@ class Scenario:
         hooks.register()
         # a moderate read-ahead on the disk of host_dir, as export.rst
         # advises (this machine's is 8 MiB); files take it when opened
-        self.readahead = _readahead(self.work, 128)
+        self.readahead = contextlib.ExitStack()
+        self.readahead.enter_context(pagecache.readahead(
+            pagecache.readahead_knob(self.work), 128))
         self.exports = export.ExportService(self.conf)
 
     def stop(self):
         if getattr(self, 'readahead', None):
-            _readahead(self.work, *self.readahead)
+            self.readahead.close()
             self.readahead = None
         for name in self.domains:
             qemu_env.virsh('destroy', name, check=False)
@@ -322,16 +325,6 @@ class Scenario:
         check(not alive and not mine and not os.path.exists(work)
               and not os.path.exists(sock_dir),
               '7. teardown: no process or file left behind')
-
-
-def _readahead(path, kb, knob=None):
-    """Set read_ahead_kb of the disk holding ``path``; (old kb, knob)."""
-    knob = knob or pagecache.readahead_knob(path)
-    with open(knob) as f:
-        old = int(f.read())
-    with open(knob, 'w') as f:
-        f.write(str(kb))
-    return old, knob
 
 
 def _data_bytes(path):

@@ -7,6 +7,7 @@ test guest (``tools/build-test-guest.sh``) and ``virtlogd``/``libvirtd``
 (started by hand: there is no systemd).
 """
 
+import contextlib
 import functools
 import grp
 import os
@@ -117,17 +118,16 @@ evict = pagecache.evict
 
 
 def set_readahead(path, kb, test):
-    """Set the read-ahead of the disk holding ``path`` for one test."""
-    knob = pagecache.readahead_knob(path)
-    with open(knob) as f:
-        old = f.read().strip()
+    """Set the read-ahead of the disk holding ``path`` for one test.
 
-    def restore():
-        with open(knob, 'w') as f:
-            f.write(old)
-    with open(knob, 'w') as f:
-        f.write(str(kb))
-    test.addCleanup(restore)
+    The knob stays held (an flock) until the test's cleanup puts the old
+    value back, so concurrent runs take turns instead of restoring each
+    other's settings.
+    """
+    held = contextlib.ExitStack()
+    held.enter_context(pagecache.readahead(pagecache.readahead_knob(path),
+                                           kb))
+    test.addCleanup(held.close)
 
 
 def console_tail(console, n=2000):
