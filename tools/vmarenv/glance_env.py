@@ -118,6 +118,11 @@ def _proc_owner_tags(var=OWNER_VAR):
                 break
 
 
+def tagged_pids(match, var=OWNER_VAR):
+    """Live processes whose tag (in ``var``) satisfies match, by pid."""
+    return sorted(pid for pid, tag in _proc_owner_tags(var) if match(tag))
+
+
 def _pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -263,8 +268,11 @@ class RabbitMQ(_Service):
 
     def __init__(self, work_dir=None, user='vmar', password=None,
                  timeout=90, ports=None, nodename=None, **tagging):
-        """``ports`` (AMQP, distribution, epmd) and ``nodename`` are chosen
-        at ``start()`` unless given; ``tagging``: see :class:`_Service`."""
+        """A node; ports and node name are chosen at start() unless given.
+
+        ``ports``: (AMQP, distribution, epmd); ``tagging``: see
+        :class:`_Service`.
+        """
         super(RabbitMQ, self).__init__(work_dir, **tagging)
         self.user = user
         self.password = password or secrets.token_hex(8)
