@@ -15,7 +15,8 @@
 #           --purge also removes the state directory
 #
 # State (configuration, databases, logs, images, instances):
-# $VMAR_CLOUD_STATE, default /var/lib/vmar-cloud. See doc/source/cloud.rst.
+# $VMAR_CLOUD_STATE, default /var/lib/vmar-cloud. VMAR_QEMU_PREFIX, if set,
+# is the patched QEMU (else qemu/build.sh). See doc/source/cloud.rst.
 set -euo pipefail
 
 TOP=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,7 +24,7 @@ cmd=${1:-}
 case $cmd in
     up)
         venv=$("$TOP/tools/install-deps.sh" cloud | tail -n 1)
-        qemu=$("$TOP/qemu/build.sh" | tail -n 1)
+        qemu=${VMAR_QEMU_PREFIX:-$("$TOP/qemu/build.sh" | tail -n 1)}
         shift
         cd "$TOP"
         exec "$venv/bin/python" -m tools.cloud up --qemu-prefix "$qemu" "$@"

@@ -158,6 +158,7 @@ class Cloud(object):
     def variables(self):
         v = {
             'state_dir': self.state_dir,
+            'top': TOP,
             'log_dir': self.log_dir,
             'venv': self.venv,
             'keystone_url': self.keystone_url,

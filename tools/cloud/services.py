@@ -100,6 +100,14 @@ class Service(glance_env._Service):
 
     # -- machinery -------------------------------------------------------
 
+    def _env(self, extra=None):
+        # nothing a service writes goes outside the state directory: not
+        # temporary files, not stevedore's entry-point cache (~/.cache)
+        env = {'TMPDIR': self.cloud.path('tmp'),
+               'XDG_CACHE_HOME': self.cloud.path('cache')}
+        env.update(extra or {})
+        return super(Service, self)._env(env)
+
     @property
     def pidfile(self):
         return self.cloud.path('run', self.name + '.pid')

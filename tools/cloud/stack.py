@@ -1,5 +1,6 @@
 """The all-in-one cloud: its services in start order, up, down, status."""
 
+from concurrent import futures
 import os
 import shutil
 import signal
@@ -374,9 +375,10 @@ def services(cloud):
 
 def up(cloud, echo=print):
     cloud.load(create=True)
-    for d in ('log', 'stamps', 'run'):
+    for d in ('log', 'stamps', 'run', 'tmp', 'cache'):
         os.makedirs(cloud.path(d), exist_ok=True)
     os.chmod(cloud.path('run'), 0o755)
+    os.chmod(cloud.path('tmp'), 0o1777)  # MariaDB and QEMU use it too
     cloud.render()
     for svc in services(cloud):
         if svc.is_up():
@@ -429,11 +431,26 @@ def down(cloud, echo=print):
     if not cloud.load():
         echo('no cloud in %s' % cloud.state_dir)
         return
-    for svc in reversed(services(cloud)):
+    every = services(cloud)
+    for svc in every:
+        if isinstance(svc, Libvirt):
+            names = svc.destroy_domains()
+            if names:
+                echo('destroyed domains: %s' % ' '.join(names))
+    # the services in parallel, then RabbitMQ and MariaDB, which the
+    # others use while they stop
+    last = [svc for svc in every if isinstance(svc, (RabbitMQ, MariaDB))]
+    first = [svc for svc in every if svc not in last]
+
+    def stop(svc):
         if svc.pids():
             t0 = time.time()
             svc.stop()
             echo('%-15s stopped in %.1f s' % (svc.name, time.time() - t0))
+    for group in (first, list(reversed(last))):
+        with futures.ThreadPoolExecutor(len(group)) as pool:
+            for done in [pool.submit(stop, svc) for svc in group]:
+                done.result()
     for sig in (signal.SIGTERM, signal.SIGKILL):
         left = strays(cloud)
         for pid in left:
