@@ -181,8 +181,12 @@ class Service(glance_env._Service):
             time.sleep(0.2)
         self.post()
 
-    def stop(self, timeout=20):
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5)):
+    # seconds between SIGTERM and SIGKILL
+    stop_timeout = 20
+
+    def stop(self):
+        for sig, wait in ((signal.SIGTERM, self.stop_timeout),
+                          (signal.SIGKILL, 5)):
             pids = self.pids()
             for pid in pids:
                 try:

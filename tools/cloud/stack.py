@@ -209,6 +209,10 @@ class Neutron(UwsgiService):
 
 class NovaAPI(UwsgiService):
 
+    # its uWSGI worker ignores SIGTERM for as long as we wait: nothing of
+    # the API's state is lost by killing it
+    stop_timeout = 5
+
     def __init__(self, cloud):
         super(NovaAPI, self).__init__(
             cloud, 'nova-api', 'nova_api',
@@ -325,6 +329,10 @@ class VmarExport(OsloService):
 
 class NovaCompute(OsloService):
     """vmar-nova-compute: Nova's nova-compute with the vmar backend."""
+
+    # oslo.service's graceful shutdown waits out the whole timeout; the
+    # domains are gone already (down destroys them first)
+    stop_timeout = 5
 
     def __init__(self, cloud):
         super(NovaCompute, self).__init__(
