@@ -25,7 +25,8 @@
 # --cold shares none of them: every download and build happens in the root,
 # as on a new machine (how the README's timings are measured).
 #
-# The command runs in its own mount namespace with /proc, /sys, /dev and a
+# The command runs in its own mount namespace with /proc, /sys (with its
+# cgroups), /dev and a
 # tmpfs on /run; the mounts vanish with it. If any process is still running
 # in the root after the command returns, the run fails (the README commands
 # must not leave anything running) and those processes are killed. The
@@ -114,7 +115,9 @@ inside() {
     shift 2
     mount --make-rprivate /
     mount -t proc proc "$root/proc"
-    mount -t sysfs sysfs "$root/sys"
+    # /sys as the machine has it, with its cgroup hierarchies (libvirt
+    # puts guests into cgroups, as on any machine whose init mounted them)
+    mount --rbind /sys "$root/sys"
     mount --rbind /dev "$root/dev"
     mount -t tmpfs tmpfs "$root/run"
     if [ "$cold" = 0 ]; then
