@@ -19,9 +19,12 @@
 #   - the certificate authorities in /usr/local/share/ca-certificates and
 #     /etc/pip.conf, so apt-get and pip reach the package registries.
 # Download and build caches are shared with this machine (bind mounts):
-# pip's wheel cache, debootstrap's .deb cache and the QEMU build tree and
-# ccache of qemu/build.sh. Installed results are never shared: the
-# virtualenv, the QEMU prefix and the image library are made in the root.
+# pip's wheel cache, debootstrap's .deb cache, the QEMU build tree and
+# ccache of qemu/build.sh, and the image library (each image is rebuilt
+# unless its stamp matches the hash of the build script, its parameters and
+# the tool versions, so a stale image is never reused). Installed results
+# are never shared: the packages, the virtualenv and the QEMU prefix are
+# made in the root.
 # --cold shares none of them: every download and build happens in the root,
 # as on a new machine (how the README's timings are measured).
 #
@@ -45,7 +48,8 @@ CLONE=/root/vmar-openstack
 # Download and build caches shared with the root, at the same paths.
 QEMU_CACHE=/var/cache/vmar-openstack
 SHARED_CACHES=(/root/.cache/pip /var/cache/vmar-openstack/debootstrap
-    "$QEMU_CACHE/qemu-build" "$QEMU_CACHE/ccache")
+    "$QEMU_CACHE/qemu-build" "$QEMU_CACHE/ccache"
+    /var/cache/vmar-openstack/images)
 
 say() {
     printf '%s fresh-root: %s\n' "$(date +%H:%M:%S)" "$*" >&2
