@@ -12,6 +12,7 @@ import functools
 import grp
 import os
 import re
+import socket
 import subprocess
 import time
 
@@ -61,19 +62,31 @@ def test_guest():
     return _last_line([os.path.join(TOP, 'tools', 'build-test-guest.sh')])
 
 
-def _running(name):
-    return subprocess.run(['pgrep', '-x', name],
-                          capture_output=True).returncode == 0
+def _serving(socket_path):
+    """Whether a daemon answers on the unix socket ``socket_path``.
+
+    Asked of the socket, not of the process list: in a chroot or a mount
+    namespace the daemons another root runs are visible to pgrep but
+    unreachable.
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(socket_path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 @functools.lru_cache(maxsize=None)
 def libvirt():
     """Start virtlogd and libvirtd if they are not running."""
     _kvm_device_as_debian_sets_it()
-    if not _running('virtlogd'):
+    if not _serving('/run/libvirt/virtlogd-sock'):
         subprocess.run(['virtlogd', '-d'], check=True)
         services.record_started('virtlogd')
-    if not _running('libvirtd'):
+    if not _serving('/run/libvirt/libvirt-sock'):
         subprocess.run(['libvirtd', '-d'], check=True)
         services.record_started('libvirtd')
     deadline = time.time() + 30
