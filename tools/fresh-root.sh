@@ -19,8 +19,7 @@
 #   - the certificate authorities in /usr/local/share/ca-certificates and
 #     /etc/pip.conf, so apt-get and pip reach the package registries.
 # Download and build caches are shared with this machine (bind mounts):
-# pip's wheel cache, debootstrap's .deb cache, the QEMU build tree and
-# ccache of qemu/build.sh, and the image library (each image is rebuilt
+# pip's wheel cache, debootstrap's .deb cache, the ccache of qemu/build.sh, and the image library (each image is rebuilt
 # unless its stamp matches the hash of the build script, its parameters and
 # the tool versions, so a stale image is never reused). Installed results
 # are never shared: the packages, the virtualenv and the QEMU prefix are
@@ -47,9 +46,11 @@ SUITE=bookworm
 CLONE=/root/vmar-openstack
 # Download and build caches shared with the root, at the same paths.
 QEMU_CACHE=/var/cache/vmar-openstack
+# Not the QEMU build tree: its configuration records what the machine had
+# (valgrind's headers, for one), so the root configures its own and
+# compiles through the shared ccache.
 SHARED_CACHES=(/root/.cache/pip /var/cache/vmar-openstack/debootstrap
-    "$QEMU_CACHE/qemu-build" "$QEMU_CACHE/ccache"
-    /var/cache/vmar-openstack/images)
+    "$QEMU_CACHE/ccache" /var/cache/vmar-openstack/images)
 
 say() {
     printf '%s fresh-root: %s\n' "$(date +%H:%M:%S)" "$*" >&2
