@@ -23,7 +23,6 @@ Usage: tools/aio_scenario.py [--qemu-prefix P] [--library DIR] [--json OUT]
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -67,11 +66,6 @@ def check(cond, what):
     if not cond:
         raise Failed(what)
     print('  ok: %s' % what, flush=True)
-
-
-def sha256(path):
-    with open(path, 'rb') as f:
-        return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
 class Scenario:
@@ -198,7 +192,7 @@ class Scenario:
               % ', '.join('%s v%d' % kv for kv in self.versions.items()))
         self.report['images'] = self.ids
         self.report['maps'] = self.versions
-        self.expected = {n: sha256(lib[n]) for n in BOOTED}
+        self.expected = {n: qemu_env.sha256_file(lib[n]) for n in BOOTED}
 
     def provision_and_boot(self):
         backend = imagebackend.Backend(use_cow=True)

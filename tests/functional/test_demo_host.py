@@ -5,7 +5,6 @@ Two small, similar images in a private library; the tool exports them with
 root (it drops the page cache), ``fincore`` and matplotlib.
 """
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -35,11 +34,6 @@ def _load_tool():
 def tool_read_knob(knob):
     with open(knob) as f:
         return int(f.read())
-
-
-def sha256_file(path):
-    with open(path, 'rb') as f:
-        return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
 class TestDemoHost(base.LibraryTestCase):
@@ -176,7 +170,8 @@ class TestDemoHost(base.LibraryTestCase):
                 subprocess.run(
                     [qemu_env.qemu_bin('qemu-img'), 'convert', '-f', 'raw',
                      '-O', 'raw', uri, out], check=True)
-                self.assertEqual(sha256_file(raw), sha256_file(out))
+                self.assertEqual(qemu_env.sha256_file(raw),
+                                 qemu_env.sha256_file(out))
                 os.unlink(out)
             pids = [host.proc.pid]
             with open(os.path.join(self.tmp, 'host', 'qsd.pid')) as f:

@@ -10,6 +10,7 @@ test guest (``tools/build-test-guest.sh``) and ``virtlogd``/``libvirtd``
 import contextlib
 import functools
 import grp
+import hashlib
 import os
 import re
 import socket
@@ -120,6 +121,12 @@ def _kvm_device_as_debian_sets_it():
 def virsh(*args, check=True):
     return subprocess.run(['virsh', '-c', libvirt()] + list(args),
                           capture_output=True, text=True, check=check)
+
+
+def sha256_file(path):
+    """The sha256 of a file's bytes, hex."""
+    with open(path, 'rb') as f:
+        return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
 def fincore_bytes(path):
