@@ -243,10 +243,7 @@ class TestNovaBackend(NovaTestCase):
         qsd = self.qsd_pid()
         os.kill(self.serve_proc.pid, signal.SIGKILL)
         os.kill(qsd, signal.SIGKILL)
-        subprocess.run(['pkill', '-9', '-x', 'libvirtd'])
-        while subprocess.run(['pgrep', '-x', 'libvirtd']).returncode == 0:
-            time.sleep(0.1)
-        qemu_env.libvirt.cache_clear()
+        qemu_env.kill_libvirtd()
         os.unlink(self.sock)
         # boot: vmar-export first, then libvirt, then Nova resumes guests
         self.serve()
