@@ -285,6 +285,14 @@ normalise_tree() {
         [ -d "$d" ] && rmdir --ignore-fail-on-non-empty -- "$d"
     done
 
+    # MariaDB: the data directory made by the postinst (mysql_install_db)
+    # holds creation times and random ids; vmar-mariadb-firstboot.service
+    # (install_mariadb_firstboot) makes it again on the first boot.
+    if [ -d "$root/var/lib/mysql" ]; then
+        find "$root/var/lib/mysql" -mindepth 1 -maxdepth 1 \
+            ! -name 'debian-*.flag' -exec rm -rf {} +
+    fi
+
     # Scratch space.
     for d in run tmp var/tmp; do
         if [ -d "$root/$d" ] && [ ! -L "$root/$d" ]; then
@@ -365,6 +373,29 @@ EOF
         "$root/etc/systemd/system/multi-user.target.wants/vmar-booted.service"
 }
 
+# MariaDB's system tables, made on the first boot instead of at build
+# time (normalise_tree removes them), with the postinst's own command.
+install_mariadb_firstboot() {
+    local root=$1
+    mkdir -p "$root/etc/systemd/system/mariadb.service.wants"
+    cat > "$root/etc/systemd/system/vmar-mariadb-firstboot.service" <<'EOF'
+[Unit]
+Description=Create the MariaDB system tables on the first boot
+ConditionPathExists=!/var/lib/mysql/mysql
+Before=mariadb.service
+
+[Service]
+Type=oneshot
+Environment=TMPDIR=
+ExecStart=/usr/bin/mysql_install_db --rpm --cross-bootstrap --user=mysql --disable-log-bin --skip-test-db
+
+[Install]
+WantedBy=mariadb.service
+EOF
+    ln -sfn ../vmar-mariadb-firstboot.service \
+        "$root/etc/systemd/system/mariadb.service.wants/vmar-mariadb-firstboot.service"
+}
+
 # The FAT volume id of the /boot partition (also the MBR disk id): 8 hex
 # digits from the image name.
 boot_volid() {
@@ -398,6 +429,9 @@ UUID=$uuid / ext4 errors=remount-ro 0 1
 UUID=$(boot_volid_dashed "$name") /boot vfat defaults,nofail 0 2
 EOF
     install_marker_unit "$root" "$name"
+    if [ -f "$root/lib/systemd/system/mariadb.service" ]; then
+        install_mariadb_firstboot "$root"
+    fi
 }
 
 # build_boot_fs NAME UUID BOOTDIR FILE: the FAT /boot file system, with the
