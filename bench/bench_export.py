@@ -46,6 +46,7 @@ from vmar_openstack.db import migration
 from vmar_openstack import export
 from vmar_openstack.export import supervisor
 from vmar_openstack import ingest
+from vmar_openstack import pagecache
 
 
 def make_conf(state, prefix, sock):
@@ -61,12 +62,6 @@ def make_conf(state, prefix, sock):
                       group='vmar_database')
     migration.upgrade('head', conf=conf)
     return conf
-
-
-def drop_caches():
-    subprocess.run(['sync'], check=True)
-    with open('/proc/sys/vm/drop_caches', 'w') as f:
-        f.write('3\n')
 
 
 def fio(uri, rw, bs, size=None, runtime=None, iodepth=16):
@@ -120,25 +115,9 @@ def main():
     conf.set_override('map_source_dir', conf.vmar.state_dir, group='vmar')
     conf.set_override('base_aio', args.aio, group='vmar')
     conf.set_override('read_gather_gap', args.gather_gap, group='vmar')
-    knob = readahead_knob(work)
-    with open(knob) as f:
-        machine_ra = int(f.read())
-    with open(knob, 'w') as f:
-        f.write(str(args.readahead_kb))
-    try:
+    knob = pagecache.readahead_knob(work)
+    with pagecache.readahead(knob, args.readahead_kb) as machine_ra:
         return run(args, work, conf, sock, stats, machine_ra)
-    finally:
-        with open(knob, 'w') as f:
-            f.write(str(machine_ra))
-
-
-def readahead_knob(path):
-    dev = os.stat(path).st_dev
-    sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
-    queue = os.path.join(sysdir, 'queue')
-    if not os.path.exists(queue):
-        queue = os.path.join(sysdir, '..', 'queue')
-    return os.path.join(queue, 'read_ahead_kb')
 
 
 def run(args, work, conf, sock, stats, machine_ra):
@@ -208,12 +187,12 @@ def run(args, work, conf, sock, stats, machine_ra):
 
         # 3. cold cache: image 1 then image 2, VMAR vs raw
         pid = proc.pid
-        drop_caches()
+        pagecache.drop()
         fio(uri_1, 'read', '1M', size=size)
         before = read_bytes(pid)
         fio(uri_v, 'read', '1M', size=size)
         vmar_bytes = read_bytes(pid) - before
-        drop_caches()
+        pagecache.drop()
         with open(svc.base_file(first), 'rb') as f:
             while f.read(8 << 20):
                 pass

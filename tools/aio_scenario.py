@@ -22,7 +22,7 @@ Usage: tools/aio_scenario.py [--qemu-prefix P] [--library DIR] [--json OUT]
 """
 
 import argparse
-import hashlib
+import contextlib
 import json
 import os
 import shutil
@@ -51,6 +51,7 @@ from vmar_openstack.exception import SourceError  # noqa: E402
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
 from vmar_openstack.nova_imagebackend import hooks  # noqa: E402
+from vmar_openstack import pagecache  # noqa: E402
 
 MAPPING = {'bus': 'virtio', 'dev': 'vda', 'type': 'disk'}
 IMAGES = ('minbase', 'python3', 'nginx')
@@ -65,14 +66,6 @@ def check(cond, what):
     if not cond:
         raise Failed(what)
     print('  ok: %s' % what, flush=True)
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for b in iter(lambda: f.read(8 << 20), b''):
-            h.update(b)
-    return h.hexdigest()
 
 
 class Scenario:
@@ -138,12 +131,14 @@ class Scenario:
         hooks.register()
         # a moderate read-ahead on the disk of host_dir, as export.rst
         # advises (this machine's is 8 MiB); files take it when opened
-        self.readahead = _readahead(self.work, 128)
+        self.readahead = contextlib.ExitStack()
+        self.readahead.enter_context(pagecache.readahead(
+            pagecache.readahead_knob(self.work), 128))
         self.exports = export.ExportService(self.conf)
 
     def stop(self):
         if getattr(self, 'readahead', None):
-            _readahead(self.work, *self.readahead)
+            self.readahead.close()
             self.readahead = None
         for name in self.domains:
             qemu_env.virsh('destroy', name, check=False)
@@ -197,7 +192,7 @@ class Scenario:
               % ', '.join('%s v%d' % kv for kv in self.versions.items()))
         self.report['images'] = self.ids
         self.report['maps'] = self.versions
-        self.expected = {n: sha256(lib[n]) for n in BOOTED}
+        self.expected = {n: qemu_env.sha256_file(lib[n]) for n in BOOTED}
 
     def provision_and_boot(self):
         backend = imagebackend.Backend(use_cow=True)
@@ -324,16 +319,6 @@ class Scenario:
         check(not alive and not mine and not os.path.exists(work)
               and not os.path.exists(sock_dir),
               '7. teardown: no process or file left behind')
-
-
-def _readahead(path, kb, knob=None):
-    """Set read_ahead_kb of the disk holding ``path``; (old kb, knob)."""
-    knob = knob or qemu_env._queue_of(path)
-    with open(knob) as f:
-        old = int(f.read())
-    with open(knob, 'w') as f:
-        f.write(str(kb))
-    return old, knob
 
 
 def _data_bytes(path):

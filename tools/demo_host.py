@@ -32,9 +32,9 @@ and the patched QEMU (``qemu/build.sh`` prints its prefix), and:
    the same numbers.
 
 Whatever happens (an error, Ctrl-C, SIGTERM), ``vmar-export serve`` and its
-qemu-storage-daemon are stopped before the tool exits. ``stop`` stops what
-an earlier ``run`` left behind (one killed with SIGKILL, say), found by the
-pid files in the state dir.
+qemu-storage-daemon are stopped, and the read-ahead is put back, before the
+tool exits. ``stop`` undoes what an earlier ``run`` left behind (one killed
+with SIGKILL, say), found by the files it notes in the state dir.
 
 The machine reclaims idle page cache on its own (DAMON ``pageout`` of pages
 idle for about a minute), so each way is measured within seconds of its
@@ -70,9 +70,11 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack.fingerprint import keys as fp_keys
+from vmar_openstack import pagecache
 
 HOST_CONF = 'vmar-host.conf'
 SERVE_PID = 'vmar-export-serve.pid'
+READAHEAD_NOTE = 'readahead-to-restore.json'
 CHART = 'demo-host.png'
 READ_CHUNK = 64 << 20
 DEFAULT_READAHEAD_KB = 128      # the kernel's default
@@ -111,69 +113,40 @@ def library_conf(path):
     return conf
 
 
-def drop_caches(paths):
-    """Empty the page cache; returns how.
-
-    ``sync; echo 3 > /proc/sys/vm/drop_caches`` where that is allowed; in a
-    container that may not write it, each of ``paths`` is evicted instead
-    (``POSIX_FADV_DONTNEED`` after ``fdatasync``).
-    """
-    subprocess.run(['sync'], check=True)
-    try:
-        with open('/proc/sys/vm/drop_caches', 'w') as f:
-            f.write('3\n')
-        return 'drop_caches'
-    except OSError:
-        pass
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return 'fadvise'
-
-
-def readahead_knob(path):
-    """The ``read_ahead_kb`` file of the disk holding ``path``, or None."""
-    dev = os.stat(path).st_dev
-    sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
-    for queue in (os.path.join(sysdir, 'queue'),     # a whole disk
-                  os.path.join(sysdir, '..', 'queue')):  # a partition
-        knob = os.path.join(queue, 'read_ahead_kb')
-        if os.path.exists(knob):
-            return knob
-    return None
-
-
-def read_knob(knob):
-    with open(knob) as f:
-        return int(f.read())
-
-
 @contextlib.contextmanager
-def readahead(knob, kb):
-    """Set the disk's read-ahead to ``kb`` KiB; put it back afterwards."""
+def readahead(knob, kb, state):
+    """Set the disk's read-ahead to ``kb`` KiB; put it back afterwards.
+
+    The old setting is noted in ``state`` first, so that ``stop`` can put
+    it back after a run that was killed hard.
+    """
     if knob is None or kb is None:
         yield
         return
-    old = read_knob(knob)
-    with open(knob, 'w') as f:
-        f.write(str(kb))
+    with pagecache.knob_held(knob):
+        old = pagecache.read_knob(knob)
+        note = os.path.join(state, READAHEAD_NOTE)
+        with open(note + '.tmp', 'w') as f:
+            json.dump({'knob': knob, 'kb': old}, f)
+        os.rename(note + '.tmp', note)
+        try:
+            pagecache.write_knob(knob, kb)
+            yield
+        finally:
+            restore_readahead(state)
+
+
+def restore_readahead(state):
+    """Put back a read-ahead noted in ``state``; returns it, or None."""
+    note = os.path.join(state, READAHEAD_NOTE)
     try:
-        yield
-    finally:
-        with open(knob, 'w') as f:
-            f.write(str(old))
-
-
-def fincore(paths):
-    """path -> bytes of it in the page cache (util-linux ``fincore``)."""
-    out = _run(['fincore', '--bytes', '--json', '--output', 'RES,FILE']
-               + list(paths), 'fincore')
-    rows = json.loads(out)['fincore']
-    return {p: int(r['res']) for p, r in zip(paths, rows)}
+        with open(note) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    pagecache.write_knob(saved['knob'], saved['kb'])
+    os.unlink(note)
+    return saved
 
 
 def read_all(qemu_io, target, size):
@@ -415,20 +388,30 @@ def stop_session(sid, proc=None, host_dir=None, timeout=30):
 
 
 def stop_leftovers(state):
-    """Stop a serve an earlier run left (its pid file); returns a message."""
+    """Undo what an earlier run left; returns what was done, in lines.
+
+    Stops its ``vmar-export serve`` (found by its pid file) and puts back
+    the read-ahead it had changed.
+    """
+    done = []
     path = os.path.join(state, SERVE_PID)
     try:
         with open(path) as f:
             sid = int(f.read())
     except (OSError, ValueError):
-        return None
-    msg = None
-    if _alive(sid) and 'vmar-export' in _cmdline(sid):
-        left = stop_session(sid, host_dir=os.path.join(state, 'host'))
-        msg = 'stopped vmar-export serve %d left by an earlier run%s' % (
-            sid, ' (still alive: %s)' % left if left else '')
-    os.unlink(path)
-    return msg
+        sid = None
+    if sid is not None:
+        if _alive(sid) and 'vmar-export' in _cmdline(sid):
+            left = stop_session(sid, host_dir=os.path.join(state, 'host'))
+            done.append('stopped vmar-export serve %d left by an earlier '
+                        'run%s' % (sid, ' (still alive: %s)' % left
+                                   if left else ''))
+        os.unlink(path)
+    saved = restore_readahead(state)
+    if saved:
+        done.append('put back the read-ahead an earlier run had changed: '
+                    '%d KiB in %s' % (saved['kb'], saved['knob']))
+    return done
 
 
 # -- the run ------------------------------------------------------------------
@@ -440,10 +423,10 @@ def measure(qemu_io, pair, targets, files, sizes):
     'measured_after_s'}.
     """
     paths = files()
-    how = drop_caches(paths)
+    how = pagecache.drop(paths)
     t0 = time.monotonic()
     secs = {n: read_all(qemu_io, targets[n], sizes[n]) for n in pair}
-    cached = fincore(paths)
+    cached = pagecache.resident_bytes(paths)
     return {'files': [{'file': p, 'cached': cached[p],
                        'size': os.path.getsize(p)} for p in paths],
             'read_s': secs, 'measured_after_s': time.monotonic() - t0,
@@ -654,8 +637,8 @@ def run(args):
     raws = {n: images[n]['path'] for n in pair}
     # A file's read-ahead is fixed when it is opened, so the daemon opens
     # the base files (vmar-export add) under the read-ahead of each way.
-    knob = readahead_knob(state)
-    machine_ra = read_knob(knob) if knob else None
+    knob = pagecache.readahead_knob(state)
+    machine_ra = pagecache.read_knob(knob) if knob else None
     settable = knob and os.access(knob, os.W_OK)
     # (way, read-ahead to set for the adds, read-ahead the files get)
     plan = [('export', None, machine_ra)]
@@ -673,7 +656,7 @@ def run(args):
                 for n in pair:
                     host.remove(images[n]['id'])
             uris = {}
-            with readahead(knob, kb):
+            with readahead(knob, kb, state):
                 for n in pair:
                     uris[n] = host.add(images[n]['id'])
                     if not i:
@@ -692,6 +675,9 @@ def run(args):
             if proc.returncode:
                 raise DemoError('the export of %s differs from %s: %s' % (
                     n, raws[n], (proc.stdout + proc.stderr).strip()))
+        # host_dir keeps no copy of the maps and bases
+        for n in pair:
+            host.remove(images[n]['id'])
         print()
     if host.left:
         raise DemoError('processes of vmar-export still alive: %s'
@@ -761,9 +747,8 @@ def main(argv=None):
     signal.signal(signal.SIGHUP, _terminate)
     try:
         if args.command == 'stop':
-            msg = stop_leftovers(args.state)
-            if msg:
-                print(msg)
+            for line in stop_leftovers(args.state):
+                print(line)
             return 0
         if os.geteuid() != 0:
             raise DemoError('needs root (to drop the page cache and set '

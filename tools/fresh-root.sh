@@ -19,13 +19,16 @@
 #   - the certificate authorities in /usr/local/share/ca-certificates and
 #     /etc/pip.conf, so apt-get and pip reach the package registries.
 # Download and build caches are shared with this machine (bind mounts):
-# pip's wheel cache, debootstrap's .deb cache and the QEMU build tree and
-# ccache of qemu/build.sh. Installed results are never shared: the
-# virtualenv, the QEMU prefix and the image library are made in the root.
+# pip's wheel cache, debootstrap's .deb cache, the ccache of qemu/build.sh, and the image library (each image is rebuilt
+# unless its stamp matches the hash of the build script, its parameters and
+# the tool versions, so a stale image is never reused). Installed results
+# are never shared: the packages, the virtualenv and the QEMU prefix are
+# made in the root.
 # --cold shares none of them: every download and build happens in the root,
 # as on a new machine (how the README's timings are measured).
 #
-# The command runs in its own mount namespace with /proc, /sys, /dev and a
+# The command runs in its own mount namespace with /proc, /sys (with its
+# cgroups), /dev and a
 # tmpfs on /run; the mounts vanish with it. If any process is still running
 # in the root after the command returns, the run fails (the README commands
 # must not leave anything running) and those processes are killed. The
@@ -43,8 +46,11 @@ SUITE=bookworm
 CLONE=/root/vmar-openstack
 # Download and build caches shared with the root, at the same paths.
 QEMU_CACHE=/var/cache/vmar-openstack
+# Not the QEMU build tree: its configuration records what the machine had
+# (valgrind's headers, for one), so the root configures its own and
+# compiles through the shared ccache.
 SHARED_CACHES=(/root/.cache/pip /var/cache/vmar-openstack/debootstrap
-    "$QEMU_CACHE/qemu-build" "$QEMU_CACHE/ccache")
+    "$QEMU_CACHE/ccache" /var/cache/vmar-openstack/images)
 
 say() {
     printf '%s fresh-root: %s\n' "$(date +%H:%M:%S)" "$*" >&2
@@ -114,7 +120,9 @@ inside() {
     shift 2
     mount --make-rprivate /
     mount -t proc proc "$root/proc"
-    mount -t sysfs sysfs "$root/sys"
+    # /sys as the machine has it, with its cgroup hierarchies (libvirt
+    # puts guests into cgroups, as on any machine whose init mounted them)
+    mount --rbind /sys "$root/sys"
     mount --rbind /dev "$root/dev"
     mount -t tmpfs tmpfs "$root/run"
     if [ "$cold" = 0 ]; then

@@ -4,7 +4,7 @@
 #
 # Usage: tools/install-deps.sh [--debs-only] [PURPOSE...]
 #
-# PURPOSE is one of demo, qemu, test. Each purpose has its Debian packages
+# PURPOSE is one of cloud, demo, qemu, test. Each purpose has its Debian packages
 # in bindep.txt (profile PURPOSE) and, where it needs Python packages, a
 # PURPOSE-requirements.txt next to requirements.txt. What every purpose
 # needs (no profile in bindep.txt, requirements.txt) is always installed.
@@ -29,8 +29,8 @@ purposes=()
 for arg in "$@"; do
     case $arg in
         --debs-only) debs_only=1 ;;
-        demo | qemu | test) purposes+=("$arg") ;;
-        *) echo "usage: $0 [--debs-only] [demo|qemu|test]..." >&2; exit 2 ;;
+        cloud | demo | qemu | test) purposes+=("$arg") ;;
+        *) echo "usage: $0 [--debs-only] [cloud|demo|qemu|test]..." >&2; exit 2 ;;
     esac
 done
 
@@ -99,8 +99,8 @@ if [ "$debs_only" = 0 ]; then
         "$TOP/setup.py" "$TOP/vmar_openstack/fingerprint/_blockhash.c"
     for purpose in "${purposes[@]}"; do
         [ -f "$TOP/$purpose-requirements.txt" ] || continue
-        pip_install "$purpose" "$TOP/$purpose-requirements.txt" \
-            "$TOP/requirements.txt"
+        # a purpose's file may include others (-r): hash them all
+        pip_install "$purpose" "$TOP"/*requirements.txt
     done
 fi
 echo "$VENV"

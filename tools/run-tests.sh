@@ -25,7 +25,7 @@ if [ "$FRESH_ROOT" = 0 ] && [ -n "${CI:-}" ]; then
     echo "CI runs the fresh-machine stage; ignoring --no-fresh-root" >&2
     FRESH_ROOT=1
 fi
-VENV=$(tools/install-deps.sh test | tail -n 1)
+VENV=$(tools/install-deps.sh test cloud | tail -n 1)
 export PATH="$VENV/bin:$PATH"
 
 VMAR_TEST_STARTED=$(mktemp /tmp/vmar-test-started.XXXXXX)

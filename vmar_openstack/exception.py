@@ -37,6 +37,15 @@ class LibraryInconsistent(VmarException, RuntimeError):
                'check')
 
 
+class DatabaseNotReady(VmarException, RuntimeError):
+    message = 'the %(what)s is missing; run "vmar-manage db sync"'
+
+
+class NativeHasherMissing(VmarException, RuntimeError):
+    message = ('the native block hasher is not built; reinstall the '
+               'package with gcc, python3-dev and libssl-dev present')
+
+
 class LockTimeout(VmarException, RuntimeError):
     message = 'could not take the library lock within %(timeout)s s'
 

@@ -296,6 +296,17 @@ function install_package {
     fi
 }
 
+# install_bindep file [profile...]: devstack installs the packages bindep
+# lists as missing. The shim records the call and fails unless bindep (from
+# the test virtualenv) finds nothing missing.
+function install_bindep {
+    local missing
+    echo "$*" >> "$SHIM_RECORDS/bindep"
+    if ! missing=$(bindep -b -f "$@"); then
+        die $LINENO "shim: not installed (the shim runs no apt): ${missing//$'\n'/ }"
+    fi
+}
+
 function is_package_installed {
     dpkg -s "$@" > /dev/null 2>&1
 }

@@ -5,7 +5,6 @@ Two small, similar images in a private library; the tool exports them with
 root (it drops the page cache), ``fincore`` and matplotlib.
 """
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -16,6 +15,7 @@ import time
 
 from tests import base
 from tools.vmarenv import qemu_env
+from vmar_openstack import pagecache
 
 TOOL = os.path.join(qemu_env.TOP, 'tools', 'demo_host.py')
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -34,14 +34,6 @@ def _load_tool():
 def tool_read_knob(knob):
     with open(knob) as f:
         return int(f.read())
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class TestDemoHost(base.LibraryTestCase):
@@ -106,7 +98,7 @@ class TestDemoHost(base.LibraryTestCase):
             time.sleep(0.02)
 
     def test_run(self):
-        self.knob = _load_tool().readahead_knob(self.tmp)
+        self.knob = pagecache.readahead_knob(self.tmp)
         self.machine_ra = self.knob and tool_read_knob(self.knob)
         proc = subprocess.run(self.args(), capture_output=True, text=True)
         self.assertEqual(0, proc.returncode, proc.stdout + proc.stderr)
@@ -178,7 +170,8 @@ class TestDemoHost(base.LibraryTestCase):
                 subprocess.run(
                     [qemu_env.qemu_bin('qemu-img'), 'convert', '-f', 'raw',
                      '-O', 'raw', uri, out], check=True)
-                self.assertEqual(sha256_file(raw), sha256_file(out))
+                self.assertEqual(qemu_env.sha256_file(raw),
+                                 qemu_env.sha256_file(out))
                 os.unlink(out)
             pids = [host.proc.pid]
             with open(os.path.join(self.tmp, 'host', 'qsd.pid')) as f:
@@ -198,6 +191,8 @@ class TestDemoHost(base.LibraryTestCase):
         self.assertNothingLeft()
 
     def test_interrupt_stops_the_export(self):
+        knob = pagecache.readahead_knob(self.tmp)
+        ra = knob and tool_read_knob(knob)
         proc = subprocess.Popen(self.args(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         self.wait_for_socket(proc)
@@ -207,8 +202,12 @@ class TestDemoHost(base.LibraryTestCase):
         self.assertEqual(130, proc.returncode, out + err)
         self.assertIn('interrupted', err)
         self.assertNothingLeft()
+        if knob:
+            self.assertEqual(ra, tool_read_knob(knob))
 
     def test_stop_after_a_hard_kill(self):
+        knob = pagecache.readahead_knob(self.tmp)
+        ra = knob and tool_read_knob(knob)
         proc = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         self.wait_for_socket(proc)
@@ -220,6 +219,8 @@ class TestDemoHost(base.LibraryTestCase):
         self.assertEqual(0, stop.returncode, stop.stderr)
         self.assertIn('stopped vmar-export serve', stop.stdout)
         self.assertNothingLeft()
+        if knob:        # put back if the kill came while it was changed
+            self.assertEqual(ra, tool_read_knob(knob))
         # a second stop finds nothing to do
         stop = subprocess.run([sys.executable, TOOL, 'stop', '--state',
                                self.tmp], capture_output=True, text=True)

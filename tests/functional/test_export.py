@@ -4,7 +4,6 @@ Stock ``qemu-img`` and ``qemu-system-x86_64`` (Debian's) are the clients; the
 patched ``qemu-storage-daemon`` serves the VMAR views over NBD.
 """
 
-import hashlib
 import json
 import os
 import random
@@ -27,16 +26,6 @@ from vmar_openstack import names as vnames
 
 def _id(name):
     return str(uuid.uuid5(uuid.NAMESPACE_URL, 'vmar-test/' + name))
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        while True:
-            b = f.read(8 << 20)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
 
 
 class ExportTestCase(base.LibraryTestCase):

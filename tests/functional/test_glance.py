@@ -6,6 +6,7 @@ enabled) and ``vmar-agent`` are started by the test; images are created
 with the real ``openstack`` CLI.
 """
 
+from concurrent import futures
 import glob
 import hashlib
 import os
@@ -317,15 +318,19 @@ class TestGlance(GlanceTestCase):
         raw = self.image('g.raw', list(range(40001, 40001 + 24576)))
         self.stop_agent()
         self.start_agent()
-        image_id = self.create(raw)
-        # wait until the agent is streaming it, then kill it
+        # wait until the agent is streaming it, then kill it; the upload
+        # runs beside the wait, because the agent may be done before the
+        # openstack CLI that uploads has exited
         work = self.conf.vmar.work_dir
-        deadline = time.time() + 60
-        while not glob.glob(os.path.join(work, '.fetch-*')):
-            self.assertLess(time.time(), deadline, self.agent_log())
-            time.sleep(0.005)
-        self.agent.send_signal(signal.SIGKILL)
-        self.agent.wait()
+        with futures.ThreadPoolExecutor(1) as pool:
+            created = pool.submit(self.create, raw)
+            deadline = time.time() + 60
+            while not glob.glob(os.path.join(work, '.fetch-*')):
+                self.assertLess(time.time(), deadline, self.agent_log())
+                time.sleep(0.005)
+            self.agent.send_signal(signal.SIGKILL)
+            self.agent.wait()
+            image_id = created.result()
         self.assertIsNone(self.library_image(image_id))
         self.start_agent()
         v = self.wait_map(image_id)

@@ -69,7 +69,7 @@ class TestGuest(test_export.ExportTestCase):
                        + list(range(90000, 92000)) + [None] * 44)
         self.lib.add(self.first, a, visibility='public')
         self.lib.add(self.second, b, visibility='public')
-        self.expected = test_export.sha256_file(b)
+        self.expected = qemu_env.sha256_file(b)
         self.serve()
         r = self.export_cli('add', self.second)
         self.assertEqual(0, r.returncode, r.stderr)
@@ -77,7 +77,7 @@ class TestGuest(test_export.ExportTestCase):
         subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'create', '-q', '-f',
                         'qcow2', '-b', self.uri(self.second), '-F', 'raw',
                         self.overlay], check=True)
-        self.bases = {i: test_export.sha256_file(self.svc.base_file(i))
+        self.bases = {i: qemu_env.sha256_file(self.svc.base_file(i))
                       for i in (self.first, self.second)}
 
     def boot(self, args, wait=True, timeout=240):
@@ -109,7 +109,7 @@ class TestGuest(test_export.ExportTestCase):
         # the write is in the overlay, the bases are untouched
         for i, digest in self.bases.items():
             self.assertEqual(digest,
-                             test_export.sha256_file(self.svc.base_file(i)))
+                             qemu_env.sha256_file(self.svc.base_file(i)))
         # a second boot reads the write back
         _name, console = self.boot('vmar.readback=8192')
         self.assertEqual(['ok'], self.lines(console, 'VMAR-READBACK'))

@@ -162,7 +162,7 @@ class TestNovaBackend(NovaTestCase):
         (exp,) = self.exports().values()
         self.assertEqual([inst.uuid], exp.holders)
         self.assertEqual(pin[1], exp.map_version)
-        bases = {i: test_export.sha256_file(self.svc.base_file(i))
+        bases = {i: qemu_env.sha256_file(self.svc.base_file(i))
                  for i in (self.a, self.b)}
         # nothing went to Nova's image cache
         base_dir = os.path.join(self.instances, '_base')
@@ -179,7 +179,7 @@ class TestNovaBackend(NovaTestCase):
         self.assertEqual(['ok'], qemu_env.console_lines(console,
                                                         'VMAR-READBACK'))
         for i, digest in bases.items():
-            self.assertEqual(digest, test_export.sha256_file(
+            self.assertEqual(digest, qemu_env.sha256_file(
                 self.svc.base_file(i)))
         # a cold snapshot: the overlay flattened onto the view
         snap = os.path.join(self.tmp, 'snap.qcow2')

@@ -97,9 +97,9 @@ def log_tail(paths, lines=40):
 
 # -- process bookkeeping ----------------------------------------------------
 
-def _proc_owner_tags():
-    """Yield (pid, tag) for every process carrying OWNER_VAR."""
-    prefix = (OWNER_VAR + '=').encode()
+def _proc_owner_tags(var=OWNER_VAR):
+    """Yield (pid, tag) for every process carrying ``var`` (OWNER_VAR)."""
+    prefix = (var + '=').encode()
     for entry in os.listdir('/proc'):
         if not entry.isdigit():
             continue
@@ -118,6 +118,11 @@ def _proc_owner_tags():
                 break
 
 
+def tagged_pids(match, var=OWNER_VAR):
+    """Live processes whose tag (in ``var``) satisfies match, by pid."""
+    return sorted(pid for pid, tag in _proc_owner_tags(var) if match(tag))
+
+
 def _pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -128,10 +133,14 @@ def _pid_alive(pid):
     return True
 
 
-def kill_tagged(match, timeout=10):
-    """SIGTERM, then SIGKILL, every live process whose tag satisfies match."""
+def kill_tagged(match, timeout=10, var=OWNER_VAR):
+    """SIGTERM, then SIGKILL, every live process whose tag satisfies match.
+
+    ``var`` is the environment variable holding the tag (OWNER_VAR for the
+    functional tests' processes).
+    """
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = [pid for pid, tag in _proc_owner_tags()
+        pids = [pid for pid, tag in _proc_owner_tags(var)
                 if match(tag) and pid != os.getpid()]
         if not pids:
             return
@@ -142,10 +151,10 @@ def kill_tagged(match, timeout=10):
                 pass
         deadline = time.time() + (timeout if sig == signal.SIGTERM else 5)
         while time.time() < deadline:
-            if not any(match(tag) for _, tag in _proc_owner_tags()):
+            if not any(match(tag) for _, tag in _proc_owner_tags(var)):
                 return
             time.sleep(0.1)
-    left = [pid for pid, tag in _proc_owner_tags() if match(tag)]
+    left = [pid for pid, tag in _proc_owner_tags(var) if match(tag)]
     if left:
         raise ServiceError('processes survived SIGKILL: %s' % left)
 
@@ -162,19 +171,31 @@ def reap_stale():
 
 
 class _Service(object):
+    """A process tree, tagged with ``owner_var=tag`` in its environment.
+
+    By default the tag names the creating process (OWNER_VAR,
+    ``<pid>:<name>:<work_dir>``): the service lives as long as that process,
+    and ``reap_stale`` kills it once that process is gone. A service meant
+    to outlive its creator (tools/cloud.sh) passes its own ``owner_var`` and
+    a ``tag`` of its own.
+    """
+
     name = 'service'
 
-    def __init__(self, work_dir=None):
+    def __init__(self, work_dir=None, owner_var=OWNER_VAR, tag=None):
         self._own_dir = work_dir is None
         self.work_dir = os.path.abspath(
             work_dir or tempfile.mkdtemp(prefix='vmar-%s-' % self.name))
-        self.tag = '%d:%s:%s' % (os.getpid(), self.name, self.work_dir)
+        self.owner_var = owner_var
+        self.tag = tag or '%d:%s:%s' % (os.getpid(), self.name,
+                                        self.work_dir)
         self.proc = None
         self._logfile = None
 
     def _env(self, extra=None):
         env = dict(os.environ)
-        env[OWNER_VAR] = self.tag
+        env.pop(OWNER_VAR, None)
+        env[self.owner_var] = self.tag
         env.update(extra or {})
         return env
 
@@ -207,7 +228,7 @@ class _Service(object):
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
-        kill_tagged(lambda tag: tag == self.tag)
+        kill_tagged(lambda tag: tag == self.tag, var=self.owner_var)
         self.proc = None
         if self._logfile:
             self._logfile.close()
@@ -246,13 +267,19 @@ class RabbitMQ(_Service):
     name = 'rabbitmq'
 
     def __init__(self, work_dir=None, user='vmar', password=None,
-                 timeout=90):
-        super(RabbitMQ, self).__init__(work_dir)
+                 timeout=90, ports=None, nodename=None, **tagging):
+        """A node; ports and node name are chosen at start() unless given.
+
+        ``ports``: (AMQP, distribution, epmd); ``tagging``: see
+        :class:`_Service`.
+        """
+        super(RabbitMQ, self).__init__(work_dir, **tagging)
         self.user = user
         self.password = password or secrets.token_hex(8)
         self.timeout = timeout
+        self.ports = ports
         self.port = self.dist_port = self.epmd_port = None
-        self.nodename = None
+        self.nodename = self._nodename = nodename
         self.transport_url = None
         self.startup_seconds = None
 
@@ -296,7 +323,8 @@ class RabbitMQ(_Service):
         return result
 
     def start(self):
-        reap_stale()
+        if self.owner_var == OWNER_VAR:
+            reap_stale()
         server = _rabbit_script('rabbitmq-server')
         d = self.work_dir
         for sub in ('mnesia', 'log', 'plugins-expand'):
@@ -312,9 +340,10 @@ class RabbitMQ(_Service):
             f.write(secrets.token_hex(16))
         os.chmod(cookie, 0o400)
 
-        self.port, self.dist_port, self.epmd_port = free_ports(3)
-        self.nodename = 'vmar%d_%s@localhost' % (os.getpid(),
-                                                 secrets.token_hex(3))
+        self.port, self.dist_port, self.epmd_port = (
+            self.ports or free_ports(3))
+        self.nodename = self._nodename or 'vmar%d_%s@localhost' % (
+            os.getpid(), secrets.token_hex(3))
         with open(os.path.join(d, 'rabbitmq-env.conf'), 'w'):
             pass  # empty: do not read /etc/rabbitmq/rabbitmq-env.conf
         with open(os.path.join(d, 'enabled_plugins'), 'w') as f:

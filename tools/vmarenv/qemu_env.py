@@ -7,14 +7,18 @@ test guest (``tools/build-test-guest.sh``) and ``virtlogd``/``libvirtd``
 (started by hand: there is no systemd).
 """
 
+import contextlib
 import functools
 import grp
+import hashlib
 import os
 import re
+import socket
 import subprocess
 import time
 
 from tools.vmarenv import services
+from vmar_openstack import pagecache
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -67,19 +71,31 @@ def test_guest():
     return _last_line([os.path.join(TOP, 'tools', 'build-test-guest.sh')])
 
 
-def _running(name):
-    return subprocess.run(['pgrep', '-x', name],
-                          capture_output=True).returncode == 0
+def _serving(socket_path):
+    """Whether a daemon answers on the unix socket ``socket_path``.
+
+    Asked of the socket, not of the process list: in a chroot or a mount
+    namespace the daemons another root runs are visible to pgrep but
+    unreachable.
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(socket_path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 @functools.lru_cache(maxsize=None)
 def libvirt():
     """Start virtlogd and libvirtd if they are not running."""
     _kvm_device_as_debian_sets_it()
-    if not _running('virtlogd'):
+    if not _serving('/run/libvirt/virtlogd-sock'):
         subprocess.run(['virtlogd', '-d'], check=True)
         services.record_started('virtlogd')
-    if not _running('libvirtd'):
+    if not _serving('/run/libvirt/libvirt-sock'):
         subprocess.run(['libvirtd', '-d'], check=True)
         services.record_started('libvirtd')
     deadline = time.time() + 30
@@ -115,44 +131,31 @@ def virsh(*args, check=True):
                           capture_output=True, text=True, check=check)
 
 
+def sha256_file(path):
+    """The sha256 of a file's bytes, hex."""
+    with open(path, 'rb') as f:
+        return hashlib.file_digest(f, 'sha256').hexdigest()
+
+
 def fincore_bytes(path):
     """Bytes of ``path`` in the page cache."""
-    out = subprocess.run(['fincore', '--bytes', '--noheadings', '--output',
-                          'RES', path], capture_output=True, text=True,
-                         check=True).stdout
-    return int(out.split()[0])
+    return pagecache.resident_bytes([path])[path]
 
 
-def evict(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _queue_of(path):
-    dev = os.stat(path).st_dev
-    sysdir = '/sys/dev/block/%d:%d' % (os.major(dev), os.minor(dev))
-    queue = os.path.join(sysdir, 'queue')
-    if not os.path.exists(queue):      # a partition: its disk's queue
-        queue = os.path.join(sysdir, '..', 'queue')
-    return os.path.join(queue, 'read_ahead_kb')
+evict = pagecache.evict
 
 
 def set_readahead(path, kb, test):
-    """Set the read-ahead of the disk holding ``path`` for one test."""
-    knob = _queue_of(path)
-    with open(knob) as f:
-        old = f.read().strip()
+    """Set the read-ahead of the disk holding ``path`` for one test.
 
-    def restore():
-        with open(knob, 'w') as f:
-            f.write(old)
-    with open(knob, 'w') as f:
-        f.write(str(kb))
-    test.addCleanup(restore)
+    The knob stays held (an flock) until the test's cleanup puts the old
+    value back, so concurrent runs take turns instead of restoring each
+    other's settings.
+    """
+    held = contextlib.ExitStack()
+    held.enter_context(pagecache.readahead(pagecache.readahead_knob(path),
+                                           kb))
+    test.addCleanup(held.close)
 
 
 def console_tail(console, n=2000):

@@ -223,8 +223,7 @@ def generation(session):
         'SELECT generation FROM vmar_locks WHERE name = :n'),
         {'n': LIBRARY_LOCK}).scalar()
     if value is None:
-        raise RuntimeError('the vmar_locks row is missing; run '
-                           '"vmar-manage db sync"')
+        raise exception.DatabaseNotReady(what='vmar_locks row')
     return value
 
 
@@ -246,5 +245,4 @@ def _take_lock(session, timeout):
         raise exception.LockTimeout('library lock busy for %ds: %s'
                                     % (timeout, e))
     if row is None:
-        raise RuntimeError('the vmar_locks row is missing; run '
-                           '"vmar-manage db sync"')
+        raise exception.DatabaseNotReady(what='vmar_locks row')

@@ -15,6 +15,7 @@ import os
 import numpy as np
 from oslo_log import log as logging
 
+from vmar_openstack import exception
 from vmar_openstack.exception import ImageRejected
 from vmar_openstack.fingerprint.digests import DIGEST_SIZES
 from vmar_openstack.fingerprint.digests import Fingerprints
@@ -180,7 +181,7 @@ def hash_file(path, virtual_size, block_size=4096, algorithm='sha256',
         if not native:
             _warn_no_native()
     elif native and _blockhash is None:
-        raise RuntimeError('the native block hasher is not built')
+        raise exception.NativeHasherMissing()
     dsize = DIGEST_SIZES[algorithm]
     n_blocks = (virtual_size + block_size - 1) // block_size
     digests = np.zeros((n_blocks, dsize), dtype=np.uint8)

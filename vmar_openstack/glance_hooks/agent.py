@@ -40,10 +40,9 @@ import time
 from glanceclient import exc as glance_exc
 from oslo_log import log as logging
 import oslo_messaging
-import sqlalchemy as sa
 
 from vmar_openstack.db import api as db_api
-from vmar_openstack.db import models
+from vmar_openstack.db import failures as db_failures
 from vmar_openstack.db import session as db_session
 from vmar_openstack import exception
 from vmar_openstack.glance_hooks import publish
@@ -211,38 +210,6 @@ def resync(conf, handler, endpoint):
         endpoint.info({}, 'vmar-agent', 'image.delete', {'id': image_id}, {})
 
 
-class Failures:
-    """The ``vmar_agent_failures`` table."""
-
-    def __init__(self, conf):
-        self.conf = conf
-
-    def get(self, image_id):
-        with db_session.reader(self.conf) as s:
-            row = s.get(models.AgentFailure, image_id)
-            return None if row is None else (row.attempts, row.permanent)
-
-    def record(self, image_id, event, error, permanent):
-        with db_session.locked_writer(self.conf) as s:
-            row = s.get(models.AgentFailure, image_id)
-            if row is None:
-                row = models.AgentFailure(image_id=image_id, event=event,
-                                          attempts=0, permanent=False,
-                                          last_error='')
-                s.add(row)
-            row.attempts += 1
-            row.event = event
-            row.last_error = error[:4000]
-            row.permanent = permanent or (
-                row.attempts >= self.conf.vmar_agent.max_attempts)
-            return row.attempts, row.permanent
-
-    def clear(self, image_id):
-        with db_session.locked_writer(self.conf) as s:
-            s.execute(sa.delete(models.AgentFailure).where(
-                models.AgentFailure.image_id == image_id))
-
-
 class Endpoint:
     """The oslo.messaging notification endpoint."""
 
@@ -252,7 +219,7 @@ class Endpoint:
     def __init__(self, conf, handler):
         self.conf = conf
         self.handler = handler
-        self.failures = Failures(conf)
+        self.failures = db_failures.Failures(conf)
 
     def info(self, ctxt, publisher_id, event_type, payload, metadata):
         image_id = payload.get('id') if isinstance(payload, dict) else None
