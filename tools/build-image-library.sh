@@ -2,13 +2,28 @@
 #
 # Build a small, realistic, byte-reproducible library of Debian test images.
 #
-# Every image is a raw ext4 disk image (no partition table) of virtual size
-# $VMAR_IMAGE_SIZE (default 1G), built without mounts:
+# Every image is a raw disk image of $VMAR_IMAGE_MIB MiB (default 1024)
+# that boots by itself, as a cloud image does, and is built without mounts
+# (doc/source/images.rst):
 #
-#   minbase     debootstrap --variant=minbase
+#   MBR          sfdisk, with SYSLINUX's mbr.bin
+#   partition 1  FAT16 /boot, 64 MiB from 1 MiB (mkfs.fat, mtools):
+#                the cloud kernel, its initramfs, syslinux.cfg and
+#                SYSLINUX (syslinux --install on the unmounted file)
+#   partition 2  ext4 root (mke2fs -d), to the end of the image
+#
+# Every image has systemd as init and linux-image-cloud-amd64; the kernel
+# command line is "root=UUID=<fixed uuid> ro console=tty0
+# console=ttyS0,115200n8".  A oneshot unit, vmar-booted.service, prints
+# "VMAR-BOOTED <name> <seconds since kernel start>" on /dev/ttyS0 once
+# multi-user.target is reached (tools/boot_image.py waits for it).
+#
+#   minbase     debootstrap --variant=minbase (+ the boot packages)
 #   python3     minbase + python3
 #   postgresql  minbase + postgresql
 #   nginx       minbase + nginx
+#   apache2     minbase + apache2
+#   mariadb     minbase + mariadb-server
 #
 # Usage:
 #   build-image-library.sh [--force] [OUTDIR] [IMAGE...]
@@ -31,7 +46,7 @@
 #
 # Environment:
 #   VMAR_IMAGE_LIBRARY       output directory
-#   VMAR_IMAGE_SIZE          virtual image size for mke2fs (default 1G)
+#   VMAR_IMAGE_MIB           virtual image size in MiB (default 1024)
 #   VMAR_DEBIAN_MIRROR       default: first URI for the suite in
 #                            /etc/apt/sources.list.d/debian.sources
 #   VMAR_DEBIAN_SUITE        default: bookworm
@@ -45,21 +60,32 @@
 
 set -euo pipefail
 
-readonly ALL_IMAGES=(minbase python3 postgresql nginx)
+readonly ALL_IMAGES=(minbase python3 postgresql nginx apache2 mariadb)
 
-# Extra packages per image, on top of debootstrap's minbase set.
+# What makes every image boot by itself: systemd as init, the Debian cloud
+# kernel and the initramfs generator its postinst runs.
+readonly BOOT_INCLUDES="systemd-sysv,initramfs-tools,zstd,linux-image-cloud-amd64"
+
+# Extra packages per image, on top of debootstrap's minbase set and
+# $BOOT_INCLUDES.
 declare -A IMAGE_INCLUDES=(
     [minbase]=""
     [python3]="python3"
     [postgresql]="postgresql"
     [nginx]="nginx"
+    [apache2]="apache2"
+    [mariadb]="mariadb-server"
 )
 
 SCRIPT_PATH=$(readlink -f "${BASH_SOURCE[0]}")
 readonly SCRIPT_PATH
 
 DEFAULT_LIBRARY=/var/cache/vmar-openstack/images
-IMAGE_SIZE=${VMAR_IMAGE_SIZE:-1G}
+IMAGE_MIB=${VMAR_IMAGE_MIB:-1024}
+IMAGE_SIZE=${IMAGE_MIB}M
+# Partition 1 (FAT /boot): start and size in MiB.
+readonly BOOT_START_MIB=1 BOOT_MIB=64
+MBR_BIN=/usr/lib/syslinux/mbr/mbr.bin
 SUITE=${VMAR_DEBIAN_SUITE:-bookworm}
 DEB_CACHE=${VMAR_DEBOOTSTRAP_CACHE:-/var/cache/vmar-openstack/debootstrap}
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1747699200}
@@ -123,6 +149,11 @@ ensure_tools() {
     command -v debootstrap >/dev/null || missing+=(debootstrap)
     command -v mke2fs >/dev/null || missing+=(e2fsprogs)
     command -v debugfs >/dev/null || missing+=(e2fsprogs)
+    command -v sfdisk >/dev/null || missing+=(fdisk)
+    command -v mkfs.fat >/dev/null || missing+=(dosfstools)
+    command -v mcopy >/dev/null || missing+=(mtools)
+    command -v syslinux >/dev/null || missing+=(syslinux)
+    [ -f "$MBR_BIN" ] || missing+=(syslinux-common)
     [ "${#missing[@]}" -eq 0 ] && return 0
     [ "$(id -u)" -eq 0 ] || die "need root to install ${missing[*]}"
     log "installing ${missing[*]}"
@@ -170,14 +201,16 @@ image_key() {
     {
         printf 'script %s\n' "$(sha256sum < "$SCRIPT_PATH" | cut -d' ' -f1)"
         printf 'name %s\n' "$name"
-        printf 'include %s\n' "${IMAGE_INCLUDES[$name]}"
+        printf 'include %s %s\n' "$BOOT_INCLUDES" "${IMAGE_INCLUDES[$name]}"
+        printf 'layout boot %s+%s MiB\n' "$BOOT_START_MIB" "$BOOT_MIB"
         printf 'uuid %s\n' "$(image_uuid "$name")"
         printf 'size %s\n' "$IMAGE_SIZE"
         printf 'suite %s\n' "$SUITE"
         printf 'mirror %s\n' "$MIRROR"
         printf 'arch %s\n' "$ARCH"
         printf 'source_date_epoch %s\n' "$SOURCE_DATE_EPOCH"
-        dpkg-query -W -f='${Package} ${Version}\n' debootstrap e2fsprogs
+        dpkg-query -W -f='${Package} ${Version}\n' debootstrap e2fsprogs \
+            fdisk dosfstools mtools syslinux syslinux-common
         printf 'mke2fs.conf %s\n' \
             "$(sha256sum < /etc/mke2fs.conf | cut -d' ' -f1)"
     } | sha256sum | cut -d' ' -f1
@@ -185,11 +218,9 @@ image_key() {
 
 run_debootstrap() {
     local name=$1 root=$2 logfile=$3
-    local include=${IMAGE_INCLUDES[$name]}
-    local args=(--variant=minbase "--arch=$ARCH" "--cache-dir=$DEB_CACHE")
-    if [ -n "$include" ]; then
-        args+=("--include=$include")
-    fi
+    local include=$BOOT_INCLUDES${IMAGE_INCLUDES[$name]:+,${IMAGE_INCLUDES[$name]}}
+    local args=(--variant=minbase "--arch=$ARCH" "--cache-dir=$DEB_CACHE"
+        "--include=$include")
     args+=("$SUITE" "$root" "$MIRROR")
     log "$name: debootstrap ${args[*]}"
     if [ "$VERBOSE" = 1 ]; then
@@ -254,6 +285,14 @@ normalise_tree() {
         [ -d "$d" ] && rmdir --ignore-fail-on-non-empty -- "$d"
     done
 
+    # MariaDB: the data directory made by the postinst (mysql_install_db)
+    # holds creation times and random ids; vmar-mariadb-firstboot.service
+    # (install_mariadb_firstboot) makes it again on the first boot.
+    if [ -d "$root/var/lib/mysql" ]; then
+        find "$root/var/lib/mysql" -mindepth 1 -maxdepth 1 \
+            ! -name 'debian-*.flag' -exec rm -rf {} +
+    fi
+
     # Scratch space.
     for d in run tmp var/tmp; do
         if [ -d "$root/$d" ] && [ ! -L "$root/$d" ]; then
@@ -304,11 +343,137 @@ fix_inode_times() {
     fi
 }
 
+# The serial-console marker: a oneshot unit that runs once
+# multi-user.target is reached and prints the image name and the seconds
+# since the kernel started (/proc/uptime) on /dev/ttyS0.
+install_marker_unit() {
+    local root=$1 name=$2
+    mkdir -p "$root/usr/local/sbin" \
+        "$root/etc/systemd/system/multi-user.target.wants"
+    cat > "$root/usr/local/sbin/vmar-booted" <<EOF
+#!/bin/sh
+# Written by vmar-openstack's tools/build-image-library.sh.
+read -r up _ < /proc/uptime
+printf 'VMAR-BOOTED %s %s\\n' '$name' "\$up" > /dev/ttyS0
+EOF
+    chmod 0755 "$root/usr/local/sbin/vmar-booted"
+    cat > "$root/etc/systemd/system/vmar-booted.service" <<'EOF'
+[Unit]
+Description=Print VMAR-BOOTED on the serial console
+After=multi-user.target
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/vmar-booted
+
+[Install]
+WantedBy=multi-user.target
+EOF
+    ln -sfn ../vmar-booted.service \
+        "$root/etc/systemd/system/multi-user.target.wants/vmar-booted.service"
+}
+
+# MariaDB's system tables, made on the first boot instead of at build
+# time (normalise_tree removes them), with the postinst's own command.
+install_mariadb_firstboot() {
+    local root=$1
+    mkdir -p "$root/etc/systemd/system/mariadb.service.wants"
+    cat > "$root/etc/systemd/system/vmar-mariadb-firstboot.service" <<'EOF'
+[Unit]
+Description=Create the MariaDB system tables on the first boot
+ConditionPathExists=!/var/lib/mysql/mysql
+Before=mariadb.service
+
+[Service]
+Type=oneshot
+Environment=TMPDIR=
+ExecStart=/usr/bin/mysql_install_db --rpm --cross-bootstrap --user=mysql --disable-log-bin --skip-test-db
+
+[Install]
+WantedBy=mariadb.service
+EOF
+    ln -sfn ../vmar-mariadb-firstboot.service \
+        "$root/etc/systemd/system/mariadb.service.wants/vmar-mariadb-firstboot.service"
+}
+
+# The FAT volume id of the /boot partition (also the MBR disk id): 8 hex
+# digits from the image name.
+boot_volid() {
+    printf 'vmar-openstack boot volume: %s' "$1" | sha256sum | cut -c1-8
+}
+
+boot_volid_dashed() {
+    local v
+    v=$(boot_volid "$1" | tr '[:lower:]' '[:upper:]')
+    printf '%s-%s\n' "${v:0:4}" "${v:4:4}"
+}
+
+# prepare_root ROOT NAME UUID BOOTDIR: move the kernel and the initramfs
+# out of the root tree into BOOTDIR (they go on the FAT /boot partition,
+# mounted on /boot at run time), write /etc/fstab and the marker unit.
+prepare_root() {
+    local root=$1 name=$2 uuid=$3 bootdir=$4 kver
+    kver=$(basename "$(find "$root/lib/modules" -mindepth 1 -maxdepth 1 \
+        -type d | sort | tail -n 1)")
+    [ -f "$root/boot/vmlinuz-$kver" ] ||
+        die "$name: no kernel vmlinuz-$kver in the image"
+    [ -f "$root/boot/initrd.img-$kver" ] ||
+        die "$name: no initramfs initrd.img-$kver in the image"
+    mkdir -p "$bootdir"
+    cp -p "$root/boot/vmlinuz-$kver" "$bootdir/vmlinuz"
+    cp -p "$root/boot/initrd.img-$kver" "$bootdir/initrd.img"
+    find "$root/boot" -mindepth 1 -delete
+    cat > "$root/etc/fstab" <<EOF
+# <file system> <mount point> <type> <options> <dump> <pass>
+UUID=$uuid / ext4 errors=remount-ro 0 1
+UUID=$(boot_volid_dashed "$name") /boot vfat defaults,nofail 0 2
+EOF
+    install_marker_unit "$root" "$name"
+    if [ -f "$root/lib/systemd/system/mariadb.service" ]; then
+        install_mariadb_firstboot "$root"
+    fi
+}
+
+# build_boot_fs NAME UUID BOOTDIR FILE: the FAT /boot file system, with the
+# kernel, the initramfs and SYSLINUX, built and filled without mounts
+# (mkfs.fat, mtools and syslinux --install all work on the file).
+build_boot_fs() {
+    local name=$1 uuid=$2 bootdir=$3 file=$4 f
+    cat > "$bootdir/syslinux.cfg" <<EOF
+SERIAL 0 115200
+DEFAULT debian
+PROMPT 0
+TIMEOUT 0
+LABEL debian
+  LINUX /vmlinuz
+  INITRD /initrd.img
+  APPEND root=UUID=$uuid ro console=tty0 console=ttyS0,115200n8
+EOF
+    rm -f -- "$file"
+    truncate -s "${BOOT_MIB}M" "$file"
+    # 4 KiB clusters; mkfs.fat aligns the data area to the cluster size and
+    # the partition starts on a MiB boundary, so every file cluster is a
+    # 4 KiB-aligned block of the disk.  Hidden sectors = partition start.
+    mkfs.fat --invariant -F 16 -s 8 -i "$(boot_volid "$name")" \
+        -n VMARBOOT -h "$((BOOT_START_MIB * 2048))" "$file" >/dev/null
+    for f in vmlinuz initrd.img syslinux.cfg; do
+        touch -d "@$SOURCE_DATE_EPOCH" "$bootdir/$f"
+        mcopy -m -i "$file" "$bootdir/$f" "::/$f"
+    done
+    syslinux --install "$file"
+}
+
 # build_image NAME DEST: build NAME into the file DEST (created through a
 # temporary file in the same directory and renamed at the end).
+#
+# Layout of DEST (MBR, partitions aligned to 1 MiB):
+#   sector 0        MBR: SYSLINUX's mbr.bin and the partition table
+#   partition 1     FAT16 /boot, $BOOT_MIB MiB from $BOOT_START_MIB MiB,
+#                   active: kernel, initramfs, syslinux.cfg, ldlinux.*
+#   partition 2     ext4 root, from there to the end of the image
 build_image() {
     local name=$1 dest=$2
-    local uuid work root tmpimg start
+    local uuid work root tmpimg start rootfs bootfs root_start root_mib
     uuid=$(image_uuid "$name")
     start=$SECONDS
 
@@ -320,18 +485,38 @@ build_image() {
     run_debootstrap "$name" "$root" "$work/debootstrap.log"
     log "$name: debootstrap done ($((SECONDS - start)) s)," \
         "$(du -sm "$root" | cut -f1) MB"
+    prepare_root "$root" "$name" "$uuid" "$work/boot"
     normalise_tree "$root"
     chmod 0755 "$root"
 
-    tmpimg=$(mktemp "$(dirname "$dest")/.$name.raw.XXXXXX")
-    CLEANUP_FILES+=("$tmpimg")
-    log "$name: mke2fs -t ext4 -U $uuid $IMAGE_SIZE"
+    root_start=$((BOOT_START_MIB + BOOT_MIB))
+    root_mib=$((IMAGE_MIB - root_start))
+    rootfs=$work/root.ext4
+    bootfs=$work/boot.fat
+    log "$name: mke2fs -t ext4 -U $uuid ${root_mib}M"
     E2FSPROGS_FAKE_TIME=$SOURCE_DATE_EPOCH mke2fs -q -F -t ext4 \
         -L "$name" -U "$uuid" -E "hash_seed=$uuid,root_owner=0:0" \
-        -d "$root" "$tmpimg" "$IMAGE_SIZE" >&2
-    fix_inode_times "$tmpimg" "$work/debugfs.cmds"
-    e2fsck -fn "$tmpimg" >"$work/fsck.log" 2>&1 ||
+        -d "$root" "$rootfs" "${root_mib}M" >&2
+    fix_inode_times "$rootfs" "$work/debugfs.cmds"
+    e2fsck -fn "$rootfs" >"$work/fsck.log" 2>&1 ||
         { cat "$work/fsck.log" >&2; die "$name: e2fsck found errors"; }
+    log "$name: FAT /boot ${BOOT_MIB}M with SYSLINUX"
+    build_boot_fs "$name" "$uuid" "$work/boot" "$bootfs"
+
+    tmpimg=$(mktemp "$(dirname "$dest")/.$name.raw.XXXXXX")
+    CLEANUP_FILES+=("$tmpimg")
+    truncate -s "${IMAGE_MIB}M" "$tmpimg"
+    sfdisk --quiet "$tmpimg" >&2 <<EOF
+label: dos
+label-id: 0x$(boot_volid "$name")
+start=${BOOT_START_MIB}MiB, size=${BOOT_MIB}MiB, type=c, bootable
+start=${root_start}MiB, type=83
+EOF
+    dd if="$MBR_BIN" of="$tmpimg" bs=440 count=1 conv=notrunc status=none
+    dd if="$bootfs" of="$tmpimg" bs=1M seek="$BOOT_START_MIB" \
+        conv=notrunc,sparse status=none
+    dd if="$rootfs" of="$tmpimg" bs=1M seek="$root_start" \
+        conv=notrunc,sparse status=none
     chmod 0644 "$tmpimg"
     mv -f -- "$tmpimg" "$dest"
 

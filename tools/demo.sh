@@ -35,7 +35,10 @@ else
 fi
 
 echo "== building the Debian image library in $LIBRARY (cached)" >&2
-mapfile -t images < <(tools/build-image-library.sh "$LIBRARY" | tail -n 4)
+# One "<name> <path>" line per image, however many the library has.
+mapfile -t images < <(tools/build-image-library.sh "$LIBRARY" |
+    awk 'NF == 2 && $2 ~ /^\//')
+[ "${#images[@]}" -gt 0 ] || { echo "no image built" >&2; exit 1; }
 
 rm -rf "$STATE"
 mkdir -p "$STATE"

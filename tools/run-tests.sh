@@ -60,7 +60,7 @@ echo "$VMAR_QEMU_PREFIX"
 stage "Debian image library and test guest (cached)"
 VMAR_IMAGE_LIBRARY=${VMAR_IMAGE_LIBRARY:-/var/cache/vmar-openstack/images}
 export VMAR_IMAGE_LIBRARY
-tools/build-image-library.sh "$VMAR_IMAGE_LIBRARY" | tail -n 4
+tools/build-image-library.sh "$VMAR_IMAGE_LIBRARY"
 tools/build-test-guest.sh | tail -n 1
 
 stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL)"

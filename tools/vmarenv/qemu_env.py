@@ -46,16 +46,24 @@ def qemu_bin(name):
 
 @functools.lru_cache(maxsize=None)
 def image_library():
-    """name -> path of the Debian image library images."""
+    """name -> path of every image of the Debian image library.
+
+    build-image-library.sh prints one ``<name> <path>`` line per image on
+    stdout (its progress goes to stderr); all of them are taken, however
+    many images the library has.
+    """
     lib = os.environ.get('VMAR_IMAGE_LIBRARY',
                          '/var/cache/vmar-openstack/images')
     out = subprocess.run(
         [os.path.join(TOP, 'tools', 'build-image-library.sh'), lib],
         check=True, stdout=subprocess.PIPE, text=True).stdout
     images = {}
-    for line in out.strip().splitlines()[-4:]:
-        name, path = line.split(' ', 1)
-        images[name] = path
+    for line in out.splitlines():
+        m = re.fullmatch(r'(\S+) (/.+)', line.strip())
+        if m:
+            images[m.group(1)] = m.group(2)
+    if not images:
+        raise RuntimeError('build-image-library.sh printed no image')
     return images
 
 

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Boot a library image under QEMU (TCG) and wait for its VMAR-BOOTED line.
+
+Every image of ``tools/build-image-library.sh`` boots by itself (MBR,
+SYSLINUX, the Debian cloud kernel, systemd) and, once multi-user.target is
+reached, prints ``VMAR-BOOTED <image name> <seconds since kernel start>``
+on its serial console. This module starts the stock Debian
+``qemu-system-x86_64`` on an image (``snapshot=on``: the image is never
+written), waits for that line with a bounded wait and stops QEMU.
+
+    tools/boot_image.py [--timeout S] [--console-dir DIR] IMAGE...
+
+prints one ``<name> <seconds since kernel start> <wall seconds>`` line per
+image and exits 1 if an image does not print its marker in time.
+``parse_marker()`` reads the marker from any console text (a serial log,
+``openstack console log show``).
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+QEMU = '/usr/bin/qemu-system-x86_64'
+MARKER_RE = re.compile(r'VMAR-BOOTED (\S+) ([0-9]+(?:\.[0-9]+)?)')
+DEFAULT_TIMEOUT = 240
+
+
+class BootTimeout(Exception):
+    """The image printed no VMAR-BOOTED line within the timeout."""
+
+
+def parse_marker(text):
+    """(image name, seconds since kernel start) of the first marker."""
+    # None if ``text`` holds no marker
+    m = MARKER_RE.search(text)
+    if m is None:
+        return None
+    return m.group(1), float(m.group(2))
+
+
+def read_console(path):
+    try:
+        with open(path, errors='replace') as f:
+            return f.read()
+    except FileNotFoundError:
+        return ''
+
+
+def qemu_command(image, console, memory=1024, machine='q35', qemu=QEMU):
+    return [qemu, '-machine', machine, '-accel', 'tcg', '-m', str(memory),
+            '-nographic', '-monitor', 'none', '-no-reboot',
+            '-serial', 'file:%s' % console,
+            '-drive', 'file=%s,format=raw,if=virtio,snapshot=on' % image]
+
+
+def boot(image, console=None, timeout=DEFAULT_TIMEOUT, memory=1024,
+         machine='q35', qemu=QEMU):
+    """Boot ``image`` until its marker; return a dict.
+
+    Keys: ``name`` and ``uptime`` (from the marker), ``wall`` (seconds from
+    starting QEMU to seeing the marker), ``console`` (the serial log).
+    Raises BootTimeout, with the end of the console, after ``timeout``
+    seconds, or if QEMU exits before the marker.
+    """
+    if console is None:
+        fd, console = tempfile.mkstemp(prefix='vmar-boot-', suffix='.log')
+        os.close(fd)
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        qemu_command(image, console, memory, machine, qemu),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
+    try:
+        while True:
+            marker = parse_marker(read_console(console))
+            if marker is not None:
+                wall = time.monotonic() - start
+                return {'name': marker[0], 'uptime': marker[1],
+                        'wall': wall, 'console': console}
+            if proc.poll() is not None:
+                raise BootTimeout('%s: QEMU exited (%s) before the marker: '
+                                  '%s\n%s' % (image, proc.returncode,
+                                              proc.stderr.read().decode(),
+                                              read_console(console)[-3000:]))
+            if time.monotonic() - start > timeout:
+                raise BootTimeout('%s: no VMAR-BOOTED line within %d s:\n%s'
+                                  % (image, timeout,
+                                     read_console(console)[-3000:]))
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.stderr.close()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('images', nargs='+', metavar='IMAGE')
+    parser.add_argument('--timeout', type=int, default=DEFAULT_TIMEOUT)
+    parser.add_argument('--memory', type=int, default=1024)
+    parser.add_argument('--machine', default='q35')
+    parser.add_argument('--console-dir',
+                        help='keep each serial log here as <image>.log')
+    args = parser.parse_args(argv)
+    failed = 0
+    for image in args.images:
+        console = None
+        if args.console_dir:
+            os.makedirs(args.console_dir, exist_ok=True)
+            console = os.path.join(args.console_dir,
+                                   os.path.basename(image) + '.log')
+            if os.path.exists(console):
+                os.unlink(console)
+        try:
+            r = boot(image, console, args.timeout, args.memory,
+                     args.machine)
+        except BootTimeout as e:
+            print(e, file=sys.stderr)
+            failed = 1
+            continue
+        print('%s %.2f %.2f' % (r['name'], r['uptime'], r['wall']),
+              flush=True)
+        if not args.console_dir:
+            os.unlink(r['console'])
+    return failed
+
+
+if __name__ == '__main__':
+    sys.exit(main())
