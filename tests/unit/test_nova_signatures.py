@@ -25,6 +25,7 @@ WRAPPED = {
     (B, 'by_name'):
         '(self, instance, name, image_type=None, disk_info_mapping=None)',
     (B, 'by_libvirt_path'): '(self, instance, path, image_type=None)',
+    (D, 'init_host'): '(self, host)',
     (D, 'delete_instance_files'): '(self, instance)',
     (D, '_live_snapshot'):
         '(self, context, instance, guest, disk_path, out_path, '
@@ -47,6 +48,8 @@ WRAPPED = {
 CALLED = {
     (D, '_delete_guest_configuration'): '(self, guest, keep_vtpm, keep_nvram)',
     (libvirt_host.Host, 'write_instance_config'): '(self, xml)',
+    # resume.start() uses the driver's connection
+    (libvirt_host.Host, 'get_connection'): '(self)',
 }
 
 

@@ -107,6 +107,12 @@ vmar_opts = [
                     'the bytes in between are read too, and they are blocks '
                     'that maps serve from elsewhere: faster sequential reads '
                     'for a less deduplicated host cache.'),
+    cfg.IntOpt('resume_interval', default=2, min=0,
+               help='vmar-nova-compute: every this many seconds, resume '
+                    'the guests that libvirt paused on an I/O error of a '
+                    'vmar disk (its export daemon died, say) once their '
+                    'exports are served again. 0: never; an operator '
+                    'resumes them.'),
     cfg.StrOpt('map_source', default='dir', choices=[
         ('dir', 'Copy maps and bases from map_source_dir.'),
         ('glance', 'Download maps (hidden images published by vmar-agent) '

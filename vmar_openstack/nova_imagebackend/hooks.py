@@ -12,6 +12,9 @@ process only:
   reference on its export (the export, and then files nobody reads, go);
 * ``LibvirtDriver._live_snapshot``: the delta of a live snapshot gets the
   same pinned NBD backing as the disk, then is flattened onto the view;
+* ``LibvirtDriver.init_host``: guests that paused on an I/O error of
+  their vmar disk are resumed once the export is back
+  (:mod:`~vmar_openstack.nova_imagebackend.resume`);
 * operations that would rebuild a vmar disk from the original image on
   another host (resize, cold and live migration, evacuation) are refused
   before anything is touched.
@@ -29,7 +32,10 @@ from nova.virt.libvirt import imagebackend
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
 
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack import export
 from vmar_openstack.nova_imagebackend import image as vimage
+from vmar_openstack.nova_imagebackend import resume
 
 LOG = logging.getLogger(__name__)
 
@@ -85,6 +91,14 @@ def register():
         if vimage.is_root_disk(path) and _is_vmar(instance):
             return vimage.VmarImage(instance=instance, path=path)
         return original(self, instance, path, image_type=image_type)
+
+    @_wrap(D, 'init_host')
+    def init_host(original, self, host):
+        result = original(self, host)
+        conf = vmar_conf.CONF
+        self._vmar_resumer = resume.start(
+            self, export.ExportService(conf), conf.vmar.resume_interval)
+        return result
 
     @_wrap(D, 'delete_instance_files')
     def delete_instance_files(original, self, instance):
