@@ -169,6 +169,9 @@ class Cloud(object):
             'qemu_img': '/usr/bin/qemu-img',
             'qemu_prefix': self.qemu_prefix or '',
             'libvirt_host_uuid': self.settings['libvirt_host_uuid'],
+            # Nova's default; the user-path test runs it every few seconds
+            'image_cache_interval': os.environ.get(
+                'VMAR_CLOUD_IMAGE_CACHE_INTERVAL', '2400'),
         }
         for name, port in self.settings['ports'].items():
             v['%s_port' % name] = port
