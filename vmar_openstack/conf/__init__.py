@@ -159,6 +159,11 @@ glance_opts = [
                     'as Glance reports it.'),
     cfg.IntOpt('chunk_size', default=4 * 1024 * 1024, min=65536,
                help='Bytes per read when streaming images from Glance.'),
+    cfg.IntOpt('map_wait', default=300, min=0,
+               help='Compute hosts: seconds to wait for vmar-agent to '
+                    'publish the map of an image that is active in Glance '
+                    'but has none yet (a snapshot just taken by shelve, '
+                    'an image just uploaded) before the boot fails.'),
 ]
 
 agent_group = cfg.OptGroup(

@@ -31,6 +31,7 @@ from concurrent import futures
 import hashlib
 import os
 import tempfile
+import time
 import uuid
 
 from glanceclient import client as glance_client
@@ -182,20 +183,40 @@ class GlanceSource:
         owner = self.conf.vmar_glance.map_owner
         return owner is None or image.get('owner') == owner
 
-    def current_version(self, image_id):
+    def _published(self, image_id):
         try:
             found = list(self.glance.images.list(filters={
                 PROP_OF: image_id, 'os_hidden': True, 'status': 'active'}))
         except glance_exc.ClientException as e:
             raise SourceError('cannot list the maps of %s in Glance: %s'
                               % (image_id, e))
-        versions = [int(i[PROP_VERSION]) for i in found
-                    if self._owner_ok(i) and i.get(PROP_OF) == image_id
-                    and str(i.get(PROP_VERSION, '')).isdigit()]
-        if not versions:
-            raise SourceError('image %s has no published VMAR map in Glance '
-                              '(is vmar-agent running?)' % image_id)
-        return max(versions)
+        return [int(i[PROP_VERSION]) for i in found
+                if self._owner_ok(i) and i.get(PROP_OF) == image_id
+                and str(i.get(PROP_VERSION, '')).isdigit()]
+
+    def current_version(self, image_id):
+        """The newest published map version of an image.
+
+        An image that is active but has no map yet (vmar-agent ingests it
+        asynchronously) is waited for, up to ``[vmar_glance] map_wait``
+        seconds; an image that is not active is not.
+        """
+        deadline = time.monotonic() + self.conf.vmar_glance.map_wait
+        delay = 1.0
+        while True:
+            versions = self._published(image_id)
+            if versions:
+                return max(versions)
+            if (time.monotonic() + delay > deadline
+                    or self._get(image_id).get('status') != 'active'):
+                raise SourceError(
+                    'image %s has no published VMAR map in Glance (is '
+                    'vmar-agent running? its log says why an image was '
+                    'not ingested)' % image_id)
+            LOG.info('waiting for vmar-agent to publish the map of %s',
+                     image_id)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     def _get(self, image_id):
         try:

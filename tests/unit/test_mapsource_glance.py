@@ -1,0 +1,77 @@
+"""A host waits for the map of an image that is active but has none yet.
+
+Glance is replaced by an in-memory fake; tests/functional/test_glance.py
+and the cloud's user path run the same code against a real glance-api.
+"""
+
+import types
+
+import fixtures
+from glanceclient import exc as glance_exc
+import testtools
+
+from vmar_openstack.exception import SourceError
+from vmar_openstack.mapsource import glance as gsource
+
+ID = '0e000000-0000-4000-8000-00000000000e'
+
+
+class Images(object):
+    """images.get and images.list: a map after ``publish_after`` lists."""
+
+    def __init__(self, status='active', publish_after=None):
+        self.status = status
+        self.publish_after = publish_after
+        self.lists = 0
+
+    def get(self, image_id):
+        if self.status is None:
+            raise glance_exc.HTTPNotFound()
+        return {'id': image_id, 'status': self.status}
+
+    def list(self, filters):
+        self.lists += 1
+        if self.publish_after is None or self.lists <= self.publish_after:
+            return []
+        return [{gsource.PROP_OF: filters[gsource.PROP_OF],
+                 gsource.PROP_VERSION: '2', 'owner': 'agent'}]
+
+
+class TestCurrentVersion(testtools.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.clock = [0.0]
+        self.useFixture(fixtures.MockPatch(
+            'time.monotonic', lambda: self.clock[0]))
+        self.useFixture(fixtures.MockPatch(
+            'time.sleep', lambda s: self.clock.__setitem__(
+                0, self.clock[0] + s)))
+
+    def source(self, images, wait=300):
+        conf = types.SimpleNamespace(vmar_glance=types.SimpleNamespace(
+            map_owner='agent', map_wait=wait))
+        return gsource.GlanceSource(
+            conf, glance=types.SimpleNamespace(images=images))
+
+    def test_waits_for_the_agent_to_publish(self):
+        images = Images(publish_after=3)
+        self.assertEqual(2, self.source(images).current_version(ID))
+        self.assertEqual(4, images.lists)
+        self.assertLess(self.clock[0], 300)
+
+    def test_gives_up_after_map_wait(self):
+        images = Images()
+        e = self.assertRaises(SourceError,
+                              self.source(images, 30).current_version, ID)
+        self.assertIn('no published VMAR map', str(e))
+        self.assertLessEqual(self.clock[0], 30)
+        self.assertGreater(images.lists, 2)
+
+    def test_no_wait_for_an_image_that_is_not_active(self):
+        for status in ('queued', 'deleted', None):
+            images = Images(status=status)
+            self.assertRaises(SourceError, self.source(images).current_version,
+                              ID)
+            self.assertEqual(1, images.lists)
+            self.assertEqual(0, self.clock[0])
