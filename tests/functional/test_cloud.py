@@ -5,6 +5,7 @@ so it never meets a cloud someone else started. ``down`` must leave no
 process, mount or file of the cloud outside that directory.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import time
 
 import testtools
 
+from tools import cloud_scenario
 from tools.vmarenv import qemu_env
 
 TOP = qemu_env.TOP
@@ -76,7 +78,9 @@ class TestCloud(testtools.TestCase):
         # short: unix socket paths live under it
         self.state = tempfile.mkdtemp(prefix='vmarcloud-', dir='/var/tmp')
         os.chmod(self.state, 0o755)
-        self.env = dict(os.environ, VMAR_CLOUD_STATE=self.state)
+        # Nova's image cache manager every 10 s: the user path watches it
+        self.env = dict(os.environ, VMAR_CLOUD_STATE=self.state,
+                        VMAR_CLOUD_IMAGE_CACHE_INTERVAL='10')
         self.env.pop('VMAR_FUNCTIONAL_OWNER', None)
         fd, self.marker = tempfile.mkstemp(prefix='vmar-cloud-marker-')
         os.close(fd)
@@ -94,6 +98,18 @@ class TestCloud(testtools.TestCase):
                 result.stdout[-3000:], result.stderr[-6000:]))
         return result
 
+    def _logs(self):
+        """The tails of the logs that say why a step failed."""
+        out = []
+        for name in ('nova-compute', 'vmar-agent', 'vmar-export',
+                     'nova-conductor'):
+            path = os.path.join(self.state, 'log', name + '.log')
+            if os.path.exists(path):
+                with open(path, errors='replace') as f:
+                    out.append('--- %s\n%s' % (path, ''.join(
+                        f.readlines()[-60:])))
+        return '\n'.join(out)
+
     def openstack(self, openrc, *args):
         env = {k: v for k, v in os.environ.items()
                if not k.startswith('OS_')}
@@ -110,7 +126,11 @@ class TestCloud(testtools.TestCase):
             ' '.join(args), result.stdout, result.stderr))
         return result.stdout
 
-    def test_up_calls_down(self):
+    def test_up_user_path_down(self):
+        """up, authenticated calls, the user's path (issue 14), down.
+
+        One cloud for all of it: bringing one up takes minutes.
+        """
         up = self.cloud('up')
         openrc = up.stdout.strip().splitlines()[-1]
         self.assertEqual(os.path.join(self.state, 'openrc'), openrc)
@@ -156,6 +176,21 @@ class TestCloud(testtools.TestCase):
         self.assertGreaterEqual(len(status), 13)
         for line in status:
             self.assertEqual('up', line.split()[1], line)
+
+        # the user's path, with the openstack CLI (tools/cloud_scenario.py)
+        os.environ.pop('OS_CLOUD', None)
+        path = cloud_scenario.UserPath(self.state, openrc,
+                                       qemu_env.image_library())
+        self.openstack(openrc, 'image', 'delete', 'tiny')
+        self.openstack(openrc, 'flavor', 'delete', 'vmar.tiny')
+        try:
+            figures = path.run()
+        except cloud_scenario.ScenarioError as e:
+            self.fail('%s\n%s' % (e, self._logs()))
+        out_dir = os.path.join(TOP, 'bench', 'out')
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, 'cloud-user-path.json'), 'w') as f:
+            json.dump(figures, f, indent=1, sort_keys=True)
 
         self.cloud('down')
         self.assertEqual([], _cloud_processes(self.state))

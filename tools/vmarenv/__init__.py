@@ -4,6 +4,6 @@
 * :mod:`.services`: MariaDB and PostgreSQL;
 * :mod:`.glance_env`: RabbitMQ and glance-api.
 
-Shared by ``tests/functional``, ``tools/aio_scenario.py`` and ``bench/``,
+Shared by ``tests/functional``, ``tools/cloud_scenario.py`` and ``bench/``,
 so that tools and benchmarks do not import the tests.
 """

@@ -1,0 +1,508 @@
+"""The user's path through a tools/cloud.sh cloud, with the openstack CLI.
+
+What a tenant and an operator do with vmar-openstack, in order (issue 14,
+part 3): upload images (``--file`` and ``--import``) and see their maps
+published; create flavors (a bogus ``vmar:`` spec is refused); boot vmar
+and plain servers with ``--nic none`` to the ``VMAR-BOOTED`` marker of
+the image library (doc/source/images.rst); run the lifecycle operations
+on a vmar server; restart nova-compute under Nova's image cache manager;
+kill the export daemon; delete an image other maps point into; delete
+everything and check that nothing vmar owns is left.
+
+Each step prints what it did and raises :class:`ScenarioError` when what
+it checks does not hold. ``tests/functional/test_cloud.py`` runs every
+step; ``tools/cloud-demo.sh`` runs them against ``tools/cloud.sh up`` and
+prints the timing figure (``server create`` to ``VMAR-BOOTED``, a vmar
+server against a plain one from the same image).
+
+Usage: python -m tools.cloud_scenario [--state-dir DIR] [--keep]
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from tools.cloud import config
+from tools.cloud import stack
+from tools.vmarenv import qemu_env
+
+MARKER = re.compile(r'VMAR-BOOTED (\S+) ([0-9]+\.[0-9]+)')
+BOOT_TIMEOUT = 600       # TCG, two cores, other guests booting
+FLAVOR_VMAR = 'vmar.small'
+FLAVOR_PLAIN = 'plain.small'
+VMAR_PREFIX = ('vmar-map-',)
+
+
+class ScenarioError(AssertionError):
+    pass
+
+
+def check(condition, message, *args):
+    if not condition:
+        raise ScenarioError(message % args if args else message)
+
+
+class CLI(object):
+    """The ``openstack`` command with an openrc's environment."""
+
+    def __init__(self, openrc, bin_dir=None):
+        self.bin = os.path.join(bin_dir or os.path.dirname(sys.executable),
+                                'openstack')
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith('OS_')}
+        with open(openrc) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith('export '):
+                    key, value = line[len('export '):].split('=', 1)
+                    self.env[key] = value.strip('\'"')
+
+    def run(self, *args, check_rc=True, timeout=900):
+        result = subprocess.run([self.bin] + list(args), env=self.env,
+                                capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL, timeout=timeout)
+        if check_rc and result.returncode:
+            raise ScenarioError('openstack %s failed (%d):\n%s%s' % (
+                ' '.join(args), result.returncode, result.stdout,
+                result.stderr))
+        return result
+
+    def json(self, *args):
+        return json.loads(self.run(*(args + ('-f', 'json'))).stdout)
+
+    def value(self, *args):
+        return self.run(*(args + ('-f', 'value'))).stdout.strip()
+
+
+class UserPath(object):
+    """The steps, sharing one cloud (``state_dir``) and its CLI."""
+
+    def __init__(self, state_dir, openrc, images, echo=print):
+        self.cloud = config.Cloud(state_dir)
+        self.cloud.load()
+        self.os = CLI(openrc)
+        self.images = images            # library name -> raw file
+        self.echo = echo
+        self.ids = {}                   # Glance name -> id
+        self.figures = {}
+        self.host_dir = self.cloud.path('vmar', 'host')
+
+    # -- helpers ----------------------------------------------------------
+
+    def wait(self, what, probe, timeout=BOOT_TIMEOUT, interval=2):
+        deadline = time.monotonic() + timeout
+        while True:
+            result = probe()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise ScenarioError('timed out after %d s waiting for %s'
+                                    % (timeout, what))
+            time.sleep(interval)
+
+    def server(self, name):
+        return self.os.json('server', 'show', name)
+
+    def wait_status(self, name, status, timeout=BOOT_TIMEOUT):
+        def probe():
+            s = self.server(name)
+            if s['status'] == 'ERROR':
+                raise ScenarioError('server %s went to ERROR: %s'
+                                    % (name, s.get('fault')))
+            return (s['status'] == status
+                    and not s.get('OS-EXT-STS:task_state')) and s
+        return self.wait('server %s %s' % (name, status), probe, timeout)
+
+    def console(self, name):
+        """The console log; '' while the server has none (it is off)."""
+        r = self.os.run('console', 'log', 'show', name, check_rc=False)
+        if r.returncode and 'does not have a console' in r.stderr:
+            return ''
+        if r.returncode:
+            raise ScenarioError('console log show %s: %s' % (name,
+                                                             r.stderr))
+        return r.stdout
+
+    def wait_booted(self, name, image, since=''):
+        """Wait for a VMAR-BOOTED that ``since`` (a console log) lacks.
+
+        Some operations append to the console log (soft reboot), others
+        start a new one (hard reboot, rebuild, unshelve): a marker counts
+        when it is past ``since`` in the same log, or anywhere in a log
+        that no longer starts with ``since``. Returns its seconds.
+        """
+        def probe():
+            log = self.console(name)
+            if since and log.startswith(since):
+                log = log[len(since):]
+            m = MARKER.search(log)
+            return m and (m.group(1), float(m.group(2)))
+        found = self.wait('VMAR-BOOTED on %s' % name, probe)
+        check(found[0] == image, '%s booted %s, not %s', name, found[0],
+              image)
+        return found[1]
+
+    def map_images(self, of=None):
+        """Hidden map images in Glance, {id: properties}."""
+        found = {}
+        for img in self.os.json('image', 'list', '--hidden', '--long'):
+            if img['Name'].startswith(VMAR_PREFIX):
+                props = self.os.json('image', 'show', img['ID'])
+                p = props.get('properties') or {}
+                if of is None or p.get('vmar_map_of') == of:
+                    found[img['ID']] = p
+        return found
+
+    def wait_map(self, name):
+        image_id = self.ids[name]
+
+        def probe():
+            maps = self.map_images(of=image_id)
+            return maps and sorted(int(p['vmar_map_version'])
+                                   for p in maps.values())
+        versions = self.wait('the map of %s' % name, probe)
+        self.echo('  %s (%s): map v%s published' % (
+            name, image_id, versions[-1]))
+        return versions[-1]
+
+    def virsh(self, *args):
+        return subprocess.run(
+            ['virsh', '-c', self.cloud.libvirt_uri] + list(args),
+            capture_output=True, text=True, check=True).stdout
+
+    def domain(self, name):
+        return self.server(name)['OS-EXT-SRV-ATTR:instance_name']
+
+    def export_pin(self, name):
+        """The export name a vmar server's overlay reads."""
+        disk = os.path.join(self.cloud.path('nova', 'instances'),
+                            self.server(name)['id'], 'disk')
+        info = json.loads(subprocess.run(
+            ['qemu-img', 'info', '-U', '--output=json', disk],
+            capture_output=True, text=True, check=True).stdout)
+        return info.get('backing-filename', '')
+
+    def export_matches(self, image):
+        """The image's current export reads as its library file."""
+        from vmar_openstack import names
+        exports = [e for e in os.listdir(os.path.join(self.host_dir,
+                                                      'maps'))
+                   if e.startswith(self.ids[image] + '.')]
+        check(exports, 'no map of %s on the host', image)
+        version = max(int(e.split('.')[1]) for e in exports)
+        uri = names.nbd_uri(names.export(self.ids[image], version),
+                            self.cloud.export_socket)
+        r = subprocess.run(['qemu-img', 'compare', '-f', 'raw', '-F', 'raw',
+                            uri, self.images[image]], capture_output=True,
+                           text=True)
+        check(r.returncode == 0, 'export of %s differs from the image: %s',
+              image, r.stdout + r.stderr)
+
+    # -- the steps --------------------------------------------------------
+
+    def upload(self):
+        """Three images, two with --file and one with --import."""
+        for name, how in (('minbase', '--file'), ('python3', '--file'),
+                          ('nginx', '--import')):
+            args = ['image', 'create', '--disk-format', 'raw',
+                    '--container-format', 'bare', '--file',
+                    self.images[name], name]
+            if how == '--import':
+                args.insert(2, '--import')
+            self.ids[name] = self.os.json(*args)['id']
+            self.echo('  %s %s -> %s' % (how, name, self.ids[name]))
+        for name in ('minbase', 'python3', 'nginx'):
+            self.wait_status_image(name)
+            self.wait_map(name)
+
+    def wait_status_image(self, name):
+        self.wait('image %s active' % name, lambda: self.os.value(
+            'image', 'show', '-c', 'status', name) == 'active')
+
+    def flavors(self):
+        """A vmar flavor and a plain one; a bogus vmar: spec is refused."""
+        specs = self.os.value(
+            'flavor', 'create', '--vcpus', '1', '--ram', '512', '--disk',
+            '2', '--property', 'vmar:enabled=true', FLAVOR_VMAR, '-c',
+            'properties')
+        check('vmar:enabled' in specs, 'flavor properties: %s', specs)
+        self.os.run('flavor', 'create', '--vcpus', '1', '--ram', '512',
+                    '--disk', '2', FLAVOR_PLAIN)
+        r = self.os.run('--os-compute-api-version', '2.86', 'flavor', 'set',
+                        '--property', 'vmar:bogus=1', FLAVOR_VMAR,
+                        check_rc=False)
+        check(r.returncode != 0 and '400' in r.stderr,
+              'vmar:bogus=1 was not refused with HTTP 400: %s', r.stderr)
+        specs = self.os.value('flavor', 'show', FLAVOR_VMAR, '-c',
+                              'properties')
+        check('bogus' not in specs, 'the bogus spec was stored: %s', specs)
+        self.echo('  %s, %s; vmar:bogus=1 refused: %s' % (
+            FLAVOR_VMAR, FLAVOR_PLAIN, r.stderr.strip().splitlines()[-1]))
+
+    def create(self, name, flavor, image):
+        t0 = time.monotonic()
+        self.os.run('server', 'create', '--flavor', flavor, '--image',
+                    image, '--nic', 'none', name)
+        return t0
+
+    def boot(self):
+        """Two vmar servers from two images, one plain, to VMAR-BOOTED."""
+        plan = (('vm-a', FLAVOR_VMAR, 'minbase'),
+                ('vm-b', FLAVOR_VMAR, 'python3'),
+                ('plain', FLAVOR_PLAIN, 'minbase'))
+        started = {n: self.create(n, f, i) for n, f, i in plan}
+        for name, _f, image in plan:
+            self.wait_status(name, 'ACTIVE')
+            self.wait_booted(name, image)
+            took = time.monotonic() - started[name]
+            self.figures['create_to_booted_' + name] = took
+            self.echo('  %s (%s): ACTIVE, VMAR-BOOTED %.1f s after server '
+                      'create' % (name, image, took))
+        self.echo('  vmar/plain create-to-VMAR-BOOTED ratio (minbase): '
+                  '%.2f' % (self.figures['create_to_booted_vm-a']
+                            / self.figures['create_to_booted_plain']))
+        for name in ('vm-a', 'vm-b'):
+            pin = self.export_pin(name)
+            check(pin.startswith('nbd+unix:///') and
+                  self.cloud.export_socket in pin,
+                  '%s does not read a vmar export: %r', name, pin)
+        plain = self.export_pin('plain')
+        check(os.path.join('instances', '_base') in plain,
+              'the plain server is not on the stock backend: %r', plain)
+
+    def page_cache(self):
+        """vm-b's shared blocks are read from minbase's pages, not its own.
+
+        The host fetched each base whole and wrote it through the page
+        cache; so empty it of the bases, boot both vmar servers again
+        (hard reboot) and count what their boots brought back.
+        """
+        from vmar_openstack import mapformat
+        from vmar_openstack import pagecache
+        own, bases = {}, {}
+        for name in ('minbase', 'python3'):
+            maps = sorted(e for e in os.listdir(os.path.join(
+                self.host_dir, 'maps')) if e.startswith(self.ids[name]))
+            bmap = mapformat.read(os.path.join(self.host_dir, 'maps',
+                                               maps[-1]))
+            selfs = [i for i, t in enumerate(bmap.targets) if t.is_self]
+            ext = bmap.extents
+            own[name] = int(ext['length'][
+                [t in selfs for t in ext['target']]].sum()) * \
+                bmap.block_size
+            bases[name] = os.path.join(self.host_dir, 'bases',
+                                       self.ids[name])
+        servers = (('vm-a', 'minbase'), ('vm-b', 'python3'))
+        seen = {n: self.console(n) for n, _i in servers}
+        for path in bases.values():
+            pagecache.evict(path)
+        for name, _image in servers:
+            self.os.run('server', 'reboot', '--hard', name)
+        for name, image in servers:
+            self.wait_status(name, 'ACTIVE')
+            self.wait_booted(name, image, since=seen[name])
+        cached = pagecache.resident_bytes(bases.values())
+        for name in own:
+            self.echo('  %s base: %.1f MiB cached after the boots, %.1f MiB '
+                      'its map serves from it' % (
+                          name, cached[bases[name]] / 2**20,
+                          own[name] / 2**20))
+        self.figures['page_cache'] = {n: (cached[bases[n]], own[n])
+                                      for n in own}
+        # Both boots read nearly the same blocks (kernel, initramfs,
+        # systemd, libc): without VMAR each base would hold about as much
+        # as the other. Through VMAR, vm-b's reads of shared blocks land
+        # in minbase's base, and its own base holds only what python3
+        # alone has (read-ahead included: both bases are read the same
+        # way).
+        check(cached[bases['python3']] <= own['python3'],
+              'python3 base: more cached than its map serves from it')
+        check(cached[bases['python3']] * 4 < cached[bases['minbase']],
+              'python3 base holds %d bytes, minbase %d: shared blocks are '
+              'cached twice', cached[bases['python3']],
+              cached[bases['minbase']])
+
+    def lifecycle(self, name='vm-a', image='minbase'):
+        """Every lifecycle operation on a vmar server."""
+        def op(*args, status='ACTIVE', boots=True):
+            t0 = time.monotonic()
+            before = self.console(name)
+            self.os.run('server', *args)
+            self.wait_status(name, status)
+            if boots:
+                self.wait_booted(name, image, since=before)
+            self.echo('  %-24s %-17s %.1f s' % (
+                ' '.join(args[:-1]), status, time.monotonic() - t0))
+        op('stop', name, status='SHUTOFF', boots=False)
+        op('start', name)
+        op('reboot', '--soft', name)
+        op('reboot', '--hard', name)
+        op('pause', name, status='PAUSED', boots=False)
+        op('unpause', name, boots=False)
+        op('suspend', name, status='SUSPENDED', boots=False)
+        op('resume', name, boots=False)
+        image = 'nginx'
+        op('rebuild', '--image', 'nginx', name)
+        check(self.ids['nginx'] in self.export_pin(name),
+              'rebuilt %s does not read nginx: %s', name,
+              self.export_pin(name))
+        # a snapshot, and a server from it, which gets its own map
+        snap = self.os.json('server', 'image', 'create', '--name',
+                            'snap-a', '--wait', name)
+        self.ids['snap-a'] = snap['id']
+        self.wait_map('snap-a')
+        self.create('vm-snap', FLAVOR_VMAR, 'snap-a')
+        self.wait_status('vm-snap', 'ACTIVE')
+        self.wait_booted('vm-snap', 'nginx')
+        check(self.ids['snap-a'] in self.export_pin('vm-snap'),
+              'vm-snap does not read its own map')
+        self.echo('  snapshot snap-a has its own map; vm-snap booted it')
+        # shelve offloads (shelved_offload_time = 0) through a snapshot
+        op('shelve', name, status='SHELVED_OFFLOADED', boots=False)
+        op('unshelve', name)
+
+    def restart_compute(self):
+        """Restart nova-compute under the image cache manager."""
+        before = self._vmar_files()
+        svc = {s.name: s for s in stack.services(self.cloud)}
+        compute = svc['nova-compute']
+        log = os.path.join(self.cloud.log_dir, 'nova-compute.log')
+        size = os.path.getsize(log)
+        compute.stop()
+        stack.up(self.cloud, echo=lambda *a: None)
+        # two passes of the image cache manager after the restart
+
+        def passes():
+            with open(log, errors='replace') as f:
+                f.seek(size)
+                return f.read().count('Verify base images') >= 2
+        self.wait('two image cache manager passes', passes, timeout=300)
+        after = self._vmar_files()
+        check(before <= after, 'files gone after the cache manager: %s',
+              sorted(before - after))
+        for name in self.running():
+            self.wait_status(name, 'ACTIVE')
+        self.echo('  nova-compute restarted; the cache manager ran twice; '
+                  '%d vmar files, none gone' % len(before))
+
+    def _vmar_files(self):
+        found = set()
+        for sub in ('maps', 'bases'):
+            d = os.path.join(self.host_dir, sub)
+            if not os.path.isdir(d):
+                continue
+            found.update(os.path.join(d, f) for f in os.listdir(d))
+        return found
+
+    def running(self):
+        return [s['Name'] for s in self.os.json('server', 'list')
+                if s['Status'] == 'ACTIVE']
+
+    def qsd_pid(self):
+        out = subprocess.run(['pgrep', '-f', 'qemu-storage-daemon.*%s'
+                              % self.host_dir], capture_output=True,
+                             text=True).stdout.split()
+        check(len(out) == 1, 'qemu-storage-daemon pids: %s', out)
+        return int(out[0])
+
+    def kill_export_daemon(self):
+        """kill -9 the export daemon; guests pause and resume alone."""
+        servers = [n for n in self.running() if n != 'plain']
+        domains = {n: self.domain(n) for n in servers}
+        old = self.qsd_pid()
+        os.kill(old, signal.SIGKILL)
+        t0 = time.monotonic()
+        self.wait('a new export daemon', lambda: self.qsd_pid() != old,
+                  timeout=60, interval=0.5)
+        paused = set()
+
+        def all_running():
+            ok = True
+            for name, dom in domains.items():
+                state = self.virsh('domstate', '--reason', dom)
+                if 'paused' in state:
+                    paused.add(name)
+                ok = ok and state.startswith('running')
+            return ok
+        self.wait('the guests to run again', all_running, timeout=120,
+                  interval=0.5)
+        for name in servers:
+            check(self.server(name)['status'] == 'ACTIVE',
+                  '%s is not ACTIVE', name)
+        for image in ('python3', 'nginx'):
+            self.export_matches(image)
+        self.echo('  export daemon killed; %d of %d guests paused; all '
+                  'running again after %.1f s with no command; exports '
+                  'verify' % (len(paused), len(servers),
+                              time.monotonic() - t0))
+
+    def delete_canonical(self):
+        """Delete minbase (python3's map points into it) while vm-b runs."""
+        self.os.run('image', 'delete', 'minbase')
+        self.export_matches('python3')
+        self.create('vm-c', FLAVOR_VMAR, 'python3')
+        self.wait_status('vm-c', 'ACTIVE')
+        self.wait_booted('vm-c', 'python3')
+        self.echo('  minbase deleted; python3 still verifies; vm-c booted '
+                  'python3')
+
+    def delete_all(self):
+        """Delete every server and image; nothing vmar owns is left."""
+        for s in self.os.json('server', 'list'):
+            self.os.run('server', 'delete', '--wait', s['ID'])
+        for img in self.os.json('image', 'list'):
+            self.os.run('image', 'delete', img['ID'])
+
+        def clean():
+            return not self.map_images() and not self._vmar_files()
+        self.wait('maps and bases to go', clean, timeout=300)
+        state = os.path.join(self.host_dir, 'exports.json')
+        if os.path.exists(state):
+            with open(state) as f:
+                check(not json.load(f).get('exports'),
+                      'exports left: %s', state)
+        self.echo('  every server and image deleted; no map image in '
+                  'Glance, no map or base file on the host')
+
+    STEPS = ('upload', 'flavors', 'boot', 'page_cache', 'lifecycle',
+             'restart_compute',
+             'kill_export_daemon', 'delete_canonical', 'delete_all')
+
+    def run(self, steps=STEPS):
+        # (a run that starts at a later step finds the images by name)
+        self.ids.update({i['Name']: i['ID']
+                         for i in self.os.json('image', 'list')})
+        for step in steps:
+            t0 = time.monotonic()
+            self.echo('== %s' % getattr(self, step).__doc__.split('\n')[0])
+            getattr(self, step)()
+            self.figures['step_' + step] = time.monotonic() - t0
+        return self.figures
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m tools.cloud_scenario')
+    parser.add_argument('--state-dir')
+    parser.add_argument('--openrc')
+    parser.add_argument('--steps', nargs='*', default=UserPath.STEPS)
+    args = parser.parse_args(argv)
+    cloud = config.Cloud(args.state_dir)
+    openrc = args.openrc or cloud.path('openrc')
+    path = UserPath(cloud.state_dir, openrc, qemu_env.image_library(),
+                    echo=lambda text: print(text, flush=True))
+    try:
+        figures = path.run(args.steps)
+    except ScenarioError as e:
+        print('FAILED: %s' % e, file=sys.stderr)
+        return 1
+    print(json.dumps(figures, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
