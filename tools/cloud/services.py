@@ -42,7 +42,12 @@ def _start_time(pid):
 
 
 def _with_descendants(roots):
-    children = {}
+    """``roots`` and their descendants, zombies left out.
+
+    A zombie has exited: it is a child that its parent (say, a test that
+    ran ``up`` in-process) has not reaped yet.
+    """
+    children, zombies = {}, set()
     for entry in os.listdir('/proc'):
         if not entry.isdigit():
             continue
@@ -51,9 +56,12 @@ def _with_descendants(roots):
                 fields = f.read().rsplit(')', 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[0] != 'Z':
+        if fields[0] == 'Z':
+            zombies.add(int(entry))
+        else:
             children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = set(), [p for p in roots if os.path.exists('/proc/%d' % p)]
+    found, todo = set(), [p for p in roots if os.path.exists('/proc/%d' % p)
+                          and p not in zombies]
     while todo:
         pid = todo.pop()
         if pid not in found:
