@@ -374,7 +374,9 @@ class UserPath(object):
         def passes():
             with open(log, errors='replace') as f:
                 f.seek(size)
-                return f.read().count('Verify base images') >= 2
+                # the manager logs its active base files on every pass
+                # (the plain server's is one)
+                return f.read().count('Active base files') >= 2
         self.wait('two image cache manager passes', passes, timeout=300)
         after = self._vmar_files()
         check(before <= after, 'files gone after the cache manager: %s',
@@ -473,8 +475,13 @@ class UserPath(object):
         for img in self.os.json('image', 'list'):
             self.os.run('image', 'delete', img['ID'])
 
+        library = [self.cloud.path('vmar', d) for d in ('maps', 'bases')]
+
         def clean():
-            return not self.map_images() and not self._vmar_files()
+            left = [f for d in library if os.path.isdir(d)
+                    for f in os.listdir(d)]
+            return (not self.map_images() and not self._vmar_files()
+                    and not left)
         self.wait('maps and bases to go', clean, timeout=300)
         state = os.path.join(self.host_dir, 'exports.json')
         if os.path.exists(state):
@@ -482,7 +489,8 @@ class UserPath(object):
                 check(not json.load(f).get('exports'),
                       'exports left: %s', state)
         self.echo('  every server and image deleted; no map image in '
-                  'Glance, no map or base file on the host')
+                  'Glance, no map or base file on the host or in the '
+                  'agent\'s library')
 
     STEPS = ('upload', 'flavors', 'boot', 'page_cache', 'lifecycle',
              'restart_compute',
