@@ -332,9 +332,27 @@ class UserPath(object):
                 self.wait_booted(name, image, since=before)
             self.echo('  %-24s %-17s %.1f s' % (
                 ' '.join(args[:-1]), status, time.monotonic() - t0))
+        log = os.path.join(self.cloud.log_dir, 'nova-compute.log')
+
+        def compute_log_since(size):
+            with open(log, errors='replace') as f:
+                f.seek(size)
+                return f.read()
+        # stop and soft reboot: the guest shuts down on the ACPI power
+        # button, and nova-compute does not fall back to powering it off
+        size = os.path.getsize(log)
         op('stop', name, status='SHUTOFF', boots=False)
+        check('Instance shutdown successfully after' in
+              compute_log_since(size),
+              'the guest did not shut down by itself on stop')
         op('start', name)
+        size = os.path.getsize(log)
         op('reboot', '--soft', name)
+        tail = compute_log_since(size)
+        check('Instance soft rebooted successfully' in tail
+              and 'Failed to soft reboot' not in tail,
+              'the soft reboot was not soft (nova-compute fell back to a '
+              'hard reboot)')
         op('reboot', '--hard', name)
         op('pause', name, status='PAUSED', boots=False)
         op('unpause', name, boots=False)

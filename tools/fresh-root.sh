@@ -19,11 +19,12 @@
 #   - the certificate authorities in /usr/local/share/ca-certificates and
 #     /etc/pip.conf, so apt-get and pip reach the package registries.
 # Download and build caches are shared with this machine (bind mounts):
-# pip's wheel cache, debootstrap's .deb cache, the ccache of qemu/build.sh, and the image library (each image is rebuilt
-# unless its stamp matches the hash of the build script, its parameters and
-# the tool versions, so a stale image is never reused). Installed results
-# are never shared: the packages, the virtualenv and the QEMU prefix are
-# made in the root.
+# pip's wheel cache, debootstrap's .deb cache and the ccache of
+# qemu/build.sh. The image library is hard-linked into the root: an image
+# is rebuilt, in the root's copy only, unless its stamp matches the hash of
+# the build script, its parameters and the root's tool versions, so a
+# stale image is never reused. Installed results are never shared: the
+# packages, the virtualenv and the QEMU prefix are made in the root.
 # --cold shares none of them: every download and build happens in the root,
 # as on a new machine (how the README's timings are measured).
 #
@@ -50,7 +51,12 @@ QEMU_CACHE=/var/cache/vmar-openstack
 # (valgrind's headers, for one), so the root configures its own and
 # compiles through the shared ccache.
 SHARED_CACHES=(/root/.cache/pip /var/cache/vmar-openstack/debootstrap
-    "$QEMU_CACHE/ccache" /var/cache/vmar-openstack/images)
+    "$QEMU_CACHE/ccache")
+# The image library is not shared but copied in as hard links: the root
+# reuses an image whose stamp matches what its own tools would build, and
+# rebuilds the others into its own copy (a build renames a new file into
+# place), never into the machine's library, which tests may be reading.
+LIBRARY=/var/cache/vmar-openstack/images
 
 say() {
     printf '%s fresh-root: %s\n' "$(date +%H:%M:%S)" "$*" >&2
@@ -130,6 +136,11 @@ inside() {
             mkdir -p "$d" "$root$d"
             mount --bind "$d" "$root$d"
         done
+        if [ -d "$LIBRARY" ]; then
+            mkdir -p "$(dirname "$root$LIBRARY")"
+            cp -al "$LIBRARY" "$root$LIBRARY" 2>/dev/null ||
+                say "image library not linked in (another file system?)"
+        fi
     fi
     # shellcheck disable=SC2016  # expanded by the inner shell
     exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \

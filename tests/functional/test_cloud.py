@@ -1,6 +1,7 @@
-"""tools/cloud.sh: up, authenticated calls with the real CLI, down.
+"""tools/cloud.sh: up, the user's path with the real CLI, down.
 
-The cloud runs from a state directory of its own (``VMAR_CLOUD_STATE``),
+The user's path is tools/cloud_scenario.py (doc/source/cloud.rst). The
+cloud runs from a state directory of its own (``VMAR_CLOUD_STATE``),
 so it never meets a cloud someone else started. ``down`` must leave no
 process, mount or file of the cloud outside that directory.
 """
@@ -178,7 +179,6 @@ class TestCloud(testtools.TestCase):
             self.assertEqual('up', line.split()[1], line)
 
         # the user's path, with the openstack CLI (tools/cloud_scenario.py)
-        os.environ.pop('OS_CLOUD', None)
         path = cloud_scenario.UserPath(self.state, openrc,
                                        qemu_env.image_library())
         self.openstack(openrc, 'image', 'delete', 'tiny')
