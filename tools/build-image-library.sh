@@ -63,10 +63,11 @@ set -euo pipefail
 readonly ALL_IMAGES=(minbase python3 postgresql nginx apache2 mariadb)
 
 # What makes every image boot by itself: systemd as init, the Debian cloud
-# kernel and the initramfs generator its postinst runs. udev loads the
-# ACPI button driver and tags the power button, so systemd-logind shuts
-# the guest down on an ACPI power-off, as Nova's stop and soft reboot ask.
-readonly BOOT_INCLUDES="systemd-sysv,udev,initramfs-tools,zstd,\
+# kernel and the initramfs generator its postinst runs. D-Bus lets
+# systemd-logind run, and logind shuts the guest down when the ACPI power
+# button is pressed (udev tags it), as Nova's stop and soft reboot ask;
+# without it they wait out their timeouts and then power the guest off.
+readonly BOOT_INCLUDES="systemd-sysv,udev,dbus,initramfs-tools,zstd,\
 linux-image-cloud-amd64"
 
 # Extra packages per image, on top of debootstrap's minbase set and
