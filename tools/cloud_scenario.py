@@ -19,6 +19,7 @@ Usage: python -m tools.cloud_scenario [--state-dir DIR] [--keep]
 """
 
 import argparse
+import configparser
 import json
 import os
 import re
@@ -387,6 +388,12 @@ class UserPath(object):
         size = os.path.getsize(log)
         compute.stop()
         stack.up(self.cloud, echo=lambda *a: None)
+        interval = configparser.ConfigParser(interpolation=None)
+        interval.read(self.cloud.etc('nova', 'nova.conf'))
+        interval = interval.getint('image_cache', 'manager_interval')
+        check(interval <= 60, 'nova.conf has [image_cache] manager_interval '
+              '= %d: set VMAR_CLOUD_IMAGE_CACHE_INTERVAL (10) for the '
+              'cloud and for this process', interval)
         # two passes of the image cache manager after the restart
 
         def passes():

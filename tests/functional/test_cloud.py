@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 
+import fixtures
 import testtools
 
 from tools import cloud_scenario
@@ -79,9 +80,12 @@ class TestCloud(testtools.TestCase):
         # short: unix socket paths live under it
         self.state = tempfile.mkdtemp(prefix='vmarcloud-', dir='/var/tmp')
         os.chmod(self.state, 0o755)
-        # Nova's image cache manager every 10 s: the user path watches it
-        self.env = dict(os.environ, VMAR_CLOUD_STATE=self.state,
-                        VMAR_CLOUD_IMAGE_CACHE_INTERVAL='10')
+        # Nova's image cache manager every 10 s: the user path watches it.
+        # In this process's environment too: the path restarts nova-compute
+        # with an in-process up, which renders nova.conf again.
+        self.useFixture(fixtures.EnvironmentVariable(
+            'VMAR_CLOUD_IMAGE_CACHE_INTERVAL', '10'))
+        self.env = dict(os.environ, VMAR_CLOUD_STATE=self.state)
         self.env.pop('VMAR_FUNCTIONAL_OWNER', None)
         fd, self.marker = tempfile.mkstemp(prefix='vmar-cloud-marker-')
         os.close(fd)
