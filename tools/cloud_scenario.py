@@ -172,6 +172,15 @@ class UserPath(object):
             name, image_id, versions[-1]))
         return versions[-1]
 
+    def compute_log(self, since=None):
+        """nova-compute's log: its size now, or its text after ``since``."""
+        log = os.path.join(self.cloud.log_dir, 'nova-compute.log')
+        if since is None:
+            return os.path.getsize(log)
+        with open(log, errors='replace') as f:
+            f.seek(since)
+            return f.read()
+
     def virsh(self, *args):
         return subprocess.run(
             ['virsh', '-c', self.cloud.libvirt_uri] + list(args),
@@ -333,23 +342,17 @@ class UserPath(object):
                 self.wait_booted(name, image, since=before)
             self.echo('  %-24s %-17s %.1f s' % (
                 ' '.join(args[:-1]), status, time.monotonic() - t0))
-        log = os.path.join(self.cloud.log_dir, 'nova-compute.log')
-
-        def compute_log_since(size):
-            with open(log, errors='replace') as f:
-                f.seek(size)
-                return f.read()
         # stop and soft reboot: the guest shuts down on the ACPI power
         # button, and nova-compute does not fall back to powering it off
-        size = os.path.getsize(log)
+        size = self.compute_log()
         op('stop', name, status='SHUTOFF', boots=False)
         check('Instance shutdown successfully after' in
-              compute_log_since(size),
+              self.compute_log(size),
               'the guest did not shut down by itself on stop')
         op('start', name)
-        size = os.path.getsize(log)
+        size = self.compute_log()
         op('reboot', '--soft', name)
-        tail = compute_log_since(size)
+        tail = self.compute_log(size)
         check('Instance soft rebooted successfully' in tail
               and 'Failed to soft reboot' not in tail,
               'the soft reboot was not soft (nova-compute fell back to a '
@@ -384,8 +387,7 @@ class UserPath(object):
         before = self._vmar_files()
         svc = {s.name: s for s in stack.services(self.cloud)}
         compute = svc['nova-compute']
-        log = os.path.join(self.cloud.log_dir, 'nova-compute.log')
-        size = os.path.getsize(log)
+        size = self.compute_log()
         compute.stop()
         stack.up(self.cloud, echo=lambda *a: None)
         interval = configparser.ConfigParser(interpolation=None)
@@ -397,11 +399,9 @@ class UserPath(object):
         # two passes of the image cache manager after the restart
 
         def passes():
-            with open(log, errors='replace') as f:
-                f.seek(size)
-                # the manager logs its active base files on every pass
-                # (the plain server's is one)
-                return f.read().count('Active base files') >= 2
+            # the manager logs its active base files on every pass (the
+            # plain server's is one)
+            return self.compute_log(size).count('Active base files') >= 2
         self.wait('two image cache manager passes', passes, timeout=300)
         after = self._vmar_files()
         check(before <= after, 'files gone after the cache manager: %s',
@@ -446,8 +446,7 @@ class UserPath(object):
         domains = {n: self.domain(n) for n in servers}
         supervisor = {s.name: s for s in stack.services(self.cloud)}[
             'vmar-export'].pids()[0]
-        log = os.path.join(self.cloud.log_dir, 'nova-compute.log')
-        size = os.path.getsize(log)
+        size = self.compute_log()
         before = self.console('vm-b')
         self.os.run('server', 'reboot', '--hard', 'vm-b')
         self.wait_status('vm-b', 'ACTIVE')
@@ -470,9 +469,8 @@ class UserPath(object):
         self.wait('the guests to run again', all_running, timeout=120,
                   interval=0.5)
         took = time.monotonic() - t0
-        with open(log, errors='replace') as f:
-            f.seek(size)
-            resumed = f.read().count('paused on an I/O error of its vmar')
+        resumed = self.compute_log(size).count(
+            'paused on an I/O error of its vmar')
         check(resumed >= 1, 'vmar-nova-compute logged no resume')
         self.wait_booted('vm-b', 'python3', since=before)
         for name in servers:
