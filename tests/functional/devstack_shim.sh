@@ -58,6 +58,8 @@ RABBIT_PASSWORD=${RABBIT_PASSWORD:-shim-rabbit-password}
 RABBIT_HOST=${RABBIT_HOST:-$SERVICE_HOST}
 # Not a devstack database type: a SQLite file per database (see below).
 DATABASE_TYPE=${DATABASE_TYPE:-sqlite}
+# The database services lib/database registers (register_database).
+DATABASE_BACKENDS=${DATABASE_BACKENDS:-mysql postgresql}
 SHIM_DB_DIR=${SHIM_DB_DIR:-$SHIM_ROOT/databases}
 VIRT_DRIVER=${VIRT_DRIVER:-libvirt}
 LIBVIRT_GROUP=${LIBVIRT_GROUP:-libvirt}

@@ -168,11 +168,15 @@ class DevstackTestCase(testtools.TestCase):
                           for f in os.listdir(self.status)
                           if f.endswith('.pid')]
         for pid_file in pid_files:
-            try:
-                os.kill(int(read(pid_file)), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+            self._kill_pid_file(pid_file)
         subprocess.run(['rm', '-rf', self.sock_dir])
+
+    @staticmethod
+    def _kill_pid_file(path):
+        try:
+            os.kill(int(read(path)), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
     def bash(self, script, *args, env=None, check=True):
         """Run ``script`` after sourcing the shim, as root, in ``/``."""
@@ -445,6 +449,62 @@ class TestDevstackPlugin(DevstackTestCase):
                               if f.endswith('.pid') and f != 'n-cpu.pid'])
         self.assertEqual([], self.processes_mentioning(
             self.root, self.sock_dir))
+
+    def test_compute_only_node(self):
+        # the controller: the database server, Glance and the agent
+        self.phase('stack', 'install')
+        self.phase('stack', 'post-config')
+        marker = str(uuid.uuid4())
+        with sqlite3.connect(self.db_file) as db:
+            db.execute("INSERT INTO vmar_agent_failures (image_id, event, "
+                       "attempts, permanent, last_error, updated_at) VALUES "
+                       "(?, 'image.activate', 1, 0, 'marker', "
+                       "CURRENT_TIMESTAMP)", (marker,))
+
+        # a compute-only node of the same cloud: no database server, no
+        # Glance; devstack points its database URLs at the controller
+        root = os.path.join(self.tmp, 'compute')
+        env = {k: v.replace(self.root, root) for k, v in self.env.items()}
+        env.update(ENABLED_SERVICES='n-cpu,placement-client',
+                   SHIM_DB_DIR=os.path.dirname(self.db_file),
+                   VMAR_EXPORT_SOCKET=os.path.join(self.sock_dir, 'cpu.sock'))
+        for name in ('NOVA_CONF', 'NOVA_CPU_CONF'):
+            os.makedirs(os.path.dirname(env[name]), exist_ok=True)
+            with open(env[name], 'w') as f:
+                f.write(NOVA_CONF)
+        host_dir = os.path.join(root, 'opt', 'stack', 'data', 'vmar', 'host')
+        self.addCleanup(self._kill_pid_file,
+                        os.path.join(host_dir, 'qsd.pid'))
+        self.addCleanup(self._kill_pid_file, os.path.join(
+            root, 'opt', 'stack', 'status', 'vmar-export.pid'))
+
+        def controller_db_intact():
+            with sqlite3.connect(self.db_file) as db:
+                rows = db.execute('SELECT last_error FROM vmar_agent_failures'
+                                  ' WHERE image_id = ?', (marker,)).fetchall()
+            self.assertEqual([('marker',)], rows)
+
+        services = self.bash('source "$VMAR_DIR/devstack/settings"\n'
+                             'echo "$ENABLED_SERVICES"', env=env).stdout
+        self.assertEqual('n-cpu,placement-client,vmar-export',
+                         services.strip())
+        for phase in (('stack', 'install'), ('stack', 'post-config'),
+                      ('stack', 'extra')):
+            self.phase(*phase, env=env)
+        controller_db_intact()
+        conf = ini(os.path.join(env['VMAR_CONF_DIR'], 'vmar.conf'))
+        self.assertNotIn('vmar_database', conf.sections())
+        self.assertEqual(host_dir, conf['vmar']['host_dir'])
+        self.assertEqual(host_dir, ini(env['NOVA_CONF'])['vmar']['host_dir'])
+        status = os.path.join(root, 'opt', 'stack', 'status')
+        self.assertFalse(os.path.exists(os.path.join(status,
+                                                     'vmar-agent.cmd')))
+        self.assertTrue(wait_for(lambda: os.path.exists(
+            env['VMAR_EXPORT_SOCKET'])), 'vmar-export serves no socket')
+
+        self.phase('unstack', env=env)
+        self.phase('clean', env=env)
+        controller_db_intact()
 
     def test_install_runs_the_build_script(self):
         prefix = os.path.join(self.tmp, 'qemu-prefix')
