@@ -6,6 +6,8 @@ TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"
 status=0
 for gen in etc/vmar/vmar-config-generator.conf \
+        etc/vmar/nova-vmar-generator.conf \
+        etc/vmar/vmar-agent-generator.conf \
         etc/glance/glance-api-generator.conf \
         etc/glance/glance-image-import-generator.conf; do
     sample=$(sed -n 's/^output_file = //p' "$gen")

@@ -71,7 +71,7 @@ ignore_user_roles = admin
 
 def map_source():
     """The plugin's map source, while [vmar] map_source lacks "glance"."""
-    opt = [o for o in vmar_conf.vmar_opts if o.name == 'map_source'][0]
+    opt = [o for o in vmar_conf.vmar.ALL_OPTS if o.name == 'map_source'][0]
     return 'glance' if 'glance' in opt.type.choices else 'dir'
 
 

@@ -4,6 +4,7 @@ from oslo_config import cfg
 import testtools
 
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack.conf import opts as conf_opts
 
 
 class TestConf(testtools.TestCase):
@@ -21,9 +22,9 @@ class TestConf(testtools.TestCase):
         self.assertEqual('/var/lib/vmar/maps', b.vmar.map_dir)
 
     def test_list_opts_names_every_group(self):
-        groups = {g.name: opts for g, opts in vmar_conf.list_opts()}
+        groups = {g.name: opts for g, opts in conf_opts.list_opts()}
         self.assertEqual({'vmar', 'vmar_database', 'vmar_glance',
-                          'vmar_agent'}, set(groups))
+                          'vmar_agent', 'vmar_metrics'}, set(groups))
         self.assertIn('auth_type', {o.name for o in groups['vmar_glance']})
         self.assertIn('map_owner', {o.name for o in groups['vmar_glance']})
         self.assertIn('pool', {o.name for o in groups['vmar_agent']})
@@ -46,3 +47,22 @@ class TestConf(testtools.TestCase):
         c.set_override('state_dir', '/srv/vmar', group='vmar')
         self.assertEqual('sqlite:////srv/vmar/vmar.sqlite',
                          c.vmar_database.connection)
+
+    def test_compute_sample_has_what_nova_compute_reads(self):
+        groups = {g.name: {o.name for o in opts}
+                  for g, opts in conf_opts.list_compute_opts()}
+        self.assertEqual({'vmar', 'vmar_glance'}, set(groups))
+        self.assertLessEqual({'host_dir', 'export_socket', 'map_source',
+                              'resume_interval', 'state_dir', 'qemu_img'},
+                             groups['vmar'])
+        self.assertNotIn('block_size', groups['vmar'])
+        self.assertLessEqual({'auth_type', 'map_wait'}, groups['vmar_glance'])
+
+    def test_agent_sample_has_what_the_agent_reads(self):
+        groups = {g.name: {o.name for o in opts}
+                  for g, opts in conf_opts.list_agent_opts()}
+        self.assertLessEqual({'pool', 'max_attempts'}, groups['vmar_agent'])
+        self.assertIn('connection', groups['vmar_database'])
+        self.assertIn('dedup_scope', groups['vmar'])
+        self.assertNotIn('host_dir', groups['vmar'])
+        self.assertEqual({'bind_host', 'agent_port'}, groups['vmar_metrics'])

@@ -8,7 +8,8 @@ are ``etc/glance/glance-api.conf.sample`` and
 
 from oslo_config import cfg
 
-from vmar_openstack import conf as vmar_conf
+from vmar_openstack.conf import database
+from vmar_openstack.conf import vmar
 
 PLUGIN_VMAR_OPTS = ('state_dir', 'map_dir', 'work_dir', 'block_size',
                     'hash_algorithm', 'dedup_scope', 'hash_workers',
@@ -32,12 +33,11 @@ def list_api_opts():
 
 
 def list_import_opts():
-    vmar = [o for o in vmar_conf.vmar_opts + vmar_conf.import_opts
-            if o.name in PLUGIN_VMAR_OPTS]
+    plugin = [o for o in vmar.ALL_OPTS if o.name in PLUGIN_VMAR_OPTS]
     return [
         ('image_import_opts', [cfg.ListOpt(
             'image_import_plugins', default=['vmar_mapgen'],
             help='Glance option. Add vmar_mapgen to the plugins you use.')]),
-        (vmar_conf.vmar_group, vmar),
-        (vmar_conf.database_group, vmar_conf.database_opts),
+        (vmar.GROUP, plugin),
+        (database.GROUP, database.ALL_OPTS),
     ]

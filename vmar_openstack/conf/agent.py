@@ -1,0 +1,42 @@
+"""``[vmar_agent]``: the Glance notification agent, ``vmar-agent``."""
+
+from oslo_config import cfg
+
+GROUP = cfg.OptGroup(
+    'vmar_agent', title='vmar-agent',
+    help='The Glance notification agent.')
+
+agent_opts = [
+    cfg.StrOpt('exchange', default='glance',
+               help='Exchange Glance notifications are sent to.'),
+    cfg.ListOpt('topics', default=['notifications'],
+                help='Notification topics to listen on.'),
+    cfg.StrOpt('pool', default='vmar-agent',
+               help='Listener pool: every agent of the pool shares one queue, '
+                    'so no other consumer (ceilometer) loses messages.'),
+    cfg.IntOpt('max_attempts', default=5, min=1,
+               help='Attempts at an image before it is recorded as failed '
+                    'and not retried.'),
+    cfg.StrOpt('local_store_dir',
+               help='The directory of a Glance file store on this host '
+                    '([fs] filesystem_store_datadir). Images found there, '
+                    'with the size Glance reports, are ingested in place '
+                    'instead of downloaded.'),
+    cfg.IntOpt('resync_interval', default=300, min=0,
+               help='Seconds between comparisons of the library with '
+                    'Glance\'s active images, which ingest what a lost '
+                    'notification missed and remove what is gone. 0: never.'),
+    cfg.IntOpt('shutdown_timeout', default=10, min=0,
+               help='Seconds to let the notification in hand finish on '
+                    'SIGTERM. An unfinished one is redelivered later.'),
+    cfg.FloatOpt('retry_delay', default=2.0, min=0,
+                 help='Seconds before the first retry; doubled each time.'),
+]
+
+ALL_OPTS = agent_opts
+
+
+def register_opts(conf):
+    conf.register_group(cfg.OptGroup(GROUP.name, title=GROUP.title,
+                                     help=GROUP.help))
+    conf.register_opts(ALL_OPTS, group=GROUP.name)

@@ -1,0 +1,44 @@
+"""The option lists of ``oslo-config-generator`` (``oslo.config.opts``).
+
+``list_opts``: every option (``etc/vmar/vmar.conf.sample``).
+``list_compute_opts``: what ``vmar-nova-compute`` reads from nova.conf
+(``etc/vmar/nova.conf.vmar.sample``). ``list_agent_opts``: what
+``vmar-agent`` reads besides oslo.messaging's and oslo.log's options
+(``etc/vmar/vmar-agent.conf.sample``).
+"""
+
+from vmar_openstack.conf import agent
+from vmar_openstack.conf import database
+from vmar_openstack.conf import glance
+from vmar_openstack.conf import metrics
+from vmar_openstack.conf import vmar
+
+# [vmar] options a compute host reads besides host_opts
+_HOST_EXTRA = ('state_dir', 'work_dir', 'qemu_img')
+
+
+def _glance():
+    return glance.ALL_OPTS + glance.keystoneauth_opts()
+
+
+def list_opts():
+    return [(vmar.GROUP, vmar.ALL_OPTS),
+            (database.GROUP, database.ALL_OPTS),
+            (glance.GROUP, _glance()),
+            (agent.GROUP, agent.ALL_OPTS),
+            (metrics.GROUP, metrics.ALL_OPTS)]
+
+
+def list_compute_opts():
+    host = [o for o in vmar.library_opts if o.name in _HOST_EXTRA]
+    return [(vmar.GROUP, host + vmar.host_opts),
+            (glance.GROUP, _glance())]
+
+
+def list_agent_opts():
+    return [(vmar.GROUP, vmar.library_opts),
+            (database.GROUP, database.ALL_OPTS),
+            (glance.GROUP, _glance()),
+            (agent.GROUP, agent.ALL_OPTS),
+            (metrics.GROUP, [o for o in metrics.ALL_OPTS
+                             if o.name != 'export_port'])]

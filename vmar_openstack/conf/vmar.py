@@ -1,0 +1,137 @@
+"""``[vmar]``: the image library, and the export service of compute hosts.
+
+``library_opts`` are read where images are ingested (``vmar-manage``,
+``vmar-agent``, the Glance import plugin), ``host_opts`` on compute hosts
+(``vmar-export``, ``vmar-nova-compute``), ``import_opts`` by the Glance
+import plugin only.
+"""
+
+import os
+
+from oslo_config import cfg
+
+GROUP = cfg.OptGroup(
+    'vmar', title='VMAR options',
+    help='Block fingerprinting, deduplication scope and map storage.')
+
+HASH_ALGORITHMS = ('sha256', 'sha512', 'sha1', 'blake2b')
+DEDUP_SCOPES = ('project', 'public', 'global')
+
+
+def _power_of_two(value):
+    return value > 0 and value & (value - 1) == 0
+
+
+class BlockSize(cfg.types.Integer):
+    """A power of two between 4 KiB and 2 MiB."""
+
+    def __init__(self):
+        super().__init__(min=4096, max=2 * 1024 * 1024,
+                         type_name='power-of-two integer')
+
+    def __call__(self, value):
+        value = super().__call__(value)
+        if not _power_of_two(value):
+            raise ValueError('block size %d is not a power of two' % value)
+        return value
+
+
+library_opts = [
+    cfg.StrOpt('state_dir', default='/var/lib/vmar',
+               help='Directory for VMAR state: the embedded database, maps '
+                    'and base files unless configured elsewhere.'),
+    cfg.StrOpt('map_dir', default='$state_dir/maps',
+               help='Directory where block maps are written. Maps are '
+                    'immutable files named <image id>.<version>.vmap.'),
+    cfg.StrOpt('base_dir', default='$state_dir/bases',
+               help='Directory holding the raw content of each ingested '
+                    'image, named by image id. Maps point into these '
+                    'files.'),
+    cfg.StrOpt('work_dir', default='$state_dir/tmp',
+               help='Scratch directory for converting non-raw images to raw '
+                    'before hashing. Needs room for the virtual size of the '
+                    'largest image (sparse).'),
+    cfg.Opt('block_size', type=BlockSize(), default=4096,
+            help='Fingerprint block size in bytes for newly ingested images; '
+                 'a power of two from 4096 to 2097152. Recorded per image; '
+                 'images of different block sizes never share blocks.'),
+    cfg.StrOpt('hash_algorithm', default='sha256', choices=HASH_ALGORITHMS,
+               help='Fingerprint hash for newly ingested images. Recorded '
+                    'per image; images hashed differently never share '
+                    'blocks.'),
+    cfg.StrOpt('dedup_scope', default='project', choices=[
+        ('project', 'An image may redirect reads to public images and to '
+                    'images of its own owner.'),
+        ('public', 'An image may redirect reads to public images and to '
+                   'itself only.'),
+        ('global', 'An image may redirect reads to any image. Reads of one '
+                   'tenant may then be served from another tenant\'s '
+                   'private image.')],
+               help='Which images a map may point into.'),
+    cfg.IntOpt('hash_workers', default=os.cpu_count() or 1, min=1,
+               sample_default='<number of CPUs>',
+               help='Threads (native hasher) or processes (hashlib '
+                    'fallback) that hash an image in parallel.'),
+    cfg.StrOpt('qemu_img', default='qemu-img',
+               help='qemu-img binary used to inspect and convert non-raw '
+                    'images.'),
+    cfg.IntOpt('max_virtual_size_gb', default=2048, min=1,
+               help='Largest virtual size accepted for an image, in GiB.'),
+]
+
+host_opts = [
+    cfg.StrOpt('host_dir', default='$state_dir/host',
+               help='vmar-owned directory on a compute host holding the maps '
+                    'and base files it exports, and the export state. Keep '
+                    'it outside Nova\'s instances/_base directory.'),
+    cfg.StrOpt('export_socket', default='/run/vmar/nbd.sock',
+               help='Unix socket on which vmar-export serves one NBD export '
+                    'per image, named by image id.'),
+    cfg.StrOpt('export_socket_group',
+               help='Group that owns the export socket (mode 0660), for '
+                    'example the group QEMU runs as. Unset: root\'s group.'),
+    cfg.StrOpt('qemu_storage_daemon', default='qemu-storage-daemon',
+               help='The patched qemu-storage-daemon with the vmar driver, '
+                    'as built by qemu/build.sh (its prefix/bin).'),
+    cfg.StrOpt('base_aio', default='io_uring',
+               choices=['threads', 'native', 'io_uring'],
+               help='How the export daemon reads base files: a thread pool, '
+                    'Linux AIO (O_DIRECT only) or io_uring.'),
+    cfg.IntOpt('read_gather_gap', default=0, min=0, max=32768,
+               help='Runs of one read that lie at most this many bytes '
+                    'apart in one base file are read with one read. Above 0 '
+                    'the bytes in between are read too, and they are blocks '
+                    'that maps serve from elsewhere: faster sequential reads '
+                    'for a less deduplicated host cache.'),
+    cfg.IntOpt('resume_interval', default=2, min=0,
+               help='vmar-nova-compute: every this many seconds, resume '
+                    'the guests that libvirt paused on an I/O error of a '
+                    'vmar disk (its export daemon died, say) once their '
+                    'exports are served again. 0: never; an operator '
+                    'resumes them.'),
+    cfg.StrOpt('map_source', default='dir', choices=[
+        ('dir', 'Copy maps and bases from map_source_dir.'),
+        ('glance', 'Download maps (hidden images published by vmar-agent) '
+                   'and bases from Glance, with [vmar_glance] credentials.')],
+               help='Where a compute host gets maps and base files.'),
+    cfg.StrOpt('map_source_dir', default='$state_dir',
+               help='For map_source=dir: a library directory with maps/ and '
+                    'bases/ subdirectories (a library\'s state_dir).'),
+]
+
+
+import_opts = [
+    cfg.BoolOpt('mapgen_failure_fatal', default=False,
+                help='Glance import plugin: fail the import when mapgen '
+                     'fails. By default the import succeeds, the failure is '
+                     'logged and recorded in the image property '
+                     'vmar_mapgen_error, and vmar-agent retries it.'),
+]
+
+ALL_OPTS = library_opts + host_opts + import_opts
+
+
+def register_opts(conf):
+    conf.register_group(cfg.OptGroup(GROUP.name, title=GROUP.title,
+                                     help=GROUP.help))
+    conf.register_opts(ALL_OPTS, group=GROUP.name)
