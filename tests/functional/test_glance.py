@@ -9,6 +9,7 @@ with the real ``openstack`` CLI.
 from concurrent import futures
 import glob
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -362,6 +363,90 @@ class TestGlance(GlanceTestCase):
         self.assertEqual(_sha(raw), _sha(out))
         self.assertIn('resync: %s is not in the library' % image_id,
                       self.agent_log())
+
+    def manage(self, *args, conf=None, check=True):
+        """``vmar-manage`` with the class's configuration (and ``conf``)."""
+        cmd = [os.path.join(os.path.dirname(sys.executable), 'vmar-manage'),
+               '--config-file', self.conf_file]
+        if conf:
+            cmd += ['--config-file', conf]
+        proc = subprocess.run(cmd + list(args), capture_output=True,
+                              text=True)
+        if check:
+            self.assertEqual(0, proc.returncode, proc.stderr[-3000:])
+        return proc
+
+    def failures(self, state=None):
+        args = ['failures', 'list', '--json'] + (
+            ['--state', state] if state else [])
+        return {f['image_id']: f for f in json.loads(
+            self.manage(*args).stdout)}
+
+    def wait_failure(self, image_id, state, timeout=60):
+        deadline = time.time() + timeout
+        while self.failures(state).get(image_id) is None:
+            self.assertLess(time.time(), deadline, self.agent_log())
+            time.sleep(0.3)
+
+    def test_outage_then_recovery(self):
+        # the agent reaches Glance through a proxy: stopped, an outage
+        proxy = glance_env.TcpProxy(
+            '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
+            work_dir=os.path.join(self.tmp, 'proxy'))
+        os.makedirs(proxy.work_dir)
+        self.addCleanup(proxy.stop)
+        through = os.path.join(self.tmp, 'through-proxy.conf')
+        glance_env.write_conf(through, {'vmar_glance': {
+            'endpoint': proxy.url, 'endpoint_override': proxy.url}})
+        self.stop_agent()
+        self.addCleanup(self.start_agent)
+        self.addCleanup(self.stop_agent)
+        self.start_agent(through)
+
+        # uploads while the agent cannot reach Glance: retried, then parked
+        raws = {}
+        for name, first in (('x', 81001), ('y', 82001), ('z', 83001)):
+            raw = self.image(name + '.raw', list(range(first, first + 64)))
+            raws[self.create(raw)] = raw
+        x, y, z = raws
+        for image_id in raws:
+            self.wait_failure(image_id, 'parked')
+        # [vmar_agent] max_attempts of the first event; image.upload and
+        # image.activate of one upload may each add attempts
+        f = self.failures()[x]
+        self.assertGreaterEqual(f['attempts'], 3)
+
+        # an operator's retry while Glance is still away: a clear error
+        proc = self.manage('failures', 'retry', x, conf=through,
+                           check=False)
+        self.assertEqual(1, proc.returncode)
+        self.assertRegex(proc.stderr, r'image\.(activate|upload) of %s '
+                         r'failed again \(parked, attempt \d+\): \w+' % x)
+        self.assertGreater(self.failures()[x]['attempts'], f['attempts'])
+        # ... and through a path that works: done at once
+        out = self.manage('failures', 'retry', y).stdout
+        self.assertIn('succeeded', out)
+        self.assertNotIn(y, self.failures())
+        self.wait_map(y)
+        # a forgotten failure is handled like any image the agent missed
+        self.manage('failures', 'forget', z)
+        self.assertNotIn(z, self.failures())
+        proc = self.manage('failures', 'forget', z, check=False)
+        self.assertEqual(1, proc.returncode)
+        self.assertIn('no failure is recorded for %s' % z, proc.stderr)
+
+        # the outage ends: the agent retries x by itself, resync takes z
+        proxy.start()
+        for image_id, raw in raws.items():
+            v = self.wait_map(image_id)
+            out = os.path.join(self.tmp, image_id + '.out')
+            self.rebuild(image_id, v, out)
+            self.assertEqual(_sha(raw), _sha(out))
+        self.assertEqual({}, {i: f for i, f in self.failures().items()
+                              if i in raws})
+        self.assertRegex(self.agent_log(), r'retrying parked image\.'
+                         r'(activate|upload) for %s' % x)
+        self.assert_consistent()
 
     def test_hostile_uploads(self):
         before = self.library_count()

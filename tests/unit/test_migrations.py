@@ -173,3 +173,28 @@ class TestMigration0007(MigrationTestCase):
             else:
                 self.assertEqual([], sa.inspect(c).get_indexes(
                     'vmar_fingerprints'))
+
+
+class TestMigration0008(MigrationTestCase):
+    """Failure records get their cause, read from their error."""
+
+    def test_causes_from_errors(self):
+        migration.upgrade('0007', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            for image_id, error in (
+                    ('a', 'ImageUnusable: image a rejected by mapgen'),
+                    ('b', 'HTTPServiceUnavailable: 503'),
+                    ('c', 'OperationalError: database is locked')):
+                c.execute(sa.text(
+                    "INSERT INTO vmar_agent_failures (image_id, event, "
+                    "attempts, permanent, last_error, updated_at) VALUES "
+                    "(:i, 'image.activate', 5, :p, :e, '2026-11-22')"),
+                    {'i': image_id, 'e': error, 'p': True})
+        migration.upgrade('head', conf=self.conf)
+        with engine.connect() as c:
+            rows = c.execute(sa.text(
+                'SELECT image_id, cause FROM vmar_agent_failures '
+                'ORDER BY image_id')).all()
+        self.assertEqual([('a', 'image'), ('b', 'outage'), ('c', 'outage')],
+                         [tuple(r) for r in rows])

@@ -1,7 +1,8 @@
 """``vmar-manage``: operate the VMAR image library.
 
 Sub-commands: ``db sync|version``, ``image add|update|delete|list``,
-``map show|verify``, ``stats`` and ``check``. Options come from
+``map show|verify``, ``failures list|retry|forget``, ``stats`` and
+``check``. Options come from
 ``--config-file`` like any OpenStack service.
 """
 
@@ -18,15 +19,18 @@ import tqdm
 from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
+from vmar_openstack.db import failures as db_failures
 from vmar_openstack.db import migration
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack.fingerprint import keys as fp_keys
+from vmar_openstack.glance_hooks import agent
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
+from vmar_openstack.mapsource import glance as gsource
 
 CONF = vmar_conf.CONF
 LOG = logging.getLogger(__name__)
@@ -194,6 +198,51 @@ def _first_difference(path, fd2, size, chunk=8 << 20):
     return None
 
 
+# -- failures -----------------------------------------------------------------
+
+def failures_list():
+    rows = [(f.image_id, f.event, f.state, f.attempts,
+             f.updated_at.strftime('%Y-%m-%d %H:%M:%S'), f.last_error)
+            for f in db_failures.Failures(CONF).list(CONF.category.state)]
+    if CONF.category.json:
+        keys = ('image_id', 'event', 'state', 'attempts', 'updated_at',
+                'last_error')
+        _out(json.dumps([dict(zip(keys, r)) for r in rows], indent=2))
+        return
+    _table(('image', 'event', 'state', 'attempts', 'updated (UTC)',
+            'last error'), rows)
+
+
+def _failure(image_id):
+    f = db_failures.Failures(CONF).get(image_id)
+    if f is None:
+        raise exception.CommandError('no failure is recorded for %s'
+                                     % image_id)
+    return f
+
+
+def failures_retry():
+    # as vmar-agent would, with its [vmar_glance] credentials
+    f = _failure(CONF.category.id)
+    handler = agent.Handler(CONF, gsource.client(CONF))
+    again = agent.retry(handler, agent.Endpoint(CONF, handler), f)
+    if again is not None:
+        raise exception.CommandError('%s of %s failed again (%s, attempt '
+                                     '%d): %s' % (
+                                         again.event, again.image_id,
+                                         again.state, again.attempts,
+                                         again.last_error))
+    _out('%s of %s succeeded; its failure is cleared' % (f.event,
+                                                         f.image_id))
+
+
+def failures_forget():
+    f = _failure(CONF.category.id)
+    db_failures.Failures(CONF).clear(f.image_id)
+    _out('forgot the failure of %s (%s); vmar-agent handles the image '
+         'again at its next event or resync' % (f.image_id, f.state))
+
+
 # -- stats and check ----------------------------------------------------------
 
 def collect_stats(conf=None):
@@ -327,6 +376,20 @@ def add_command_parsers(subparsers):
     p.add_argument('--source', help='original image (default: its base file)')
     p.add_argument('--format', default='raw')
     p.set_defaults(func=map_verify)
+
+    fl = subparsers.add_parser('failures', help='images vmar-agent could '
+                               'not handle')
+    fls = fl.add_subparsers(dest='action')
+    p = fls.add_parser('list', help='list recorded failures')
+    p.add_argument('--state', choices=('retrying', 'parked', 'failed'))
+    p.add_argument('--json', action='store_true')
+    p.set_defaults(func=failures_list)
+    p = fls.add_parser('retry', help='handle an image again now')
+    p.add_argument('id')
+    p.set_defaults(func=failures_retry)
+    p = fls.add_parser('forget', help='drop an image\'s failure record')
+    p.add_argument('id')
+    p.set_defaults(func=failures_forget)
 
     p = subparsers.add_parser('stats', help='dedup and map figures')
     p.add_argument('--json', action='store_true')

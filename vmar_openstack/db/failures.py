@@ -1,15 +1,51 @@
 """The ``vmar_agent_failures`` table: images the agent could not handle.
 
 One row per image whose last event failed: how often, the last error, and
-whether the agent has given up on it (``permanent``: a hostile or
-unreadable image at once, anything else after ``[vmar_agent]
-max_attempts``).
+why (:data:`CAUSES`). Its :attr:`Failure.state`:
+
+``retrying``
+    the event is being redelivered, with backoff (``[vmar_agent]
+    retry_delay``);
+``parked``
+    an outage (Glance, the database) outlasted ``[vmar_agent]
+    max_attempts``: the agent retries the image once the outage is over;
+``failed``
+    the image itself is unusable (hostile, unreadable): only an operator
+    retries it (``vmar-manage failures retry``).
 """
+
+import dataclasses
+import datetime
 
 import sqlalchemy as sa
 
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+
+IMAGE, OUTAGE = 'image', 'outage'
+CAUSES = (IMAGE, OUTAGE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    image_id: str
+    event: str
+    attempts: int
+    permanent: bool
+    cause: str
+    last_error: str
+    updated_at: datetime.datetime
+
+    @property
+    def state(self):
+        if self.cause == IMAGE:
+            return 'failed'
+        return 'parked' if self.permanent else 'retrying'
+
+    @classmethod
+    def of(cls, row):
+        return cls(**{f.name: getattr(row, f.name)
+                      for f in dataclasses.fields(cls)})
 
 
 class Failures:
@@ -21,9 +57,23 @@ class Failures:
     def get(self, image_id):
         with db_session.reader(self.conf) as s:
             row = s.get(models.AgentFailure, image_id)
-            return None if row is None else (row.attempts, row.permanent)
+            return None if row is None else Failure.of(row)
 
-    def record(self, image_id, event, error, permanent):
+    def list(self, state=None):
+        with db_session.reader(self.conf) as s:
+            rows = s.execute(sa.select(models.AgentFailure).order_by(
+                models.AgentFailure.updated_at)).scalars()
+            out = [Failure.of(r) for r in rows]
+        return [f for f in out if state is None or f.state == state]
+
+    def record(self, image_id, event, error, cause, park=False):
+        """Count a failed attempt; returns the :class:`Failure`.
+
+        The image is no longer retried on redelivery (``permanent``) when
+        ``cause`` is :data:`IMAGE`, when ``park`` is set, or after
+        ``[vmar_agent] max_attempts``.
+        """
+        assert cause in CAUSES, cause
         with db_session.locked_writer(self.conf) as s:
             row = s.get(models.AgentFailure, image_id)
             if row is None:
@@ -33,12 +83,15 @@ class Failures:
                 s.add(row)
             row.attempts += 1
             row.event = event
+            row.cause = cause
             row.last_error = error[:4000]
-            row.permanent = permanent or (
-                row.attempts >= self.conf.vmar_agent.max_attempts)
-            return row.attempts, row.permanent
+            row.permanent = (park or cause == IMAGE or row.attempts
+                             >= self.conf.vmar_agent.max_attempts)
+            s.flush()
+            return Failure.of(row)
 
     def clear(self, image_id):
+        """Forget an image's failure; whether there was one."""
         with db_session.locked_writer(self.conf) as s:
-            s.execute(sa.delete(models.AgentFailure).where(
-                models.AgentFailure.image_id == image_id))
+            return s.execute(sa.delete(models.AgentFailure).where(
+                models.AgentFailure.image_id == image_id)).rowcount > 0

@@ -127,7 +127,11 @@ class AgentFailure(Base):
     image_id = sa.Column(sa.String(36), primary_key=True)
     event = sa.Column(sa.String(64), nullable=False)
     attempts = sa.Column(sa.Integer, nullable=False, default=0)
+    # no longer retried on redelivery: given up ('image'), or parked until
+    # the outage is over ('outage')
     permanent = sa.Column(sa.Boolean, nullable=False, default=False)
+    cause = sa.Column(sa.String(8), nullable=False, default='outage',
+                      server_default='outage')
     last_error = sa.Column(sa.Text, nullable=False, default='')
     updated_at = sa.Column(sa.DateTime, nullable=False, default=_now,
                            onupdate=_now)

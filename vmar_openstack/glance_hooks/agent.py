@@ -27,10 +27,17 @@ drops notifications it cannot send, so this catches up on any it missed.
 Delivery is at least once: a message is acknowledged only after it was
 handled, so a killed agent's work is redelivered. Every handler is
 idempotent (a known image is not ingested twice; deleting an unknown image
-is a no-op; publishing is idempotent). A failure is retried with
-exponential backoff (``retry_delay``, requeued); after ``max_attempts``, or
-at once for an image mapgen rejects (``exception.ImageUnusable``), it is
-recorded in ``vmar_agent_failures`` and not retried.
+is a no-op; publishing is idempotent). Failures are recorded in
+``vmar_agent_failures`` (:mod:`vmar_openstack.db.failures`):
+
+* an image mapgen rejects (``exception.ImageUnusable``) fails for good at
+  once; only an operator retries it (``vmar-manage failures retry``);
+* anything else is an outage (Glance, the database): retried with
+  exponential backoff (``retry_delay``, requeued), then, after
+  ``max_attempts``, parked. Parked images are retried, oldest first, as
+  soon as the agent sees the outage is over: at the end of every resync
+  (which has just listed Glance and read the library), and right after
+  any event succeeds. The first retry that fails ends the pass.
 """
 
 import os
@@ -187,7 +194,7 @@ def resync(conf, handler, endpoint):
     while RabbitMQ is unreachable is lost). Active images missing from the
     library are handled as ``image.activate``, library images gone from
     Glance as ``image.delete``, through the endpoint (so failures are
-    counted and recorded as for notifications).
+    recorded as for notifications). Then the parked images are retried.
     """
     glance = handler.glance
     seen = set()
@@ -197,7 +204,7 @@ def resync(conf, handler, endpoint):
         seen.add(img['id'])
         if handler._known(img['id']) is None:
             LOG.info('resync: %s is not in the library', img['id'])
-            endpoint.info({}, 'vmar-agent', 'image.activate', dict(img), {})
+            endpoint.handle('image.activate', dict(img), once=True)
     with db_session.reader(conf) as s:
         known = {i.image_id for i in db_api.list_images(s)}
     for image_id in sorted(known - seen):
@@ -207,7 +214,44 @@ def resync(conf, handler, endpoint):
         except glance_exc.HTTPNotFound:
             pass
         LOG.info('resync: %s is gone from Glance', image_id)
-        endpoint.info({}, 'vmar-agent', 'image.delete', {'id': image_id}, {})
+        endpoint.handle('image.delete', {'id': image_id}, once=True)
+    retry_parked(handler, endpoint)
+
+
+def retry(handler, endpoint, failure):
+    """Handle a recorded failure's image again, now, once.
+
+    The event is rebuilt from Glance's record of the image (an
+    ``image.delete`` if Glance no longer has it). Returns the new
+    :class:`~vmar_openstack.db.failures.Failure`, or None: it succeeded.
+    """
+    image_id, event = failure.image_id, failure.event
+    payload = {'id': image_id}
+    if event != 'image.delete':
+        try:
+            payload = dict(handler.glance.images.get(image_id))
+        except glance_exc.HTTPNotFound:
+            event = 'image.delete'
+        except Exception as e:         # Glance still away
+            return endpoint.failed(event, image_id, e, once=True)
+        else:
+            if event != 'image.update':
+                event = 'image.activate'
+    endpoint.handle(event, payload, once=True, force=True)
+    return endpoint.failures.get(image_id)
+
+
+def retry_parked(handler, endpoint):
+    """Retry the parked images until one fails again; how many succeeded."""
+    done = 0
+    for f in endpoint.failures.list(state='parked'):
+        LOG.info('retrying parked %s for %s (%d attempts so far)', f.event,
+                 f.image_id, f.attempts)
+        if retry(handler, endpoint, f) is not None:
+            LOG.info('%s still fails: the outage is not over', f.image_id)
+            break
+        done += 1
+    return done
 
 
 class Endpoint:
@@ -220,45 +264,74 @@ class Endpoint:
         self.conf = conf
         self.handler = handler
         self.failures = db_failures.Failures(conf)
+        # set when an event succeeded: parked images may succeed too
+        self.succeeded = threading.Event()
 
     def info(self, ctxt, publisher_id, event_type, payload, metadata):
+        delay = self.handle(event_type, payload)
+        if delay is None:
+            return oslo_messaging.NotificationResult.HANDLED
+        time.sleep(delay)
+        return oslo_messaging.NotificationResult.REQUEUE
+
+    def handle(self, event_type, payload, once=False, force=False):
+        """Dispatch one event; record its failure.
+
+        Returns None when the event is done with (handled, skipped, given
+        up or parked), else the seconds to wait before it is redelivered.
+        ``once``: a failure is not redelivered but parked at once.
+        ``force``: handle an image that failed for good too.
+        """
         image_id = payload.get('id') if isinstance(payload, dict) else None
         if not image_id:
-            return oslo_messaging.NotificationResult.HANDLED
+            return None
         prior = self.failures.get(image_id)
-        if prior and prior[1] and event_type != 'image.delete':
-            LOG.info('%s for %s skipped: recorded as failed', event_type,
-                     image_id)
-            return oslo_messaging.NotificationResult.HANDLED
+        if (prior and prior.cause == db_failures.IMAGE
+                and event_type != 'image.delete' and not force):
+            LOG.info('%s for %s skipped: the image failed for good',
+                     event_type, image_id)
+            return None
         LOG.debug('%s for %s', event_type, image_id)
         try:
             self.handler.dispatch(event_type, payload)
         except Exception as e:
-            permanent = isinstance(e, exception.ImageUnusable)
-            attempts, gave_up = self.failures.record(
-                image_id, event_type, '%s: %s' % (type(e).__name__, e),
-                permanent)
-            if gave_up:
-                LOG.error('%s for %s failed for good after %d attempts: %s',
-                          event_type, image_id, attempts, e)
-                return oslo_messaging.NotificationResult.HANDLED
-            delay = self.conf.vmar_agent.retry_delay * 2 ** (attempts - 1)
-            LOG.warning('%s for %s failed (attempt %d), retrying in %.1fs: '
-                        '%s', event_type, image_id, attempts, delay, e)
-            time.sleep(delay)
-            return oslo_messaging.NotificationResult.REQUEUE
+            f = self.failed(event_type, image_id, e, once)
+            if f.permanent:
+                return None
+            return self.conf.vmar_agent.retry_delay * 2 ** (f.attempts - 1)
         if prior:
             self.failures.clear(image_id)
-        return oslo_messaging.NotificationResult.HANDLED
+        self.succeeded.set()
+        return None
+
+    def failed(self, event_type, image_id, error, once=False):
+        """Record a failed attempt and log it; returns the Failure."""
+        cause = (db_failures.IMAGE
+                 if isinstance(error, exception.ImageUnusable)
+                 else db_failures.OUTAGE)
+        f = self.failures.record(
+            image_id, event_type, '%s: %s' % (type(error).__name__, error),
+            cause, park=once)
+        if f.state == 'failed':
+            LOG.error('%s for %s failed for good: %s', event_type, image_id,
+                      error)
+        elif f.state == 'parked':
+            LOG.error('%s for %s failed (attempt %d), parked until the '
+                      'outage is over: %s', event_type, image_id,
+                      f.attempts, error)
+        else:
+            LOG.warning('%s for %s failed (attempt %d), retrying: %s',
+                        event_type, image_id, f.attempts, error)
+        return f
 
 
-def listener(conf, handler):
+def listener(conf, endpoint):
     transport = oslo_messaging.get_notification_transport(conf)
     a = conf.vmar_agent
     targets = [oslo_messaging.Target(topic=t, exchange=a.exchange)
                for t in a.topics]
     return oslo_messaging.get_notification_listener(
-        transport, targets, [Endpoint(conf, handler)], executor='threading',
+        transport, targets, [endpoint], executor='threading',
         pool=a.pool, allow_requeue=True)
 
 
@@ -271,21 +344,25 @@ def run(conf, handler, stop_event, started=None):
     they were handled.
     """
     gsource.remove_stale(conf.vmar.work_dir)
-    lst = listener(conf, handler)
+    endpoint = Endpoint(conf, handler)
+    lst = listener(conf, endpoint)
     lst.start()
     if started is not None:
         started.set()
     LOG.info('vmar-agent listening (pool %s)', conf.vmar_agent.pool)
     interval = conf.vmar_agent.resync_interval
-    endpoint = Endpoint(conf, handler)
     next_sync = time.monotonic() + interval
     while not stop_event.wait(1):
-        if interval and time.monotonic() >= next_sync:
-            try:
+        try:
+            if interval and time.monotonic() >= next_sync:
+                next_sync = time.monotonic() + interval
+                endpoint.succeeded.clear()
                 resync(conf, handler, endpoint)
-            except Exception as e:     # Glance or the database away
-                LOG.warning('resync failed: %s', e)
-            next_sync = time.monotonic() + interval
+            elif endpoint.succeeded.is_set():
+                endpoint.succeeded.clear()
+                retry_parked(handler, endpoint)
+        except Exception as e:         # Glance or the database away
+            LOG.warning('resync failed: %s', e)
 
     def _stop():
         lst.stop()
