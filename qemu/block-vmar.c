@@ -11,7 +11,9 @@
  * "targets" list gives for it; the last two let several vmar nodes share
  * one node per base file.
  *
- * Set VMAR_STATS_FILE in the environment to get one JSON line of lookup
+ * The read counters of a node are its format-specific image information
+ * (ImageInfoSpecificVmar: query-named-block-nodes, qemu-img info).  Set
+ * VMAR_STATS_FILE in the environment to get one JSON line of lookup
  * counters appended to that file whenever a vmar node is closed.
  *
  * This work is licensed under the terms of the GNU GPL, version 2 or later.
@@ -56,8 +58,9 @@ typedef struct BDRVVmarState {
     uint32_t n_targets;
     BdrvChild **targets;
 
-    /* Counters, reported through VMAR_STATS_FILE at close */
+    /* Counters: vmar_get_specific_info, and VMAR_STATS_FILE at close */
     uint64_t requests;
+    uint64_t errors;
     uint64_t bytes_read;
     uint64_t bytes_zero;
     uint64_t target_reads;
@@ -448,6 +451,26 @@ static void vmar_write_stats(BlockDriverState *bs, BDRVVmarState *s)
     free(line);
 }
 
+static ImageInfoSpecific *vmar_get_specific_info(BlockDriverState *bs,
+                                                 Error **errp)
+{
+    BDRVVmarState *s = bs->opaque;
+    ImageInfoSpecific *spec = g_new0(ImageInfoSpecific, 1);
+    ImageInfoSpecificVmar *info = g_new0(ImageInfoSpecificVmar, 1);
+
+    *info = (ImageInfoSpecificVmar) {
+        .requests       = s->requests,
+        .bytes_read     = s->bytes_read,
+        .bytes_zero     = s->bytes_zero,
+        .target_reads   = s->target_reads,
+        .errors         = s->errors,
+        .extents        = s->map ? s->map->hdr.n_extents : 0,
+    };
+    spec->type = IMAGE_INFO_SPECIFIC_KIND_VMAR;
+    spec->u.vmar.data = info;
+    return spec;
+}
+
 static void vmar_close(BlockDriverState *bs)
 {
     BDRVVmarState *s = bs->opaque;
@@ -637,6 +660,9 @@ next:
         }
         aio_task_pool_free(aio);
     }
+    if (ret < 0) {
+        s->errors++;
+    }
     return ret;
 }
 
@@ -746,6 +772,7 @@ static BlockDriver bdrv_vmar = {
     .bdrv_reopen_prepare        = vmar_reopen_prepare,
     .bdrv_child_perm            = bdrv_default_perms,
     .bdrv_getlength             = vmar_getlength,
+    .bdrv_get_specific_info     = vmar_get_specific_info,
 
     .bdrv_co_preadv_part        = vmar_co_preadv_part,
     .bdrv_co_block_status       = vmar_co_block_status,

@@ -3,9 +3,11 @@
 
 Without this, blockdev-add, qemu-storage-daemon --blockdev and every other
 QAPI-validated path reject driver "vmar" (qemu-img/qemu-io "json:" filenames
-work without it).  The edit is idempotent (it starts from a saved copy of
-the original each time) and fails loudly if the schema does not look as
-expected.
+work without it). The driver's read counters are declared as its
+format-specific image information (ImageInfoSpecificVmar), which
+query-named-block-nodes returns. The edit is idempotent (it starts from a
+saved copy of the original each time) and fails loudly if the schema does
+not look as expected.
 
 Usage: qapi-vmar.py QEMU_SOURCE_DIR
 """
@@ -53,6 +55,48 @@ STRUCT = """##
 
 """
 
+INFO_STRUCT = """##
+# @ImageInfoSpecificVmar:
+#
+# Read counters of a vmar node since it was opened (added by
+# vmar-openstack).
+#
+# @requests: read requests
+#
+# @bytes-read: bytes of those requests read from targets
+#
+# @bytes-zero: bytes of those requests served as zeros (no extent)
+#
+# @target-reads: reads sent to targets (gathered runs count once)
+#
+# @errors: read requests that failed
+#
+# @extents: extents in the map
+#
+# Since: 7.2
+##
+{ 'struct': 'ImageInfoSpecificVmar',
+  'data': { 'requests': 'uint64', 'bytes-read': 'uint64',
+            'bytes-zero': 'uint64', 'target-reads': 'uint64',
+            'errors': 'uint64', 'extents': 'uint64' } }
+
+##
+# @ImageInfoSpecificVmarWrapper:
+#
+# Since: 7.2
+##
+{ 'struct': 'ImageInfoSpecificVmarWrapper',
+  'data': { 'data': 'ImageInfoSpecificVmar' } }
+
+"""
+
+INFO_ENUM_OLD = "  'data': [ 'qcow2', 'vmdk', 'luks', 'rbd' ] }"
+INFO_ENUM_NEW = "  'data': [ 'qcow2', 'vmdk', 'luks', 'rbd', 'vmar' ] }"
+INFO_UNION_OLD = "      'rbd': 'ImageInfoSpecificRbdWrapper'\n  } }"
+INFO_UNION_NEW = ("      'rbd': 'ImageInfoSpecificRbdWrapper',\n"
+                  "      'vmar': 'ImageInfoSpecificVmarWrapper'\n  } }")
+INFO_STRUCT_ANCHOR = "##\n# @ImageInfoSpecific:\n"
+
 ENUM_OLD = "'vmdk', 'vpc', 'vvfat' ] }"
 ENUM_NEW = "'vmar', 'vmdk', 'vpc', 'vvfat' ] }"
 UNION_ANCHOR = "      'vvfat':      'BlockdevOptionsVVFAT'"
@@ -86,6 +130,13 @@ def main():
                         "BlockdevOptions union")
     text = replace_once(text, STRUCT_ANCHOR, STRUCT + STRUCT_ANCHOR,
                         "BlockdevOptions documentation")
+    text = replace_once(text, INFO_ENUM_OLD, INFO_ENUM_NEW,
+                        "ImageInfoSpecificKind enum")
+    text = replace_once(text, INFO_UNION_OLD, INFO_UNION_NEW,
+                        "ImageInfoSpecific union")
+    text = replace_once(text, INFO_STRUCT_ANCHOR,
+                        INFO_STRUCT + INFO_STRUCT_ANCHOR,
+                        "ImageInfoSpecific documentation")
     if text != old:
         path.write_text(text)
 

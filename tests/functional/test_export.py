@@ -12,9 +12,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 
+from prometheus_client import parser
+
 from tests import base
+from tools.vmarenv import glance_env
 from tools.vmarenv import qemu_env
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
@@ -252,6 +256,99 @@ class TestLibraryExports(ExportTestCase):
         own1 = (st[first]['data_blocks']
                 - st[first]['redirected_blocks']) * 4096
         self.assertGreaterEqual(vmar[0], own1 * 9 // 10, record)
+
+
+class TestHostStatus(ExportTestCase):
+    """vmar-export status and the Prometheus endpoint of serve."""
+
+    def extra_conf(self):
+        self.metrics_port = glance_env.free_port()
+        return '[vmar_metrics]\nexport_port = %d\n' % self.metrics_port
+
+    def status(self):
+        r = self.export_cli('status', '--json')
+        self.assertEqual(0, r.returncode, r.stderr)
+        st = json.loads(r.stdout)
+        return st, {b['image_id']: b for b in st['bases']}, {
+            e['image_id']: e for e in st['exports']}
+
+    def scrape(self):
+        with urllib.request.urlopen('http://127.0.0.1:%d/metrics'
+                                    % self.metrics_port, timeout=30) as r:
+            text = r.read().decode()
+        return {(x.name, tuple(sorted(x.labels.items()))): x.value
+                for fam in parser.text_string_to_metric_families(text)
+                for x in fam.samples}
+
+    def test_status_and_metrics(self):
+        a, b = _id('status-a'), _id('status-b')
+        # b shares its first 32 blocks with a, and has 32 of its own
+        self.lib.add(a, self.image('a.raw', list(range(1, 65))),
+                     visibility='public')
+        self.lib.add(b, self.image('b.raw', list(range(1, 33))
+                                   + list(range(1001, 1033))),
+                     visibility='public')
+        self.serve()
+        for image_id, holder in ((a, 'vm1'), (b, 'vm2'), (a, 'vm3')):
+            r = self.export_cli('add', image_id, '--holder', holder)
+            self.assertEqual(0, r.returncode, r.stderr)
+        for image_id in (a, b):
+            qemu_env.evict(self.svc.base_file(image_id))
+        # 64 KiB of b: its first 16 blocks, served from a's base
+        r = subprocess.run([qemu_env.qemu_bin('qemu-io'), '-r', '-f', 'raw',
+                            '-c', 'read 0 64k', self.uri(b)],
+                           capture_output=True, text=True)
+        self.assertEqual(0, r.returncode, r.stderr)
+
+        st, bases, exports = self.status()
+        size = 64 * 4096
+        self.assertTrue(st['daemon_up'])
+        self.assertEqual({'count': 2, 'bytes': 2 * size},
+                         {k: st['fetched'][k] for k in ('count', 'bytes')})
+        self.assertEqual(sorted([a, b]), sorted(bases))
+        self.assertEqual(['vm1', 'vm2', 'vm3'], bases[a]['holders'])
+        self.assertEqual(2, len(bases[a]['exports']))
+        self.assertEqual(['vm2'], bases[b]['holders'])
+        for f in bases.values():
+            self.assertEqual(size, f['size'])
+            self.assertEqual(size, f['mirror_bytes'])
+        # the read went to a's base only
+        self.assertGreaterEqual(bases[a]['cached_bytes'], 65536)
+        self.assertEqual(0, bases[b]['cached_bytes'])
+        e = exports[b]
+        self.assertEqual(('up', 65536, 0), (e['state'], e['bytes_read']
+                                            + e['bytes_zero'], e['errors']))
+        self.assertGreaterEqual(e['requests'], 1)
+        self.assertEqual((1, size), (e['fetches'], e['fetched_bytes']))
+        self.assertEqual((0, 1, size), (exports[a]['requests'],
+                                        exports[a]['fetches'],
+                                        exports[a]['fetched_bytes']))
+        text = self.export_cli('status').stdout
+        self.assertIn('daemon: up', text)
+        self.assertIn('2 base files, 512.0 KiB', text)
+
+        m = self.scrape()
+        name_b = e['name']
+        self.assertEqual(1, m[('vmar_export_daemon_up', ())])
+        self.assertEqual(65536, m[('vmar_export_read_bytes_total', (
+            ('export', name_b), ('image', b)))])
+        self.assertEqual(0, m[('vmar_export_read_errors_total', (
+            ('export', name_b), ('image', b)))])
+        self.assertEqual(2, m[('vmar_export_holders', (
+            ('export', exports[a]['name']), ('image', a)))])
+        self.assertEqual(bases[a]['cached_bytes'], m[(
+            'vmar_export_base_cached_bytes', (('base', a),))])
+        self.assertEqual(2 * size, m[('vmar_export_fetched_bytes_total',
+                                      ())])
+        self.assertEqual(2, m[('vmar_export_fetch_seconds_count', ())])
+
+        # the daemon gone: status says so, and still reports the files
+        os.kill(self.qsd_pid(), signal.SIGSTOP)
+        self.addCleanup(os.kill, self.qsd_pid(), signal.SIGCONT)
+        st, bases, exports = self.status()
+        self.assertFalse(st['daemon_up'])
+        self.assertEqual({'down'}, {x['state'] for x in exports.values()})
+        self.assertEqual(2, len(bases))
 
 
 def _parse_qemu_io_dumps(out):

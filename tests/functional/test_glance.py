@@ -17,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 
 import fixtures
 from oslo_config import cfg
 import oslo_messaging
+from prometheus_client import parser as prom_parser
 import testtools
 
 from tests import base
@@ -41,6 +43,16 @@ from vmar_openstack.mapsource import glance as gsource
 def _sha(path):
     with open(path, 'rb') as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def scrape(port):
+    """The samples of a Prometheus endpoint: (name, labels) -> value."""
+    with urllib.request.urlopen('http://127.0.0.1:%d/metrics' % port,
+                                timeout=30) as r:
+        text = r.read().decode()
+    return {(x.name, tuple(sorted(x.labels.items()))): x.value
+            for fam in prom_parser.text_string_to_metric_families(text)
+            for x in fam.samples}
 
 
 class GlanceTestCase(testtools.TestCase):
@@ -396,8 +408,11 @@ class TestGlance(GlanceTestCase):
         os.makedirs(proxy.work_dir)
         self.addCleanup(proxy.stop)
         through = os.path.join(self.tmp, 'through-proxy.conf')
-        glance_env.write_conf(through, {'vmar_glance': {
-            'endpoint': proxy.url, 'endpoint_override': proxy.url}})
+        metrics_port = glance_env.free_port()
+        glance_env.write_conf(through, {
+            'vmar_glance': {'endpoint': proxy.url,
+                            'endpoint_override': proxy.url},
+            'vmar_metrics': {'agent_port': str(metrics_port)}})
         self.stop_agent()
         self.addCleanup(self.start_agent)
         self.addCleanup(self.stop_agent)
@@ -415,6 +430,12 @@ class TestGlance(GlanceTestCase):
         # image.activate of one upload may each add attempts
         f = self.failures()[x]
         self.assertGreaterEqual(f['attempts'], 3)
+
+        m = scrape(metrics_port)
+        self.assertEqual(3, m[('vmar_agent_failures',
+                               (('state', 'parked'),))])
+        self.assertGreaterEqual(m[('vmar_agent_events_total', (
+            ('event', 'image.activate'), ('outcome', 'retry')))], 3)
 
         # an operator's retry while Glance is still away: a clear error
         proc = self.manage('failures', 'retry', x, conf=through,
@@ -446,6 +467,13 @@ class TestGlance(GlanceTestCase):
                               if i in raws})
         self.assertRegex(self.agent_log(), r'retrying parked image\.'
                          r'(activate|upload) for %s' % x)
+        m = scrape(metrics_port)
+        self.assertEqual(0, m[('vmar_agent_failures',
+                               (('state', 'parked'),))])
+        # x and z by this agent (y by vmar-manage)
+        self.assertEqual(2, m[('vmar_agent_ingest_seconds_count', ())])
+        self.assertEqual(os.path.getsize(raws[x]) * 2,
+                         m[('vmar_agent_ingested_bytes_total', ())])
         self.assert_consistent()
 
     def test_hostile_uploads(self):

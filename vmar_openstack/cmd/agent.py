@@ -13,7 +13,9 @@ from oslo_log import log as logging
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
 from vmar_openstack.glance_hooks import agent
+from vmar_openstack.glance_hooks import metrics as agent_metrics
 from vmar_openstack.mapsource import glance as gsource
+from vmar_openstack import metrics
 
 CONF = vmar_conf.CONF
 LOG = logging.getLogger(__name__)
@@ -37,6 +39,8 @@ def main(argv=None):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _signal)
     try:
+        metrics.serve(CONF, CONF.vmar_metrics.agent_port,
+                      agent_metrics.registry(CONF))
         handler = agent.Handler(CONF, gsource.client(CONF))
         clean = agent.run(CONF, handler, stop, started)
     except (cfg.Error, exception.VmarException) as e:

@@ -1,10 +1,11 @@
 """``vmar-export``: the per-host NBD export service of VMAR views.
 
 Sub-commands: ``serve`` (run and supervise the patched
-qemu-storage-daemon), ``add UUID``, ``remove UUID``, ``release HOLDER`` and
-``list``.
+qemu-storage-daemon), ``add UUID``, ``remove UUID``, ``release HOLDER``,
+``list`` and ``status``.
 """
 
+import json
 import sys
 
 from oslo_log import log as logging
@@ -13,6 +14,7 @@ from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
 from vmar_openstack import export
+from vmar_openstack.export import status as export_status
 
 CONF = vmar_conf.CONF
 LOG = logging.getLogger(__name__)
@@ -61,6 +63,42 @@ def list_exports():
                  ','.join(exp.holders)))
 
 
+def _size(n):
+    for unit in ('B', 'KiB', 'MiB', 'GiB'):
+        if n < 1024 or unit == 'GiB':
+            return ('%d %s' if unit == 'B' else '%.1f %s') % (n, unit)
+        n /= 1024.0
+
+
+def _table(header, rows):
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    for r in [header] + rows:
+        print('  '.join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip())
+
+
+def status():
+    st = export_status.collect(_service())
+    if CONF.category.json:
+        print(json.dumps(st.as_dict(), indent=2, sort_keys=True))
+        return
+    print('daemon: %s, socket %s' % ('up' if st.daemon_up else 'DOWN',
+                                     st.socket))
+    f = st.fetched
+    print('fetched since the first export: %d base files, %s in %.1f s'
+          % (f.count, _size(f.bytes), f.seconds))
+    print()
+    _table(('base', 'size', 'mirror', 'page cache', 'exports', 'holders'),
+           [(b.image_id, _size(b.size), _size(b.mirror_bytes),
+             _size(b.cached_bytes), len(b.exports), len(b.holders))
+            for b in st.bases])
+    print()
+    _table(('export', 'state', 'host_cache', 'holders', 'reads', 'bytes',
+            'errors', 'fetches'),
+           [(e.name, e.state, e.host_cache, len(e.holders), e.requests,
+             _size(e.bytes_read + e.bytes_zero), e.errors, e.fetches)
+            for e in st.exports])
+
+
 def add_command_parsers(subparsers):
     subparsers.add_parser('serve', help='run the export daemon'
                           ).set_defaults(func=serve)
@@ -85,6 +123,10 @@ def add_command_parsers(subparsers):
     p.set_defaults(func=release)
     subparsers.add_parser('list', help='list exports'
                           ).set_defaults(func=list_exports)
+    p = subparsers.add_parser('status', help='bases, page cache, exports '
+                              'and their read counters')
+    p.add_argument('--json', action='store_true')
+    p.set_defaults(func=status)
 
 
 def main(argv=None):

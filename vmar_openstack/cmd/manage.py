@@ -26,7 +26,6 @@ from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack.fingerprint import keys as fp_keys
-from vmar_openstack.glance_hooks import agent
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
@@ -223,6 +222,9 @@ def _failure(image_id):
 
 def failures_retry():
     # as vmar-agent would, with its [vmar_glance] credentials
+    # imported here: oslo.messaging (through the agent) pulls in eventlet,
+    # whose deprecation warning every other sub-command would print
+    from vmar_openstack.glance_hooks import agent
     f = _failure(CONF.category.id)
     handler = agent.Handler(CONF, gsource.client(CONF))
     again = agent.retry(handler, agent.Endpoint(CONF, handler), f)

@@ -76,6 +76,21 @@ def exported(mon):
     return {_export_name(i) for i in export_ids(mon)}
 
 
+def read_counters(mon):
+    """vmar node name -> its read counters.
+
+    The driver's ImageInfoSpecificVmar, keys with underscores; they start
+    at zero when the daemon (re)opens the node.
+    """
+    out = {}
+    for n in mon.execute('query-named-block-nodes', {'flat': True}):
+        spec = (n.get('image') or {}).get('format-specific') or {}
+        if n.get('drv') == 'vmar' and spec.get('type') == 'vmar':
+            out[n['node-name']] = {k.replace('-', '_'): v
+                                   for k, v in spec['data'].items()}
+    return out
+
+
 # -- changes --------------------------------------------------------------
 
 def add_nodes(mon, exp, have, map_file, base_file, aio, gather_gap):

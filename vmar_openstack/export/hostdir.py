@@ -6,8 +6,10 @@ them and deleted when the last export reading them goes. ``host_dir`` is
 vmar's own directory: Nova's image cache manager never touches it.
 """
 
+import collections
 import contextlib
 import os
+import time
 
 from oslo_log import log as logging
 
@@ -18,6 +20,9 @@ from vmar_openstack import names
 LOG = logging.getLogger(__name__)
 
 _MAPS, _BASES = 'maps', 'bases'
+
+# one base file fetched from the map source
+Fetch = collections.namedtuple('Fetch', 'image_id size seconds')
 
 
 class HostDir:
@@ -43,7 +48,8 @@ class HostDir:
     def ensure(self, image_id, version):
         """Fetch a map version and its bases if missing; check them.
 
-        Returns the map (:class:`vmar_openstack.mapformat` reader's).
+        Returns the map (:class:`vmar_openstack.mapformat` reader's) and
+        the :class:`Fetch` of each base fetched now.
         """
         path = self.map_file(image_id, version)
         if not os.path.exists(path):
@@ -58,16 +64,26 @@ class HostDir:
             raise exception.ExportError(
                 'map file %s describes %s v%d'
                 % (path, bmap.image_id, bmap.map_version))
+        fetched = []
         for t in bmap.targets:
             base = self.base_file(t.image_id)
             if not os.path.exists(base):
+                start = time.monotonic()
                 self.fetch(self.source.fetch_base, t.image_id, base)
+                fetched.append(Fetch(t.image_id, os.path.getsize(base),
+                                     time.monotonic() - start))
             size = os.path.getsize(base)
             if size != t.size:
                 raise exception.ExportError(
                     'base %s is %d bytes, map v%d of %s says %d'
                     % (t.image_id, size, version, image_id, t.size))
-        return bmap
+        return bmap, fetched
+
+    def bases(self):
+        """Image ids of the base files on the host."""
+        d = os.path.join(self.root, _BASES)
+        return sorted(n for n in (os.listdir(d) if os.path.isdir(d) else ())
+                      if not n.startswith('.'))
 
     def prune(self, exports):
         """Delete maps and bases that no export in ``exports`` reads.

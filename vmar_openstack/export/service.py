@@ -16,10 +16,12 @@ from oslo_log import log as logging
 from vmar_openstack import exception
 from vmar_openstack.export import graph
 from vmar_openstack.export import hostdir
+from vmar_openstack.export import metrics as export_metrics
 from vmar_openstack.export import qmp
 from vmar_openstack.export import state as export_state
 from vmar_openstack.export import supervisor
 from vmar_openstack import mapsource
+from vmar_openstack import metrics
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
@@ -96,10 +98,13 @@ class ExportService:
                     'image %s v%d is exported with host_cache=%s'
                     % (image_id, version, exp.host_cache))
             if exp is None:
-                bmap = self.files.ensure(image_id, version)
+                bmap, fetched = self.files.ensure(image_id, version)
+                state.fetched.add(fetched)
                 exp = export_state.Export(
                     image_id, version, host_cache, [],
-                    [(t.image_id, t.size) for t in bmap.targets])
+                    [(t.image_id, t.size) for t in bmap.targets],
+                    fetches=len(fetched),
+                    fetched_bytes=sum(f.size for f in fetched))
             with self.monitor() as mon:
                 self._add_nodes(mon, exp, graph.nodes(mon))
                 graph.add_export(mon, exp)
@@ -174,6 +179,26 @@ class ExportService:
             live = None
         return exports, live
 
+    def snapshot(self):
+        """What :mod:`.status` reports, read under the state lock.
+
+        Returns the exports, the fetch totals, and the read counters of
+        each served export (None if the daemon is down).
+        """
+        with export_state.State(self.host_dir) as state:
+            exports, fetched = dict(state.exports), state.fetched
+            try:
+                with self.monitor(timeout=5) as mon:
+                    live = graph.exported(mon)
+                    counters = graph.read_counters(mon)
+            except exception.ExportDaemonDown:
+                live = counters = None
+        if counters is not None:
+            counters = {name: counters.get(graph.vmar_node(
+                e.image_id, e.map_version)) for name, e in exports.items()
+                if name in live}
+        return exports, fetched, counters
+
     def restore(self):
         """Re-create every persisted export, then publish the NBD socket."""
         tmp_sock = self.socket + '.starting'
@@ -181,7 +206,9 @@ class ExportService:
             with self.monitor() as mon:
                 have = graph.nodes(mon)
                 for exp in state.exports.values():
-                    self.files.ensure(exp.image_id, exp.map_version)
+                    _bmap, fetched = self.files.ensure(exp.image_id,
+                                                       exp.map_version)
+                    state.fetched.add(fetched)
                     self._add_nodes(mon, exp, have)
                 os.makedirs(os.path.dirname(self.socket), exist_ok=True)
                 with contextlib.suppress(FileNotFoundError):
@@ -192,6 +219,7 @@ class ExportService:
                     tmp_sock = None
                 for exp in state.exports.values():
                     graph.add_export(mon, exp)
+            state.save()
         if tmp_sock:
             group = self.conf.vmar.export_socket_group
             if group:
@@ -206,4 +234,6 @@ class ExportService:
 
         See :class:`.supervisor.Supervisor`.
         """
+        metrics.serve(self.conf, self.conf.vmar_metrics.export_port,
+                      export_metrics.registry(self))
         supervisor.Supervisor(self).serve(stop_event, max_backoff)

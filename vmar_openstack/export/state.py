@@ -34,10 +34,28 @@ class Export:
     host_cache: str
     holders: list
     targets: list          # [(image_id, size)]
+    # base files fetched from the map source for this export
+    fetches: int = 0
+    fetched_bytes: int = 0
 
     @property
     def name(self):
         return names.export(self.image_id, self.map_version)
+
+
+@dataclasses.dataclass
+class Fetched:
+    """Every base file this host fetched, since its first export."""
+    count: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def add(self, fetches):
+        """Count :class:`vmar_openstack.export.hostdir.Fetch` records."""
+        for f in fetches:
+            self.count += 1
+            self.bytes += f.size
+            self.seconds += f.seconds
 
 
 def saved(host_dir):
@@ -52,6 +70,7 @@ class State:
         self.host_dir = host_dir
         self.path = os.path.join(host_dir, _FILE)
         self.exports = {}
+        self.fetched = Fetched()
         self._lockf = None
 
     def __enter__(self):
@@ -63,15 +82,18 @@ class State:
                 raw = json.load(f)
         except FileNotFoundError:
             raw = {'exports': {}}
-        exports = [Export(v['image_id'], v['map_version'], v['host_cache'],
-                          v['holders'], [tuple(t) for t in v['targets']])
+        fields = {f.name for f in dataclasses.fields(Export)}
+        exports = [Export(**dict({k: x for k, x in v.items() if k in fields},
+                                 targets=[tuple(t) for t in v['targets']]))
                    for v in raw['exports'].values()]
         self.exports = {e.name: e for e in exports}
+        self.fetched = Fetched(**raw.get('fetched', {}))
         return self
 
     def save(self):
         data = {'exports': {k: dataclasses.asdict(v)
-                            for k, v in sorted(self.exports.items())}}
+                            for k, v in sorted(self.exports.items())},
+                'fetched': dataclasses.asdict(self.fetched)}
         fileutils.write_atomic(self.path, json.dumps(
             data, indent=1, sort_keys=True).encode())
 

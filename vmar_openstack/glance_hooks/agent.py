@@ -52,6 +52,7 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import failures as db_failures
 from vmar_openstack.db import session as db_session
 from vmar_openstack import exception
+from vmar_openstack.glance_hooks import metrics
 from vmar_openstack.glance_hooks import publish
 from vmar_openstack import ingest
 from vmar_openstack.mapsource import glance as gsource
@@ -98,8 +99,9 @@ class Handler:
             return                     # one of our own map images
         if meta['status'] != 'active':
             return
-        tmp = gsource.download(self.glance, meta, self.conf.vmar.work_dir,
-                               durable=False)
+        with metrics.DOWNLOAD_SECONDS.time():
+            tmp = gsource.download(self.glance, meta,
+                                   self.conf.vmar.work_dir, durable=False)
         try:
             self._add(image_id, meta, tmp, 'it')
         finally:
@@ -121,7 +123,8 @@ class Handler:
     def _add(self, image_id, meta, path, name):
         try:
             # the map image is created while the library commits
-            with self.publisher.creating_ahead() as on_map_written:
+            with self.publisher.creating_ahead() as on_map_written, \
+                    metrics.INGEST_SECONDS.time():
                 out = self.library.add(
                     image_id, path,
                     disk_format=meta.get('disk_format') or 'raw',
@@ -134,6 +137,7 @@ class Handler:
         except (exception.ImageRejected, ValueError) as e:
             raise exception.ImageUnusable(
                 image_id=image_id, reason=str(e).replace(path, name))
+        metrics.INGESTED_BYTES.inc(os.path.getsize(path))
         LOG.info('ingested %s: map v%d, %.1f %% shared', image_id,
                  out.map_version, 100 * out.shared_fraction)
         self._publish_regenerated(out.regenerated)
@@ -290,15 +294,19 @@ class Endpoint:
                 and event_type != 'image.delete' and not force):
             LOG.info('%s for %s skipped: the image failed for good',
                      event_type, image_id)
+            metrics.EVENTS.labels(event_type, 'skipped').inc()
             return None
         LOG.debug('%s for %s', event_type, image_id)
         try:
             self.handler.dispatch(event_type, payload)
         except Exception as e:
             f = self.failed(event_type, image_id, e, once)
+            outcome = f.state if f.permanent else 'retry'
+            metrics.EVENTS.labels(event_type, outcome).inc()
             if f.permanent:
                 return None
             return self.conf.vmar_agent.retry_delay * 2 ** (f.attempts - 1)
+        metrics.EVENTS.labels(event_type, 'done').inc()
         if prior:
             self.failures.clear(image_id)
         self.succeeded.set()

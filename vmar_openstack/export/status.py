@@ -1,0 +1,100 @@
+"""What a host serves, read on demand: ``vmar-export status`` and metrics.
+
+Per base file: its size, the bytes it takes on disk (its mirror), the bytes
+of it in the host page cache (``mincore``, through util-linux
+``fincore``), and the exports and holders that read it. Per export: its
+holders, whether the daemon serves it, and its read counters (the vmar
+driver's, since the daemon started) and the base files fetched for it.
+"""
+
+import dataclasses
+import os
+import subprocess
+
+from vmar_openstack import pagecache
+
+
+@dataclasses.dataclass
+class BaseStatus:
+    image_id: str
+    size: int
+    mirror_bytes: int          # allocated on disk
+    cached_bytes: int          # in the host page cache
+    exports: list
+    holders: list
+
+
+@dataclasses.dataclass
+class ExportStatus:
+    name: str
+    image_id: str
+    map_version: int
+    host_cache: str
+    holders: list
+    state: str                 # up, missing (not served), down (no daemon)
+    requests: int
+    bytes_read: int
+    bytes_zero: int
+    target_reads: int
+    errors: int
+    fetches: int
+    fetched_bytes: int
+
+
+@dataclasses.dataclass
+class HostStatus:
+    socket: str
+    daemon_up: bool
+    bases: list
+    exports: list
+    fetched: object            # export.state.Fetched
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+def _resident(paths):
+    try:
+        return pagecache.resident_bytes(paths)
+    except subprocess.CalledProcessError:  # a file pruned meanwhile
+        out = {}
+        for p in paths:
+            try:
+                out.update(pagecache.resident_bytes([p]))
+            except subprocess.CalledProcessError:
+                pass
+        return out
+
+
+_COUNTERS = ('requests', 'bytes_read', 'bytes_zero', 'target_reads',
+             'errors')
+
+
+def collect(service):
+    """The :class:`HostStatus` of an :class:`ExportService`'s host."""
+    exports, fetched, counters = service.snapshot()
+    out = []
+    for name, e in sorted(exports.items()):
+        c = None if counters is None else counters.get(name)
+        state = ('down' if counters is None
+                 else 'missing' if name not in counters else 'up')
+        out.append(ExportStatus(
+            name, e.image_id, e.map_version, e.host_cache, list(e.holders),
+            state, **{k: (c or {}).get(k, 0) for k in _COUNTERS},
+            fetches=e.fetches, fetched_bytes=e.fetched_bytes))
+    paths = {b: service.base_file(b) for b in service.files.bases()}
+    cached = _resident(list(paths.values()))
+    bases = []
+    for b, path in sorted(paths.items()):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:          # pruned meanwhile
+            continue
+        readers = [e for e in exports.values()
+                   if b in {t for t, _s in e.targets}]
+        bases.append(BaseStatus(
+            b, st.st_size, st.st_blocks * 512, cached.get(path, 0),
+            sorted(e.name for e in readers),
+            sorted({h for e in readers for h in e.holders})))
+    return HostStatus(service.socket, counters is not None, bases, out,
+                      fetched)

@@ -1,0 +1,56 @@
+"""Prometheus metrics of ``vmar-agent`` (``[vmar_metrics] agent_port``).
+
+Counters and histograms are updated where the work happens
+(:mod:`.agent`); the failure records are counted from the database at each
+scrape.
+"""
+
+import prometheus_client
+from prometheus_client import core
+from prometheus_client import registry as prom_registry
+
+from vmar_openstack.db import failures as db_failures
+
+# registered by registry(), not on prometheus_client's global registry
+
+EVENTS = prometheus_client.Counter(
+    'vmar_agent_events', 'Image events handled, by outcome (done, retry, '
+    'parked, failed, skipped).', ['event', 'outcome'], registry=None)
+DOWNLOAD_SECONDS = prometheus_client.Histogram(
+    'vmar_agent_download_seconds', 'Time to stream an image from Glance.',
+    buckets=(1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000),
+    registry=None)
+INGEST_SECONDS = prometheus_client.Histogram(
+    'vmar_agent_ingest_seconds', 'Time to fingerprint an image and write '
+    'its map.', buckets=(0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500),
+    registry=None)
+INGESTED_BYTES = prometheus_client.Counter(
+    'vmar_agent_ingested_bytes', 'Bytes of image files ingested.',
+    registry=None)
+
+
+class FailureCollector(prom_registry.Collector):
+    """The ``vmar_agent_failures`` records, by state."""
+
+    def __init__(self, conf):
+        self.failures = db_failures.Failures(conf)
+
+    def collect(self):
+        by_state = dict.fromkeys(('retrying', 'parked', 'failed'), 0)
+        for f in self.failures.list():
+            by_state[f.state] += 1
+        m = core.GaugeMetricFamily(
+            'vmar_agent_failures', 'Images the agent could not handle, by '
+            'state.', labels=['state'])
+        for state, n in sorted(by_state.items()):
+            m.add_metric([state], n)
+        yield m
+
+
+def registry(conf):
+    """The agent's metrics, with the failure records of ``conf``."""
+    reg = prom_registry.CollectorRegistry()
+    for m in (EVENTS, DOWNLOAD_SECONDS, INGEST_SECONDS, INGESTED_BYTES,
+              FailureCollector(conf)):
+        reg.register(m)
+    return reg
