@@ -21,6 +21,7 @@ import urllib.request
 import uuid
 
 import fixtures
+from glanceclient import exc as glance_exc
 from oslo_config import cfg
 import oslo_messaging
 from prometheus_client import parser as prom_parser
@@ -28,6 +29,7 @@ import testtools
 
 from tests import base
 from tools.vmarenv import glance_env
+from tools.vmarenv import qemu_env
 from tools.vmarenv import services
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
@@ -35,6 +37,7 @@ from vmar_openstack.db import migration
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack.exception import SourceError
+from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
 from vmar_openstack.mapsource import glance as gsource
@@ -475,6 +478,113 @@ class TestGlance(GlanceTestCase):
         self.assertEqual(os.path.getsize(raws[x]) * 2,
                          m[('vmar_agent_ingested_bytes_total', ())])
         self.assert_consistent()
+
+    def export_host(self, name):
+        """A compute host: vmar-export serve reading this Glance.
+
+        It reports its exports every second. Returns a function running
+        vmar-export commands on that host.
+        """
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d)
+        sock_dir = tempfile.mkdtemp(prefix='gc-', dir='/run/vmar-test')
+        self.addCleanup(shutil.rmtree, sock_dir, True)
+        conf = os.path.join(d, 'vmar.conf')
+        glance_env.write_conf(conf, {
+            'DEFAULT': {'transport_url': self.rabbit.transport_url},
+            'vmar': {'state_dir': d, 'host': name, 'report_interval': '1',
+                     'map_source': 'glance',
+                     'export_socket': os.path.join(sock_dir, 'nbd.sock'),
+                     'qemu_storage_daemon':
+                         qemu_env.qemu_bin('qemu-storage-daemon')},
+            'vmar_glance': {'auth_type': 'none',
+                            'endpoint': self.glance.endpoint,
+                            'endpoint_override': self.glance.endpoint}})
+        bin_dir = os.path.dirname(sys.executable)
+        log = open(os.path.join(d, 'serve.log'), 'ab')
+        self.addCleanup(log.close)
+        proc = subprocess.Popen(
+            [os.path.join(bin_dir, 'vmar-export'), '--config-file', conf,
+             'serve'], stdout=log, stderr=log, start_new_session=True)
+
+        def stop():
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.addCleanup(stop)
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(sock_dir, 'nbd.sock')):
+            self.assertIsNone(proc.poll(), 'vmar-export serve exited')
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.1)
+
+        def cli(*args):
+            r = subprocess.run([os.path.join(bin_dir, 'vmar-export'),
+                                '--config-file', conf] + list(args),
+                               capture_output=True, text=True)
+            self.assertEqual(0, r.returncode, r.stderr[-3000:])
+        return cli
+
+    def map_image_exists(self, image_id, version):
+        try:
+            self.client.images.get(gsource.map_image_id(image_id, version))
+            return True
+        except glance_exc.HTTPNotFound:
+            return False
+
+    def wait_until(self, predicate, what, timeout=60):
+        deadline = time.time() + timeout
+        while not predicate():
+            self.assertLess(time.time(), deadline, '%s\n%s' % (
+                what, self.agent_log()))
+            time.sleep(0.3)
+
+    def test_map_versions_gc(self):
+        gc_conf = os.path.join(self.tmp, 'gc.conf')
+        glance_env.write_conf(gc_conf, {'vmar_agent': {
+            'map_gc_interval': '1', 'map_gc_min_age': '0'}})
+        self.stop_agent()
+        self.addCleanup(self.start_agent)
+        self.addCleanup(self.stop_agent)
+        self.start_agent(gc_conf)
+        held = self.create(self.image('held.raw', list(range(91001, 91065))))
+        free = self.create(self.image('free.raw', list(range(92001, 92065))))
+        v_held, v_free = self.wait_map(held), self.wait_map(free)
+        export_cli = self.export_host('gc-host')
+        # an instance on the host reads the current version of one
+        export_cli('add', held, '--holder', 'instance-1')
+        # a new version of both: their old ones are superseded
+        for image_id, v in ((held, v_held), (free, v_free)):
+            self.glance.openstack('image', 'set', '--public', image_id)
+            self.wait_map(image_id, newer_than=v)
+        # the unheld one goes, from Glance and from the library
+        self.wait_until(lambda: not self.map_image_exists(free, v_free),
+                        'map v%d of %s stays' % (v_free, free))
+        self.assertFalse(os.path.exists(ingest.map_path(self.conf, free,
+                                                        v_free)))
+        # the held one stays, for the reason a dry run gives
+        out = self.manage('map', 'gc', '--dry-run', '--min-age', '0').stdout
+        self.assertIn('kept map v%d of %s: held by gc-host' % (v_held, held),
+                      out)
+        self.assertTrue(self.map_image_exists(held, v_held))
+        hosts = json.loads(self.manage('hosts', 'list', '--json').stdout)
+        self.assertEqual([[held, v_held]], [
+            h['exports'] for h in hosts if h['host'] == 'gc-host'][0])
+        # the instance is gone: its version follows
+        export_cli('remove', held, '--holder', 'instance-1')
+        self.wait_until(lambda: not self.map_image_exists(held, v_held),
+                        'map v%d of %s stays' % (v_held, held))
+        self.assertFalse(os.path.exists(ingest.map_path(self.conf, held,
+                                                        v_held)))
+        # the current versions stay
+        for image_id in (held, free):
+            v = self.source.current_version(image_id)
+            self.assertTrue(self.map_image_exists(image_id, v))
+        self.assert_consistent()
+        self.manage('hosts', 'forget', 'gc-host')
 
     def test_hostile_uploads(self):
         before = self.library_count()

@@ -1,8 +1,8 @@
 """``vmar-manage``: operate the VMAR image library.
 
 Sub-commands: ``db sync|version``, ``image add|update|delete|list``,
-``map show|verify``, ``failures list|retry|forget``, ``stats`` and
-``check``. Options come from
+``map show|verify|gc``, ``hosts list|forget``, ``failures
+list|retry|forget``, ``stats`` and ``check``. Options come from
 ``--config-file`` like any OpenStack service.
 """
 
@@ -20,6 +20,7 @@ from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import failures as db_failures
+from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import migration
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
@@ -197,6 +198,50 @@ def _first_difference(path, fd2, size, chunk=8 << 20):
     return None
 
 
+def _agent_handler():
+    # imported here: oslo.messaging (through the agent) pulls in eventlet,
+    # whose deprecation warning every other sub-command would print
+    from vmar_openstack.glance_hooks import agent
+    return agent, agent.Handler(CONF, gsource.client(CONF))
+
+
+def map_gc():
+    # what the agent does every [vmar_agent] map_gc_interval
+    a = CONF.category
+    agent, handler = _agent_handler()
+    plan = agent.collect_garbage(CONF, handler, dry_run=a.dry_run,
+                                 min_age=a.min_age)
+    verb = 'would delete' if a.dry_run else 'deleted'
+    for sv in plan.deletable:
+        _out('%s map v%d of %s' % (verb, sv.version, sv.image_id))
+    for (image_id, version), why in sorted(plan.kept.items()):
+        _out('kept map v%d of %s: %s' % (version, image_id, why))
+
+
+# -- hosts -------------------------------------------------------------------
+
+def hosts_list():
+    hosts = db_hosts.HostReports(CONF).list()
+    if CONF.category.json:
+        _out(json.dumps([{'host': h.host,
+                          'reported_at': h.reported_at.isoformat(),
+                          'exports': [list(e) for e in h.exports]}
+                         for h in hosts], indent=2))
+        return
+    _table(('host', 'last report (UTC)', 'exports'),
+           [(h.host, h.reported_at.strftime('%Y-%m-%d %H:%M:%S'),
+             len(h.exports)) for h in hosts])
+
+
+def hosts_forget():
+    host = CONF.category.host
+    if not db_hosts.HostReports(CONF).forget(host):
+        raise exception.CommandError('no report of host %s is recorded'
+                                     % host)
+    _out('forgot host %s: the map versions it held may now be removed'
+         % host)
+
+
 # -- failures -----------------------------------------------------------------
 
 def failures_list():
@@ -222,11 +267,8 @@ def _failure(image_id):
 
 def failures_retry():
     # as vmar-agent would, with its [vmar_glance] credentials
-    # imported here: oslo.messaging (through the agent) pulls in eventlet,
-    # whose deprecation warning every other sub-command would print
-    from vmar_openstack.glance_hooks import agent
     f = _failure(CONF.category.id)
-    handler = agent.Handler(CONF, gsource.client(CONF))
+    agent, handler = _agent_handler()
     again = agent.retry(handler, agent.Endpoint(CONF, handler), f)
     if again is not None:
         raise exception.CommandError('%s of %s failed again (%s, attempt '
@@ -378,6 +420,24 @@ def add_command_parsers(subparsers):
     p.add_argument('--source', help='original image (default: its base file)')
     p.add_argument('--format', default='raw')
     p.set_defaults(func=map_verify)
+
+    p = mps.add_parser('gc', help='remove the superseded map versions no '
+                       'compute host holds')
+    p.add_argument('--min-age', type=int, metavar='SECONDS',
+                   help='default: [vmar_agent] map_gc_min_age')
+    p.add_argument('--dry-run', action='store_true')
+    p.set_defaults(func=map_gc)
+
+    hs = subparsers.add_parser('hosts', help='compute hosts, as they '
+                               'reported their exports')
+    hss = hs.add_subparsers(dest='action')
+    p = hss.add_parser('list', help='list the hosts\' last reports')
+    p.add_argument('--json', action='store_true')
+    p.set_defaults(func=hosts_list)
+    p = hss.add_parser('forget', help='drop the report of a host that is '
+                       'gone for good')
+    p.add_argument('host')
+    p.set_defaults(func=hosts_forget)
 
     fl = subparsers.add_parser('failures', help='images vmar-agent could '
                                'not handle')

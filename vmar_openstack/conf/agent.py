@@ -31,6 +31,13 @@ agent_opts = [
                     'SIGTERM. An unfinished one is redelivered later.'),
     cfg.FloatOpt('retry_delay', default=2.0, min=0,
                  help='Seconds before the first retry; doubled each time.'),
+    cfg.IntOpt('map_gc_interval', default=3600, min=0,
+               help='Seconds between removals of the map versions no '
+                    'compute host holds. 0: never.'),
+    cfg.IntOpt('map_gc_min_age', default=86400, min=0,
+               help='Seconds a map version stays after a newer one '
+                    'replaced it, whatever the hosts report. Keep it well '
+                    'above the hosts\' [vmar] report_interval.'),
 ]
 
 ALL_OPTS = agent_opts

@@ -36,7 +36,8 @@ def list_compute_opts():
 
 
 def list_agent_opts():
-    return [(vmar.GROUP, vmar.library_opts),
+    topic = [o for o in vmar.host_opts if o.name == 'report_topic']
+    return [(vmar.GROUP, vmar.library_opts + topic),
             (database.GROUP, database.ALL_OPTS),
             (glance.GROUP, _glance()),
             (agent.GROUP, agent.ALL_OPTS),

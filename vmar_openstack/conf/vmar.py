@@ -7,6 +7,7 @@ import plugin only.
 """
 
 import os
+import socket
 
 from oslo_config import cfg
 
@@ -109,6 +110,21 @@ host_opts = [
                     'vmar disk (its export daemon died, say) once their '
                     'exports are served again. 0: never; an operator '
                     'resumes them.'),
+    cfg.HostDomainOpt('host', default=socket.gethostname(),
+                      sample_default='<current hostname>',
+                      help='Name of this compute host in its reports to '
+                           'vmar-agent. Set it to nova-compute\'s [DEFAULT] '
+                           'host where that is not the hostname.'),
+    cfg.IntOpt('report_interval', default=60, min=0,
+               help='vmar-export serve: seconds between reports of the '
+                    'host\'s exports to vmar-agent (oslo.messaging '
+                    'notifications on report_topic), which '
+                    'removes old map versions only once no host holds '
+                    'them. 0, or no transport_url: no reports.'),
+    cfg.StrOpt('report_topic', default='vmar_host_reports',
+               help='Notification topic, on the control exchange, of the '
+                    'reports of compute hosts (vmar-export sends them, '
+                    'vmar-agent listens).'),
     cfg.StrOpt('map_source', default='dir', choices=[
         ('dir', 'Copy maps and bases from map_source_dir.'),
         ('glance', 'Download maps (hidden images published by vmar-agent) '

@@ -137,6 +137,25 @@ class AgentFailure(Base):
                            onupdate=_now)
 
 
+class HostReport(Base):
+    """The last report of a compute host: when the agent received it."""
+    __tablename__ = 'vmar_hosts'
+
+    host = sa.Column(sa.String(255), primary_key=True)
+    reported_at = sa.Column(sa.DateTime, nullable=False, default=_now)
+
+
+class HostExport(Base):
+    """A map version a host exported at its last report."""
+    __tablename__ = 'vmar_host_exports'
+
+    host = sa.Column(sa.String(255), sa.ForeignKey(
+        'vmar_hosts.host', ondelete='CASCADE'), primary_key=True)
+    image_id = sa.Column(sa.String(36), primary_key=True)
+    map_version = sa.Column(sa.Integer, primary_key=True,
+                            autoincrement=False)
+
+
 class Lock(Base):
     __tablename__ = 'vmar_locks'
 

@@ -28,6 +28,14 @@ from vmar_openstack import exception
 from vmar_openstack import fingerprint
 from vmar_openstack.fingerprint import keys as fp_keys
 
+
+class Superseded(typing.NamedTuple):
+    """A map version a newer one replaced (at ``superseded_at``)."""
+    image_id: str
+    version: int
+    superseded_at: object      # datetime, naive UTC
+
+
 DIGEST_CHUNK_BYTES = 4 << 20
 # A split is flipped (see _flips) when it saves this many key moves, and
 # only if it costs at most this many lookups, and reads the digests of
@@ -120,6 +128,34 @@ class ClusterStore:
     def map_version(self, seq, version):
         """The map version row of image ``seq``, or None."""
         return self.session.get(models.MapVersion, (seq, version))
+
+    def superseded_map_versions(self):
+        """Every map version that is not its image's current one.
+
+        A list of :class:`Superseded`, with the time the next version of
+        the image was recorded.
+        """
+        mv, img = models.MapVersion, models.Image
+        rows = self.session.execute(
+            sa.select(img.image_id, mv.version, mv.created_at,
+                      img.map_version).join(img, img.seq == mv.seq)
+            .order_by(img.image_id, mv.version)).all()
+        out = []
+        for prev, row in zip(rows, rows[1:]):
+            if (prev.image_id == row.image_id
+                    and prev.version < prev.map_version):
+                out.append(Superseded(prev.image_id, prev.version,
+                                      row.created_at))
+        return out
+
+    def delete_map_version(self, image_id, version):
+        """Forget a map version that is not current; whether it was."""
+        img = self.get_image(image_id)
+        if img is None or version >= img.map_version:
+            return False
+        return self.session.execute(sa.delete(models.MapVersion).where(
+            models.MapVersion.seq == img.seq,
+            models.MapVersion.version == version)).rowcount > 0
 
     def record_map_version(self, seq, version, size, sha256, n_extents):
         self.session.add(models.MapVersion(

@@ -18,6 +18,7 @@ from vmar_openstack.export import graph
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import metrics as export_metrics
 from vmar_openstack.export import qmp
+from vmar_openstack.export import report as export_report
 from vmar_openstack.export import state as export_state
 from vmar_openstack.export import supervisor
 from vmar_openstack import mapsource
@@ -236,4 +237,9 @@ class ExportService:
         """
         metrics.serve(self.conf, self.conf.vmar_metrics.export_port,
                       export_metrics.registry(self))
-        supervisor.Supervisor(self).serve(stop_event, max_backoff)
+        reporter = export_report.start(self.conf, self.host_dir)
+        try:
+            supervisor.Supervisor(self).serve(stop_event, max_backoff)
+        finally:
+            if reporter:
+                reporter.stop()

@@ -20,6 +20,12 @@ queue with other consumers such as ceilometer:
     A change of owner or visibility changes the dedup scope: the image's
     and the affected images' maps are regenerated and published.
 
+The agent also listens for the reports of compute hosts
+(``vmar.host.exports`` on ``[vmar] report_topic``, see
+:mod:`vmar_openstack.export.report`) and records each host's last one.
+Every ``[vmar_agent] map_gc_interval`` seconds it removes the map versions
+no host holds (:mod:`.gc`).
+
 Every ``[vmar_agent] resync_interval`` seconds the agent also compares the
 library with Glance's active images (:func:`resync`): Glance's notifier
 drops notifications it cannot send, so this catches up on any it missed.
@@ -43,6 +49,7 @@ is a no-op; publishing is idempotent). Failures are recorded in
 import os
 import threading
 import time
+import uuid
 
 from glanceclient import exc as glance_exc
 from oslo_log import log as logging
@@ -50,8 +57,10 @@ import oslo_messaging
 
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import failures as db_failures
+from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import session as db_session
 from vmar_openstack import exception
+from vmar_openstack.glance_hooks import gc
 from vmar_openstack.glance_hooks import metrics
 from vmar_openstack.glance_hooks import publish
 from vmar_openstack import ingest
@@ -333,14 +342,54 @@ class Endpoint:
         return f
 
 
+class HostReportEndpoint:
+    """Reports of compute hosts (:mod:`vmar_openstack.export.report`)."""
+
+    filter_rule = oslo_messaging.NotificationFilter(
+        event_type=r'^vmar\.host\.exports$')
+
+    def __init__(self, conf):
+        self.reports = db_hosts.HostReports(conf)
+        self.retry_delay = conf.vmar_agent.retry_delay
+
+    def info(self, ctxt, publisher_id, event_type, payload, metadata):
+        try:
+            host = payload['host']
+            exports = [(str(uuid.UUID(i)), int(v))
+                       for i, v in payload['exports']]
+            if not isinstance(host, str) or not host:
+                raise ValueError('no host')
+        except (KeyError, TypeError, ValueError) as e:
+            LOG.warning('malformed report from %s dropped: %s',
+                        publisher_id, e)
+            return oslo_messaging.NotificationResult.HANDLED
+        try:
+            self.reports.record(host, exports)
+        except Exception as e:         # the database away: redeliver
+            LOG.warning('report of %s not recorded: %s', host, e)
+            time.sleep(self.retry_delay)
+            return oslo_messaging.NotificationResult.REQUEUE
+        LOG.debug('%s reports %d exports', host, len(exports))
+        return oslo_messaging.NotificationResult.HANDLED
+
+
 def listener(conf, endpoint):
     transport = oslo_messaging.get_notification_transport(conf)
     a = conf.vmar_agent
     targets = [oslo_messaging.Target(topic=t, exchange=a.exchange)
                for t in a.topics]
+    # hosts notify on the control exchange, as every service does
+    targets.append(oslo_messaging.Target(topic=conf.vmar.report_topic))
     return oslo_messaging.get_notification_listener(
-        transport, targets, [endpoint], executor='threading',
-        pool=a.pool, allow_requeue=True)
+        transport, targets, [endpoint, HostReportEndpoint(conf)],
+        executor='threading', pool=a.pool, allow_requeue=True)
+
+
+def collect_garbage(conf, handler, dry_run=False, min_age=None):
+    """Remove the map versions no host holds (:mod:`.gc`)."""
+    return gc.collect(conf, handler.library, handler.publisher,
+                      conf.vmar_agent.map_gc_min_age if min_age is None
+                      else min_age, dry_run=dry_run)
 
 
 def run(conf, handler, stop_event, started=None):
@@ -359,7 +408,9 @@ def run(conf, handler, stop_event, started=None):
         started.set()
     LOG.info('vmar-agent listening (pool %s)', conf.vmar_agent.pool)
     interval = conf.vmar_agent.resync_interval
+    gc_interval = conf.vmar_agent.map_gc_interval
     next_sync = time.monotonic() + interval
+    next_gc = time.monotonic() + gc_interval
     while not stop_event.wait(1):
         try:
             if interval and time.monotonic() >= next_sync:
@@ -371,6 +422,12 @@ def run(conf, handler, stop_event, started=None):
                 retry_parked(handler, endpoint)
         except Exception as e:         # Glance or the database away
             LOG.warning('resync failed: %s', e)
+        if gc_interval and time.monotonic() >= next_gc:
+            next_gc = time.monotonic() + gc_interval
+            try:
+                collect_garbage(conf, handler)
+            except Exception as e:
+                LOG.warning('removing old map versions failed: %s', e)
 
     def _stop():
         lst.stop()

@@ -187,6 +187,17 @@ class Publisher:
         except glance_exc.HTTPConflict:
             return self.glance.images.get(mid)
 
+    def delete_version(self, image_id, version):
+        """Delete the map image of one version (gone already: fine)."""
+        mid = gsource.map_image_id(image_id, version)
+        try:
+            self.glance.images.delete(mid)
+        except glance_exc.HTTPNotFound:
+            pass
+        except glance_exc.ClientException as e:
+            raise exception.PublishError(
+                'deleting map image %s: %s' % (mid, e))
+
     def delete_all(self, image_id):
         """Delete every published map version of a deleted image."""
         try:

@@ -156,6 +156,23 @@ class Library:
         self._unplace(image_id)
         return Outcome(image_id, 0, 0, regenerated)
 
+    def drop_map_version(self, image_id, version):
+        """Remove a map version that is no longer current.
+
+        Its record and its file go. Returns whether there was one.
+        """
+        image_id = _check_uuid(image_id)
+        with self._mutation() as (store, _written):
+            dropped = store.delete_map_version(image_id, version)
+        if dropped:
+            fileutils.unlink(paths.map_path(self.conf, image_id, version))
+        return dropped
+
+    def superseded(self):
+        """The map versions that are not current (``Superseded`` rows)."""
+        with db_session.reader(self.conf) as s:
+            return db_store.ClusterStore(s).superseded_map_versions()
+
     def remap(self, image_id):
         """Write a new map version of an image from the tables.
 

@@ -1,0 +1,127 @@
+"""Removing map versions: what hosts hold, ages, and host reports.
+
+Glance is the in-memory double of tests/unit/test_publish.py; the library
+and the host reports are real (SQLite). The functional test against
+RabbitMQ, glance-api, vmar-agent and a vmar-export host is
+tests/functional/test_glance.py TestGlance.test_map_versions_gc.
+"""
+
+import datetime
+import os
+
+import oslo_messaging
+
+from tests import base
+from tests.unit import test_publish
+from vmar_openstack.db import hosts as db_hosts
+from vmar_openstack.glance_hooks import agent
+from vmar_openstack.glance_hooks import gc
+from vmar_openstack import ingest
+from vmar_openstack.mapsource import glance as gsource
+
+A = '0a000000-0000-4000-8000-00000000000a'
+B = '0b000000-0000-4000-8000-00000000000b'
+DAY = 86400
+
+
+class TestMapGC(base.LibraryTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.glance = test_publish.FakeGlance()
+        self.handler = agent.Handler(self.conf, self.glance, self.lib)
+        self.reports = db_hosts.HostReports(self.conf)
+        for image_id, seeds in ((A, [1, 2, 3]), (B, [1, 2, 4])):
+            self.lib.add(image_id, self.image(image_id, seeds),
+                         visibility='public')
+            self.handler.publisher.current(image_id)
+        # a second version of each: the first is superseded
+        for image_id in (A, B):
+            self.lib.remap(image_id)
+            self.handler.publisher.current(image_id)
+        self.superseded_at = {sv.image_id: sv.superseded_at
+                              for sv in self.lib.superseded()}
+
+    def image(self, name, seeds):
+        os.makedirs(os.path.join(self.tmp, 'img'), exist_ok=True)
+        return base.write_image(os.path.join(self.tmp, 'img', name), seeds)
+
+    def published(self, image_id, version):
+        return gsource.map_image_id(image_id, version) in \
+            self.glance.images.store
+
+    def later(self, seconds):
+        return max(self.superseded_at.values()) + datetime.timedelta(
+            seconds=seconds)
+
+    def test_only_versions_superseded_and_unheld_go(self):
+        self.assertEqual({(A, 1), (B, 1)}, {(sv.image_id, sv.version)
+                                            for sv in self.lib.superseded()})
+        # too young
+        p = gc.plan(self.conf, self.lib, DAY, now=self.later(60))
+        self.assertEqual([], p.deletable)
+        self.assertIn('superseded less than', p.kept[(A, 1)])
+        # a host holds A v1; another has not reported since
+        self.reports.record('h1', [(A, 1), (A, 2)],
+                            reported_at=self.later(10))
+        self.reports.record('h2', [], reported_at=self.later(-3600))
+        p = gc.plan(self.conf, self.lib, 60, now=self.later(DAY))
+        self.assertEqual([], p.deletable)
+        self.assertEqual('held by h1', p.kept[(A, 1)])
+        self.assertEqual('h2 did not report since it was superseded',
+                         p.kept[(B, 1)])
+        # h2 reports: B v1 goes, in Glance, on disk and in the records
+        self.reports.record('h2', [(B, 2)], reported_at=self.later(20))
+        self.conf.set_override('map_gc_min_age', 0, group='vmar_agent')
+        p = agent.collect_garbage(self.conf, self.handler, dry_run=True)
+        self.assertEqual([(B, 1)], [(sv.image_id, sv.version)
+                                    for sv in p.deletable])
+        self.assertTrue(self.published(B, 1))
+        agent.collect_garbage(self.conf, self.handler)
+        self.assertFalse(self.published(B, 1))
+        self.assertFalse(os.path.exists(ingest.map_path(self.conf, B, 1)))
+        self.assertEqual({(A, 1)}, {(sv.image_id, sv.version)
+                                    for sv in self.lib.superseded()})
+        # current versions are untouched
+        for image_id in (A, B):
+            self.assertTrue(self.published(image_id, 2))
+            self.assertTrue(os.path.exists(ingest.map_path(self.conf,
+                                                           image_id, 2)))
+        self.assertTrue(self.published(A, 1))
+        # h1 lets A v1 go; a current version cannot be dropped
+        self.reports.record('h1', [(A, 2)])
+        agent.collect_garbage(self.conf, self.handler)
+        self.assertFalse(self.published(A, 1))
+        self.assertEqual([], self.lib.superseded())
+        self.assertFalse(self.lib.drop_map_version(A, 2))
+
+    def test_forgotten_host_holds_nothing(self):
+        self.reports.record('gone', [(A, 1), (B, 1)])
+        self.conf.set_override('map_gc_min_age', 0, group='vmar_agent')
+        self.assertEqual([], agent.collect_garbage(
+            self.conf, self.handler).deletable)
+        self.assertTrue(self.reports.forget('gone'))
+        self.assertFalse(self.reports.forget('gone'))
+        self.assertEqual(2, len(agent.collect_garbage(
+            self.conf, self.handler).deletable))
+
+
+class TestHostReportEndpoint(base.LibraryTestCase):
+
+    def test_reports_replace_the_last_one_and_bad_ones_are_dropped(self):
+        ep = agent.HostReportEndpoint(self.conf)
+        reports = db_hosts.HostReports(self.conf)
+        handled = oslo_messaging.NotificationResult.HANDLED
+        for payload in ({'host': 'h', 'exports': [[A, 1], [B, 3]]},
+                        {'host': 'h', 'exports': [[A, 2]]}):
+            self.assertEqual(handled, ep.info({}, 'vmar-export.h',
+                                              'vmar.host.exports', payload,
+                                              {}))
+        self.assertEqual([('h', ((A, 2),))],
+                         [(h.host, h.exports) for h in reports.list()])
+        for bad in ({'exports': []}, {'host': 'x', 'exports': [['no', 1]]},
+                    {'host': '', 'exports': []}, 'nonsense',
+                    {'host': 'x', 'exports': [[A, 'v']]}):
+            self.assertEqual(handled, ep.info({}, 'p', 'vmar.host.exports',
+                                              bad, {}))
+        self.assertEqual(['h'], [h.host for h in reports.list()])

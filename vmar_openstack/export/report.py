@@ -1,0 +1,95 @@
+"""Reports of a host's exports to vmar-agent.
+
+Every ``[vmar] report_interval`` seconds, ``vmar-export serve`` sends the
+map versions its host exports as an oslo.messaging notification,
+``vmar.host.exports`` on ``[vmar] report_topic``::
+
+    {"host": "<[vmar] host>", "exports": [["<image id>", <version>], ...]}
+
+The agent keeps each host's last report and removes an old map version
+only when no report lists it (:mod:`vmar_openstack.glance_hooks.gc`).
+Notifications need no new connection on a compute host: it already talks
+to RabbitMQ for nova-compute. The alternatives were worse: hosts writing
+into the library database (compute hosts hold no database credentials in
+OpenStack since Nova's conductor) or tagging map images in Glance (it
+would take write access to images the agent owns).
+"""
+
+import threading
+
+from oslo_config import cfg
+from oslo_log import log as logging
+
+from vmar_openstack.export import state as export_state
+
+LOG = logging.getLogger(__name__)
+
+EVENT = 'vmar.host.exports'
+
+
+def start(conf, host_dir):
+    """A started :class:`Reporter`, or None.
+
+    None when ``[vmar] report_interval`` is 0 or no transport is
+    configured.
+    """
+    if not conf.vmar.report_interval:
+        return None
+    # imported here: oslo.messaging brings eventlet, whose deprecation
+    # warning every vmar-export sub-command would print
+    import oslo_messaging
+    transport = oslo_messaging.get_notification_transport(conf)
+    # the call registered the options it reads; their defaults name a
+    # local RabbitMQ nobody configured
+
+    def unset(group):
+        loc = conf.get_location('transport_url', group)
+        return loc is None or loc.location == cfg.Locations.opt_default
+    if unset(None) and unset('oslo_messaging_notifications'):
+        LOG.info('no transport_url: the exports are not reported')
+        return None
+    notifier = oslo_messaging.Notifier(
+        transport, publisher_id='vmar-export.%s' % conf.vmar.host,
+        driver='messagingv2', topics=[conf.vmar.report_topic])
+    return Reporter(conf, host_dir, notifier).start()
+
+
+def payload(conf, host_dir):
+    with export_state.State(host_dir) as state:
+        held = sorted({(e.image_id, e.map_version)
+                       for e in state.exports.values()})
+    return {'host': conf.vmar.host, 'exports': [list(e) for e in held]}
+
+
+class Reporter:
+    """A thread sending the reports until :meth:`stop`."""
+
+    def __init__(self, conf, host_dir, notifier):
+        self.conf = conf
+        self.host_dir = host_dir
+        self.notifier = notifier
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name='vmar-report')
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+
+    def send(self):
+        body = payload(self.conf, self.host_dir)
+        # oslo.messaging logs a notification it cannot send, and drops it
+        self.notifier.info({}, EVENT, body)
+        LOG.debug('reported %d exports', len(body['exports']))
+
+    def _run(self):
+        while True:
+            try:
+                self.send()
+            except Exception as e:     # never let the thread die
+                LOG.warning('report of the exports failed: %s', e)
+            if self._stop.wait(self.conf.vmar.report_interval):
+                return

@@ -1,0 +1,74 @@
+"""Removing the map versions no compute host holds any more.
+
+A map version stays, in the library's map directory and as a hidden image
+in Glance, while any of these holds:
+
+* it is its image's current version;
+* it was superseded less than ``min_age`` ago;
+* a host's last report lists it (an instance there reads it);
+* a host has not reported since the version was superseded, so its
+  report may not show an export of it made just before.
+
+Hosts report through :mod:`vmar_openstack.db.hosts`; a host that never
+reported holds nothing, and one that is down keeps its last report until
+an operator forgets it (``vmar-manage hosts forget``).
+"""
+
+import collections
+import datetime
+
+from oslo_log import log as logging
+
+from vmar_openstack.db import hosts as db_hosts
+
+LOG = logging.getLogger(__name__)
+
+Plan = collections.namedtuple('Plan', 'deletable kept')
+
+
+def _utcnow():
+    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+
+
+def plan(conf, library, min_age, now=None):
+    """Which superseded versions may go.
+
+    Returns a :class:`Plan`: ``deletable``, a list of
+    :class:`~vmar_openstack.db.store.Superseded`, and ``kept``, a dict
+    ``(image_id, version) -> why``.
+    """
+    now = now or _utcnow()
+    hosts = db_hosts.HostReports(conf).list()
+    holders = collections.defaultdict(list)
+    for h in hosts:
+        for e in h.exports:
+            holders[e].append(h.host)
+    deletable, kept = [], {}
+    for sv in library.superseded():
+        key = (sv.image_id, sv.version)
+        late = [h.host for h in hosts if h.reported_at <= sv.superseded_at]
+        if now - sv.superseded_at < datetime.timedelta(seconds=min_age):
+            kept[key] = 'superseded less than %ds ago' % min_age
+        elif holders[key]:
+            kept[key] = 'held by %s' % ', '.join(sorted(holders[key]))
+        elif late:
+            kept[key] = ('%s did not report since it was superseded'
+                         % ', '.join(sorted(late)))
+        else:
+            deletable.append(sv)
+    return Plan(deletable, kept)
+
+
+def collect(conf, library, publisher, min_age, dry_run=False):
+    """Delete what :func:`plan` allows; returns the plan.
+
+    The Glance map image goes first, then the record and the file: a
+    failure leaves the version recorded, and the next pass retries it.
+    """
+    p = plan(conf, library, min_age)
+    for sv in p.deletable if not dry_run else ():
+        publisher.delete_version(sv.image_id, sv.version)
+        library.drop_map_version(sv.image_id, sv.version)
+        LOG.info('deleted map v%d of %s: no host holds it', sv.version,
+                 sv.image_id)
+    return p
