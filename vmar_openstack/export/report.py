@@ -48,9 +48,11 @@ def start(conf, host_dir):
     if unset(None) and unset('oslo_messaging_notifications'):
         LOG.info('no transport_url: the exports are not reported')
         return None
+    # retry=1: a report RabbitMQ cannot take is dropped, the next one
+    # tries again (by default the thread would wait for RabbitMQ forever)
     notifier = oslo_messaging.Notifier(
         transport, publisher_id='vmar-export.%s' % conf.vmar.host,
-        driver='messagingv2', topics=[conf.vmar.report_topic])
+        driver='messagingv2', topics=[conf.vmar.report_topic], retry=1)
     return Reporter(conf, host_dir, notifier).start()
 
 
