@@ -171,11 +171,11 @@ def run(args, work, conf, sock, stats, machine_ra):
         # 4. probes: counters of a fresh node per pattern
         svc.remove(second)
         open(stats, 'w').close()
-        svc.add(second)
-        fio(uri_v, 'read', '1M', size=size)
+        # a new holder of an export gets a new key: a new URI each time
+        fio(svc.uri(svc.add(second)), 'read', '1M', size=size)
         svc.remove(second)
-        svc.add(second)
-        fio(uri_v, 'randread', '4k', runtime=max(3, args.runtime // 2))
+        fio(svc.uri(svc.add(second)), 'randread', '4k',
+            runtime=max(3, args.runtime // 2))
         svc.remove(second)
         lines = [json.loads(x) for x in open(stats) if x.strip()]
         mine = [x for x in lines if second in x['map']]
@@ -183,7 +183,7 @@ def run(args, work, conf, sock, stats, machine_ra):
             'sequential': mine[0]['probes'] / max(1, mine[0]['lookups']),
             'random': mine[1]['probes'] / max(1, mine[1]['lookups']),
             'lookups': [x['lookups'] for x in mine[:2]]}
-        svc.add(second)
+        uri_v = svc.uri(svc.add(second))
 
         # 3. cold cache: image 1 then image 2, VMAR vs raw
         pid = proc.pid

@@ -23,7 +23,7 @@ LOG="${WORK}/build.log"
 JOBS="${VMAR_QEMU_JOBS:-2}"
 DRIVER_FILES=(block-vmar.c vmar-map.c vmar-map.h)
 # Everything that goes into the build, hashed into the prefix name.
-HASH_FILES=("${DRIVER_FILES[@]}" qapi-vmar.py build.sh)
+HASH_FILES=("${DRIVER_FILES[@]}" qapi-vmar.py nbd-private.py build.sh)
 TOOLS=(qemu-img qemu-io qemu-nbd qemu-storage-daemon)
 # Ninja targets (paths inside the build directory), same order as TOOLS.
 TARGETS=(qemu-img qemu-io qemu-nbd storage-daemon/qemu-storage-daemon)
@@ -163,6 +163,9 @@ install_driver() {
     # Declare the driver in the QAPI schema (for blockdev-add).
     python3 "${HERE}/qapi-vmar.py" "${src}" >>"${LOG}" 2>&1 ||
         die "could not add vmar to qapi/block-core.json"
+    # The NBD server lists no export (names carry their holder's key).
+    python3 "${HERE}/nbd-private.py" "${src}" >>"${LOG}" 2>&1 ||
+        die "could not make nbd/server.c list no export"
     if ! grep -q "'vmar.c'" "${src}/block/meson.build"; then
         printf '\n# vmar-openstack: read-only VMAR block map driver\n%s\n' \
             "block_ss.add(files('vmar.c', 'vmar-map.c'), zlib)" \

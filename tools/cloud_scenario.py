@@ -256,6 +256,7 @@ class UserPath(object):
 
     def boot(self):
         """Two vmar servers from two images, one plain, to VMAR-BOOTED."""
+        from vmar_openstack import names as vnames
         plan = (('vm-a', FLAVOR_VMAR, 'minbase'),
                 ('vm-b', FLAVOR_VMAR, 'python3'),
                 ('plain', FLAVOR_PLAIN, 'minbase'))
@@ -275,6 +276,10 @@ class UserPath(object):
             check(pin.startswith('nbd+unix:///') and
                   self.cloud.export_socket in pin,
                   '%s does not read a vmar export: %r', name, pin)
+            parsed = vnames.parse_nbd_uri(pin)
+            export = parsed and vnames.parse_export(parsed[0])
+            check(export is not None and export.key is not None,
+                  '%s reads an export without its own key: %r', name, pin)
         plain = self.export_pin('plain')
         check(os.path.join('instances', '_base') in plain,
               'the plain server is not on the stock backend: %r', plain)

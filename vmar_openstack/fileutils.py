@@ -10,12 +10,12 @@ import subprocess
 import tempfile
 
 
-def write_atomic(path, data):
+def write_atomic(path, data, mode=0o644):
     """Write ``data`` to ``path``: temp file, fsync, rename, fsync dir."""
-    install(write_temp(path, data), path)
+    install(write_temp(path, data, mode), path)
 
 
-def write_temp(path, data):
+def write_temp(path, data, mode=0o644):
     """Write ``data`` to a new fsynced temporary file next to ``path``.
 
     Returns its name; :func:`install` moves it to ``path``. The caller
@@ -29,7 +29,7 @@ def write_temp(path, data):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
     except BaseException:
         unlink(tmp)
         raise

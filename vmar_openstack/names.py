@@ -7,7 +7,9 @@ each one has a single builder and a single parser here. This module imports
 nothing of the project.
 """
 
+import collections
 import re
+import secrets
 import urllib.parse
 
 # Map versions fit in six digits: QEMU node names are at most 31 characters
@@ -17,7 +19,12 @@ MAX_MAP_VERSION = 999999
 _UUID = r'[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}'
 _VERSION = r'[0-9]{1,%d}' % len(str(MAX_MAP_VERSION))
 _MAP_FILE = re.compile(r'^(?P<id>%s)\.(?P<v>%s)\.vmap$' % (_UUID, _VERSION))
-_EXPORT = re.compile(r'^(?P<id>%s)\.(?P<v>%s)$' % (_UUID, _VERSION))
+# the key of an export's holder: 128 random bits, in hex
+_KEY = r'[0-9a-f]{32}'
+_EXPORT = re.compile(r'^(?P<id>%s)\.(?P<v>%s)(?:\.(?P<key>%s))?$'
+                     % (_UUID, _VERSION, _KEY))
+
+ExportName = collections.namedtuple('ExportName', 'image_id version key')
 
 
 def map_file(image_id, version):
@@ -31,15 +38,27 @@ def parse_map_file(name):
     return (m.group('id'), int(m.group('v'))) if m else None
 
 
-def export(image_id, version):
-    """The NBD export name of one map version of an image."""
-    return '%s.%d' % (image_id, version)
+def new_key():
+    """A holder's key: what only its overlay knows of its export's name."""
+    return secrets.token_hex(16)
+
+
+def export(image_id, version, key=None):
+    """The NBD export name of one map version of an image.
+
+    ``<id>.<version>.<key>`` for the one holder of ``key``; without a key,
+    ``<id>.<version>``, the name of the export record, under which holders
+    from before per-holder keys are still served.
+    """
+    name = '%s.%d' % (image_id, version)
+    return name if key is None else '%s.%s' % (name, key)
 
 
 def parse_export(name):
-    """``(image_id, version)`` of an export name, or None."""
+    """The :class:`ExportName` of an export name, or None."""
     m = _EXPORT.match(name)
-    return (m.group('id'), int(m.group('v'))) if m else None
+    return ExportName(m.group('id'), int(m.group('v')),
+                      m.group('key')) if m else None
 
 
 def nbd_uri(export_name, socket):

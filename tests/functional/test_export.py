@@ -92,12 +92,13 @@ class ExportTestCase(base.LibraryTestCase):
              '--config-file', self.conf_file] + list(args),
             capture_output=True, text=True)
 
-    def uri(self, image_id):
-        """The NBD URI of the one export of ``image_id``."""
+    def uri(self, image_id, holder='cli'):
+        """The NBD URI ``holder`` opens for the one export of ``image_id``."""
         exports, _live = self.svc.list()
-        names = [e.name for e in exports.values() if e.image_id == image_id]
-        self.assertEqual(1, len(names), exports)
-        return vnames.nbd_uri(names[0], self.sock)
+        mine = [e for e in exports.values() if e.image_id == image_id]
+        self.assertEqual(1, len(mine), exports)
+        self.assertIn(holder, mine[0].holders)
+        return vnames.nbd_uri(mine[0].holder_name(holder), self.sock)
 
     def qsd_pid(self):
         with open(os.path.join(self.conf.vmar.host_dir, 'qsd.pid')) as f:
@@ -349,6 +350,67 @@ class TestHostStatus(ExportTestCase):
         self.assertFalse(st['daemon_up'])
         self.assertEqual({'down'}, {x['state'] for x in exports.values()})
         self.assertEqual(2, len(bases))
+
+
+class TestPrivateExports(ExportTestCase):
+    """Each holder's QEMU opens its own export, and no other."""
+
+    def read(self, uri, length=4096):
+        """qemu-io of the system QEMU (a guest's) reading ``uri``."""
+        return subprocess.run(
+            [qemu_env.SYSTEM_QEMU_IO, '-r', '-f', 'raw', '-c',
+             'read 0 %d' % length, uri], capture_output=True, text=True)
+
+    def test_each_server_opens_only_its_own_exports(self):
+        a, b = _id('private-a'), _id('private-b')
+        self.lib.add(a, self.image('a.raw', list(range(1, 65))),
+                     visibility='public')
+        self.lib.add(b, self.image('b.raw', list(range(101, 165))),
+                     visibility='public')
+        self.serve()
+        for image_id, holder in ((a, 'vm1'), (a, 'vm2'), (b, 'vm3')):
+            r = self.export_cli('add', image_id, '--holder', holder)
+            self.assertEqual(0, r.returncode, r.stderr)
+            self.assertIn(self.uri(image_id, holder), r.stdout)
+        held = ((a, 'vm1'), (a, 'vm2'), (b, 'vm3'))
+        uris = {h: self.uri(i, h) for i, h in held}
+        self.assertEqual(3, len(set(uris.values())))
+        # each holder reads its image through its own name
+        for holder, image_id in (('vm1', a), ('vm2', a), ('vm3', b)):
+            r = subprocess.run(
+                [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F',
+                 'raw', uris[holder], self.svc.base_file(image_id)],
+                capture_output=True, text=True)
+            self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        # vm3's QEMU, knowing a's image id and version, is refused: by the
+        # bare name, by a guessed key, and the server lists nothing
+        exp_a = [e for e in self.svc.list()[0].values()
+                 if e.image_id == a][0]
+        for name in (exp_a.name, vnames.export(a, exp_a.map_version,
+                                               vnames.new_key())):
+            r = self.read(vnames.nbd_uri(name, self.sock))
+            self.assertNotEqual(0, r.returncode, r.stdout)
+            self.assertIn('export not available', r.stderr)
+        r = subprocess.run([qemu_env.SYSTEM_QEMU_NBD, '--list', '-k',
+                            self.sock], capture_output=True, text=True)
+        self.assertEqual(0, r.returncode, r.stderr)
+        self.assertIn('exports available: 0', r.stdout)
+        # the keys are secrets: the record is root's alone
+        st = os.stat(os.path.join(self.conf.vmar.host_dir, 'exports.json'))
+        self.assertEqual(0o600, st.st_mode & 0o777)
+        # vm1 goes: its name with it; vm2 still reads
+        r = self.export_cli('remove', a, '--holder', 'vm1')
+        self.assertEqual(0, r.returncode, r.stderr)
+        self.assertIn('export not available', self.read(uris['vm1']).stderr)
+        self.assertEqual(0, self.read(uris['vm2']).returncode)
+        # the names survive a restart of the daemon
+        os.kill(self.qsd_pid(), signal.SIGKILL)
+        deadline = time.time() + 60
+        while self.read(uris['vm2']).returncode:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.5)
+        self.assertEqual(0, self.read(uris['vm3']).returncode)
+        self.assertNotEqual(0, self.read(uris['vm1']).returncode)
 
 
 def _parse_qemu_io_dumps(out):

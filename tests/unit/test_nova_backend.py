@@ -148,13 +148,18 @@ class TestBacking(testtools.TestCase):
 
     def test_parse_backing(self):
         i = str(uuid.uuid4())
-        self.assertEqual((i, 7), vimage.parse_backing(
+        self.assertEqual((i, 7, None), vimage.parse_backing(
             'nbd+unix:///%s.7?socket=%s' % (i, SOCK), SOCK))
+        key = 'ab' * 16
+        self.assertEqual((i, 7, key), vimage.parse_backing(
+            'nbd+unix:///%s.7.%s?socket=%s' % (i, key, SOCK), SOCK))
         for bad in (None, '', '/var/lib/nova/instances/_base/abc',
                     'nbd+unix:///%s.7?socket=/other.sock' % i,
                     'nbd+unix:///%s?socket=%s' % (i, SOCK),
                     'nbd://host/%s.7' % i,
-                    'nbd+unix:///%s.7x?socket=%s' % (i, SOCK)):
+                    'nbd+unix:///%s.7x?socket=%s' % (i, SOCK),
+                    'nbd+unix:///%s.7.%s?socket=%s' % (i, 'AB' * 16, SOCK),
+                    'nbd+unix:///%s.7.%s?socket=%s' % (i, 'ab' * 15, SOCK)):
             self.assertIsNone(vimage.parse_backing(bad, SOCK), bad)
 
 
@@ -268,7 +273,7 @@ class TestProvisioningErrors(BackendTestCase):
         self.assertFalse(os.path.exists(disk.path))
         exports.add.assert_called_once_with(
             inst.image_ref, host_cache='base', holder=inst.uuid,
-            version=None)
+            version=None, key=None)
 
     def test_a_failed_overlay_releases_the_export(self):
         exports = mock.Mock(socket=SOCK, host_dir=self.tmp + '/host')

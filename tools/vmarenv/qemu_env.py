@@ -24,6 +24,8 @@ from vmar_openstack import pagecache
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 SYSTEM_QEMU_IMG = '/usr/bin/qemu-img'
+SYSTEM_QEMU_IO = '/usr/bin/qemu-io'
+SYSTEM_QEMU_NBD = '/usr/bin/qemu-nbd'
 
 
 def _last_line(cmd, env=None):

@@ -33,8 +33,9 @@ def add():
     svc = _service()
     exp = svc.add(a.id, host_cache=a.host_cache, holder=a.holder,
                   version=a.map_version)
-    print('exported %s map v%d (host_cache=%s): %s'
-          % (exp.image_id, exp.map_version, exp.host_cache, svc.uri(exp)))
+    print('exported %s map v%d (host_cache=%s) for %s: %s'
+          % (exp.image_id, exp.map_version, exp.host_cache, a.holder,
+             svc.uri(exp, a.holder)))
 
 
 def remove():
@@ -57,7 +58,7 @@ def list_exports():
           % ('image', 'map', 'host_cache', 'state', 'holders'))
     for name, exp in sorted(exports.items()):
         state = 'down' if live is None else (
-            'up' if name in live else 'MISSING')
+            'up' if exp.served(live) else 'MISSING')
         print('%-36s  %6d  %-10s  %-6s  %s'
               % (exp.image_id, exp.map_version, exp.host_cache, state,
                  ','.join(exp.holders)))

@@ -9,9 +9,10 @@ For every export the daemon has:
   node that reads from them;
 * one ``vmar`` node per map version, ``vm<id>.<version>``, reading its map
   and, through the base node prefix, its base nodes;
-* one NBD export whose name is the export's name
+* one NBD export per holder, whose name carries the holder's key
   (:func:`vmar_openstack.names.export`) and whose QMP id is that name
-  behind ``vmar-`` (QMP ids must start with a letter).
+  behind ``vmar-`` (QMP ids must start with a letter). The patched daemon
+  lists no export (``qemu/nbd-private.py``).
 
 Every function takes an open :class:`~vmar_openstack.export.qmp.Monitor`.
 """
@@ -122,22 +123,27 @@ def add_nodes(mon, exp, have, map_file, base_file, aio, gather_gap):
 
 
 def add_export(mon, exp):
-    """Export the vmar node of ``exp`` over NBD, unless it already is."""
-    if export_id(exp.name) not in export_ids(mon):
-        mon.execute('block-export-add', {
-            'type': 'nbd', 'id': export_id(exp.name),
-            'node-name': vmar_node(exp.image_id, exp.map_version),
-            'name': exp.name, 'writable': False})
-
-
-def del_exports(mon, exports, timeout=30):
-    """Stop serving ``exports``; return once their clients are gone."""
+    """Serve every NBD name of ``exp`` (one per holder) not served yet."""
     live = export_ids(mon)
-    for exp in exports:
-        if export_id(exp.name) in live:
-            mon.execute('block-export-del', {'id': export_id(exp.name)})
-    for exp in exports:
-        _wait_export_gone(mon, exp.name, timeout)
+    for name in exp.nbd_names():
+        if export_id(name) not in live:
+            mon.execute('block-export-add', {
+                'type': 'nbd', 'id': export_id(name),
+                'node-name': vmar_node(exp.image_id, exp.map_version),
+                'name': name, 'writable': False})
+
+
+def del_names(mon, names, timeout=30):
+    """Stop serving the NBD exports ``names``.
+
+    Returns once their clients are gone.
+    """
+    live = export_ids(mon)
+    for name in names:
+        if export_id(name) in live:
+            mon.execute('block-export-del', {'id': export_id(name)})
+    for name in names:
+        _wait_export_gone(mon, name, timeout)
 
 
 def _wait_export_gone(mon, name, timeout):

@@ -72,14 +72,17 @@ class ExportService:
                         self.conf.vmar.read_gather_gap)
 
     # public operations
-    def uri(self, exp):
-        """The NBD URI a QEMU client opens for ``exp`` (format raw)."""
-        return names.nbd_uri(exp.name, self.socket)
+    def uri(self, exp, holder='cli'):
+        """The NBD URI ``holder``'s QEMU opens for ``exp`` (format raw)."""
+        return names.nbd_uri(exp.holder_name(holder), self.socket)
 
-    def add(self, image_id, host_cache='base', holder='cli', version=None):
+    def add(self, image_id, host_cache='base', holder='cli', version=None,
+            key=None):
         """Export a map version of an image (the current one by default).
 
-        Idempotent per holder. Returns the :class:`.state.Export`.
+        Idempotent per holder. A new holder gets a new key (the secret part
+        of the name its QEMU opens) unless ``key`` gives it the one its
+        overlay already names. Returns the :class:`.state.Export`.
         """
         image_id = str(uuid.UUID(image_id))
         if host_cache not in export_state.HOST_CACHE:
@@ -106,11 +109,16 @@ class ExportService:
                     [(t.image_id, t.size) for t in bmap.targets],
                     fetches=len(fetched),
                     fetched_bytes=sum(f.size for f in fetched))
+            before = set(exp.nbd_names())
+            if holder not in exp.holders:
+                exp.holders.append(holder)
+                exp.keys[holder] = key or names.new_key()
+            elif key:
+                exp.keys[holder] = key
             with self.monitor() as mon:
                 self._add_nodes(mon, exp, graph.nodes(mon))
                 graph.add_export(mon, exp)
-            if holder not in exp.holders:
-                exp.holders.append(holder)
+                graph.del_names(mon, sorted(before - set(exp.nbd_names())))
             state.exports[exp.name] = exp
             state.save()
         return exp
@@ -153,18 +161,22 @@ class ExportService:
             return out
 
     def _drop(self, state, exports, holder):
-        gone = []
+        stale, gone = [], []
         for exp in exports:
+            before = set(exp.nbd_names())
             if holder in exp.holders:
                 exp.holders.remove(holder)
+                exp.keys.pop(holder, None)
+            stale += sorted(before - set(exp.nbd_names()))
             if not exp.holders:
                 gone.append(exp)
-        if gone:
-            with self.monitor() as mon:
-                graph.del_exports(mon, gone)
+        with self.monitor() as mon:
+            graph.del_names(mon, stale)
+            if gone:
                 for exp in gone:
                     del state.exports[exp.name]
                 graph.del_unused_nodes(mon, state.exports.values())
+        if gone:
             self.files.prune(state.exports.values())
         state.save()
         return [e for e in exports if e.holders]
@@ -197,7 +209,7 @@ class ExportService:
         if counters is not None:
             counters = {name: counters.get(graph.vmar_node(
                 e.image_id, e.map_version)) for name, e in exports.items()
-                if name in live}
+                if e.served(live)}
         return exports, fetched, counters
 
     def restore(self):

@@ -23,11 +23,15 @@ _LOCK = 'exports.lock'
 
 @dataclasses.dataclass
 class Export:
-    """One map version of one image, served as NBD export ``name``.
+    """One map version of one image, and who reads it.
 
     Exports are immutable: a new map version of an image is a new export
     next to the old one, which stays until its last holder (a running
-    instance) lets it go.
+    instance) lets it go. Each holder reads it through an NBD export of
+    its own, whose name carries the holder's key (:attr:`keys`); the daemon
+    lists no export, so a QEMU opens only the names it was given. A holder
+    recorded before keys existed has none, and is served under the
+    record's :attr:`name`.
     """
     image_id: str
     map_version: int
@@ -37,10 +41,25 @@ class Export:
     # base files fetched from the map source for this export
     fetches: int = 0
     fetched_bytes: int = 0
+    keys: dict = dataclasses.field(default_factory=dict)   # holder -> key
 
     @property
     def name(self):
+        """The record's name (and the NBD name of holders without key)."""
         return names.export(self.image_id, self.map_version)
+
+    def holder_name(self, holder):
+        """The NBD export name ``holder`` opens."""
+        return names.export(self.image_id, self.map_version,
+                            self.keys.get(holder))
+
+    def nbd_names(self):
+        """Every NBD export name the daemon serves for this record."""
+        return sorted({self.holder_name(h) for h in self.holders})
+
+    def served(self, live):
+        """Whether ``live`` (names the daemon serves) has all of ours."""
+        return set(self.nbd_names()) <= live
 
 
 @dataclasses.dataclass
@@ -94,8 +113,9 @@ class State:
         data = {'exports': {k: dataclasses.asdict(v)
                             for k, v in sorted(self.exports.items())},
                 'fetched': dataclasses.asdict(self.fetched)}
+        # the holders' keys are secrets: root's (the service's) alone
         fileutils.write_atomic(self.path, json.dumps(
-            data, indent=1, sort_keys=True).encode())
+            data, indent=1, sort_keys=True).encode(), mode=0o600)
 
     def __exit__(self, *exc):
         fcntl.flock(self._lockf, fcntl.LOCK_UN)

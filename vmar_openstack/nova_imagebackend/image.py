@@ -64,7 +64,11 @@ def is_root_disk(name):
 
 
 def parse_backing(uri, socket):
-    """(image id, map version) of a vmar overlay's backing URI, or None."""
+    """What a vmar overlay's backing URI names, or None.
+
+    An :class:`~vmar_openstack.names.ExportName`: image id, map version
+    and the holder's key.
+    """
     parsed = names.parse_nbd_uri(uri or '')
     if parsed is None or parsed[1] is None or parsed[1] != socket:
         return None
@@ -164,21 +168,23 @@ class VmarImage(imagebackend.Image):
         def _provision():
             pin = self.pinned()
             if pin is not None:
-                # a reboot, a host restart: the version it booted with
-                self._add(pin[0], host_cache, holder, version=pin[1])
+                # a reboot, a host restart: the version it booted with,
+                # under the name its overlay gives
+                self._add(pin.image_id, host_cache, holder,
+                          version=pin.version, key=pin.key)
                 return
             exp = self._add(image_id, host_cache, holder)
             try:
-                self._create_overlay(exp, size)
+                self._create_overlay(exp, holder, size)
             except Exception:
                 self._release(holder)
                 raise
         _provision()
 
-    def _add(self, image_id, host_cache, holder, version=None):
+    def _add(self, image_id, host_cache, holder, version=None, key=None):
         try:
             return self.exports.add(image_id, host_cache=host_cache,
-                                    holder=holder, version=version)
+                                    holder=holder, version=version, key=key)
         except vmar_exception.ExportError as e:
             raise exception.ImageUnacceptable(
                 image_id=image_id,
@@ -190,15 +196,16 @@ class VmarImage(imagebackend.Image):
     def uri_of(self, pin):
         return names.nbd_uri(names.export(*pin), self.exports.socket)
 
-    def _create_overlay(self, exp, size):
+    def _create_overlay(self, exp, holder, size):
         bmap = mapformat.read(self.exports.map_file(exp.image_id,
                                                     exp.map_version))
         if size and size < bmap.virtual_size:
             raise exception.FlavorDiskSmallerThanImage(
                 flavor_size=size, image_size=bmap.virtual_size)
-        create_overlay(self.path, self.exports.uri(exp),
+        create_overlay(self.path, self.exports.uri(exp, holder),
                        size or bmap.virtual_size)
-        LOG.info('created %s on %s', self.path, self.exports.uri(exp))
+        LOG.info('created %s on map v%d of %s', self.path, exp.map_version,
+                 exp.image_id)
 
     # -- the Image API ----------------------------------------------------
 
