@@ -297,7 +297,7 @@ class TestHostStatus(ExportTestCase):
             qemu_env.evict(self.svc.base_file(image_id))
         # 64 KiB of b: its first 16 blocks, served from a's base
         r = subprocess.run([qemu_env.qemu_bin('qemu-io'), '-r', '-f', 'raw',
-                            '-c', 'read 0 64k', self.uri(b)],
+                            '-c', 'read 0 64k', self.uri(b, 'vm2')],
                            capture_output=True, text=True)
         self.assertEqual(0, r.returncode, r.stderr)
 
