@@ -488,6 +488,7 @@ class UserPath(object):
 
     def delete_canonical(self):
         """Delete minbase (python3's map points into it) while vm-b runs."""
+        from vmar_openstack import names as vnames
         self.os.run('image', 'delete', 'minbase')
         self.export_matches('vm-b', 'python3')
         self.create('vm-c', FLAVOR_VMAR, 'python3')
@@ -495,6 +496,28 @@ class UserPath(object):
         self.wait_booted('vm-c', 'python3')
         self.echo('  minbase deleted; python3 still verifies; vm-c booted '
                   'python3')
+        # vm-b still runs on python3's map from before the deletion: the
+        # host reports it, and the map version garbage collector keeps it
+        old = vnames.parse_export(vnames.parse_nbd_uri(
+            self.export_pin('vm-b'))[0])
+
+        def manage(*args):
+            return subprocess.run(
+                [self.cloud.bin('vmar-manage'), '--config-file',
+                 self.cloud.etc('vmar', 'vmar.conf')] + list(args),
+                capture_output=True, text=True, check=True).stdout
+        shown = manage('map', 'show', old.image_id)
+        # oslo.log writes to stdout when use_stderr is off and no log file
+        current = json.loads(shown[shown.index('{'):])['map_version']
+        check(old.version < current, 'python3 is still at map v%d',
+              current)
+        kept = 'kept map v%d of %s: held by ' % (old.version, old.image_id)
+        self.wait('the host to report vm-b\'s old map version',
+                  lambda: kept in manage('map', 'gc', '--dry-run',
+                                         '--min-age', '0'), timeout=120)
+        self.echo('  vm-b reads python3 map v%d, the current one is v%d: '
+                  'v%d is kept, held by the host' % (old.version, current,
+                                                     old.version))
 
     def delete_all(self):
         """Delete every server and image; nothing vmar owns is left."""
