@@ -218,10 +218,12 @@ class ExportService:
         with export_state.State(self.host_dir) as state:
             with self.monitor() as mon:
                 have = graph.nodes(mon)
+                refetched = False
                 for exp in state.exports.values():
                     _bmap, fetched = self.files.ensure(exp.image_id,
                                                        exp.map_version)
                     state.fetched.add(fetched)
+                    refetched = refetched or bool(fetched)
                     self._add_nodes(mon, exp, have)
                 os.makedirs(os.path.dirname(self.socket), exist_ok=True)
                 with contextlib.suppress(FileNotFoundError):
@@ -232,7 +234,8 @@ class ExportService:
                     tmp_sock = None
                 for exp in state.exports.values():
                     graph.add_export(mon, exp)
-            state.save()
+            if refetched:
+                state.save()
         if tmp_sock:
             group = self.conf.vmar.export_socket_group
             if group:
