@@ -469,7 +469,9 @@ class TestGlance(GlanceTestCase):
         self.assertEqual({}, {i: f for i, f in self.failures().items()
                               if i in raws})
         # by a resync or by a retry of the parked: whichever comes first
-        self.assertIn('ingested %s' % x, self.agent_log())
+        with open(os.path.join(self.work, 'agent.log'),
+                  errors='replace') as f:
+            self.assertIn('ingested %s' % x, f.read())
         m = scrape(metrics_port)
         self.assertEqual(0, m[('vmar_agent_failures',
                                (('state', 'parked'),))])
