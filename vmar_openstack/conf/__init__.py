@@ -1,5 +1,9 @@
 """Configuration options of vmar-openstack, one module per group.
 
+Each group module defines ``GROUP`` and ``ALL_OPTS`` (and, if it needs
+more than its options, ``register_extra(conf)``); this package registers
+them.
+
 ``[vmar]`` (:mod:`.vmar`), ``[vmar_database]`` (:mod:`.database`),
 ``[vmar_glance]`` (:mod:`.glance`), ``[vmar_agent]`` (:mod:`.agent`) and
 ``[vmar_metrics]`` (:mod:`.metrics`); :mod:`.opts` lists them for
@@ -27,7 +31,12 @@ def register_opts(conf=CONF):
     ConfigOpts would leak overrides from one into the other.
     """
     for module in GROUPS:
-        module.register_opts(conf)
+        group = module.GROUP
+        conf.register_group(cfg.OptGroup(group.name, title=group.title,
+                                         help=group.help))
+        conf.register_opts(module.ALL_OPTS, group=group.name)
+        if hasattr(module, 'register_extra'):
+            module.register_extra(conf)
 
 
 register_opts()

@@ -41,9 +41,3 @@ agent_opts = [
 ]
 
 ALL_OPTS = agent_opts
-
-
-def register_opts(conf):
-    conf.register_group(cfg.OptGroup(GROUP.name, title=GROUP.title,
-                                     help=GROUP.help))
-    conf.register_opts(ALL_OPTS, group=GROUP.name)

@@ -21,9 +21,3 @@ database_opts = [
 ]
 
 ALL_OPTS = database_opts
-
-
-def register_opts(conf):
-    conf.register_group(cfg.OptGroup(GROUP.name, title=GROUP.title,
-                                     help=GROUP.help))
-    conf.register_opts(ALL_OPTS, group=GROUP.name)

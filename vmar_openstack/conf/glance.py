@@ -38,10 +38,8 @@ def keystoneauth_opts():
             + ks_loading.get_adapter_conf_options(include_deprecated=False))
 
 
-def register_opts(conf):
-    conf.register_group(cfg.OptGroup(GROUP.name, title=GROUP.title,
-                                     help=GROUP.help))
-    conf.register_opts(ALL_OPTS, group=GROUP.name)
+def register_extra(conf):
+    """keystoneauth's options and defaults, after :data:`ALL_OPTS`."""
     ks_loading.register_session_conf_options(conf, GROUP.name)
     ks_loading.register_auth_conf_options(conf, GROUP.name)
     ks_loading.register_adapter_conf_options(conf, GROUP.name,

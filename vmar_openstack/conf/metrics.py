@@ -19,9 +19,3 @@ metrics_opts = [
 ]
 
 ALL_OPTS = metrics_opts
-
-
-def register_opts(conf):
-    conf.register_group(cfg.OptGroup(GROUP.name, title=GROUP.title,
-                                     help=GROUP.help))
-    conf.register_opts(ALL_OPTS, group=GROUP.name)

@@ -145,9 +145,3 @@ import_opts = [
 ]
 
 ALL_OPTS = library_opts + host_opts + import_opts
-
-
-def register_opts(conf):
-    conf.register_group(cfg.OptGroup(GROUP.name, title=GROUP.title,
-                                     help=GROUP.help))
-    conf.register_opts(ALL_OPTS, group=GROUP.name)
