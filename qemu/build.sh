@@ -23,7 +23,8 @@ LOG="${WORK}/build.log"
 JOBS="${VMAR_QEMU_JOBS:-2}"
 DRIVER_FILES=(block-vmar.c vmar-map.c vmar-map.h)
 # Everything that goes into the build, hashed into the prefix name.
-HASH_FILES=("${DRIVER_FILES[@]}" qapi-vmar.py nbd-private.py build.sh)
+HASH_FILES=("${DRIVER_FILES[@]}" srcedit.py qapi-vmar.py nbd-private.py
+    build.sh)
 TOOLS=(qemu-img qemu-io qemu-nbd qemu-storage-daemon)
 # Ninja targets (paths inside the build directory), same order as TOOLS.
 TARGETS=(qemu-img qemu-io qemu-nbd storage-daemon/qemu-storage-daemon)

@@ -8,14 +8,13 @@ the patched server answers it with an empty list. Opening an export by
 name (NBD_OPT_GO, NBD_OPT_EXPORT_NAME) is unchanged, and an unknown name
 gets the usual NBD_REP_ERR_UNKNOWN.
 
-The edit is idempotent (it starts from a saved copy of the original each
-time) and fails loudly if the source does not look as expected.
+The edit is idempotent and fails loudly if the source does not look as
+expected (srcedit.py).
 
 Usage: nbd-private.py QEMU_SOURCE_DIR
 """
 
-import pathlib
-import sys
+import srcedit
 
 OLD = """    NBDExport *exp;
     assert(client->opt == NBD_OPT_LIST);
@@ -46,30 +45,12 @@ UNUSED_NEW = ("static coroutine_fn int G_GNUC_UNUSED\n"
               "nbd_negotiate_send_rep_list(")
 
 
-def replace_once(text, old, new, what):
-    if text.count(old) != 1:
-        sys.exit("nbd-private.py: cannot find the %s in nbd/server.c" % what)
-    return text.replace(old, new)
-
-
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    path = pathlib.Path(sys.argv[1]) / "nbd" / "server.c"
-    orig = path.with_name("server.c.vmar-orig")
-    if not orig.exists():
-        text = path.read_text()
-        if "vmar-openstack" in text:
-            sys.exit("nbd-private.py: %s is already edited and %s is missing"
-                     % (path, orig))
-        orig.write_text(text)
-    old = path.read_text()
-    text = orig.read_text()
-    text = replace_once(text, OLD, NEW, "NBD_OPT_LIST handler")
-    text = replace_once(text, UNUSED_OLD, UNUSED_NEW, "list reply helper")
-    if text != old:
-        path.write_text(text)
+EDITS = [
+    (OLD, NEW, "NBD_OPT_LIST handler"),
+    (UNUSED_OLD, UNUSED_NEW, "list reply helper"),
+]
 
 
 if __name__ == "__main__":
-    main()
+    srcedit.main(__doc__, "nbd-private.py", "nbd/server.c",
+                 "vmar-openstack", EDITS)

@@ -5,15 +5,13 @@ Without this, blockdev-add, qemu-storage-daemon --blockdev and every other
 QAPI-validated path reject driver "vmar" (qemu-img/qemu-io "json:" filenames
 work without it). The driver's read counters are declared as its
 format-specific image information (ImageInfoSpecificVmar), which
-query-named-block-nodes returns. The edit is idempotent (it starts from a
-saved copy of the original each time) and fails loudly if the schema does
-not look as expected.
+query-named-block-nodes returns. The edit is idempotent and fails loudly
+if the schema does not look as expected (srcedit.py).
 
 Usage: qapi-vmar.py QEMU_SOURCE_DIR
 """
 
-import pathlib
-import sys
+import srcedit
 
 STRUCT = """##
 # @BlockdevOptionsVmar:
@@ -104,42 +102,17 @@ UNION_NEW = "      'vmar':       'BlockdevOptionsVmar',\n"
 STRUCT_ANCHOR = "##\n# @BlockdevOptions:\n"
 
 
-def replace_once(text, old, new, what):
-    if text.count(old) != 1:
-        sys.exit("qapi-vmar.py: cannot find the %s in block-core.json" % what)
-    return text.replace(old, new)
-
-
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    path = pathlib.Path(sys.argv[1]) / "qapi" / "block-core.json"
-    # Always edit Debian's original, so a changed declaration replaces the
-    # old one; rewrite only on change, so nothing is rebuilt needlessly.
-    orig = path.with_name("block-core.json.vmar-orig")
-    if not orig.exists():
-        text = path.read_text()
-        if "BlockdevOptionsVmar" in text:
-            sys.exit("qapi-vmar.py: %s is already edited and %s is missing"
-                     % (path, orig))
-        orig.write_text(text)
-    old = path.read_text()
-    text = orig.read_text()
-    text = replace_once(text, ENUM_OLD, ENUM_NEW, "BlockdevDriver enum")
-    text = replace_once(text, UNION_ANCHOR, UNION_NEW + UNION_ANCHOR,
-                        "BlockdevOptions union")
-    text = replace_once(text, STRUCT_ANCHOR, STRUCT + STRUCT_ANCHOR,
-                        "BlockdevOptions documentation")
-    text = replace_once(text, INFO_ENUM_OLD, INFO_ENUM_NEW,
-                        "ImageInfoSpecificKind enum")
-    text = replace_once(text, INFO_UNION_OLD, INFO_UNION_NEW,
-                        "ImageInfoSpecific union")
-    text = replace_once(text, INFO_STRUCT_ANCHOR,
-                        INFO_STRUCT + INFO_STRUCT_ANCHOR,
-                        "ImageInfoSpecific documentation")
-    if text != old:
-        path.write_text(text)
+EDITS = [
+    (ENUM_OLD, ENUM_NEW, "BlockdevDriver enum"),
+    (UNION_ANCHOR, UNION_NEW + UNION_ANCHOR, "BlockdevOptions union"),
+    (STRUCT_ANCHOR, STRUCT + STRUCT_ANCHOR, "BlockdevOptions documentation"),
+    (INFO_ENUM_OLD, INFO_ENUM_NEW, "ImageInfoSpecificKind enum"),
+    (INFO_UNION_OLD, INFO_UNION_NEW, "ImageInfoSpecific union"),
+    (INFO_STRUCT_ANCHOR, INFO_STRUCT + INFO_STRUCT_ANCHOR,
+     "ImageInfoSpecific documentation"),
+]
 
 
 if __name__ == "__main__":
-    main()
+    srcedit.main(__doc__, "qapi-vmar.py", "qapi/block-core.json",
+                 "BlockdevOptionsVmar", EDITS)
