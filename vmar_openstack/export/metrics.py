@@ -25,38 +25,38 @@ class ExportCollector(prom_registry.Collector):
         yield core.GaugeMetricFamily(
             'vmar_export_exports', 'Exports recorded on the host.',
             value=len(st.exports))
-        per_export = (
-            ('read_requests', 'Read requests of an export.',
+        export_labels = (['export', 'image'], lambda e: [e.name, e.image_id])
+        base_labels = (['base'], lambda b: [b.image_id])
+        labelled = (
+            # family, name, help, items, labels, value
+            (core.CounterMetricFamily, 'read_requests',
+             'Read requests of an export.', st.exports, export_labels,
              lambda e: e.requests),
-            ('read_bytes', 'Bytes read through an export.',
+            (core.CounterMetricFamily, 'read_bytes',
+             'Bytes read through an export.', st.exports, export_labels,
              lambda e: e.bytes_read + e.bytes_zero),
-            ('base_read_bytes', 'Bytes of an export read from base files.',
-             lambda e: e.bytes_read),
-            ('read_errors', 'Failed read requests of an export.',
-             lambda e: e.errors))
-        for name, doc, value in per_export:
-            m = core.CounterMetricFamily('vmar_export_' + name, doc,
-                                         labels=['export', 'image'])
-            for e in st.exports:
-                m.add_metric([e.name, e.image_id], value(e))
-            yield m
-        holders = core.GaugeMetricFamily(
-            'vmar_export_holders', 'Holders (instances) of an export.',
-            labels=['export', 'image'])
-        for e in st.exports:
-            holders.add_metric([e.name, e.image_id], len(e.holders))
-        yield holders
-        per_base = (
-            ('size_bytes', 'Size of a base file.', lambda b: b.size),
-            ('mirror_bytes', 'Bytes a base file takes on disk.',
+            (core.CounterMetricFamily, 'base_read_bytes',
+             'Bytes of an export read from base files.', st.exports,
+             export_labels, lambda e: e.bytes_read),
+            (core.CounterMetricFamily, 'read_errors',
+             'Failed read requests of an export.', st.exports,
+             export_labels, lambda e: e.errors),
+            (core.GaugeMetricFamily, 'holders',
+             'Holders (instances) of an export.', st.exports,
+             export_labels, lambda e: len(e.holders)),
+            (core.GaugeMetricFamily, 'base_size_bytes',
+             'Size of a base file.', st.bases, base_labels,
+             lambda b: b.size),
+            (core.GaugeMetricFamily, 'base_mirror_bytes',
+             'Bytes a base file takes on disk.', st.bases, base_labels,
              lambda b: b.mirror_bytes),
-            ('cached_bytes', 'Bytes of a base file in the host page cache.',
-             lambda b: b.cached_bytes))
-        for name, doc, value in per_base:
-            m = core.GaugeMetricFamily('vmar_export_base_' + name, doc,
-                                       labels=['base'])
-            for b in st.bases:
-                m.add_metric([b.image_id], value(b))
+            (core.GaugeMetricFamily, 'base_cached_bytes',
+             'Bytes of a base file in the host page cache.', st.bases,
+             base_labels, lambda b: b.cached_bytes))
+        for family, name, doc, items, (labels, of), value in labelled:
+            m = family('vmar_export_' + name, doc, labels=labels)
+            for x in items:
+                m.add_metric(of(x), value(x))
             yield m
         f = st.fetched
         yield core.CounterMetricFamily(
