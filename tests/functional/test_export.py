@@ -57,6 +57,10 @@ class ExportTestCase(base.LibraryTestCase):
         return ''
 
     def serve(self):
+        # a socket left by a killed serve (or an earlier run's) would pass
+        # for this one's
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
         env = dict(os.environ, VMAR_STATS_FILE=os.path.join(self.tmp,
                                                             'stats'))
         proc = subprocess.Popen(
@@ -367,7 +371,7 @@ class TestPrivateExports(ExportTestCase):
                      visibility='public')
         self.lib.add(b, self.image('b.raw', list(range(101, 165))),
                      visibility='public')
-        self.serve()
+        serve = self.serve()
         for image_id, holder in ((a, 'vm1'), (a, 'vm2'), (b, 'vm3')):
             r = self.export_cli('add', image_id, '--holder', holder)
             self.assertEqual(0, r.returncode, r.stderr)
@@ -411,6 +415,24 @@ class TestPrivateExports(ExportTestCase):
             time.sleep(0.5)
         self.assertEqual(0, self.read(uris['vm3']).returncode)
         self.assertNotEqual(0, self.read(uris['vm1']).returncode)
+        # a holder goes while the daemon is down, another one keeps the
+        # node: the record forgets it, and the daemon, started again, does
+        # not serve its name
+        r = self.export_cli('add', a, '--holder', 'vm5')
+        self.assertEqual(0, r.returncode, r.stderr)
+        uris['vm5'] = self.uri(a, 'vm5')
+        qsd = self.qsd_pid()
+        serve.kill()
+        serve.wait()
+        os.kill(qsd, signal.SIGKILL)
+        r = self.export_cli('remove', a, '--holder', 'vm5')
+        self.assertEqual(0, r.returncode, r.stderr)
+        self.serve()
+        deadline = time.time() + 60
+        while self.read(uris['vm2']).returncode:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.5)
+        self.assertIn('export not available', self.read(uris['vm5']).stderr)
 
 
 def _parse_qemu_io_dumps(out):

@@ -170,14 +170,22 @@ class ExportService:
             stale += sorted(before - set(exp.nbd_names()))
             if not exp.holders:
                 gone.append(exp)
-        with self.monitor() as mon:
-            graph.del_names(mon, stale)
-            if gone:
+        if gone:
+            with self.monitor() as mon:
+                graph.del_names(mon, stale)
                 for exp in gone:
                     del state.exports[exp.name]
                 graph.del_unused_nodes(mon, state.exports.values())
-        if gone:
             self.files.prune(state.exports.values())
+        elif stale:
+            # other holders keep the node: only the holder's own NBD export
+            # goes, and a daemon that is down will not restore it anyway
+            try:
+                with self.monitor() as mon:
+                    graph.del_names(mon, stale)
+            except exception.ExportDaemonDown as e:
+                LOG.info('export daemon down (%s): %s goes with the record '
+                         'only', e, ', '.join(stale))
         state.save()
         return [e for e in exports if e.holders]
 
