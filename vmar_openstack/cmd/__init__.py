@@ -1,4 +1,4 @@
-"""Console scripts, and the runner they share."""
+"""Console scripts, and the runner and table printer they share."""
 
 import sys
 
@@ -30,3 +30,11 @@ def run(conf, name, add_command_parsers, errors=(), argv=None):
         print('%s: error: %s' % (name, e), file=sys.stderr)
         return 1
     return 0
+
+
+def print_table(header, rows):
+    """Columns padded to their widest cell, two spaces apart."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    for r in [header] + list(rows):
+        print('  '.join(str(x).ljust(w)
+                        for x, w in zip(r, widths)).rstrip())

@@ -54,14 +54,12 @@ def release():
 
 def list_exports():
     exports, live = _service().list()
-    print('%-36s  %6s  %-10s  %-6s  %s'
-          % ('image', 'map', 'host_cache', 'state', 'holders'))
-    for name, exp in sorted(exports.items()):
-        state = 'down' if live is None else (
-            'up' if exp.served(live) else 'MISSING')
-        print('%-36s  %6d  %-10s  %-6s  %s'
-              % (exp.image_id, exp.map_version, exp.host_cache, state,
-                 ','.join(exp.holders)))
+    cmd.print_table(
+        ('image', 'map', 'host_cache', 'state', 'holders'),
+        [(exp.image_id, exp.map_version, exp.host_cache,
+          'down' if live is None else 'up' if exp.served(live)
+          else 'MISSING', ','.join(exp.holders))
+         for _name, exp in sorted(exports.items())])
 
 
 def _size(n):
@@ -69,12 +67,6 @@ def _size(n):
         if n < 1024 or unit == 'GiB':
             return ('%d %s' if unit == 'B' else '%.1f %s') % (n, unit)
         n /= 1024.0
-
-
-def _table(header, rows):
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    for r in [header] + rows:
-        print('  '.join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip())
 
 
 def status():
@@ -88,16 +80,18 @@ def status():
     print('fetched since the first export: %d base files, %s in %.1f s'
           % (f.count, _size(f.bytes), f.seconds))
     print()
-    _table(('base', 'size', 'mirror', 'page cache', 'exports', 'holders'),
-           [(b.image_id, _size(b.size), _size(b.mirror_bytes),
-             _size(b.cached_bytes), len(b.exports), len(b.holders))
-            for b in st.bases])
+    cmd.print_table(
+        ('base', 'size', 'mirror', 'page cache', 'exports', 'holders'),
+        [(b.image_id, _size(b.size), _size(b.mirror_bytes),
+          _size(b.cached_bytes), len(b.exports), len(b.holders))
+         for b in st.bases])
     print()
-    _table(('export', 'state', 'host_cache', 'holders', 'reads', 'bytes',
-            'errors', 'fetches'),
-           [(e.name, e.state, e.host_cache, len(e.holders), e.requests,
-             _size(e.bytes_read + e.bytes_zero), e.errors, e.fetches)
-            for e in st.exports])
+    cmd.print_table(
+        ('export', 'state', 'host_cache', 'holders', 'reads', 'bytes',
+         'errors', 'fetches'),
+        [(e.name, e.state, e.host_cache, len(e.holders), e.requests,
+          _size(e.bytes_read + e.bytes_zero), e.errors, e.fetches)
+         for e in st.exports])
 
 
 def add_command_parsers(subparsers):

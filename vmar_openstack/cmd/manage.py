@@ -106,16 +106,8 @@ def image_list():
         rows = [(i.seq, i.image_id, i.owner or '-', i.visibility,
                  i.disk_format, i.virtual_size, i.map_version, i.state)
                 for i in db_api.list_images(s)]
-    _table(('seq', 'id', 'owner', 'visibility', 'format', 'virtual size',
-            'map', 'state'), rows)
-
-
-def _table(header, rows):
-    cols = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = '  '.join('%%-%ds' % w for w in cols)
-    _out(line % tuple(header))
-    for r in rows:
-        _out(line % tuple(r))
+    cmd.print_table(('seq', 'id', 'owner', 'visibility', 'format',
+                     'virtual size', 'map', 'state'), rows)
 
 
 # -- map --------------------------------------------------------------------
@@ -228,9 +220,9 @@ def hosts_list():
                           'exports': [list(e) for e in h.exports]}
                          for h in hosts], indent=2))
         return
-    _table(('host', 'last report (UTC)', 'exports'),
-           [(h.host, h.reported_at.strftime('%Y-%m-%d %H:%M:%S'),
-             len(h.exports)) for h in hosts])
+    cmd.print_table(('host', 'last report (UTC)', 'exports'),
+                    [(h.host, h.reported_at.strftime('%Y-%m-%d %H:%M:%S'),
+                      len(h.exports)) for h in hosts])
 
 
 def hosts_forget():
@@ -253,8 +245,8 @@ def failures_list():
                 'last_error')
         _out(json.dumps([dict(zip(keys, r)) for r in rows], indent=2))
         return
-    _table(('image', 'event', 'state', 'attempts', 'updated (UTC)',
-            'last error'), rows)
+    cmd.print_table(('image', 'event', 'state', 'attempts',
+                     'updated (UTC)', 'last error'), rows)
 
 
 def _failure(image_id):
@@ -349,8 +341,9 @@ def stats():
              '%.1f%%' % (100 * i['redirected_fraction']), i['extents'],
              i['map_bytes'], '%.3f' % i['map_mb_per_gib'])
             for i in st['images']]
-    _table(('seq', 'image', 'blocks', 'zero', 'unique', 'redirected',
-            'redir %', 'extents', 'map bytes', 'MB/GiB'), rows)
+    cmd.print_table(('seq', 'image', 'blocks', 'zero', 'unique',
+                     'redirected', 'redir %', 'extents', 'map bytes',
+                     'MB/GiB'), rows)
     _out('clusters: %d  map bytes: %d (%.3f MB per GiB)  redirected: %.1f%% '
          'of data blocks' % (st['clusters'], st['total_map_bytes'],
                              st['map_mb_per_gib'],
