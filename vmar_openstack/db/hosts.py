@@ -40,7 +40,7 @@ class HostReports:
             if report is None:
                 report = models.HostReport(host=host)
                 s.add(report)
-            report.reported_at = reported_at or models._now()
+            report.reported_at = reported_at or models.utcnow()
             s.flush()
             s.add_all(models.HostExport(host=host, image_id=i, map_version=v)
                       for i, v in rows)

@@ -31,7 +31,8 @@ BigInt = sa.BigInteger().with_variant(sa.Integer(), 'sqlite')
 MembersText = sa.Text().with_variant(mysql.MEDIUMTEXT(), 'mysql', 'mariadb')
 
 
-def _now():
+def utcnow():
+    """Now, in UTC without a time zone: how every time column is kept."""
     return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
 
 
@@ -59,9 +60,9 @@ class Image(Base):
     map_version = sa.Column(sa.Integer, nullable=False, default=0)
     redirected_blocks = sa.Column(sa.BigInteger, nullable=False, default=0)
     n_extents = sa.Column(sa.BigInteger, nullable=False, default=0)
-    created_at = sa.Column(sa.DateTime, nullable=False, default=_now)
-    updated_at = sa.Column(sa.DateTime, nullable=False, default=_now,
-                           onupdate=_now)
+    created_at = sa.Column(sa.DateTime, nullable=False, default=utcnow)
+    updated_at = sa.Column(sa.DateTime, nullable=False, default=utcnow,
+                           onupdate=utcnow)
 
 
 class ImageDigests(Base):
@@ -117,7 +118,7 @@ class MapVersion(Base):
     sha256 = sa.Column(sa.String(64), nullable=False)
     size = sa.Column(sa.BigInteger, nullable=False)
     n_extents = sa.Column(sa.BigInteger, nullable=False)
-    created_at = sa.Column(sa.DateTime, nullable=False, default=_now)
+    created_at = sa.Column(sa.DateTime, nullable=False, default=utcnow)
 
 
 class AgentFailure(Base):
@@ -133,8 +134,8 @@ class AgentFailure(Base):
     cause = sa.Column(sa.String(8), nullable=False, default='outage',
                       server_default='outage')
     last_error = sa.Column(sa.Text, nullable=False, default='')
-    updated_at = sa.Column(sa.DateTime, nullable=False, default=_now,
-                           onupdate=_now)
+    updated_at = sa.Column(sa.DateTime, nullable=False, default=utcnow,
+                           onupdate=utcnow)
 
 
 class HostReport(Base):
@@ -142,7 +143,7 @@ class HostReport(Base):
     __tablename__ = 'vmar_hosts'
 
     host = sa.Column(sa.String(255), primary_key=True)
-    reported_at = sa.Column(sa.DateTime, nullable=False, default=_now)
+    reported_at = sa.Column(sa.DateTime, nullable=False, default=utcnow)
 
 
 class HostExport(Base):

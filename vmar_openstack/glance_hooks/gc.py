@@ -20,14 +20,11 @@ import datetime
 from oslo_log import log as logging
 
 from vmar_openstack.db import hosts as db_hosts
+from vmar_openstack.db import models
 
 LOG = logging.getLogger(__name__)
 
 Plan = collections.namedtuple('Plan', 'deletable kept')
-
-
-def _utcnow():
-    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
 
 
 def plan(conf, library, min_age, now=None):
@@ -37,7 +34,7 @@ def plan(conf, library, min_age, now=None):
     :class:`~vmar_openstack.db.store.Superseded`, and ``kept``, a dict
     ``(image_id, version) -> why``.
     """
-    now = now or _utcnow()
+    now = now or models.utcnow()
     hosts = db_hosts.HostReports(conf).list()
     holders = collections.defaultdict(list)
     for h in hosts:
