@@ -168,18 +168,84 @@ class TestExtraSpecs(testtools.TestCase):
     def test_valid(self):
         for k, v in (('vmar:enabled', 'true'), ('vmar:enabled', 'False'),
                      ('vmar:host_cache', 'base'),
-                     ('vmar:host_cache', 'none')):
+                     ('vmar:host_cache', 'none'),
+                     ('vmar:guest_cache', 'private'),
+                     ('vmar:guest_cache', 'default')):
             validators.validate(k, v)
 
     def test_invalid(self):
         for k, v in (('vmar:enabled', 'maybe'),
                      ('vmar:host_cache', 'writeback'),
+                     ('vmar:guest_cache', 'none'),
                      ('vmar:cache', 'base'), ('vmar:', 'x')):
             self.assertRaises(exception.ValidationError,
                               validators.validate, k, v)
 
     def test_other_namespaces_untouched(self):
         validators.validate('hw:cpu_policy', 'dedicated')
+
+
+class TestGuestCache(BackendTestCase):
+    """The domain of a guest-private server: balloon and metadata."""
+
+    NS = {'vmar': 'https://opendev.org/x/vmar-openstack/guest/1.0'}
+
+    def guest_config(self, specs):
+        """The domain XML of the hooks' D._get_guest_config.
+
+        It wraps a stand-in for Nova's own (a test double of Nova, which
+        needs a running libvirt) that returns what Nova builds with
+        [libvirt] mem_stats_period_seconds = 0: a model='none' balloon.
+        """
+        def nova_config(driver, inst, *args, **kwargs):
+            guest = vconfig.LibvirtConfigGuest()
+            guest.virt_type, guest.os_type = 'qemu', 'hvm'
+            guest.name, guest.uuid = 'instance-1', inst.uuid
+            guest.memory, guest.vcpus = 512 * 1024, 1
+            libvirt_driver.LibvirtDriver._guest_add_memory_balloon(guest)
+            return guest
+        hooks.unregister()
+        self.cfg.config(mem_stats_period_seconds=0, virt_type='qemu',
+                        group='libvirt')
+        with mock.patch.object(libvirt_driver.LibvirtDriver,
+                               '_get_guest_config', nova_config):
+            hooks.register()
+            try:
+                guest = libvirt_driver.LibvirtDriver._get_guest_config(
+                    mock.sentinel.driver, instance(specs), None, None, None)
+            finally:
+                hooks.unregister()      # before the stand-in goes
+        hooks.register()
+        return etree.fromstring(guest.to_xml())
+
+    def test_private_gets_a_reporting_virtio_balloon_and_says_so(self):
+        xml = self.guest_config(dict(VMAR, **{'vmar:guest_cache':
+                                              'private'}))
+        (balloon,) = xml.findall('./devices/memballoon')
+        self.assertEqual(('virtio', 'on'), (balloon.get('model'),
+                                            balloon.get('freePageReporting')))
+        meta = xml.find('./metadata/vmar:guest', self.NS)
+        self.assertEqual(
+            {'host-cache': 'base', 'guest-cache': 'private',
+             'free-page-reporting': 'on'},
+            {e.tag.split('}')[1]: e.text for e in meta})
+
+    def test_default_keeps_novas_balloon(self):
+        xml = self.guest_config(VMAR)
+        (balloon,) = xml.findall('./devices/memballoon')
+        self.assertEqual('none', balloon.get('model'))
+        meta = xml.find('./metadata/vmar:guest', self.NS)
+        self.assertEqual('default', meta.find('vmar:guest-cache',
+                                              self.NS).text)
+
+    def test_ordinary_instances_get_nothing(self):
+        xml = self.guest_config({})
+        self.assertIsNone(xml.find('./metadata'))
+
+    def test_an_unknown_mode_in_an_old_flavor_is_refused(self):
+        self.assertRaises(exception.InvalidInput, vimage.flavor_policy,
+                          instance(dict(VMAR, **{'vmar:guest_cache':
+                                                 'all'})).flavor)
 
 
 class TestRefusedOperations(BackendTestCase):

@@ -26,6 +26,10 @@ WRAPPED = {
         '(self, instance, name, image_type=None, disk_info_mapping=None)',
     (B, 'by_libvirt_path'): '(self, instance, path, image_type=None)',
     (D, 'init_host'): '(self, host)',
+    (D, '_get_guest_config'):
+        '(self, instance, network_info, image_meta, disk_info, rescue=None, '
+        'block_device_info=None, context=None, mdevs=None, accel_info=None, '
+        'share_info=None, old_guest=None)',
     (D, 'delete_instance_files'): '(self, instance)',
     (D, '_live_snapshot'):
         '(self, context, instance, guest, disk_path, out_path, '

@@ -27,6 +27,18 @@ EXTRA_SPEC_VALIDATORS = [
         value={'type': str, 'enum': ['base', 'none'],
                'description': 'The host cache policy of the base data.'},
     ),
+    base.ExtraSpecValidator(
+        name='vmar:guest_cache',
+        description=(
+            'What the guests of this flavor cache: ``private`` keeps only '
+            'their private data (files written since boot) in their page '
+            'cache and drops base data, which the host caches once; the '
+            'server gets a virtio balloon with free page reporting, so the '
+            'memory goes back to the host. ``default`` (default) leaves '
+            'the guest\'s page cache alone.'),
+        value={'type': str, 'enum': ['private', 'default'],
+               'description': 'The guest cache policy.'},
+    ),
 ]
 
 

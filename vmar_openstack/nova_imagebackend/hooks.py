@@ -34,6 +34,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import export
+from vmar_openstack.nova_imagebackend import guest_cache
 from vmar_openstack.nova_imagebackend import image as vimage
 from vmar_openstack.nova_imagebackend import resume
 
@@ -99,6 +100,14 @@ def register():
         self._vmar_resumer = resume.start(
             self, export.ExportService(conf), conf.vmar.resume_interval)
         return result
+
+    @_wrap(D, '_get_guest_config')
+    def _get_guest_config(original, self, instance, *args, **kwargs):
+        guest = original(self, instance, *args, **kwargs)
+        policy = vimage.instance_policy(instance)
+        if policy is not None:
+            guest_cache.apply(guest, policy)
+        return guest
 
     @_wrap(D, 'delete_instance_files')
     def delete_instance_files(original, self, instance):

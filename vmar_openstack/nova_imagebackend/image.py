@@ -32,12 +32,14 @@ from vmar_openstack.export import state as export_state
 from vmar_openstack import fingerprint
 from vmar_openstack import mapformat
 from vmar_openstack import names
+from vmar_openstack.nova_imagebackend import guest_cache
 
 LOG = logging.getLogger(__name__)
 CONF = vmar_conf.CONF
 
 SPEC_ENABLED = 'vmar:enabled'
 SPEC_HOST_CACHE = 'vmar:host_cache'
+SPEC_GUEST_CACHE = 'vmar:guest_cache'
 
 
 def flavor_policy(flavor):
@@ -52,7 +54,12 @@ def flavor_policy(flavor):
         raise exception.InvalidInput(
             reason='%s=%s: must be one of %s'
             % (SPEC_HOST_CACHE, host_cache, ', '.join(export.HOST_CACHE)))
-    return {'host_cache': host_cache}
+    guest = specs.get(SPEC_GUEST_CACHE, guest_cache.DEFAULT)
+    if guest not in guest_cache.MODES:
+        raise exception.InvalidInput(
+            reason='%s=%s: must be one of %s'
+            % (SPEC_GUEST_CACHE, guest, ', '.join(guest_cache.MODES)))
+    return {'host_cache': host_cache, 'guest_cache': guest}
 
 
 def instance_policy(instance):

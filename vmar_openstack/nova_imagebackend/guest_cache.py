@@ -1,0 +1,73 @@
+"""The host side of ``vmar:guest_cache=private`` (guest-private caching).
+
+VMAR's second cache mode: the host caches base data once
+(host-cache-for-base), and each guest caches only its private data. The
+guest side is a component inside the guest; on the host, a guest-private
+server gets:
+
+* a virtio memory balloon with free page reporting on, so the memory the
+  guest frees (the base data it drops) goes back to the host. Nova adds one
+  only while ``[libvirt] mem_stats_period_seconds`` is above 0, and a
+  ``model='none'`` balloon otherwise; a guest-private server always gets a
+  virtio one;
+* a record of what it was given, in the domain XML's metadata
+  (``<vmar:guest>`` in :data:`NAMESPACE`), built with Nova's own config
+  classes like the rest of the domain.
+"""
+
+from nova.virt.libvirt import config as vconfig
+
+NAMESPACE = 'https://opendev.org/x/vmar-openstack/guest/1.0'
+PRIVATE, DEFAULT = 'private', 'default'
+MODES = (PRIVATE, DEFAULT)
+
+
+class VmarGuestMetadata(vconfig.LibvirtConfigObject):
+    """``<vmar:guest>``: the vmar settings a domain was built with."""
+
+    def __init__(self, **kwargs):
+        super().__init__(root_name='guest', ns_prefix='vmar',
+                         ns_uri=NAMESPACE, **kwargs)
+        self.host_cache = None
+        self.guest_cache = None
+        self.free_page_reporting = None
+
+    def format_dom(self):
+        root = super().format_dom()
+        for name in ('host_cache', 'guest_cache', 'free_page_reporting'):
+            value = getattr(self, name)
+            if value is not None:
+                root.append(self._text_node(name.replace('_', '-'),
+                                            value))
+        return root
+
+
+def _balloon(guest):
+    for dev in guest.devices:
+        if isinstance(dev, vconfig.LibvirtConfigMemoryBalloon):
+            return dev
+    return None
+
+
+def apply(guest, policy):
+    """Give a guest config (LibvirtConfigGuest) what ``policy`` asks.
+
+    ``policy`` is the flavor's (:func:`..image.flavor_policy`). Returns the
+    metadata record added.
+    """
+    private = policy.get('guest_cache') == PRIVATE
+    if private:
+        balloon = _balloon(guest)
+        if balloon is None:
+            balloon = vconfig.LibvirtConfigMemoryBalloon()
+            guest.add_device(balloon)
+        # Nova's balloon config always writes freePageReporting='on' and
+        # autodeflate='on'; the model is what it leaves out when
+        # [libvirt] mem_stats_period_seconds is 0
+        balloon.model = 'virtio'
+    meta = VmarGuestMetadata()
+    meta.host_cache = policy.get('host_cache')
+    meta.guest_cache = policy.get('guest_cache', DEFAULT)
+    meta.free_page_reporting = 'on' if private else None
+    guest.metadata.append(meta)
+    return meta
