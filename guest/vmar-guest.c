@@ -5,21 +5,29 @@
  * data once, and each guest caches only its private data.  The rule is the
  * one of the P policy of "functional partitioning": data of files not
  * modified since boot is base data, files written after boot are private.
- * Every --interval seconds this walks one filesystem (the root by default,
- * never crossing mounts); for each regular file whose mtime and ctime are
- * both before boot, it counts the file's pages in the page cache (mmap +
- * mincore) and, once they have stayed there for --grace seconds, drops them
- * (posix_fadvise POSIX_FADV_DONTNEED).  Files written since boot are never
+ * Base data that has stayed in the guest's page cache for --grace seconds
+ * (counted from the first open that brought a file into view, then from
+ * each drop) is dropped (posix_fadvise POSIX_FADV_DONTNEED); private files are never
  * touched.  The base data is still in the host's page cache, so a later
- * read costs an NBD round trip, not a disk read.
+ * read costs a virtio round trip, not a disk read, and the memory the guest
+ * frees goes back to the host through the balloon's free page reporting.
  *
- * After each pass it writes one line of counters to --status (default
- * /run/vmar-guest.status): files seen, base files with cached pages, bytes
- * dropped, system calls made and CPU seconds used, so its cost can be
- * measured and bounded.
+ * How it finds the files (doc/source/guest.rst has the measurements):
+ *  - at start, and every --rescan seconds, a walk of the root filesystem
+ *    (never crossing mounts) picks up base files with cached pages;
+ *  - in between, fanotify (FAN_MARK_FILESYSTEM, FAN_OPEN) reports every
+ *    file opened on that filesystem, with an fd; the base ones are tracked
+ *    until --linger seconds after their last open.
+ * Every --interval seconds, each tracked file whose grace period is over is
+ * checked with mincore and dropped if it has cached pages.
  *
- * Usage: vmar-guest [--root DIR] [--interval S] [--grace S] [--once]
- *                   [--status FILE] [--boot-time EPOCH]
+ * The host says whether a server is guest-private: Nova's vmar backend puts
+ * "vmar:guest_cache=private" into the SMBIOS OEM strings (type 11).  With
+ * --mode auto (the default) vmar-guest exits at once on any other server,
+ * so images can carry it whatever flavor boots them.
+ *
+ * Counters (cumulative) go to --status after each pass, one line of
+ * key=value pairs, so its cost can be measured and bounded.
  *
  * This work is licensed under the Apache License, Version 2.0.
  */
@@ -30,36 +38,56 @@
 #include <ftw.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fanotify.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#define TABLE_BITS  16                  /* tracked files: up to 65536 */
+#define TABLE_BITS  14                  /* tracked files: up to 16384 */
 #define TABLE_SIZE  (1u << TABLE_BITS)
+#define BATCH_MS    100                 /* fanotify reads at most 10/s */
+#define OEM_KEY     "vmar:guest_cache="
+#define DMI_OEM     "/sys/firmware/dmi/entries/11-%d/raw"
 
-/* A base file seen with cached pages: since when (pass start time) */
-struct seen {
+/* A tracked base file: an fd on it, and its times */
+typedef struct Tracked {
     dev_t dev;
     ino_t ino;
-    time_t since;                       /* 0: free slot */
+    int fd;                             /* -1: free slot */
+    time_t since;                       /* its grace period started */
+    time_t opened;                      /* last opened */
+} Tracked;
+
+typedef struct Options {
+    const char *root, *status, *mode;
+    long interval, grace, linger, rescan;
+    bool once;
+    time_t boot_time;
+} Options;
+
+static Options opt = {
+    .root = "/", .status = "/run/vmar-guest.status", .mode = "auto",
+    .interval = 5, .grace = 10, .linger = 120, .rescan = 600,
 };
 
-static struct seen table[TABLE_SIZE];
+static Tracked table[TABLE_SIZE];
+static unsigned tracked;
 static long page_size;
-static time_t boot_time, pass_start;
-static long grace = 30;
+static time_t now;
 
 static struct {
-    uint64_t files, base_cached, dropped_files, dropped_bytes,
-             cached_bytes, syscalls;
-} pass;
+    uint64_t events, walks, walked_files, drops, dropped_bytes,
+             mincores, syscalls, full;
+} stats;
 
 static volatile sig_atomic_t stopping;
 
@@ -69,7 +97,14 @@ static void on_signal(int sig)
     stopping = 1;
 }
 
-static struct seen *lookup(dev_t dev, ino_t ino, int insert)
+static bool is_base(const struct stat *st)
+{
+    return S_ISREG(st->st_mode) && st->st_size > 0 &&
+        st->st_mtime < opt.boot_time && st->st_ctime < opt.boot_time;
+}
+
+/* The slot of (dev, ino), or the free slot where it would go, or NULL */
+static Tracked *slot(dev_t dev, ino_t ino)
 {
     uint64_t h = ((uint64_t)dev * 0x9e3779b97f4a7c15ULL) ^ (uint64_t)ino;
     uint32_t i, n;
@@ -77,21 +112,55 @@ static struct seen *lookup(dev_t dev, ino_t ino, int insert)
     h *= 0xff51afd7ed558ccdULL;
     i = (uint32_t)(h >> (64 - TABLE_BITS));
     for (n = 0; n < TABLE_SIZE; n++, i = (i + 1) & (TABLE_SIZE - 1)) {
-        struct seen *s = &table[i];
-        if (s->since && s->dev == dev && s->ino == ino) {
-            return s;
-        }
-        if (!s->since) {
-            if (!insert) {
-                return NULL;
-            }
-            s->dev = dev;
-            s->ino = ino;
-            s->since = pass_start;
-            return s;
+        Tracked *t = &table[i];
+        if (t->fd < 0 || (t->dev == dev && t->ino == ino)) {
+            return t;
         }
     }
-    return NULL;                        /* full: the file waits a pass */
+    return NULL;
+}
+
+static void untrack(Tracked *t)
+{
+    close(t->fd);
+    stats.syscalls++;
+    t->fd = -1;
+    tracked--;
+    /* Linear probing: re-place the run that follows the freed slot */
+    for (uint32_t i = (t - table + 1) & (TABLE_SIZE - 1);
+         table[i].fd >= 0; i = (i + 1) & (TABLE_SIZE - 1)) {
+        Tracked moved = table[i];
+        table[i].fd = -1;
+        *slot(moved.dev, moved.ino) = moved;
+    }
+}
+
+/*
+ * Take a file the kernel handed us (an fanotify event's fd or one the walk
+ * opened): track it if it is base data, else close it.  Owns @fd.  Returns
+ * the file's entry if it is tracked now.
+ */
+static Tracked *offer(int fd, const struct stat *st)
+{
+    Tracked *t = slot(st->st_dev, st->st_ino);
+
+    if (t && t->fd < 0 && is_base(st) && tracked < TABLE_SIZE * 3 / 4) {
+        *t = (Tracked){ st->st_dev, st->st_ino, fd, now, now };
+        tracked++;
+        return t;
+    }
+    close(fd);
+    stats.syscalls++;
+    if (t && t->fd >= 0) {
+        if (is_base(st)) {
+            t->opened = now;
+            return t;
+        }
+        untrack(t);                     /* written since: private now */
+    } else if (is_base(st)) {
+        stats.full++;                   /* waits for the next walk */
+    }
+    return NULL;
 }
 
 /* Bytes of the file's pages in the page cache */
@@ -101,73 +170,228 @@ static uint64_t cached_bytes(int fd, off_t size)
     unsigned char *vec;
     uint64_t n = 0;
     void *map;
-    size_t i;
 
     map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
-    pass.syscalls++;
+    stats.syscalls++;
+    stats.mincores++;
     if (map == MAP_FAILED) {
         return 0;
     }
     vec = malloc(pages);
     if (vec && mincore(map, size, vec) == 0) {
-        for (i = 0; i < pages; i++) {
+        for (size_t i = 0; i < pages; i++) {
             n += vec[i] & 1;
         }
     }
-    pass.syscalls += 2;                 /* mincore, munmap */
+    stats.syscalls += 2;                /* mincore, munmap */
     free(vec);
     munmap(map, size);
     return n * page_size;
 }
 
+/* Drop what has stayed past the grace period; forget what went quiet */
+static void pass(void)
+{
+    for (uint32_t i = 0; i < TABLE_SIZE; i++) {
+        Tracked *t = &table[i];
+        struct stat st;
+        uint64_t bytes;
+
+        if (t->fd < 0 || now - t->since < opt.grace) {
+            continue;
+        }
+        stats.syscalls++;
+        if (fstat(t->fd, &st) < 0 || !is_base(&st)) {
+            untrack(t);
+            i--;                        /* the slot may hold a moved one */
+            continue;
+        }
+        bytes = cached_bytes(t->fd, st.st_size);
+        if (bytes) {
+            posix_fadvise(t->fd, 0, 0, POSIX_FADV_DONTNEED);
+            stats.syscalls++;
+            stats.drops++;
+            stats.dropped_bytes += bytes;
+            t->since = now;             /* what is read again gets its own */
+        } else if (now - t->opened >= opt.linger) {
+            untrack(t);
+            i--;
+        }
+    }
+}
+
 static int visit(const char *path, const struct stat *st, int flag,
                  struct FTW *ftw)
 {
-    struct seen *s;
-    uint64_t bytes;
+    Tracked *t;
     int fd;
 
     (void)ftw;
     if (stopping) {
         return 1;
     }
-    if (flag != FTW_F || !S_ISREG(st->st_mode) || st->st_size == 0) {
+    if (flag != FTW_F || !is_base(st)) {
         return 0;
     }
-    pass.files++;
-    if (st->st_mtime >= boot_time || st->st_ctime >= boot_time) {
-        return 0;                       /* private: written since boot */
+    stats.walked_files++;
+    t = slot(st->st_dev, st->st_ino);
+    if (t && t->fd >= 0) {
+        return 0;                       /* tracked: the pass sees to it */
     }
     fd = open(path, O_RDONLY | O_NOATIME | O_CLOEXEC | O_NOFOLLOW);
-    pass.syscalls++;
-    if (fd < 0 && errno == EPERM) {
+    stats.syscalls++;
+    if (fd < 0 && errno == EPERM) {     /* O_NOATIME on another's file */
         fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        pass.syscalls++;
+        stats.syscalls++;
     }
     if (fd < 0) {
         return 0;
     }
-    bytes = cached_bytes(fd, st->st_size);
-    if (bytes == 0) {
-        s = lookup(st->st_dev, st->st_ino, 0);
-        if (s) {
-            s->since = pass_start;      /* re-armed when read again */
+    if (cached_bytes(fd, st->st_size)) {
+        t = offer(fd, st);
+        if (t) {
+            /* Cached before we looked: its grace period is long over */
+            t->since = now - opt.grace;
         }
     } else {
-        pass.base_cached++;
-        pass.cached_bytes += bytes;
-        s = lookup(st->st_dev, st->st_ino, 1);
-        if (s && pass_start - s->since >= grace) {
-            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-            pass.syscalls++;
-            pass.dropped_files++;
-            pass.dropped_bytes += bytes;
-            s->since = pass_start;
+        close(fd);
+        stats.syscalls++;
+    }
+    return 0;
+}
+
+static int walk(void)
+{
+    stats.walks++;
+    if (nftw(opt.root, visit, 32, FTW_PHYS | FTW_MOUNT) < 0) {
+        fprintf(stderr, "vmar-guest: walking %s: %s\n", opt.root,
+                strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * The mark covers the whole filesystem; with a --root below its top, keep
+ * only the files under it (one readlink per event).
+ */
+static bool under_root(int fd)
+{
+    char link[64], path[4096];
+    size_t n = strlen(opt.root);
+    ssize_t len;
+
+    if (!strcmp(opt.root, "/")) {
+        return true;
+    }
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    len = readlink(link, path, sizeof(path) - 1);
+    stats.syscalls++;
+    if (len < 0) {
+        return false;
+    }
+    path[len] = 0;
+    return !strncmp(path, opt.root, n) && path[n] == '/';
+}
+
+/* Read all pending fanotify events; returns -1 on a fatal error */
+static int drain(int fan)
+{
+    char buf[8192] __attribute__((aligned(__alignof__(
+        struct fanotify_event_metadata))));
+
+    for (;;) {
+        const struct fanotify_event_metadata *ev;
+        ssize_t len = read(fan, buf, sizeof(buf));
+
+        stats.syscalls++;
+        if (len < 0) {
+            return errno == EAGAIN || errno == EINTR ? 0 : -1;
+        }
+        now = time(NULL);
+        for (ev = (void *)buf; FAN_EVENT_OK(ev, len);
+             ev = FAN_EVENT_NEXT(ev, len)) {
+            struct stat st;
+
+            if (ev->vers != FANOTIFY_METADATA_VERSION) {
+                errno = EPROTO;
+                return -1;
+            }
+            if (ev->fd < 0) {           /* FAN_Q_OVERFLOW: the walk */
+                continue;               /* catches what we missed */
+            }
+            stats.events++;
+            stats.syscalls++;
+            if (fstat(ev->fd, &st) < 0 || !under_root(ev->fd)) {
+                close(ev->fd);
+                continue;
+            }
+            offer(ev->fd, &st);
         }
     }
-    close(fd);
-    pass.syscalls++;
-    return 0;
+}
+
+/* Until the next pass: take events as they come, or just sleep */
+static int wait_events(int fan)
+{
+    struct timespec t, end;
+
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += opt.interval;
+    for (;;) {
+        struct pollfd p = { fan, POLLIN, 0 };
+        long ms;
+
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        ms = (end.tv_sec - t.tv_sec) * 1000 +
+            (end.tv_nsec - t.tv_nsec) / 1000000;
+        if (ms <= 0 || stopping) {
+            return 0;
+        }
+        if (fan < 0) {
+            sleep((ms + 999) / 1000);
+            continue;
+        }
+        stats.syscalls++;
+        if (poll(&p, 1, ms) > 0) {
+            if (drain(fan) < 0) {
+                return -1;
+            }
+            /* Let events batch up: one wakeup per BATCH_MS at most */
+            nanosleep(&(struct timespec){ 0, BATCH_MS * 1000000L }, NULL);
+        }
+    }
+}
+
+/* The host's word on this server: SMBIOS OEM string vmar:guest_cache= */
+static bool host_says_private(void)
+{
+    for (int n = 0; n < 16; n++) {
+        unsigned char raw[4096];
+        char path[64];
+        size_t len, i;
+        FILE *f;
+
+        snprintf(path, sizeof(path), DMI_OEM, n);
+        f = fopen(path, "rb");
+        if (!f) {
+            break;
+        }
+        len = fread(raw, 1, sizeof(raw) - 1, f);
+        fclose(f);
+        if (len < 5 || raw[0] != 11 || raw[1] >= len) {
+            continue;
+        }
+        raw[len] = 0;
+        /* Strings follow the formatted area, each NUL-terminated */
+        for (i = raw[1]; i < len && raw[i]; i += strlen((char *)raw + i) + 1) {
+            const char *s = (const char *)raw + i;
+            if (!strncmp(s, OEM_KEY, strlen(OEM_KEY))) {
+                return !strcmp(s + strlen(OEM_KEY), "private");
+            }
+        }
+    }
+    return false;
 }
 
 static time_t read_boot_time(void)
@@ -188,99 +412,150 @@ static time_t read_boot_time(void)
     return (time_t)t;
 }
 
-static double cpu_seconds(void)
-{
-    struct rusage ru;
-
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec
-        + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
-static void write_status(const char *path, double cpu, double wall)
+static void write_status(void)
 {
     char tmp[4096];
+    struct rusage ru;
     FILE *f;
 
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    getrusage(RUSAGE_SELF, &ru);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", opt.status);
     f = fopen(tmp, "w");
     if (!f) {
         return;
     }
-    fprintf(f, "files=%" PRIu64 " base_cached_files=%" PRIu64
-            " base_cached_bytes=%" PRIu64 " dropped_files=%" PRIu64
-            " dropped_bytes=%" PRIu64 " syscalls=%" PRIu64
-            " cpu_s=%.3f wall_s=%.3f\n", pass.files, pass.base_cached,
-            pass.cached_bytes, pass.dropped_files, pass.dropped_bytes,
-            pass.syscalls, cpu, wall);
+    fprintf(f, "tracked=%u events=%" PRIu64 " walks=%" PRIu64
+            " walked_files=%" PRIu64 " drops=%" PRIu64
+            " dropped_bytes=%" PRIu64 " mincores=%" PRIu64
+            " syscalls=%" PRIu64 " table_full=%" PRIu64
+            " cpu_user_s=%ld.%06ld cpu_sys_s=%ld.%06ld\n",
+            tracked, stats.events, stats.walks, stats.walked_files,
+            stats.drops, stats.dropped_bytes, stats.mincores,
+            stats.syscalls, stats.full,
+            (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
+            (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec);
     fclose(f);
-    rename(tmp, path);
+    rename(tmp, opt.status);
 }
 
-int main(int argc, char **argv)
+static int usage(const char *argv0)
 {
-    static const struct option opts[] = {
+    fprintf(stderr, "usage: %s [--mode auto|private] [--root DIR] "
+            "[--interval S] [--grace S] [--linger S] [--rescan S] "
+            "[--once] [--status FILE] [--boot-time EPOCH]\n", argv0);
+    return 2;
+}
+
+static int parse_options(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"mode", required_argument, NULL, 'm'},
         {"root", required_argument, NULL, 'r'},
         {"interval", required_argument, NULL, 'i'},
         {"grace", required_argument, NULL, 'g'},
+        {"linger", required_argument, NULL, 'l'},
+        {"rescan", required_argument, NULL, 'R'},
         {"once", no_argument, NULL, 'o'},
         {"status", required_argument, NULL, 's'},
         {"boot-time", required_argument, NULL, 'b'},
         {NULL, 0, NULL, 0},
     };
-    const char *root = "/", *status = "/run/vmar-guest.status";
-    long interval = 10;
-    int once = 0, c;
+    int c;
 
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
-        case 'r': root = optarg; break;
-        case 'i': interval = atol(optarg); break;
-        case 'g': grace = atol(optarg); break;
-        case 'o': once = 1; break;
-        case 's': status = optarg; break;
-        case 'b': boot_time = (time_t)atoll(optarg); break;
-        default:
-            fprintf(stderr, "usage: %s [--root DIR] [--interval S] "
-                    "[--grace S] [--once] [--status FILE] "
-                    "[--boot-time EPOCH]\n", argv[0]);
-            return 2;
+        case 'm': opt.mode = optarg; break;
+        case 'r': opt.root = optarg; break;
+        case 'i': opt.interval = atol(optarg); break;
+        case 'g': opt.grace = atol(optarg); break;
+        case 'l': opt.linger = atol(optarg); break;
+        case 'R': opt.rescan = atol(optarg); break;
+        case 'o': opt.once = true; break;
+        case 's': opt.status = optarg; break;
+        case 'b': opt.boot_time = (time_t)atoll(optarg); break;
+        default: return usage(argv[0]);
         }
     }
-    if (interval < 1 || grace < 0) {
-        fprintf(stderr, "vmar-guest: --interval must be >= 1, --grace "
-                ">= 0\n");
+    if (optind != argc || opt.interval < 1 || opt.grace < 0 ||
+        opt.linger < opt.grace || opt.rescan < 0 ||
+        (strcmp(opt.mode, "auto") && strcmp(opt.mode, "private"))) {
+        return usage(argv[0]);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct rlimit nofile = { TABLE_SIZE + 256, TABLE_SIZE + 256 };
+    time_t last_walk;
+    int fan = -1;
+
+    if (parse_options(argc, argv)) {
         return 2;
     }
-    page_size = sysconf(_SC_PAGESIZE);
-    if (!boot_time) {
-        boot_time = read_boot_time();
+    if (!strcmp(opt.mode, "auto") && !host_says_private()) {
+        printf("vmar-guest: the host did not ask for guest-private caching "
+               "(no %sprivate SMBIOS OEM string); nothing to do\n", OEM_KEY);
+        return 0;
     }
-    if (!boot_time) {
+    page_size = sysconf(_SC_PAGESIZE);
+    if (!opt.boot_time) {
+        opt.boot_time = read_boot_time();
+    }
+    if (!opt.boot_time) {
         fprintf(stderr, "vmar-guest: no boot time in /proc/stat\n");
         return 1;
     }
+    for (uint32_t i = 0; i < TABLE_SIZE; i++) {
+        table[i].fd = -1;
+    }
+    setrlimit(RLIMIT_NOFILE, &nofile);
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
-    while (!stopping) {
-        struct timespec t0, t1;
-        double cpu0 = cpu_seconds();
 
-        memset(&pass, 0, sizeof(pass));
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        pass_start = time(NULL);
-        if (nftw(root, visit, 64, FTW_PHYS | FTW_MOUNT) < 0) {
-            fprintf(stderr, "vmar-guest: walking %s: %s\n", root,
-                    strerror(errno));
-            return 1;
+    if (!opt.once) {
+        fan = fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK,
+                            O_RDONLY | O_LARGEFILE | O_CLOEXEC | O_NOATIME);
+        if (fan < 0 ||
+            fanotify_mark(fan, FAN_MARK_ADD | FAN_MARK_FILESYSTEM, FAN_OPEN,
+                          AT_FDCWD, opt.root) < 0) {
+            fprintf(stderr, "vmar-guest: fanotify on %s: %s; walking every "
+                    "%ld s instead\n", opt.root, strerror(errno),
+                    opt.interval);
+            if (fan >= 0) {
+                close(fan);
+            }
+            fan = -1;
         }
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        write_status(status, cpu_seconds() - cpu0,
-                     (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
-        if (once) {
+    }
+    printf("vmar-guest: guest-private caching of %s: grace %ld s, "
+           "%s\n", opt.root, opt.grace,
+           fan >= 0 ? "fanotify" : "walks only");
+    fflush(stdout);
+
+    now = time(NULL);
+    if (walk() < 0) {
+        return 1;
+    }
+    last_walk = now;
+    while (!stopping) {
+        now = time(NULL);
+        pass();
+        write_status();
+        if (opt.once) {
             break;
         }
-        sleep(interval);
+        if (wait_events(fan) < 0) {
+            fprintf(stderr, "vmar-guest: fanotify: %s\n", strerror(errno));
+            return 1;
+        }
+        now = time(NULL);
+        if (fan < 0 || (opt.rescan && now - last_walk >= opt.rescan)) {
+            if (walk() < 0) {
+                return 1;
+            }
+            last_walk = now;
+        }
     }
     return 0;
 }

@@ -190,7 +190,7 @@ class TestGuestCache(BackendTestCase):
 
     NS = {'vmar': 'https://opendev.org/x/vmar-openstack/guest/1.0'}
 
-    def guest_config(self, specs):
+    def guest_config(self, specs, inst=None):
         """The domain XML of the hooks' D._get_guest_config.
 
         It wraps a stand-in for Nova's own (a test double of Nova, which
@@ -203,6 +203,9 @@ class TestGuestCache(BackendTestCase):
             guest.name, guest.uuid = 'instance-1', inst.uuid
             guest.memory, guest.vcpus = 512 * 1024, 1
             libvirt_driver.LibvirtDriver._guest_add_memory_balloon(guest)
+            guest.sysinfo = vconfig.LibvirtConfigGuestSysinfo()
+            guest.sysinfo.system_serial = inst.uuid
+            guest.os_smbios = vconfig.LibvirtConfigGuestSMBIOS()
             return guest
         hooks.unregister()
         self.cfg.config(mem_stats_period_seconds=0, virt_type='qemu',
@@ -212,7 +215,8 @@ class TestGuestCache(BackendTestCase):
             hooks.register()
             try:
                 guest = libvirt_driver.LibvirtDriver._get_guest_config(
-                    mock.sentinel.driver, instance(specs), None, None, None)
+                    mock.sentinel.driver, inst or instance(specs), None, None,
+                    None)
             finally:
                 hooks.unregister()      # before the stand-in goes
         hooks.register()
@@ -224,16 +228,26 @@ class TestGuestCache(BackendTestCase):
         (balloon,) = xml.findall('./devices/memballoon')
         self.assertEqual(('virtio', 'on'), (balloon.get('model'),
                                             balloon.get('freePageReporting')))
+        self.assertEqual(['vmar:guest_cache=private'], [
+            e.text for e in xml.findall('./sysinfo/oemStrings/entry')])
+        self.assertEqual('sysinfo', xml.find('./os/smbios').get('mode'))
         meta = xml.find('./metadata/vmar:guest', self.NS)
         self.assertEqual(
             {'host-cache': 'base', 'guest-cache': 'private',
              'free-page-reporting': 'on'},
             {e.tag.split('}')[1]: e.text for e in meta})
 
+    def test_private_keeps_novas_sysinfo(self):
+        inst = instance(dict(VMAR, **{'vmar:guest_cache': 'private'}))
+        xml = self.guest_config(None, inst)
+        (serial,) = xml.findall('./sysinfo/system/entry[@name="serial"]')
+        self.assertEqual(inst.uuid, serial.text)
+
     def test_default_keeps_novas_balloon(self):
         xml = self.guest_config(VMAR)
         (balloon,) = xml.findall('./devices/memballoon')
         self.assertEqual('none', balloon.get('model'))
+        self.assertIsNone(xml.find('./sysinfo/oemStrings'))
         meta = xml.find('./metadata/vmar:guest', self.NS)
         self.assertEqual('default', meta.find('vmar:guest-cache',
                                               self.NS).text)

@@ -10,16 +10,41 @@ server gets:
   only while ``[libvirt] mem_stats_period_seconds`` is above 0, and a
   ``model='none'`` balloon otherwise; a guest-private server always gets a
   virtio one;
+* the SMBIOS OEM string ``vmar:guest_cache=private`` (type 11, in the
+  domain's ``<sysinfo>``): the guest component, ``vmar-guest``, reads it
+  and does nothing on a server without it, so images can carry it whatever
+  flavor boots them;
 * a record of what it was given, in the domain XML's metadata
   (``<vmar:guest>`` in :data:`NAMESPACE`), built with Nova's own config
   classes like the rest of the domain.
 """
 
+from lxml import etree
 from nova.virt.libvirt import config as vconfig
 
 NAMESPACE = 'https://opendev.org/x/vmar-openstack/guest/1.0'
 PRIVATE, DEFAULT = 'private', 'default'
 MODES = (PRIVATE, DEFAULT)
+# What the guest component looks for (guest/vmar-guest.c: OEM_KEY)
+OEM_STRING = 'vmar:guest_cache=' + PRIVATE
+
+
+class VmarSysinfo(vconfig.LibvirtConfigGuestSysinfo):
+    """Nova's ``<sysinfo type='smbios'>`` with ``<oemStrings>`` added."""
+
+    def __init__(self, base=None, **kwargs):
+        super().__init__(**kwargs)
+        if base is not None:
+            self.__dict__.update(vars(base))
+        self.oem_strings = []
+
+    def format_dom(self):
+        root = super().format_dom()
+        if self.oem_strings:
+            oem = etree.SubElement(root, 'oemStrings')
+            for value in self.oem_strings:
+                oem.append(self._text_node('entry', value))
+        return root
 
 
 class VmarGuestMetadata(vconfig.LibvirtConfigObject):
@@ -65,6 +90,11 @@ def apply(guest, policy):
         # autodeflate='on'; the model is what it leaves out when
         # [libvirt] mem_stats_period_seconds is 0
         balloon.model = 'virtio'
+        sysinfo = VmarSysinfo(guest.sysinfo)
+        sysinfo.oem_strings.append(OEM_STRING)
+        guest.sysinfo = sysinfo
+        if guest.os_smbios is None:
+            guest.os_smbios = vconfig.LibvirtConfigGuestSMBIOS()
     meta = VmarGuestMetadata()
     meta.host_cache = policy.get('host_cache')
     meta.guest_cache = policy.get('guest_cache', DEFAULT)
