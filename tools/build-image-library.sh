@@ -17,6 +17,10 @@
 # console=ttyS0,115200n8".  A oneshot unit, vmar-booted.service, prints
 # "VMAR-BOOTED <name> <seconds since kernel start>" on /dev/ttyS0 once
 # multi-user.target is reached (tools/boot_image.py waits for it).
+# Every image also carries vmar-guest (vmar_openstack/guest/, enabled; it
+# does nothing unless the host asks for guest-private caching) and the
+# test probe tools/vmar-test-probe (runs only when the host's SMBIOS OEM
+# strings ask).
 #
 #   minbase     debootstrap --variant=minbase (+ the boot packages)
 #   python3     minbase + python3
@@ -83,6 +87,13 @@ declare -A IMAGE_INCLUDES=(
 
 SCRIPT_PATH=$(readlink -f "${BASH_SOURCE[0]}")
 readonly SCRIPT_PATH
+REPO_DIR=$(dirname "$(dirname "$SCRIPT_PATH")")
+# Baked into every image: the guest component (product) and the test
+# probe (test scaffolding), with the files that make them.
+GUEST_DIR=$REPO_DIR/vmar_openstack/guest
+GUEST_SOURCES=("$GUEST_DIR/vmar-guest.c" "$GUEST_DIR/vmar-guest.service"
+    "$REPO_DIR/tools/vmar-test-probe")
+readonly REPO_DIR GUEST_DIR GUEST_SOURCES
 
 DEFAULT_LIBRARY=/var/cache/vmar-openstack/images
 IMAGE_MIB=${VMAR_IMAGE_MIB:-1024}
@@ -217,6 +228,8 @@ image_key() {
             fdisk dosfstools mtools syslinux syslinux-common
         printf 'mke2fs.conf %s\n' \
             "$(sha256sum < /etc/mke2fs.conf | cut -d' ' -f1)"
+        sha256sum "${GUEST_SOURCES[@]}" | cut -d' ' -f1
+        dpkg-query -W -f='${Package} ${Version}\n' gcc libc6-dev
     } | sha256sum | cut -d' ' -f1
 }
 
@@ -377,6 +390,45 @@ EOF
         "$root/etc/systemd/system/multi-user.target.wants/vmar-booted.service"
 }
 
+# vmar-guest (vmar_openstack/guest/), enabled: it does nothing unless the
+# host asks for guest-private caching, so every image of the library
+# carries it (image property vmar_guest=1). Built here against the same
+# Debian release.
+install_guest_component() {
+    local root=$1
+    mkdir -p "$root/usr/local/sbin" \
+        "$root/etc/systemd/system/multi-user.target.wants"
+    cc -O2 -s -Wall -Werror "-ffile-prefix-map=$REPO_DIR/=" \
+        -o "$root/usr/local/sbin/vmar-guest" "$GUEST_DIR/vmar-guest.c" ||
+        die "cannot build vmar-guest"
+    install -m 0644 "$GUEST_DIR/vmar-guest.service" \
+        "$root/etc/systemd/system/vmar-guest.service"
+    ln -sfn ../vmar-guest.service \
+        "$root/etc/systemd/system/multi-user.target.wants/vmar-guest.service"
+}
+
+# The test probe (tools/vmar-test-probe): runs after the marker, does
+# nothing unless the host's SMBIOS OEM strings ask for it.
+install_test_probe() {
+    local root=$1
+    install -m 0755 "$REPO_DIR/tools/vmar-test-probe" \
+        "$root/usr/local/sbin/vmar-test-probe"
+    cat > "$root/etc/systemd/system/vmar-test-probe.service" <<'EOF'
+[Unit]
+Description=vmar-openstack test probe (asked for by SMBIOS OEM strings)
+After=vmar-booted.service vmar-guest.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/vmar-test-probe
+
+[Install]
+WantedBy=multi-user.target
+EOF
+    ln -sfn ../vmar-test-probe.service \
+        "$root/etc/systemd/system/multi-user.target.wants/vmar-test-probe.service"
+}
+
 # MariaDB's system tables, made on the first boot instead of at build
 # time (normalise_tree removes them), with the postinst's own command.
 install_mariadb_firstboot() {
@@ -433,6 +485,8 @@ UUID=$uuid / ext4 errors=remount-ro 0 1
 UUID=$(boot_volid_dashed "$name") /boot vfat defaults,nofail 0 2
 EOF
     install_marker_unit "$root" "$name"
+    install_guest_component "$root"
+    install_test_probe "$root"
     if [ -f "$root/lib/systemd/system/mariadb.service" ]; then
         install_mariadb_firstboot "$root"
     fi

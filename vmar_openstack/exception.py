@@ -108,3 +108,7 @@ class ImageUnusable(VmarException):
 
 class CommandError(VmarException):
     """A console command was given something it cannot act on."""
+
+
+class GuestUserDataError(VmarException):
+    message = 'cannot make vmar-guest user-data: %(reason)s'

@@ -26,10 +26,11 @@ objects.register_all()
 SOCK = '/run/vmar/nbd.sock'
 
 
-def instance(specs=None, image_ref=None):
+def instance(specs=None, image_ref=None, sysmeta=None):
     flavor = objects.Flavor(name='m1.vmar', root_gb=1, extra_specs=specs or {})
     return objects.Instance(uuid=str(uuid.uuid4()), flavor=flavor,
-                            image_ref=image_ref or str(uuid.uuid4()))
+                            image_ref=image_ref or str(uuid.uuid4()),
+                            system_metadata=sysmeta or {})
 
 
 VMAR = {'vmar:enabled': 'true'}
@@ -223,8 +224,9 @@ class TestGuestCache(BackendTestCase):
         return etree.fromstring(guest.to_xml())
 
     def test_private_gets_a_reporting_virtio_balloon_and_says_so(self):
-        xml = self.guest_config(dict(VMAR, **{'vmar:guest_cache':
-                                              'private'}))
+        inst = instance(dict(VMAR, **{'vmar:guest_cache': 'private'}),
+                        sysmeta={'image_vmar_guest': '1'})
+        xml = self.guest_config(None, inst)
         (balloon,) = xml.findall('./devices/memballoon')
         self.assertEqual(('virtio', 'on'), (balloon.get('model'),
                                             balloon.get('freePageReporting')))
@@ -234,7 +236,7 @@ class TestGuestCache(BackendTestCase):
         meta = xml.find('./metadata/vmar:guest', self.NS)
         self.assertEqual(
             {'host-cache': 'base', 'guest-cache': 'private',
-             'free-page-reporting': 'on'},
+             'free-page-reporting': 'on', 'guest-component': 'image'},
             {e.tag.split('}')[1]: e.text for e in meta})
 
     def test_private_keeps_novas_sysinfo(self):
@@ -242,6 +244,16 @@ class TestGuestCache(BackendTestCase):
         xml = self.guest_config(None, inst)
         (serial,) = xml.findall('./sysinfo/system/entry[@name="serial"]')
         self.assertEqual(inst.uuid, serial.text)
+
+    def test_private_without_the_component_is_logged(self):
+        logs = self.useFixture(fixtures.FakeLogger())
+        inst = instance(dict(VMAR, **{'vmar:guest_cache': 'private'}))
+        xml = self.guest_config(None, inst)
+        meta = xml.find('./metadata/vmar:guest', self.NS)
+        self.assertEqual('unknown', meta.find('vmar:guest-component',
+                                              self.NS).text)
+        self.assertIn('does not carry vmar-guest', logs.output)
+        self.assertIn(inst.uuid, logs.output)
 
     def test_default_keeps_novas_balloon(self):
         xml = self.guest_config(VMAR)

@@ -14,6 +14,10 @@ server gets:
   domain's ``<sysinfo>``): the guest component, ``vmar-guest``, reads it
   and does nothing on a server without it, so images can carry it whatever
   flavor boots them;
+* a warning in the compute log when the image does not say it carries
+  the component (image property :data:`IMAGE_PROPERTY`): the guest then
+  keeps its cache as before, unless user-data delivered the component
+  (``vmar-guest-userdata``);
 * a record of what it was given, in the domain XML's metadata
   (``<vmar:guest>`` in :data:`NAMESPACE`), built with Nova's own config
   classes like the rest of the domain.
@@ -21,12 +25,19 @@ server gets:
 
 from lxml import etree
 from nova.virt.libvirt import config as vconfig
+from oslo_log import log as logging
 
 NAMESPACE = 'https://opendev.org/x/vmar-openstack/guest/1.0'
 PRIVATE, DEFAULT = 'private', 'default'
 MODES = (PRIVATE, DEFAULT)
 # What the guest component looks for (guest/vmar-guest.c: OEM_KEY)
 OEM_STRING = 'vmar:guest_cache=' + PRIVATE
+# The image property that says an image carries vmar-guest ('1'), and how
+# Nova keeps image properties in an instance's system metadata
+IMAGE_PROPERTY = 'vmar_guest'
+_SYSMETA_KEY = 'image_' + IMAGE_PROPERTY
+
+LOG = logging.getLogger(__name__)
 
 
 class VmarSysinfo(vconfig.LibvirtConfigGuestSysinfo):
@@ -56,10 +67,12 @@ class VmarGuestMetadata(vconfig.LibvirtConfigObject):
         self.host_cache = None
         self.guest_cache = None
         self.free_page_reporting = None
+        self.guest_component = None
 
     def format_dom(self):
         root = super().format_dom()
-        for name in ('host_cache', 'guest_cache', 'free_page_reporting'):
+        for name in ('host_cache', 'guest_cache', 'free_page_reporting',
+                     'guest_component'):
             value = getattr(self, name)
             if value is not None:
                 root.append(self._text_node(name.replace('_', '-'),
@@ -74,13 +87,25 @@ def _balloon(guest):
     return None
 
 
-def apply(guest, policy):
+def image_carries_component(instance):
+    """Whether the instance's image says it carries vmar-guest."""
+    return (instance.system_metadata or {}).get(_SYSMETA_KEY) == '1'
+
+
+def apply(guest, policy, instance):
     """Give a guest config (LibvirtConfigGuest) what ``policy`` asks.
 
     ``policy`` is the flavor's (:func:`..image.flavor_policy`). Returns the
     metadata record added.
     """
     private = policy.get('guest_cache') == PRIVATE
+    carries = image_carries_component(instance)
+    if private and not carries:
+        LOG.warning('Instance %s is guest-private but its image %s does not '
+                    'carry vmar-guest (image property %s=1): the guest '
+                    'keeps base data in its cache unless its user-data '
+                    'installs the component (vmar-guest-userdata).',
+                    instance.uuid, instance.image_ref, IMAGE_PROPERTY)
     if private:
         balloon = _balloon(guest)
         if balloon is None:
@@ -99,5 +124,7 @@ def apply(guest, policy):
     meta.host_cache = policy.get('host_cache')
     meta.guest_cache = policy.get('guest_cache', DEFAULT)
     meta.free_page_reporting = 'on' if private else None
+    if private:
+        meta.guest_component = 'image' if carries else 'unknown'
     guest.metadata.append(meta)
     return meta

@@ -106,7 +106,7 @@ def register():
         guest = original(self, instance, *args, **kwargs)
         policy = vimage.instance_policy(instance)
         if policy is not None:
-            guest_cache.apply(guest, policy)
+            guest_cache.apply(guest, policy, instance)
         return guest
 
     @_wrap(D, 'delete_instance_files')

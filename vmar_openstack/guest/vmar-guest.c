@@ -85,7 +85,7 @@ static long page_size;
 static time_t now;
 
 static struct {
-    uint64_t events, walks, walked_files, drops, dropped_bytes,
+    uint64_t passes, events, walks, walked_files, drops, dropped_bytes,
              mincores, syscalls, full;
 } stats;
 
@@ -192,6 +192,7 @@ static uint64_t cached_bytes(int fd, off_t size)
 /* Drop what has stayed past the grace period; forget what went quiet */
 static void pass(void)
 {
+    stats.passes++;
     for (uint32_t i = 0; i < TABLE_SIZE; i++) {
         Tracked *t = &table[i];
         struct stat st;
@@ -424,12 +425,14 @@ static void write_status(void)
     if (!f) {
         return;
     }
-    fprintf(f, "tracked=%u events=%" PRIu64 " walks=%" PRIu64
+    fprintf(f, "passes=%" PRIu64 " tracked=%u events=%" PRIu64
+            " walks=%" PRIu64
             " walked_files=%" PRIu64 " drops=%" PRIu64
             " dropped_bytes=%" PRIu64 " mincores=%" PRIu64
             " syscalls=%" PRIu64 " table_full=%" PRIu64
             " cpu_user_s=%ld.%06ld cpu_sys_s=%ld.%06ld\n",
-            tracked, stats.events, stats.walks, stats.walked_files,
+            stats.passes, tracked, stats.events, stats.walks,
+            stats.walked_files,
             stats.drops, stats.dropped_bytes, stats.mincores,
             stats.syscalls, stats.full,
             (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,

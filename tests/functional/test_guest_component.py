@@ -1,0 +1,140 @@
+"""vmar-guest, the guest component, on this machine's real kernel.
+
+The binary is built the way ``vmar-guest-userdata`` and the image library
+build it, and runs on a scratch directory of the root filesystem with
+``--boot-time`` set after the files it calls base were written. fanotify,
+mincore and POSIX_FADV_DONTNEED are the host kernel's (a guest runs the
+same code on its own kernel: tests/functional/test_cloud.py).
+"""
+
+import os
+import subprocess
+import tempfile
+import time
+
+import fixtures
+import testtools
+
+from vmar_openstack.guest import userdata
+from vmar_openstack import pagecache
+
+MIB = 1 << 20
+
+
+class TestVmarGuest(testtools.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp = tempfile.mkdtemp(prefix='vmar-guest-bin.')
+        cls.binary = os.path.join(cls.tmp, 'vmar-guest')
+        with open(cls.binary, 'wb') as f:
+            f.write(userdata.build())
+        os.chmod(cls.binary, 0o755)
+
+    @classmethod
+    def tearDownClass(cls):
+        os.unlink(cls.binary)
+        os.rmdir(cls.tmp)
+        super().tearDownClass()
+
+    def setUp(self):
+        super().setUp()
+        # on the root filesystem (ext4 here), as in a guest
+        self.dir = self.useFixture(fixtures.TempDir(rootdir='/var/tmp')).path
+
+    def write(self, name, size, future_mtime=False):
+        path = os.path.join(self.dir, name)
+        with open(path, 'wb') as f:
+            f.write(os.urandom(size))
+            f.flush()
+            os.fsync(f.fileno())        # DONTNEED leaves dirty pages
+        if future_mtime:                # "written after boot"
+            t = time.time() + 3600
+            os.utime(path, (t, t))
+        return path
+
+    def read(self, *paths):
+        for path in paths:
+            with open(path, 'rb') as f:
+                while f.read(MIB):
+                    pass
+
+    def start(self, *args):
+        status = os.path.join(self.dir, 'status')
+        boot = int(time.time()) + 2     # files so far are "before boot"
+        proc = subprocess.Popen(
+            [self.binary, '--mode', 'private', '--root', self.dir,
+             '--grace', '1', '--interval', '1', '--status', status,
+             '--boot-time', str(boot), *args],
+            stdout=subprocess.PIPE, text=True)
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.terminate)
+        self.assertIn('fanotify', proc.stdout.readline())
+        return status
+
+    def wait_for(self, what, probe, timeout=30):
+        deadline = time.monotonic() + timeout
+        while not probe():
+            if time.monotonic() > deadline:
+                self.fail('timed out waiting for %s' % what)
+            time.sleep(0.2)
+
+    def status(self, path):
+        """The counters of the last pass (all 0 before the first)."""
+        try:
+            with open(path) as f:
+                text = f.read()
+        except FileNotFoundError:
+            text = ''
+        return {k: float(v) for k, v in
+                (kv.split('=') for kv in text.split())} or {
+                    'passes': 0, 'events': 0, 'dropped_bytes': 0}
+
+    def test_base_data_goes_private_data_stays(self):
+        base = self.write('base', 8 * MIB)
+        private = self.write('private', 8 * MIB, future_mtime=True)
+        pagecache.evict(base)           # only the read below caches it
+        status = self.start()
+        self.read(base, private)        # opened after start: fanotify
+        self.wait_for('base data dropped', lambda: self.status(status)[
+            'dropped_bytes'] >= 8 * MIB)
+        self.assertEqual(0, pagecache.resident_bytes([base])[base])
+        self.assertEqual(8 * MIB,
+                         pagecache.resident_bytes([private])[private])
+        self.assertGreaterEqual(self.status(status)['events'], 2)
+
+    def test_what_was_cached_before_it_started_goes_too(self):
+        base = self.write('base', 4 * MIB)
+        self.read(base)
+        self.start()
+        self.wait_for('base data dropped', lambda: pagecache.resident_bytes(
+            [base])[base] == 0)
+
+    def test_a_base_file_modified_since_boot_is_private(self):
+        base = self.write('base', 4 * MIB)
+        status = self.start()
+        self.read(base)
+        self.wait_for('its first drop', lambda: self.status(status)[
+            'dropped_bytes'] >= 4 * MIB)
+        t = time.time() + 3600          # modified "after boot"
+        os.utime(base, (t, t))
+        self.read(base)
+        passes = self.status(status)['passes']
+        # grace 1 s, interval 1 s: three passes see it past its grace
+        self.wait_for('three passes', lambda: self.status(status)[
+            'passes'] >= passes + 3)
+        self.assertEqual(4 * MIB, pagecache.resident_bytes([base])[base])
+
+    def test_a_server_the_host_did_not_mark_is_left_alone(self):
+        r = subprocess.run([self.binary], capture_output=True, text=True)
+        self.assertEqual(0, r.returncode, r.stderr)
+        self.assertIn('nothing to do', r.stdout)
+
+    def test_bad_options_are_refused(self):
+        for args in (['--grace', '-1'], ['--mode', 'always'],
+                     ['--interval', '0'], ['stray']):
+            r = subprocess.run([self.binary, *args], capture_output=True,
+                               text=True)
+            self.assertEqual(2, r.returncode, args)
+            self.assertIn('usage:', r.stderr)
