@@ -36,6 +36,9 @@ MARKER = re.compile(r'VMAR-BOOTED (\S+) ([0-9]+\.[0-9]+)')
 BOOT_TIMEOUT = 600       # TCG, two cores, other guests booting
 FLAVOR_VMAR = 'vmar.small'
 FLAVOR_PLAIN = 'plain.small'
+FLAVOR_PRIVATE = 'vmar.private'
+# tools/vmar-test-probe's report on a guest-private server
+PROBE = re.compile(r'VMAR-PROBE ((?:\w+=\d+ ?)+)')
 VMAR_PREFIX = ('vmar-map-',)
 
 
@@ -213,9 +216,10 @@ class UserPath(object):
         """Three images, two with --file and one with --import."""
         for name, how in (('minbase', '--file'), ('python3', '--file'),
                           ('nginx', '--import')):
+            # every image of the library carries vmar-guest
             args = ['image', 'create', '--disk-format', 'raw',
-                    '--container-format', 'bare', '--file',
-                    self.images[name], name]
+                    '--container-format', 'bare', '--property',
+                    'vmar_guest=1', '--file', self.images[name], name]
             if how == '--import':
                 args.insert(2, '--import')
             self.ids[name] = self.os.json(*args)['id']
@@ -237,6 +241,9 @@ class UserPath(object):
         check('vmar:enabled' in specs, 'flavor properties: %s', specs)
         self.os.run('flavor', 'create', '--vcpus', '1', '--ram', '512',
                     '--disk', '2', FLAVOR_PLAIN)
+        self.os.run('flavor', 'create', '--vcpus', '1', '--ram', '512',
+                    '--disk', '2', '--property', 'vmar:enabled=true',
+                    '--property', 'vmar:guest_cache=private', FLAVOR_PRIVATE)
         r = self.os.run('--os-compute-api-version', '2.86', 'flavor', 'set',
                         '--property', 'vmar:bogus=1', FLAVOR_VMAR,
                         check_rc=False)
@@ -335,6 +342,46 @@ class UserPath(object):
               'python3 base holds %d bytes, minbase %d: shared blocks are '
               'cached twice', cached[bases['python3']],
               cached[bases['minbase']])
+
+    def guest_private(self):
+        """A guest-private server keeps its private data, not base data.
+
+        vm-p boots minbase with vmar:guest_cache=private. The image's test
+        probe reads 16 MiB of base files and 8 MiB written after boot,
+        waits for vmar-guest's grace period and reports what the guest's
+        page cache holds of each.
+        """
+        self.create('vm-p', FLAVOR_PRIVATE, 'minbase')
+        self.wait_status('vm-p', 'ACTIVE')
+        self.wait_booted('vm-p', 'minbase')
+        xml = self.virsh('dumpxml', self.domain('vm-p'))
+        check("<entry>vmar:guest_cache=private</entry>" in xml,
+              'vm-p has no vmar:guest_cache OEM string: %s', xml)
+        check(re.search(r"<memballoon model='virtio'[^>]*"
+                        r"freePageReporting='on'", xml),
+              'vm-p has no reporting virtio balloon: %s', xml)
+        check('<vmar:guest-component>image</vmar:guest-component>' in xml,
+              'vm-p metadata does not say the image carries vmar-guest')
+
+        def probe():
+            m = PROBE.search(self.console('vm-p'))
+            return m and {k: int(v) for k, v in
+                          (kv.split('=') for kv in m.group(1).split())}
+        r = self.wait('VMAR-PROBE on vm-p', probe)
+        self.echo('  vm-p: base %(base)d bytes read, %(base_cached_before)d '
+                  'cached after the read, %(base_cached_after)d after %('
+                  'waited)d s; private %(private)d bytes, %(private_cached)d '
+                  'cached' % r)
+        self.figures['guest_private'] = r
+        check(r['base_cached_before'] >= r['base'] // 2,
+              'the probe\'s read did not cache base data: %s', r)
+        check(r['base_cached_after'] <= r['base'] // 20,
+              'vm-p still caches base data: %s', r)
+        check(r['private_cached'] >= r['private'] * 9 // 10,
+              'vm-p dropped its private data: %s', r)
+        check('vmar-guest: the host did not ask' in self.console('vm-a'),
+              'vmar-guest on vm-a (not guest-private) did not stand down')
+        self.os.run('server', 'delete', '--wait', 'vm-p')
 
     def lifecycle(self, name='vm-a', image='minbase'):
         """Every lifecycle operation on a vmar server."""
@@ -543,7 +590,8 @@ class UserPath(object):
                   'Glance, no map or base file on the host or in the '
                   'agent\'s library')
 
-    STEPS = ('upload', 'flavors', 'boot', 'page_cache', 'lifecycle',
+    STEPS = ('upload', 'flavors', 'boot', 'page_cache', 'guest_private',
+             'lifecycle',
              'restart_compute',
              'kill_export_daemon', 'delete_canonical', 'delete_all')
 

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Guest-private caching under host memory pressure, same-run ratios.
+
+The setting of seed 003's Figure 2 ("functional partitioning"), scaled to
+this machine: K guests with little memory (TCG), each booted from its own
+image of the library (minbase, python3, nginx: different images whose
+kernel modules are the same files), each running the library's test
+workload (tools/vmar-test-probe): BASE MiB of base files (kernel modules)
+and PRIVATE MiB written after boot, read in a loop, more than the guest's
+memory. Every QEMU and the export daemon run in one memory cgroup, whose
+limit sets the pressure: the guests' own memory (measured in the first
+configuration once their RAM is touched) plus a host cache budget.
+
+Configurations, each booted and measured in the same run:
+
+ON+ON   qcow2 overlay on the raw image, cache=writeback (libvirt
+        writeback): host and guest both cache everything
+ON+OFF  the same with cache=none (Nova's default without VMAR)
+I       VMAR host-cache-for-base: overlay cache=none on the vmar export;
+        the export daemon caches base data once for all images
+P+I     I with vmar:guest_cache=private: a virtio balloon with free page
+        reporting and the SMBIOS OEM string that starts vmar-guest
+
+Reports per configuration and budget: read throughput per guest (MB/s,
+mean of the guests, from loops that ran wholly inside the measuring
+window), the guests' resident memory on the host (RssAnon: what free page
+reporting gives back), the cgroup's page cache, and vmar-guest's CPU
+time; then each figure as a ratio to ON+ON at the same budget.
+
+The host's memory controller is cgroup v1 here (the machine binds memory
+to v1; doc/source/guest.rst), so the limit is memory.limit_in_bytes.
+
+Needs root, the patched QEMU (qemu/build.sh) and the image library
+(tools/build-image-library.sh). Usage:
+
+    bench_guestcache.py --qemu-prefix DIR --library DIR [--guests 3]
+        [--memory 256] [--base 96] [--private 96] [--budgets 512,160,64]
+        [--settle 20] [--window 60] [--json OUT]
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_export  # noqa: E402
+
+from vmar_openstack import export  # noqa: E402
+from vmar_openstack.export import supervisor  # noqa: E402
+from vmar_openstack import ingest  # noqa: E402
+
+QEMU = '/usr/bin/qemu-system-x86_64'
+QEMU_IMG = '/usr/bin/qemu-img'
+CGROUP = '/sys/fs/cgroup/memory/vmar-bench-guestcache'
+IMAGES = ('minbase', 'python3', 'nginx', 'postgresql', 'apache2',
+          'mariadb')
+CONFIGS = ('ON+ON', 'ON+OFF', 'I', 'P+I')
+LOOP = re.compile(r'VMAR-WORKLOAD-LOOP (\d+) (\d+) (\d+)')
+MARKER = re.compile(r'VMAR-BOOTED ')
+GUEST = re.compile(r'cpu_user_s=([\d.]+) cpu_sys_s=([\d.]+)')
+MiB = 1 << 20
+
+
+def cg_write(name, value):
+    with open(os.path.join(CGROUP, name), 'w') as f:
+        f.write(str(value))
+
+
+def cg_read(name):
+    with open(os.path.join(CGROUP, name)) as f:
+        return f.read()
+
+
+def cg_stat():
+    return {k: int(v) for k, v in
+            (line.split() for line in cg_read('memory.stat').splitlines())}
+
+
+def rss_anon(pid):
+    with open('/proc/%d/status' % pid) as f:
+        for line in f:
+            if line.startswith('RssAnon:'):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class Guest:
+    """One QEMU (TCG) on a qcow2 overlay, its console in a file."""
+
+    def __init__(self, work, name, backing, cache, private, args):
+        self.name = name
+        self.console = os.path.join(work, name + '.console')
+        self.overlay = os.path.join(work, name + '.qcow2')
+        subprocess.run([QEMU_IMG, 'create', '-q', '-f', 'qcow2', '-F', 'raw',
+                        '-b', backing, self.overlay], check=True)
+        workload = 'vmar-test:workload=%d,%d,%d' % (
+            args.seconds, args.base, args.private)
+        cmd = [QEMU, '-machine', 'q35', '-accel', 'tcg,tb-size=64',
+               '-m', str(args.memory), '-smp', '1', '-nographic',
+               '-monitor', 'none', '-no-reboot',
+               '-serial', 'file:%s' % self.console,
+               '-smbios', 'type=11,value=%s' % workload,
+               '-drive', 'file=%s,format=qcow2,if=virtio,cache=%s,'
+               'rerror=stop,werror=stop' % (self.overlay, cache)]
+        if private:
+            cmd += ['-smbios', 'type=11,value=vmar:guest_cache=private',
+                    '-device', 'virtio-balloon-pci,free-page-reporting=on']
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+
+    def text(self):
+        try:
+            with open(self.console, errors='replace') as f:
+                return f.read()
+        except FileNotFoundError:
+            return ''
+
+    def loops(self):
+        """[(loop number, bytes read, its duration in ns)]"""
+        return [tuple(int(x) for x in m.groups())
+                for m in LOOP.finditer(self.text())]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait_for(what, probe, timeout):
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise RuntimeError('timed out after %d s waiting for %s'
+                               % (timeout, what))
+        time.sleep(1)
+
+
+def drop_caches():
+    subprocess.run(['sync'], check=True)
+    with open('/proc/sys/vm/drop_caches', 'w') as f:
+        f.write('3')
+
+
+def measure_window(guests, seconds):
+    """Per guest: MB/s of the loops that ran wholly in the next window."""
+    before = {g.name: len(g.loops()) for g in guests}
+    time.sleep(seconds)
+    out = {}
+    for g in guests:
+        # loops that started after the window opened: the first loop line
+        # after it began ended inside the window but may have started
+        # before, so it is left out
+        new = g.loops()[before[g.name] + 1:]
+        nbytes = sum(b for _n, b, _ns in new)
+        ns = sum(ns for _n, _b, ns in new)
+        out[g.name] = {'loops': len(new), 'bytes': nbytes,
+                       'MB_s': nbytes / (ns / 1e9) / 1e6 if ns else 0.0}
+    return out
+
+
+def run_config(config, args, work, images, host_uris, anon_ref):
+    private = config == 'P+I'
+    vmar = config in ('I', 'P+I')
+    cache = 'writeback' if config == 'ON+ON' else 'none'
+    guests = []
+    try:
+        for i, name in enumerate(images[:args.guests]):
+            backing = host_uris[name] if vmar else args.images[name]
+            guests.append(Guest(work, '%s-%d-%s' % (
+                config.replace('+', ''), i, name), backing, cache, private,
+                args))
+        wait_for('%s: the workload on every guest' % config,
+                 lambda: all(len(g.loops()) >= 1 for g in guests),
+                 args.boot_timeout)
+        time.sleep(args.settle)
+        if anon_ref is None:
+            anon_ref = sum(rss_anon(g.proc.pid) for g in guests)
+        res = {'budgets': {}}
+        for budget in args.budgets:
+            limit = anon_ref + budget * MiB
+            cg_write('memory.limit_in_bytes', limit)
+            time.sleep(args.settle)
+            per = measure_window(guests, args.window)
+            st = cg_stat()
+            res['budgets'][budget] = {
+                'limit': limit,
+                'guests': per,
+                'MB_s': sum(p['MB_s'] for p in per.values()) / len(per),
+                'rss_anon': {g.name: rss_anon(g.proc.pid) for g in guests},
+                'cgroup_cache': st.get('total_cache', st.get('cache')),
+                'failcnt': int(cg_read('memory.failcnt'))}
+            print('  %-6s budget %4d MiB: %6.2f MB/s per guest, guests '
+                  'RssAnon %4d MiB, cgroup cache %4d MiB' % (
+                      config, budget, res['budgets'][budget]['MB_s'],
+                      sum(res['budgets'][budget]['rss_anon'].values())
+                      // MiB,
+                      res['budgets'][budget]['cgroup_cache'] // MiB),
+                  flush=True)
+        cg_write('memory.limit_in_bytes', -1)
+        cpu = [GUEST.findall(g.text()) for g in guests]
+        res['vmar_guest_cpu_s'] = [
+            float(c[-1][0]) + float(c[-1][1]) if c else None for c in cpu]
+        res['elapsed_guest_s'] = args.settle + len(args.budgets) * (
+            args.settle + args.window)
+        return res, anon_ref
+    finally:
+        for g in guests:
+            g.stop()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--qemu-prefix', required=True)
+    p.add_argument('--library', default='/var/cache/vmar-openstack/images')
+    p.add_argument('--guests', type=int, default=3)
+    p.add_argument('--memory', type=int, default=256, help='MiB per guest')
+    p.add_argument('--base', type=int, default=96, help='MiB of base files')
+    p.add_argument('--private', type=int, default=96,
+                   help='MiB of private data per guest')
+    p.add_argument('--budgets', default='512,160,64',
+                   help='host cache budgets in MiB, low pressure first')
+    p.add_argument('--settle', type=int, default=20)
+    p.add_argument('--window', type=int, default=60)
+    p.add_argument('--boot-timeout', type=int, default=900)
+    p.add_argument('--configs', default=','.join(CONFIGS))
+    p.add_argument('--json')
+    args = p.parse_args()
+    args.budgets = [int(b) for b in args.budgets.split(',')]
+    configs = args.configs.split(',')
+    if configs[0] != 'ON+ON' and 'ON+ON' in configs:
+        p.error('ON+ON goes first: its guests measure the memory reference')
+    names = IMAGES[:args.guests]
+    args.images = {n: os.path.join(args.library, n + '.raw') for n in names}
+    args.seconds = 3600 * 4             # the workload runs until stopped
+
+    work = tempfile.mkdtemp(prefix='vmar-bench-guestcache-')
+    os.makedirs(CGROUP, exist_ok=True)
+    cg_write('memory.limit_in_bytes', -1)
+    cg_write('cgroup.procs', os.getpid())    # children inherit it
+    sock = os.path.join(work, 'nbd.sock')
+    conf = bench_export.make_conf(os.path.join(work, 'state'),
+                                  args.qemu_prefix, sock)
+    conf.set_override('map_source_dir', conf.vmar.state_dir, group='vmar')
+    lib = ingest.Library(conf)
+    ids = {}
+    for n in names:
+        ids[n] = str(uuid.uuid4())
+        lib.add(ids[n], args.images[n], visibility='public')
+    svc = export.ExportService(conf)
+    daemon = None
+    results = {}
+    try:
+        drop_caches()
+        daemon = supervisor.Supervisor(svc).start_daemon()
+        svc.restore()
+        uris = {}
+        for n in names:
+            exp = svc.add(ids[n], holder='bench-' + n)
+            uris[n] = svc.uri(exp, 'bench-' + n)
+        anon_ref = None
+        print('%d guests x %d MiB, base %d MiB, private %d MiB; budgets %s '
+              'MiB over the guests\' memory' % (
+                  args.guests, args.memory, args.base, args.private,
+                  args.budgets), flush=True)
+        for config in configs:
+            drop_caches()
+            results[config], anon_ref = run_config(
+                config, args, work, names, uris, anon_ref)
+        results['anon_ref'] = anon_ref
+    finally:
+        if daemon is not None:
+            daemon.kill()
+            daemon.wait()
+        with contextlib.suppress(OSError):
+            cg_write('memory.limit_in_bytes', -1)
+        shutil.rmtree(work, ignore_errors=True)
+    report(results, configs, args)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump({'args': {k: v for k, v in vars(args).items()},
+                       'results': results}, f, indent=1, default=str)
+    return 0
+
+
+def report(results, configs, args):
+    print()
+    print('throughput per guest, ratio to ON+ON at the same budget:')
+    print('%-8s' % 'budget' + ''.join('%18s' % c for c in configs))
+    for b in args.budgets:
+        ref = results.get('ON+ON', {}).get('budgets', {}).get(b, {}).get(
+            'MB_s')
+        row = '%-8s' % ('%d MiB' % b)
+        for c in configs:
+            v = results[c]['budgets'][b]['MB_s']
+            row += '%18s' % ('%.2f (%.2fx)' % (v, v / ref) if ref else
+                             '%.2f' % v)
+        print(row)
+    print('guests\' RssAnon (MiB, sum) at each budget:')
+    for b in args.budgets:
+        print('%-8s' % ('%d MiB' % b) + ''.join(
+            '%18d' % (sum(results[c]['budgets'][b]['rss_anon'].values())
+                      // MiB) for c in configs))
+    if 'P+I' in results:
+        cpu = [c for c in results['P+I']['vmar_guest_cpu_s'] if c]
+        if cpu:
+            print('vmar-guest CPU (P+I): %s s over %d s of workload, %.2f %%'
+                  ' of one guest CPU at most' % (
+                      ', '.join('%.2f' % c for c in cpu),
+                      results['P+I']['elapsed_guest_s'],
+                      100 * max(cpu) / results['P+I']['elapsed_guest_s']))
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+if __name__ == '__main__':
+    signal.signal(signal.SIGTERM, _terminate)
+    sys.exit(main())
