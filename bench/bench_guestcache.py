@@ -108,15 +108,24 @@ class Guest:
                '-m', str(args.memory), '-smp', '1', '-nographic',
                '-monitor', 'none', '-no-reboot',
                '-serial', 'file:%s' % self.console,
-               '-smbios', 'type=11,value=%s' % workload,
+               # QEMU's option syntax doubles a comma inside a value
+               '-smbios', 'type=11,value=%s' % workload.replace(',', ',,'),
                '-drive', 'file=%s,format=qcow2,if=virtio,cache=%s,'
                'rerror=stop,werror=stop' % (self.overlay, cache)]
         if private:
             cmd += ['-smbios', 'type=11,value=vmar:guest_cache=private',
                     '-device', 'virtio-balloon-pci,free-page-reporting=on']
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.log = os.path.join(work, name + '.stderr')
+        with open(self.log, 'wb') as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL,
+                                         stderr=err)
+
+    def check(self):
+        if self.proc.poll() is not None:
+            with open(self.log, errors='replace') as f:
+                raise RuntimeError('QEMU of %s exited with %d: %s' % (
+                    self.name, self.proc.returncode, f.read()[-2000:]))
 
     def text(self):
         try:
@@ -183,8 +192,12 @@ def run_config(config, args, work, images, host_uris, anon_ref):
             guests.append(Guest(work, '%s-%d-%s' % (
                 config.replace('+', ''), i, name), backing, cache, private,
                 args))
-        wait_for('%s: the workload on every guest' % config,
-                 lambda: all(len(g.loops()) >= 1 for g in guests),
+
+        def running():
+            for g in guests:
+                g.check()
+            return all(len(g.loops()) >= 1 for g in guests)
+        wait_for('%s: the workload on every guest' % config, running,
                  args.boot_timeout)
         time.sleep(args.settle)
         if anon_ref is None:

@@ -416,7 +416,10 @@ install_test_probe() {
     cat > "$root/etc/systemd/system/vmar-test-probe.service" <<'EOF'
 [Unit]
 Description=vmar-openstack test probe (asked for by SMBIOS OEM strings)
-After=vmar-booted.service vmar-guest.service
+# after the marker, which is after multi-user.target: without the explicit
+# After=multi-user.target, the target would order itself after this unit
+# (a cycle systemd breaks by dropping the marker)
+After=multi-user.target vmar-booted.service vmar-guest.service
 
 [Service]
 Type=oneshot

@@ -429,11 +429,15 @@ class TestDevstackPlugin(DevstackTestCase):
     def check_flavor(self):
         creates = [c for c in self.record('openstack.log')
                    if 'flavor create' in c]
-        self.assertEqual(1, len(creates), creates)
+        self.assertEqual(2, len(creates), creates)
         args = self.record('flavors/vmar')
         self.assertEqual('vmar', args[-1])
         self.assertIn('vmar:enabled=true',
                       args[args.index('--property') + 1:])
+        args = self.record('flavors/vmar.private')
+        self.assertEqual('vmar.private', args[-1])
+        self.assertIn('vmar:guest_cache=private', args)
+        self.assertIn('vmar:enabled=true', args)
 
     def check_clean(self):
         for path in (self.vmar_conf_dir, self.state_dir, self.sock_dir,
