@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 
+from vmar_openstack.guest import status as guest_status
 from vmar_openstack.guest import userdata
 
 
@@ -43,9 +44,7 @@ def status(path):
         if time.monotonic() > deadline:
             raise RuntimeError('vmar-guest wrote no status')
         time.sleep(0.1)
-    with open(path) as f:
-        return {k: float(v) for k, v in
-                (kv.split('=') for kv in f.read().split())}
+    return guest_status.read(path)
 
 
 def main():
@@ -107,7 +106,7 @@ def main():
         'cpu_us_per_event': cpu / events * 1e6 if events else None,
         'syscalls_per_event': calls / events if events else None,
         'walk_files': walk['walked_files'],
-        'walk_cpu_us_per_file': (walk['cpu_user_s'] + walk['cpu_sys_s'])
+        'walk_cpu_us_per_file': guest_status.cpu_seconds(walk)
         / walk['walked_files'] * 1e6,
         'walk_syscalls_per_file': walk['syscalls'] / walk['walked_files'],
         'walk_dropped_bytes': walk['dropped_bytes'],

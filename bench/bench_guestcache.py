@@ -56,6 +56,7 @@ import bench_export  # noqa: E402
 
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.export import supervisor  # noqa: E402
+from vmar_openstack.guest import status as guest_status  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 
 QEMU = '/usr/bin/qemu-system-x86_64'
@@ -66,7 +67,6 @@ IMAGES = ('minbase', 'python3', 'nginx', 'postgresql', 'apache2',
 CONFIGS = ('ON+ON', 'ON+OFF', 'I', 'P+I')
 LOOP = re.compile(r'VMAR-WORKLOAD-LOOP (\d+) (\d+) (\d+)')
 MARKER = re.compile(r'VMAR-BOOTED ')
-GUEST = re.compile(r'cpu_user_s=([\d.]+) cpu_sys_s=([\d.]+)')
 MiB = 1 << 20
 
 
@@ -133,6 +133,11 @@ class Guest:
                 return f.read()
         except FileNotFoundError:
             return ''
+
+    def last_loop_line(self):
+        lines = [line for line in self.text().splitlines()
+                 if line.startswith('VMAR-WORKLOAD-LOOP ')]
+        return lines[-1] if lines else ''
 
     def loops(self):
         """[(loop number, bytes read, its duration in ns)]"""
@@ -224,9 +229,10 @@ def run_config(config, args, work, images, host_uris, anon_ref):
                       res['budgets'][budget]['cgroup_cache'] // MiB),
                   flush=True)
         cg_write('memory.limit_in_bytes', -1)
-        cpu = [GUEST.findall(g.text()) for g in guests]
+        # the status vmar-guest wrote before each guest's last loop line
         res['vmar_guest_cpu_s'] = [
-            float(c[-1][0]) + float(c[-1][1]) if c else None for c in cpu]
+            guest_status.cpu_seconds(guest_status.parse(g.last_loop_line()))
+            for g in guests]
         res['elapsed_guest_s'] = args.settle + len(args.budgets) * (
             args.settle + args.window)
         return res, anon_ref
@@ -328,7 +334,7 @@ def report(results, configs, args):
             '%18d' % (sum(results[c]['budgets'][b]['rss_anon'].values())
                       // MiB) for c in configs))
     if 'P+I' in results:
-        cpu = [c for c in results['P+I']['vmar_guest_cpu_s'] if c]
+        cpu = results['P+I']['vmar_guest_cpu_s']
         if cpu:
             print('vmar-guest CPU (P+I): %s s over %d s of workload, %.2f %%'
                   ' of one guest CPU at most' % (

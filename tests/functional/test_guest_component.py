@@ -15,6 +15,7 @@ import time
 import fixtures
 import testtools
 
+from vmar_openstack.guest import status as guest_status
 from vmar_openstack.guest import userdata
 from vmar_openstack import pagecache
 
@@ -82,14 +83,7 @@ class TestVmarGuest(testtools.TestCase):
 
     def status(self, path):
         """The counters of the last pass (all 0 before the first)."""
-        try:
-            with open(path) as f:
-                text = f.read()
-        except FileNotFoundError:
-            text = ''
-        return {k: float(v) for k, v in
-                (kv.split('=') for kv in text.split())} or {
-                    'passes': 0, 'events': 0, 'dropped_bytes': 0}
+        return guest_status.read(path)
 
     def test_base_data_goes_private_data_stays(self):
         base = self.write('base', 8 * MIB)

@@ -10,6 +10,7 @@ import yaml
 
 from vmar_openstack.cmd import guest as guest_cmd
 from vmar_openstack import exception
+from vmar_openstack.guest import status as guest_status
 from vmar_openstack.guest import userdata
 
 
@@ -63,3 +64,23 @@ class TestUserData(testtools.TestCase):
             doc = yaml.safe_load(f)
         self.assertEqual(b'binary', gzip.decompress(base64.b64decode(
             doc['write_files'][0]['content'])))
+
+
+class TestStatus(testtools.TestCase):
+    """The host side's reading of vmar-guest's status line."""
+
+    def test_a_console_line_around_the_status(self):
+        c = guest_status.parse(
+            'VMAR-WORKLOAD-LOOP 3 192962456 3118244055 passes=7 tracked=2 '
+            'events=80 dropped_bytes=4096 cpu_user_s=0.250000 '
+            'cpu_sys_s=1.500000')
+        self.assertEqual((7, 80, 4096), (c['passes'], c['events'],
+                                         c['dropped_bytes']))
+        self.assertEqual(1.75, guest_status.cpu_seconds(c))
+        self.assertEqual(0, c['walks'])
+
+    def test_no_status_yet_is_all_zero(self):
+        path = os.path.join(self.useFixture(fixtures.TempDir()).path, 'st')
+        self.assertEqual(set(guest_status.COUNTERS),
+                         set(guest_status.read(path)))
+        self.assertFalse(any(guest_status.read(path).values()))

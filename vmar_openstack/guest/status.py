@@ -1,0 +1,36 @@
+"""vmar-guest's status line, read on the host side.
+
+After each pass vmar-guest (vmar-guest.c, ``write_status``) replaces its
+status file with one line of ``key=value`` counters, cumulative since it
+started: ``passes tracked events walks walked_files drops dropped_bytes
+mincores syscalls table_full cpu_user_s cpu_sys_s``. The test probe prints
+the same line on the console.
+"""
+
+PATH = '/run/vmar-guest.status'
+COUNTERS = ('passes', 'tracked', 'events', 'walks', 'walked_files', 'drops',
+            'dropped_bytes', 'mincores', 'syscalls', 'table_full',
+            'cpu_user_s', 'cpu_sys_s')
+
+
+def parse(text):
+    """{counter: float} of the ``key=value`` words in ``text``.
+
+    Words that are not counters (a console line around the status) are
+    ignored; a counter missing from ``text`` is 0, as before the first pass.
+    """
+    found = dict(w.split('=', 1) for w in text.split() if '=' in w)
+    return {k: float(found.get(k, 0)) for k in COUNTERS}
+
+
+def read(path=PATH):
+    """The counters in the status file; all 0 while there is none."""
+    try:
+        with open(path) as f:
+            return parse(f.read())
+    except FileNotFoundError:
+        return parse('')
+
+
+def cpu_seconds(counters):
+    return counters['cpu_user_s'] + counters['cpu_sys_s']
