@@ -193,8 +193,13 @@ class TestDemoHost(base.LibraryTestCase):
     def test_interrupt_stops_the_export(self):
         knob = pagecache.readahead_knob(self.tmp)
         ra = knob and tool_read_knob(knob)
-        proc = subprocess.Popen(self.args(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        # as from a terminal: a runner started in the background by a
+        # non-interactive shell (nohup ... &) ignores SIGINT, and a child
+        # would inherit that and never see the Ctrl-C
+        proc = subprocess.Popen(
+            self.args(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                        signal.SIG_DFL))
         self.wait_for_socket(proc)
         self.assertTrue(self.ours())
         proc.send_signal(signal.SIGINT)         # what Ctrl-C sends
