@@ -206,11 +206,24 @@ def run_config(config, args, work, images, host_uris, anon_ref):
                  args.boot_timeout)
         time.sleep(args.settle)
         if anon_ref is None:
-            anon_ref = sum(rss_anon(g.proc.pid) for g in guests)
+            # all the cgroup holds but page cache: the QEMUs' and the
+            # daemon's own memory and the kernel's for them
+            st = cg_stat()
+            anon_ref = (int(cg_read('memory.usage_in_bytes'))
+                        - st.get('total_cache', st.get('cache', 0)))
         res = {'budgets': {}}
         for budget in args.budgets:
             limit = anon_ref + budget * MiB
-            cg_write('memory.limit_in_bytes', limit)
+            try:
+                cg_write('memory.limit_in_bytes', limit)
+            except OSError as e:
+                # EBUSY: the kernel cannot reclaim down to it, the guests
+                # themselves need more
+                print('  %-6s budget %4d MiB: limit not reachable (%s)'
+                      % (config, budget, e), flush=True)
+                res['budgets'][budget] = {'limit': limit, 'MB_s': None,
+                                          'unreachable': str(e)}
+                continue
             time.sleep(args.settle)
             per = measure_window(guests, args.window)
             st = cg_stat()
@@ -325,14 +338,15 @@ def report(results, configs, args):
         row = '%-8s' % ('%d MiB' % b)
         for c in configs:
             v = results[c]['budgets'][b]['MB_s']
-            row += '%18s' % ('%.2f (%.2fx)' % (v, v / ref) if ref else
+            row += '%18s' % ('-' if v is None else
+                             '%.2f (%.2fx)' % (v, v / ref) if ref else
                              '%.2f' % v)
         print(row)
     print('guests\' RssAnon (MiB, sum) at each budget:')
     for b in args.budgets:
         print('%-8s' % ('%d MiB' % b) + ''.join(
-            '%18d' % (sum(results[c]['budgets'][b]['rss_anon'].values())
-                      // MiB) for c in configs))
+            '%18s' % (sum(results[c]['budgets'][b].get(
+                'rss_anon', {}).values()) // MiB) for c in configs))
     if 'P+I' in results:
         cpu = results['P+I']['vmar_guest_cpu_s']
         if cpu:
