@@ -21,7 +21,7 @@ WORK="${CACHE}/qemu-build"
 SRCROOT="${WORK}/src"
 LOG="${WORK}/build.log"
 JOBS="${VMAR_QEMU_JOBS:-2}"
-DRIVER_FILES=(block-vmar.c vmar-map.c vmar-map.h)
+DRIVER_FILES=(block-vmar.c block-vmar-mirror.c vmar-map.c vmar-map.h)
 # Everything that goes into the build, hashed into the prefix name.
 HASH_FILES=("${DRIVER_FILES[@]}" srcedit.py qapi-vmar.py nbd-private.py
     build.sh)
@@ -156,7 +156,7 @@ install_driver() {
     # Copy only what changed so ninja rebuilds the minimum.
     local f dst
     for f in "${DRIVER_FILES[@]}"; do
-        dst="${src}/block/${f/block-vmar.c/vmar.c}"
+        dst="${src}/block/${f#block-}"
         if ! cmp -s "${HERE}/${f}" "${dst}"; then
             cp "${HERE}/${f}" "${dst}"
         fi
@@ -170,6 +170,11 @@ install_driver() {
     if ! grep -q "'vmar.c'" "${src}/block/meson.build"; then
         printf '\n# vmar-openstack: read-only VMAR block map driver\n%s\n' \
             "block_ss.add(files('vmar.c', 'vmar-map.c'), zlib)" \
+            >>"${src}/block/meson.build"
+    fi
+    if ! grep -q "'vmar-mirror.c'" "${src}/block/meson.build"; then
+        printf '\n# vmar-openstack: on-demand verified base mirrors\n%s\n' \
+            "block_ss.add(files('vmar-mirror.c'), dependency('libcrypto'))" \
             >>"${src}/block/meson.build"
     fi
 }

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Declare the vmar block driver in QEMU's QAPI schema (qapi/block-core.json).
+"""Declare the vmar drivers in QEMU's QAPI schema (qapi/block-core.json).
 
 Without this, blockdev-add, qemu-storage-daemon --blockdev and every other
-QAPI-validated path reject driver "vmar" (qemu-img/qemu-io "json:" filenames
-work without it). The driver's read counters are declared as its
-format-specific image information (ImageInfoSpecificVmar), which
+QAPI-validated path reject the drivers "vmar" and "vmar-mirror"
+(qemu-img/qemu-io "json:" filenames work without it). Each driver's
+counters are declared as its format-specific image information
+(ImageInfoSpecificVmar, ImageInfoSpecificVmarMirror), which
 query-named-block-nodes returns. The edit is idempotent and fails loudly
 if the schema does not look as expected (srcedit.py).
 
@@ -51,6 +52,33 @@ STRUCT = """##
             '*targets': [ 'BlockdevRef' ],
             '*gather-gap': 'size' } }
 
+##
+# @BlockdevOptionsVmarMirror:
+#
+# Driver specific block device options for vmar-mirror, a local copy of a
+# VMAR base image filled on demand and verified block by block (added by
+# vmar-openstack).  The node must be read-write: it writes fetched blocks
+# into @file; it refuses writes from its parents.
+#
+# @fetch: the node blocks missing from @file are read from (the base's
+#         raw bytes)
+#
+# @digests: path of the base's digest list (one SHA-256 per block)
+#
+# @present: path of the mirror's present-block bitmap file
+#
+# @readahead: missing bytes fetched after a missing run that ends a read
+#             (default: 256 KiB, at most 16 MiB)
+#
+# Since: 7.2
+##
+{ 'struct': 'BlockdevOptionsVmarMirror',
+  'base': 'BlockdevOptionsGenericFormat',
+  'data': { 'fetch': 'BlockdevRef',
+            'digests': 'str',
+            'present': 'str',
+            '*readahead': 'size' } }
+
 """
 
 INFO_STRUCT = """##
@@ -86,19 +114,66 @@ INFO_STRUCT = """##
 { 'struct': 'ImageInfoSpecificVmarWrapper',
   'data': { 'data': 'ImageInfoSpecificVmar' } }
 
+##
+# @ImageInfoSpecificVmarMirror:
+#
+# State and counters of a vmar-mirror node since it was opened (added by
+# vmar-openstack).
+#
+# @blocks: blocks of the base
+#
+# @present-blocks: blocks the mirror holds or need no fetch (zero blocks)
+#
+# @requests: read requests
+#
+# @fetches: reads sent to the fetch child
+#
+# @bytes-fetched: bytes those reads returned
+#
+# @waits: times a read waited for another read's fetch of its blocks
+#
+# @fetch-errors: fetches that failed
+#
+# @digest-mismatches: fetched blocks whose digest was wrong (not used)
+#
+# @write-errors: verified blocks that could not be written to the mirror
+#
+# @flush-errors: times present bits could not be recorded
+#
+# Since: 7.2
+##
+{ 'struct': 'ImageInfoSpecificVmarMirror',
+  'data': { 'blocks': 'uint64', 'present-blocks': 'uint64',
+            'requests': 'uint64', 'fetches': 'uint64',
+            'bytes-fetched': 'uint64', 'waits': 'uint64',
+            'fetch-errors': 'uint64', 'digest-mismatches': 'uint64',
+            'write-errors': 'uint64', 'flush-errors': 'uint64' } }
+
+##
+# @ImageInfoSpecificVmarMirrorWrapper:
+#
+# Since: 7.2
+##
+{ 'struct': 'ImageInfoSpecificVmarMirrorWrapper',
+  'data': { 'data': 'ImageInfoSpecificVmarMirror' } }
+
 """
 
 INFO_ENUM_OLD = "  'data': [ 'qcow2', 'vmdk', 'luks', 'rbd' ] }"
-INFO_ENUM_NEW = "  'data': [ 'qcow2', 'vmdk', 'luks', 'rbd', 'vmar' ] }"
+INFO_ENUM_NEW = ("  'data': [ 'qcow2', 'vmdk', 'luks', 'rbd', 'vmar', "
+                 "'vmar-mirror' ] }")
 INFO_UNION_OLD = "      'rbd': 'ImageInfoSpecificRbdWrapper'\n  } }"
 INFO_UNION_NEW = ("      'rbd': 'ImageInfoSpecificRbdWrapper',\n"
-                  "      'vmar': 'ImageInfoSpecificVmarWrapper'\n  } }")
+                  "      'vmar': 'ImageInfoSpecificVmarWrapper',\n"
+                  "      'vmar-mirror': 'ImageInfoSpecificVmarMirrorWrapper'\n"
+                  "  } }")
 INFO_STRUCT_ANCHOR = "##\n# @ImageInfoSpecific:\n"
 
 ENUM_OLD = "'vmdk', 'vpc', 'vvfat' ] }"
-ENUM_NEW = "'vmar', 'vmdk', 'vpc', 'vvfat' ] }"
+ENUM_NEW = "'vmar', 'vmar-mirror', 'vmdk', 'vpc', 'vvfat' ] }"
 UNION_ANCHOR = "      'vvfat':      'BlockdevOptionsVVFAT'"
-UNION_NEW = "      'vmar':       'BlockdevOptionsVmar',\n"
+UNION_NEW = ("      'vmar':       'BlockdevOptionsVmar',\n"
+             "      'vmar-mirror': 'BlockdevOptionsVmarMirror',\n")
 STRUCT_ANCHOR = "##\n# @BlockdevOptions:\n"
 
 

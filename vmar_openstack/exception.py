@@ -75,6 +75,11 @@ class MapFormatError(VmarException, ValueError):
         return self.kwargs.get('reason')
 
 
+class MirrorFormatError(VmarException, ValueError):
+    """A digest list or present file breaks its specification."""
+    message = 'invalid mirror file %(path)s: %(detail)s'
+
+
 class SourceError(VmarException, RuntimeError):
     """A map or base image cannot be found, fetched or verified."""
     message = 'cannot get %(what)s: %(reason)s'
