@@ -38,6 +38,11 @@ def parse_map_file(name):
     return (m.group('id'), int(m.group('v'))) if m else None
 
 
+def digest_file(image_id):
+    """File name of the digest list of a base: ``<id>.vdig``."""
+    return '%s.vdig' % image_id
+
+
 def new_key():
     """A holder's key: what only its overlay knows of its export's name."""
     return secrets.token_hex(16)

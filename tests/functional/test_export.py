@@ -23,8 +23,10 @@ from tools.vmarenv import qemu_env
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack import export
+from vmar_openstack.export import status
 from vmar_openstack import ingest
 from vmar_openstack import mapformat
+from vmar_openstack.mapformat import mirror
 from vmar_openstack import names as vnames
 
 
@@ -433,6 +435,105 @@ class TestPrivateExports(ExportTestCase):
             self.assertLess(time.time(), deadline)
             time.sleep(0.5)
         self.assertIn('export not available', self.read(uris['vm5']).stderr)
+
+
+class TestLazyExports(ExportTestCase):
+    """base_fetch=lazy: bases are mirrors filled by what reads need."""
+
+    def setUp(self):
+        super().setUp()
+        self.conf.set_override('base_fetch', 'lazy', group='vmar')
+        self.images = qemu_env.image_library()
+        for name in ('minbase', 'python3', 'nginx'):
+            self.lib.add(_id(name), self.images[name], visibility='public')
+
+    def extra_conf(self):
+        return 'base_fetch = lazy\n'
+
+    def mirror_counters(self):
+        with self.svc.monitor() as mon:
+            return {n['node-name']: n['image']['format-specific']['data']
+                    for n in mon.execute('query-named-block-nodes',
+                                         {'flat': True})
+                    if n.get('drv') == 'vmar-mirror'}
+
+    def test_exports_read_through_mirrors_fetch_each_block_once(self):
+        self.serve()
+        for name in ('nginx', 'minbase'):
+            r = self.export_cli('add', _id(name))
+            self.assertEqual(0, r.returncode, r.stderr)
+        targets = {t for e in self.svc.list()[0].values()
+                   for t, _s in e.targets}
+        self.assertEqual({_id(n) for n in ('minbase', 'python3', 'nginx')},
+                         targets)
+        host = self.conf.vmar.host_dir
+        # nothing was copied whole; every base is an empty mirror
+        self.assertEqual([], os.listdir(os.path.join(host, 'bases'))
+                         if os.path.isdir(os.path.join(host, 'bases'))
+                         else [])
+        for t in targets:
+            self.assertTrue(self.svc.files.is_mirror(t))
+            _hdr, bits = mirror.read_present(self.svc.files.mirror(t).present)
+            self.assertFalse(bits.any())
+        for name in ('nginx', 'minbase', 'nginx'):
+            r = subprocess.run(
+                [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F',
+                 'raw', self.uri(_id(name)), self.images[name]],
+                capture_output=True, text=True)
+            self.assertEqual(0, r.returncode, '%s: %s %s'
+                             % (name, r.stdout, r.stderr))
+        counters = self.mirror_counters()
+        self.assertEqual(3, len(counters))
+        for node, c in counters.items():
+            # each block at most once, however many exports read it
+            self.assertLessEqual(c['bytes-fetched'],
+                                 c['present-blocks'] * 4096, node)
+            self.assertEqual(0, c['digest-mismatches'] + c['fetch-errors'])
+        st = status.collect(self.svc)
+        self.assertEqual(0, st.fetched.count)
+        # the mirrors hold no more than the library's data blocks
+        with db_session.reader(self.conf) as s:
+            data_blocks = sum(
+                i.n_blocks - i.zero_blocks for i in db_api.list_images(s))
+        held = sum(os.stat(self.svc.files.mirror(t).data).st_blocks * 512
+                   for t in targets)
+        self.assertLessEqual(held, data_blocks * 4096)
+
+    def test_restart_and_release(self):
+        proc = self.serve()
+        r = self.export_cli('add', _id('nginx'))
+        self.assertEqual(0, r.returncode, r.stderr)
+        self.assertEqual(0, subprocess.run(
+            [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F', 'raw',
+             self.uri(_id('nginx')), self.images['nginx']],
+            capture_output=True).returncode)
+        fetched = sum(c['bytes-fetched']
+                      for c in self.mirror_counters().values())
+        self.assertGreater(fetched, 0)
+        # a killed daemon comes back with what its mirrors hold
+        os.kill(self.qsd_pid(), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.mirror_counters():
+                    break
+            except Exception:
+                pass
+            self.assertIsNone(proc.poll())
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.2)
+        self.assertEqual(0, subprocess.run(
+            [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F', 'raw',
+             self.uri(_id('nginx')), self.images['nginx']],
+            capture_output=True).returncode)
+        refetched = sum(c['bytes-fetched']
+                        for c in self.mirror_counters().values())
+        # only what the killed daemon had not recorded yet
+        self.assertLess(refetched, fetched / 10)
+        r = self.export_cli('remove', _id('nginx'))
+        self.assertEqual(0, r.returncode, r.stderr)
+        self.assertEqual([], os.listdir(os.path.join(self.conf.vmar.host_dir,
+                                                     'mirrors')))
 
 
 def _parse_qemu_io_dumps(out):

@@ -48,6 +48,12 @@ library_opts = [
                help='Directory holding the raw content of each ingested '
                     'image, named by image id. Maps point into these '
                     'files.'),
+    cfg.StrOpt('digest_dir', default='$state_dir/digests',
+               help='Directory where the digest list of each base in '
+                    'base_dir is written (<image id>.vdig, '
+                    'doc/source/mirror-format.rst): hosts that fill base '
+                    'mirrors on demand check every fetched block against '
+                    'it. Written for hash_algorithm sha256 only.'),
     cfg.StrOpt('work_dir', default='$state_dir/tmp',
                help='Scratch directory for converting non-raw images to raw '
                     'before hashing. Needs room for the virtual size of the '
@@ -130,6 +136,20 @@ host_opts = [
         ('glance', 'Download maps (hidden images published by vmar-agent) '
                    'and bases from Glance, with [vmar_glance] credentials.')],
                help='Where a compute host gets maps and base files.'),
+    cfg.StrOpt('base_fetch', default='full', choices=[
+        ('full', 'Copy a whole base before the first export that reads '
+                 'it.'),
+        ('lazy', 'Keep a sparse mirror of each base, filled on demand '
+                 'with the blocks reads need, each verified against the '
+                 'library\'s digest list (doc/source/export.rst). Needs a '
+                 'map source that reads ranges: map_source=dir for now; '
+                 'other sources, and exports with host_cache=none, copy '
+                 'whole bases.')],
+               help='How a compute host gets the base files its exports '
+                    'read.'),
+    cfg.IntOpt('mirror_readahead', default=262144, min=0, max=16777216,
+               help='base_fetch=lazy: bytes of missing blocks fetched '
+                    'after a missing run that ends a read.'),
     cfg.StrOpt('map_source_dir', default='$state_dir',
                help='For map_source=dir: a library directory with maps/ and '
                     'bases/ subdirectories (a library\'s state_dir).'),

@@ -2,11 +2,12 @@
 
 For every export the daemon has:
 
-* one read-only ``file`` node per base image file, named ``vb<id>``
-  (buffered, the host-cache-for-base policy) or ``vd<id>`` (O_DIRECT, for
-  images exported with ``host_cache=none``), where ``<id>`` is the image
-  UUID in 22 characters of base64url; base nodes are shared by every VMAR
-  node that reads from them;
+* one node per base image, named ``vb<id>`` (buffered, the
+  host-cache-for-base policy) or ``vd<id>`` (O_DIRECT, for images exported
+  with ``host_cache=none``), where ``<id>`` is the image UUID in 22
+  characters of base64url: a read-only ``file`` node of a whole base, or a
+  ``vmar-mirror`` node over a base mirror (buffered only); base nodes are
+  shared by every VMAR node that reads from them;
 * one ``vmar`` node per map version, ``vm<id>.<version>``, reading its map
   and, through the base node prefix, its base nodes;
 * one NBD export per holder, whose name carries the holder's key
@@ -94,22 +95,20 @@ def read_counters(mon):
 
 # -- changes --------------------------------------------------------------
 
-def add_nodes(mon, exp, have, map_file, base_file, aio, gather_gap):
+def add_nodes(mon, exp, have, map_file, base_spec, gather_gap):
     """Add the base and vmar nodes of ``exp`` missing from ``have``.
 
-    ``have`` (a set of node names) is updated. ``map_file`` and
-    ``base_file`` give the paths of the files; ``aio`` the aio mode of the
-    base nodes.
+    ``have`` (a set of node names) is updated. ``map_file`` gives the path
+    of a map file; ``base_spec(image_id, host_cache)`` the ``blockdev-add``
+    options of a base node but its name: a ``file`` node, or a
+    ``vmar-mirror`` node for a base the host mirrors.
     """
     for tid, _size in exp.targets:
         name = base_node(tid, exp.host_cache)
         if name in have:
             continue
-        mon.execute('blockdev-add', {
-            'driver': 'file', 'node-name': name,
-            'filename': base_file(tid), 'read-only': True,
-            'cache': {'direct': exp.host_cache == 'none'},
-            'aio': aio})
+        mon.execute('blockdev-add', dict(base_spec(tid, exp.host_cache),
+                                         **{'node-name': name}))
         have.add(name)
     name = vmar_node(exp.image_id, exp.map_version)
     if name not in have:

@@ -4,6 +4,13 @@
 map source (:mod:`vmar_openstack.mapsource`) when an export first needs
 them and deleted when the last export reading them goes. ``host_dir`` is
 vmar's own directory: Nova's image cache manager never touches it.
+
+With ``[vmar] base_fetch = lazy`` a base is a mirror instead, in
+``mirrors/``: ``<image id>`` (sparse, filled by the export daemon's
+``vmar-mirror`` node), ``<image id>.digests`` (the library's digest list)
+and ``<image id>.present`` (which blocks it holds); see
+``doc/source/mirror-format.rst``. A whole base in ``bases/`` wins over a
+mirror of the same image.
 """
 
 import collections
@@ -14,15 +21,21 @@ import time
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack import fileutils
 from vmar_openstack import mapformat
+from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
-_MAPS, _BASES = 'maps', 'bases'
+_MAPS, _BASES, _MIRRORS = 'maps', 'bases', 'mirrors'
+# the files of a mirror, in the order they are created; deleted in reverse
+_PRESENT, _DIGESTS = '.present', '.digests'
 
 # one base file fetched from the map source
 Fetch = collections.namedtuple('Fetch', 'image_id size seconds')
+# the files of one base mirror
+Mirror = collections.namedtuple('Mirror', 'data digests present')
 
 
 class HostDir:
@@ -36,7 +49,27 @@ class HostDir:
                             names.map_file(image_id, version))
 
     def base_file(self, image_id):
+        """The file that holds the base's data: whole base, else mirror."""
+        whole = self._whole(image_id)
+        mirror = self.mirror(image_id).data
+        return mirror if (not os.path.exists(whole)
+                          and os.path.exists(mirror)) else whole
+
+    def _whole(self, image_id):
         return os.path.join(self.root, _BASES, image_id)
+
+    def mirror(self, image_id):
+        """The :class:`Mirror` files of a base."""
+        data = os.path.join(self.root, _MIRRORS, image_id)
+        return Mirror(data, data + _DIGESTS, data + _PRESENT)
+
+    def is_mirror(self, image_id):
+        """Whether the base is served from a mirror (no whole base)."""
+        return not os.path.exists(self._whole(image_id)) and os.path.exists(
+            self.mirror(image_id).data)
+
+    def can_mirror(self):
+        return hasattr(self.source, 'base_reader')
 
     def fetch(self, func, *args):
         """``func(*args)`` of the map source; its failures are ExportErrors."""
@@ -45,11 +78,14 @@ class HostDir:
         except exception.SourceError as e:
             raise exception.ExportError(str(e))
 
-    def ensure(self, image_id, version):
+    def ensure(self, image_id, version, lazy=False):
         """Fetch a map version and its bases if missing; check them.
 
-        Returns the map (:class:`vmar_openstack.mapformat` reader's) and
-        the :class:`Fetch` of each base fetched now.
+        ``lazy``: a missing base becomes an empty mirror, not a copy, if
+        the source can fill mirrors (else, or without a digest list, the
+        whole base is copied). Returns the map
+        (:class:`vmar_openstack.mapformat` reader's) and the
+        :class:`Fetch` of each base copied now.
         """
         path = self.map_file(image_id, version)
         if not os.path.exists(path):
@@ -66,7 +102,10 @@ class HostDir:
                 % (path, bmap.image_id, bmap.map_version))
         fetched = []
         for t in bmap.targets:
-            base = self.base_file(t.image_id)
+            base = self._whole(t.image_id)
+            if (not os.path.exists(base) and lazy and self.can_mirror()
+                    and self._ensure_mirror(t)):
+                continue
             if not os.path.exists(base):
                 start = time.monotonic()
                 self.fetch(self.source.fetch_base, t.image_id, base)
@@ -79,11 +118,54 @@ class HostDir:
                     % (t.image_id, size, version, image_id, t.size))
         return bmap, fetched
 
+    def _ensure_mirror(self, target):
+        """Make the mirror files of ``target`` if missing; False: cannot.
+
+        The digest list comes first and is checked against the map's
+        target, then the present file, then the empty data file: the
+        data file exists only with the other two.
+        """
+        m = self.mirror(target.image_id)
+        if os.path.exists(m.data):
+            return True
+        os.makedirs(os.path.dirname(m.data), exist_ok=True)
+        if not os.path.exists(m.digests):
+            tmp = m.digests + '.%d.tmp' % os.getpid()
+            try:
+                self.source.fetch_digests(target.image_id, tmp)
+                hdr, _rows = mirror_format.read_digests(tmp)
+            except (exception.SourceError,
+                    exception.MirrorFormatError) as e:
+                fileutils.unlink(tmp)
+                LOG.warning('base %s: no usable digest list (%s); copying '
+                            'the whole base instead of mirroring it',
+                            target.image_id, e)
+                return False
+            if (hdr.image_id, hdr.size) != (target.image_id, target.size):
+                fileutils.unlink(tmp)
+                raise exception.ExportError(
+                    'the digest list of base %s describes %s (%d bytes), '
+                    'the map says %d bytes' % (target.image_id, hdr.image_id,
+                                               hdr.size, target.size))
+            fileutils.install(tmp, m.digests)
+        hdr, _rows = mirror_format.read_digests(m.digests)
+        mirror_format.create_present(m.present, hdr)
+        tmp = fileutils.write_temp(m.data, b'')
+        os.truncate(tmp, hdr.size)
+        fileutils.install(tmp, m.data)
+        LOG.info('base %s: empty mirror of %d bytes created', hdr.image_id,
+                 hdr.size)
+        return True
+
     def bases(self):
-        """Image ids of the base files on the host."""
-        d = os.path.join(self.root, _BASES)
-        return sorted(n for n in (os.listdir(d) if os.path.isdir(d) else ())
-                      if not n.startswith('.'))
+        """Image ids of the base files and mirrors on the host."""
+        found = set()
+        for sub in (_BASES, _MIRRORS):
+            d = os.path.join(self.root, sub)
+            found.update(n for n in (os.listdir(d) if os.path.isdir(d)
+                                     else ())
+                         if not n.startswith('.') and '.' not in n)
+        return sorted(found)
 
     def prune(self, exports):
         """Delete maps and bases that no export in ``exports`` reads.
@@ -100,3 +182,12 @@ class HostDir:
                     LOG.info('deleting unreferenced %s/%s', sub, name)
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(d, name))
+        d = os.path.join(self.root, _MIRRORS)
+        names_ = os.listdir(d) if os.path.isdir(d) else ()
+        for image_id in sorted({n.split('.')[0] for n in names_
+                                if not n.startswith('.')} - bases):
+            LOG.info('deleting the unreferenced mirror of %s', image_id)
+            m = self.mirror(image_id)
+            # the present bits go first: never bits without their data
+            for path in (m.present, m.data, m.digests):
+                fileutils.unlink(path)

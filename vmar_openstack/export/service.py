@@ -66,9 +66,31 @@ class ExportService:
             return 'threads'    # Linux AIO needs O_DIRECT
         return aio
 
+    def lazy(self, host_cache):
+        """Whether an export's missing bases become mirrors, not copies.
+
+        Mirrors are read through the host page cache: an O_DIRECT export
+        (host_cache=none) copies whole bases.
+        """
+        return self.conf.vmar.base_fetch == 'lazy' and host_cache == 'base'
+
+    def base_spec(self, image_id, host_cache):
+        """The blockdev-add options of a base node, but its name."""
+        aio = self.aio(host_cache)
+        if host_cache == 'base' and self.files.is_mirror(image_id):
+            m = self.files.mirror(image_id)
+            return {'driver': 'vmar-mirror', 'read-only': False,
+                    'digests': m.digests, 'present': m.present,
+                    'readahead': self.conf.vmar.mirror_readahead,
+                    'file': {'driver': 'file', 'filename': m.data,
+                             'aio': aio},
+                    'fetch': self.source.base_reader(image_id)}
+        return {'driver': 'file', 'filename': self.base_file(image_id),
+                'read-only': True, 'cache': {'direct': host_cache == 'none'},
+                'aio': aio}
+
     def _add_nodes(self, mon, exp, have):
-        graph.add_nodes(mon, exp, have, self.map_file, self.base_file,
-                        self.aio(exp.host_cache),
+        graph.add_nodes(mon, exp, have, self.map_file, self.base_spec,
                         self.conf.vmar.read_gather_gap)
 
     # public operations
@@ -102,7 +124,8 @@ class ExportService:
                     'image %s v%d is exported with host_cache=%s'
                     % (image_id, version, exp.host_cache))
             if exp is None:
-                bmap, fetched = self.files.ensure(image_id, version)
+                bmap, fetched = self.files.ensure(image_id, version,
+                                                  self.lazy(host_cache))
                 state.fetched.add(fetched)
                 exp = export_state.Export(
                     image_id, version, host_cache, [],
@@ -228,8 +251,9 @@ class ExportService:
                 have = graph.nodes(mon)
                 refetched = False
                 for exp in state.exports.values():
-                    _bmap, fetched = self.files.ensure(exp.image_id,
-                                                       exp.map_version)
+                    _bmap, fetched = self.files.ensure(
+                        exp.image_id, exp.map_version,
+                        self.lazy(exp.host_cache))
                     state.fetched.add(fetched)
                     refetched = refetched or bool(fetched)
                     self._add_nodes(mon, exp, have)

@@ -29,6 +29,7 @@ from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack.ingest import ahead as ingest_ahead
 from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
+from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import mapgen
 
 LOG = logging.getLogger(__name__)
@@ -226,10 +227,25 @@ class Library:
                 if os.path.realpath(raw.path) != os.path.realpath(dest):
                     fileutils.copy_readonly(raw.path, dest)
                     placed = True
+                self._write_digests(image_id, fps)
         return fps, placed
+
+    def _write_digests(self, image_id, fps):
+        """The digest list hosts check lazily fetched blocks against."""
+        path = paths.digests_path(self.conf, image_id)
+        if fps.algorithm != mirror_format.ALGORITHM:
+            LOG.info('image %s: no digest list for lazy mirrors (they '
+                     'check %s, the library hashes with %s)', image_id,
+                     mirror_format.ALGORITHM, fps.algorithm)
+            fileutils.unlink(path)
+            return
+        fileutils.write_atomic(path, mirror_format.digests_bytes(image_id,
+                                                                 fps),
+                               mode=0o444)
 
     def _unplace(self, image_id):
         fileutils.unlink(paths.base_path(self.conf, image_id))
+        fileutils.unlink(paths.digests_path(self.conf, image_id))
 
     def _fill_image(self, img, fps, disk_format):
         img.disk_format = disk_format

@@ -13,3 +13,8 @@ def map_path(conf, image_id, version):
 def base_path(conf, image_id):
     """The raw base file of an image."""
     return os.path.join(conf.vmar.base_dir, image_id)
+
+
+def digests_path(conf, image_id):
+    """The digest list of an image's base (mirror-format.rst)."""
+    return os.path.join(conf.vmar.digest_dir, names.digest_file(image_id))

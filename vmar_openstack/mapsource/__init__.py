@@ -8,6 +8,13 @@ A source answers three questions for the export service
 * ``fetch_base(image_id, dest)``: the image's raw content, verified, at
   ``dest``.
 
+A source that can also fill base mirrors on demand (``[vmar] base_fetch =
+lazy``) has two more:
+
+* ``fetch_digests(image_id, dest)``: the base's digest list at ``dest``;
+* ``base_reader(image_id)``: the QEMU node (a ``blockdev-add`` dict
+  without a name) that reads the base's raw bytes.
+
 ``[vmar] map_source`` chooses one: ``dir`` (:mod:`.local`, a library
 directory on the host) or ``glance`` (:mod:`.glance`, maps published as
 hidden Glance images by ``vmar-agent``). Every failure is a

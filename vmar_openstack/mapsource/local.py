@@ -1,7 +1,9 @@
 """The ``dir`` map source: a library directory (``maps/``, ``bases/``).
 
-For a compute host that shares a file system with the library, and for
-tests. The current map of an image is its highest version present.
+For a compute host that shares a file system with the library (NFS, say),
+and for tests. The current map of an image is its highest version present.
+Base mirrors (``[vmar] base_fetch = lazy``) read missing blocks straight
+from ``bases/`` and check them against ``digests/``.
 """
 
 import os
@@ -36,7 +38,19 @@ class LocalDirSource:
                                 names.map_file(image_id, version)), dest)
 
     def fetch_base(self, image_id, dest):
-        self._copy(os.path.join(self.root, 'bases', image_id), dest)
+        self._copy(self._base(image_id), dest)
+
+    def fetch_digests(self, image_id, dest):
+        self._copy(os.path.join(self.root, 'digests',
+                                names.digest_file(image_id)), dest)
+
+    def base_reader(self, image_id):
+        """The QEMU node a base mirror fetches missing blocks from."""
+        return {'driver': 'file', 'filename': self._base(image_id),
+                'read-only': True}
+
+    def _base(self, image_id):
+        return os.path.join(self.root, 'bases', image_id)
 
     @staticmethod
     def _copy(src, dest):
