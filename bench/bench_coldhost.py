@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Cold-host boots: lazy base mirrors against whole-image copies.
+
+A host that holds nothing boots every library image in turn (real TCG boots
+of ``tools/build-image-library.sh``'s images, to their ``VMAR-BOOTED``
+line, with ``tools/boot_image``). The store is remote and throttled:
+nbdkit's ``file`` plugin serves the library's base files by name on a unix
+socket behind its ``rate`` and ``delay`` filters (``--rate``, default 800M
+bits/s = 100 MB/s; ``--delay``, default 2 ms per read), and its ``stats``
+filter counts the bytes read from it (a cross-check: the figures use the
+mirrors' exact counters, and every byte of every image for stock). The
+store stands in for Glance's image store: same bytes, a well-kept
+throttle.
+
+Configurations, each from a cold host (empty host_dir, page cache dropped)
+in the same run:
+
+* ``stock``: what stock Nova does: copy each image whole from the store (the
+  ``noextents`` filter makes the copy read every byte, as a Glance download
+  streams every byte of a raw image), then boot the local copy;
+* ``lazy-<R>``: ``vmar-export`` with ``base_fetch = lazy`` and
+  ``mirror_readahead = R``; its mirrors fetch from the store. The host
+  keeps its mirrors from one image to the next, as a real host does.
+
+Figures: bytes read from the store, against stock's, and against the unique
+blocks the boots read (``lazy-0`` fetches exactly the distinct blocks read,
+so its bytes are that limit); seconds from the start (stock: the copy;
+lazy: ``export add``) to ``VMAR-BOOTED``, against stock's.
+
+Usage: bench_coldhost.py --qemu-prefix DIR [--images a,b] [--readaheads
+       0,65536,...] [--rate 800M] [--delay 2ms] [--json OUT]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
+
+from oslo_config import cfg  # noqa: E402
+
+from tools import boot_image  # noqa: E402
+from tools.vmarenv import qemu_env  # noqa: E402
+from vmar_openstack import conf as vmar_conf  # noqa: E402
+from vmar_openstack.db import migration  # noqa: E402
+from vmar_openstack import export  # noqa: E402
+from vmar_openstack.export import supervisor  # noqa: E402
+from vmar_openstack import ingest  # noqa: E402
+from vmar_openstack.mapsource import local  # noqa: E402
+
+IMAGES = ('minbase', 'python3', 'postgresql', 'nginx', 'apache2', 'mariadb')
+
+
+class ThrottledStore(local.LocalDirSource):
+    """The library's files, with missing blocks read from the NBD store.
+
+    Bench harness: maps and digest lists come from the library directory
+    as with ``map_source = dir``; base blocks come over NBD from the
+    throttled nbdkit, export name = image id.
+    """
+
+    def __init__(self, root, socket):
+        super().__init__(root)
+        self.socket = socket
+
+    def base_reader(self, image_id):
+        return {'driver': 'nbd', 'export': image_id, 'read-only': True,
+                'server': {'type': 'unix', 'path': self.socket}}
+
+
+class Store:
+    """nbdkit serving ``directory`` by file name, throttled and counted."""
+
+    def __init__(self, work, directory, rate, delay, every_byte=False):
+        self.socket = os.path.join(work, 'store.sock')
+        self.stats = os.path.join(work, 'store.stats')
+        filters = ['--filter=stats']
+        if every_byte:
+            filters.append('--filter=noextents')
+        filters += ['--filter=delay', '--filter=rate']
+        self.proc = subprocess.Popen(
+            ['nbdkit', '-f', '-r', '-U', self.socket] + filters
+            + ['file', 'dir=%s' % directory, 'rate=%s' % rate,
+               'delay-read=%s' % delay, 'statsfile=%s' % self.stats],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError('nbdkit did not start')
+            time.sleep(0.02)
+
+    def uri(self, name):
+        return 'nbd+unix:///%s?socket=%s' % (name, self.socket)
+
+    def stop(self):
+        """Stop nbdkit; the bytes read from it."""
+        self.proc.terminate()
+        self.proc.wait(30)
+        with open(self.stats) as f:
+            for line in f:
+                # "read: 123 ops, 0.000000 s, 45.67 MiB, ..."
+                if line.strip().startswith('read:'):
+                    return _stats_bytes(line)
+        return 0
+
+
+def _stats_bytes(line):
+    value, unit = line.split(',')[2].split()
+    scale = {'bytes': 1, 'KiB': 1 << 10, 'MiB': 1 << 20, 'GiB': 1 << 30}
+    return int(float(value) * scale[unit])
+
+
+def make_conf(state, prefix, sock, readahead):
+    conf = cfg.ConfigOpts()
+    vmar_conf.register_opts(conf)
+    conf([], project='vmar', default_config_files=[])
+    conf.set_override('state_dir', state, group='vmar')
+    conf.set_override('export_socket', sock, group='vmar')
+    conf.set_override('qemu_storage_daemon',
+                      os.path.join(prefix, 'bin', 'qemu-storage-daemon'),
+                      group='vmar')
+    conf.set_override('connection', 'sqlite:///%s/vmar.sqlite' % state,
+                      group='vmar_database')
+    conf.set_override('base_fetch', 'lazy', group='vmar')
+    conf.set_override('mirror_readahead', readahead, group='vmar')
+    return conf
+
+
+def cold():
+    """Drop the page cache: the host starts cold."""
+    subprocess.run(['sync'], check=True)
+    with open('/proc/sys/vm/drop_caches', 'w') as f:
+        f.write('3\n')
+
+
+def run_stock(args, work, lib_root, ids):
+    store = Store(work, os.path.join(lib_root, 'bases'), args.rate,
+                  args.delay, every_byte=True)
+    local_dir = os.path.join(work, 'nova-base')
+    os.makedirs(local_dir)
+    boots = []
+    try:
+        for name, image_id in ids:
+            start = time.monotonic()
+            dest = os.path.join(local_dir, image_id)
+            subprocess.run(['qemu-img', 'convert', '-f', 'raw', '-O', 'raw',
+                            store.uri(image_id), dest], check=True)
+            copied = time.monotonic() - start
+            b = boot_image.boot(dest, os.path.join(work, name + '.log'),
+                                timeout=args.timeout)
+            boots.append({'image': name, 'copy_s': copied,
+                          'seconds': time.monotonic() - start,
+                          'uptime': b['uptime']})
+    finally:
+        counted = store.stop()
+        shutil.rmtree(local_dir, ignore_errors=True)
+    # every byte of every image (nbdkit's stats round to 0.01 of a unit)
+    return {'boots': boots, 'store_stats_bytes': counted,
+            'bytes': sum(os.path.getsize(os.path.join(
+                lib_root, 'bases', i)) for _n, i in ids)}
+
+
+def run_lazy(args, work, lib_root, ids, readahead):
+    host = os.path.join(work, 'host')
+    sock = os.path.join(work, 'nbd.sock')
+    conf = make_conf(host, args.qemu_prefix, sock, readahead)
+    conf.set_override('map_source_dir', lib_root, group='vmar')
+    store = Store(work, os.path.join(lib_root, 'bases'), args.rate,
+                  args.delay)
+    svc = export.ExportService(conf, source=ThrottledStore(lib_root,
+                                                           store.socket))
+    sup = supervisor.Supervisor(svc)
+    proc = sup.start_daemon()
+    boots = []
+    try:
+        svc.restore()
+        for name, image_id in ids:
+            start = time.monotonic()
+            exp = svc.add(image_id)
+            b = boot_image.boot(svc.uri(exp), os.path.join(work,
+                                                           name + '.log'),
+                                timeout=args.timeout)
+            boots.append({'image': name, 'seconds': time.monotonic() - start,
+                          'uptime': b['uptime']})
+        with svc.monitor() as mon:
+            counters = [n['image']['format-specific']['data']
+                        for n in mon.execute('query-named-block-nodes',
+                                             {'flat': True})
+                        if n.get('drv') == 'vmar-mirror']
+    finally:
+        sup.quit(proc)
+        counted = store.stop()
+    # the mirrors' own count, to the byte
+    return {'boots': boots, 'store_stats_bytes': counted,
+            'bytes': sum(c['bytes-fetched'] for c in counters),
+            'fetches': sum(c['fetches'] for c in counters),
+            'waits': sum(c['waits'] for c in counters)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--qemu-prefix', required=True)
+    p.add_argument('--images', default=','.join(IMAGES))
+    p.add_argument('--readaheads', default='0,65536,262144,1048576')
+    p.add_argument('--rate', default='800M', help='nbdkit rate= (bits/s)')
+    p.add_argument('--delay', default='2ms', help='nbdkit delay-read=')
+    p.add_argument('--timeout', type=int, default=600)
+    p.add_argument('--json')
+    args = p.parse_args()
+    library = qemu_env.image_library()
+    names = args.images.split(',')
+    work = tempfile.mkdtemp(prefix='vmar-coldhost-', dir='/var/tmp')
+    try:
+        lib_root = os.path.join(work, 'library')
+        lconf = make_conf(lib_root, args.qemu_prefix, '/nonexistent', 0)
+        migration.upgrade('head', conf=lconf)
+        lib = ingest.Library(lconf)
+        ids = []
+        for name in IMAGES:       # the whole library, whatever is booted
+            image_id = str(uuid.uuid5(uuid.NAMESPACE_URL, 'coldhost/'
+                                      + name))
+            lib.add(image_id, library[name], visibility='public')
+            if name in names:
+                ids.append((name, image_id))
+        results = {'rate': args.rate, 'delay': args.delay,
+                   'images': names, 'configs': {}}
+        configs = [('stock', None)] + [
+            ('lazy-%s' % r, int(r)) for r in args.readaheads.split(',')]
+        for label, ra in configs:
+            cwork = os.path.join(work, label)
+            os.makedirs(cwork)
+            cold()
+            print('== %s' % label, flush=True)
+            if ra is None:
+                res = run_stock(args, cwork, lib_root, ids)
+            else:
+                res = run_lazy(args, cwork, lib_root, ids, ra)
+            results['configs'][label] = res
+            for b in res['boots']:
+                print('  %-11s %7.1f s' % (b['image'], b['seconds']),
+                      flush=True)
+            print('  %d bytes from the store' % res['bytes'], flush=True)
+            shutil.rmtree(cwork, ignore_errors=True)
+        report(results)
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(results, f, indent=1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(results):
+    c = results['configs']
+    stock = c['stock']
+    stock_s = sum(b['seconds'] for b in stock['boots'])
+    limit = c['lazy-0']['bytes'] if 'lazy-0' in c else None
+    print('\nstore: rate %s bits/s, delay %s per read; images booted in '
+          'turn: %s' % (results['rate'], results['delay'],
+                        ', '.join(results['images'])))
+    print('%-14s %14s %9s %9s %10s %9s' % (
+        'config', 'store bytes', 'x stock', 'x limit', 'boot s', 'x stock'))
+    for label, res in c.items():
+        secs = sum(b['seconds'] for b in res['boots'])
+        print('%-14s %14d %9.3f %9s %10.1f %9.2f' % (
+            label, res['bytes'], res['bytes'] / stock['bytes'],
+            '%.3f' % (res['bytes'] / limit) if limit else '-', secs,
+            secs / stock_s))
+    print('(limit: the bytes lazy-0 fetched, the distinct blocks the boots '
+          'read; boot s: summed over the images, from copy start or '
+          'export add to VMAR-BOOTED)')
+    print('\nper image, seconds to VMAR-BOOTED:')
+    labels = list(c)
+    print('%-11s' % 'image' + ''.join('%12s' % lb for lb in labels))
+    for i, b in enumerate(stock['boots']):
+        print('%-11s' % b['image'] + ''.join(
+            '%12.1f' % c[lb]['boots'][i]['seconds'] for lb in labels))
+
+
+if __name__ == '__main__':
+    main()
