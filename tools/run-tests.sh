@@ -89,5 +89,11 @@ if [ "$FRESH_ROOT" = 1 ]; then
     rm -f "$FRESH_LOG"
     echo "fresh-machine stage: exit status $fresh"
 fi
+# The fresh-machine log is long: repeat what failed last, where a reader
+# of the end of the output finds it.
+if [ "$tests_status" != 0 ]; then
+    stage "functional tests that failed (details above)"
+    stestr --test-path=./tests/functional failing --list || true
+fi
 stage "done"
 [ "$tests_status" = 0 ] && [ "$fresh" = 0 ]
