@@ -532,8 +532,18 @@ class TestLazyExports(ExportTestCase):
         self.assertLess(refetched, fetched / 10)
         r = self.export_cli('remove', _id('nginx'))
         self.assertEqual(0, r.returncode, r.stderr)
-        self.assertEqual([], os.listdir(os.path.join(self.conf.vmar.host_dir,
-                                                     'mirrors')))
+        self.assertEqual({}, self.mirror_counters())
+        # unreferenced mirrors stay within mirror_cache_gb: a new export
+        # of the image fetches nothing
+        self.assertEqual(3, len(self.svc.files.bases()))
+        r = self.export_cli('add', _id('nginx'))
+        self.assertEqual(0, r.returncode, r.stderr)
+        self.assertEqual(0, subprocess.run(
+            [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F', 'raw',
+             self.uri(_id('nginx')), self.images['nginx']],
+            capture_output=True).returncode)
+        self.assertEqual(0, sum(c['bytes-fetched']
+                                for c in self.mirror_counters().values()))
 
 
 def _parse_qemu_io_dumps(out):

@@ -150,6 +150,13 @@ host_opts = [
     cfg.IntOpt('mirror_readahead', default=262144, min=0, max=16777216,
                help='base_fetch=lazy: bytes of missing blocks fetched '
                     'after a missing run that ends a read.'),
+    cfg.IntOpt('mirror_cache_gb', default=20, min=0,
+               help='base_fetch=lazy: GiB of disk the mirrors of a host may '
+                    'fill before mirrors no export reads are evicted, least '
+                    'recently used first (a later export of their images '
+                    'then fetches again). Mirrors that exports read are '
+                    'never evicted. 0: delete a mirror as soon as no export '
+                    'reads it.'),
     cfg.StrOpt('map_source_dir', default='$state_dir',
                help='For map_source=dir: a library directory with maps/ and '
                     'bases/ subdirectories (a library\'s state_dir).'),

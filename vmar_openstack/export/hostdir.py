@@ -40,9 +40,10 @@ Mirror = collections.namedtuple('Mirror', 'data digests present')
 
 class HostDir:
 
-    def __init__(self, root, source):
+    def __init__(self, root, source, mirror_cache_bytes=0):
         self.root = root
         self.source = source
+        self.mirror_cache_bytes = mirror_cache_bytes
 
     def map_file(self, image_id, version):
         return os.path.join(self.root, _MAPS,
@@ -127,6 +128,9 @@ class HostDir:
         """
         m = self.mirror(target.image_id)
         if os.path.exists(m.data):
+            # used again: last in line for eviction
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(m.present)
             return True
         os.makedirs(os.path.dirname(m.data), exist_ok=True)
         if not os.path.exists(m.digests):
@@ -182,12 +186,53 @@ class HostDir:
                     LOG.info('deleting unreferenced %s/%s', sub, name)
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(d, name))
+        self._evict_mirrors(bases)
+
+    def _mirror_ids(self):
         d = os.path.join(self.root, _MIRRORS)
-        names_ = os.listdir(d) if os.path.isdir(d) else ()
-        for image_id in sorted({n.split('.')[0] for n in names_
-                                if not n.startswith('.')} - bases):
-            LOG.info('deleting the unreferenced mirror of %s', image_id)
+        return {n.split('.')[0] for n in (os.listdir(d) if os.path.isdir(d)
+                                          else ()) if not n.startswith('.')}
+
+    def _evict_mirrors(self, keep):
+        """Evict unreferenced mirrors while mirrors exceed the budget.
+
+        Least recently used first: by the time of the present file, which
+        the driver rewrites as it fetches and :meth:`ensure` touches when
+        an export is added. Mirrors in ``keep`` stay whatever their size.
+        """
+        used, idle = 0, []
+        for image_id in self._mirror_ids():
+            m = self.mirror(image_id)
+            size = sum(_allocated(p) for p in m)
+            used += size
+            if image_id not in keep:
+                idle.append((_mtime(m.present), image_id, size))
+        for _t, image_id, size in sorted(idle):
+            if used <= self.mirror_cache_bytes:
+                break
+            LOG.info('evicting the unreferenced mirror of %s (%d bytes; '
+                     'mirrors hold %d, mirror_cache_gb allows %d)',
+                     image_id, size, used, self.mirror_cache_bytes)
             m = self.mirror(image_id)
             # the present bits go first: never bits without their data
             for path in (m.present, m.data, m.digests):
                 fileutils.unlink(path)
+            used -= size
+        if 0 < self.mirror_cache_bytes < used:
+            LOG.warning('the mirrors exports read hold %d bytes, above the '
+                        'mirror_cache_gb budget of %d', used,
+                        self.mirror_cache_bytes)
+
+
+def _allocated(path):
+    try:
+        return os.stat(path).st_blocks * 512
+    except FileNotFoundError:
+        return 0
+
+
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime
+    except FileNotFoundError:
+        return 0

@@ -38,7 +38,8 @@ class ExportService:
         self.qmp_socket = os.path.join(c.host_dir, 'qsd-qmp.sock')
         self.pid_file = os.path.join(c.host_dir, 'qsd.pid')
         self.source = source or mapsource.get_source(conf)
-        self.files = hostdir.HostDir(c.host_dir, self.source)
+        self.files = hostdir.HostDir(c.host_dir, self.source,
+                                     c.mirror_cache_gb << 30)
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
                 == os.path.realpath(c.host_dir)):
             # host_dir is pruned of unreferenced files: never the library
