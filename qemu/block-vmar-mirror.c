@@ -57,7 +57,7 @@
 #define MIRROR_MIN_BLOCK            512
 #define MIRROR_MAX_BLOCK            (64 * 1024)
 
-#define MIRROR_DEFAULT_READAHEAD    (256 * 1024)
+#define MIRROR_DEFAULT_READAHEAD    (64 * 1024)
 #define MIRROR_MAX_READAHEAD        (16 * 1024 * 1024)
 /* Largest single fetch (a long missing run is fetched in pieces) */
 #define MIRROR_MAX_FETCH            (4 * 1024 * 1024)
@@ -128,7 +128,7 @@ static QemuOptsList vmar_mirror_runtime_opts = {
             .name = MIRROR_OPT_READAHEAD,
             .type = QEMU_OPT_SIZE,
             .help = "Missing bytes fetched after a missing run (default: "
-                    "256 KiB)",
+                    "64 KiB)",
         },
         { /* end of list */ }
     },

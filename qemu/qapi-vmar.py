@@ -68,7 +68,7 @@ STRUCT = """##
 # @present: path of the mirror's present-block bitmap file
 #
 # @readahead: missing bytes fetched after a missing run that ends a read
-#             (default: 256 KiB, at most 16 MiB)
+#             (default: 64 KiB, at most 16 MiB)
 #
 # Since: 7.2
 ##

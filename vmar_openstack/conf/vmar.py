@@ -147,7 +147,7 @@ host_opts = [
                  'whole bases.')],
                help='How a compute host gets the base files its exports '
                     'read.'),
-    cfg.IntOpt('mirror_readahead', default=262144, min=0, max=16777216,
+    cfg.IntOpt('mirror_readahead', default=65536, min=0, max=16777216,
                help='base_fetch=lazy: bytes of missing blocks fetched '
                     'after a missing run that ends a read.'),
     cfg.IntOpt('mirror_cache_gb', default=20, min=0,
