@@ -605,6 +605,33 @@ static coroutine_fn int vmar_mirror_co_preadv_part(BlockDriverState *bs,
                                0);
 }
 
+/*
+ * Zero blocks are known from the digest list, whether fetched or not:
+ * report them as zeros (an NBD server then sends holes, qemu-img skips
+ * them); everything else is data.  Holes of the mirror file say nothing:
+ * they are blocks not fetched yet.
+ */
+static int coroutine_fn vmar_mirror_co_block_status(BlockDriverState *bs,
+                                                    bool want_zero,
+                                                    int64_t offset,
+                                                    int64_t bytes,
+                                                    int64_t *pnum,
+                                                    int64_t *map,
+                                                    BlockDriverState **file)
+{
+    BDRVVmarMirrorState *s = bs->opaque;
+    uint64_t b = offset >> s->block_bits;
+    uint64_t end = MIN(DIV_ROUND_UP(offset + bytes, s->block_size),
+                       s->n_blocks);
+    bool zero = mirror_is_zero_digest(mirror_digest(s, b));
+
+    while (++b < end && mirror_is_zero_digest(mirror_digest(s, b)) == zero) {
+        /* extend the run of one kind */
+    }
+    *pnum = MIN((int64_t)(b << s->block_bits), offset + bytes) - offset;
+    return zero ? BDRV_BLOCK_ZERO : BDRV_BLOCK_DATA;
+}
+
 static coroutine_fn int vmar_mirror_co_pwritev_part(BlockDriverState *bs,
                                                     int64_t offset,
                                                     int64_t bytes,
@@ -885,6 +912,7 @@ static BlockDriver bdrv_vmar_mirror = {
     .bdrv_detach_aio_context    = vmar_mirror_detach_aio_context,
 
     .bdrv_co_preadv_part        = vmar_mirror_co_preadv_part,
+    .bdrv_co_block_status       = vmar_mirror_co_block_status,
     .bdrv_co_pwritev_part       = vmar_mirror_co_pwritev_part,
     .bdrv_co_pwrite_zeroes      = vmar_mirror_co_pwrite_zeroes,
     .bdrv_co_pdiscard           = vmar_mirror_co_pdiscard,

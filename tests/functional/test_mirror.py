@@ -205,6 +205,22 @@ class TestMirror(MirrorTestCase):
         self.stop()
         self.assertEqual(set(range(20, 30)), self.present_blocks())
 
+    def test_zero_blocks_are_reported_as_zeros(self):
+        self.start(self.node())
+        out = subprocess.run(['qemu-img', 'map', '--output=json', '-f',
+                              'raw', self.uri], capture_output=True,
+                             text=True, check=True).stdout
+        zero = set()
+        for e in json.loads(out):
+            if e['zero']:
+                zero.update(range(e['start'] // BS,
+                                  (e['start'] + e['length']) // BS))
+        want = {b for b in range(N_BLOCKS)
+                if not any(self.data[b * BS:(b + 1) * BS])}
+        self.assertEqual(want, zero)
+        # answered from the digest list: nothing was fetched
+        self.assertEqual(0, self.counters()['fetches'])
+
     def test_restart_keeps_what_was_fetched(self):
         self.start(self.node(readahead=0))
         self.assertTrue(self.read(16 * BS, 32 * BS)[0])
