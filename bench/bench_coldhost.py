@@ -41,14 +41,13 @@ import tempfile
 import time
 import uuid
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 
-from oslo_config import cfg  # noqa: E402
+import bench_export  # noqa: E402
 
 from tools import boot_image  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
-from vmar_openstack import conf as vmar_conf  # noqa: E402
-from vmar_openstack.db import migration  # noqa: E402
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.export import supervisor  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
@@ -117,16 +116,8 @@ def _stats_bytes(line):
 
 
 def make_conf(state, prefix, sock, readahead):
-    conf = cfg.ConfigOpts()
-    vmar_conf.register_opts(conf)
-    conf([], project='vmar', default_config_files=[])
-    conf.set_override('state_dir', state, group='vmar')
-    conf.set_override('export_socket', sock, group='vmar')
-    conf.set_override('qemu_storage_daemon',
-                      os.path.join(prefix, 'bin', 'qemu-storage-daemon'),
-                      group='vmar')
-    conf.set_override('connection', 'sqlite:///%s/vmar.sqlite' % state,
-                      group='vmar_database')
+    """bench_export's configuration, with lazy mirrors."""
+    conf = bench_export.make_conf(state, prefix, sock)
     conf.set_override('base_fetch', 'lazy', group='vmar')
     conf.set_override('mirror_readahead', readahead, group='vmar')
     return conf
@@ -219,7 +210,6 @@ def main():
     try:
         lib_root = os.path.join(work, 'library')
         lconf = make_conf(lib_root, args.qemu_prefix, '/nonexistent', 0)
-        migration.upgrade('head', conf=lconf)
         lib = ingest.Library(lconf)
         ids = []
         for name in IMAGES:       # the whole library, whatever is booted

@@ -160,13 +160,17 @@ static void mirror_hex(const uint8_t *d, char *out)
     }
 }
 
-/* Read exactly @len bytes at @off of @fd; -errno, or -EINVAL if short */
-static int mirror_pread_full(int fd, void *buf, size_t len, off_t off)
+/*
+ * Read (or, with @write, write) exactly @len bytes at @off of @fd: 0, or
+ * -errno, or -EINVAL if the file ends first.
+ */
+static int mirror_io_full(int fd, void *buf, size_t len, off_t off,
+                          bool write)
 {
     ssize_t n;
 
     while (len) {
-        n = pread(fd, buf, len, off);
+        n = write ? pwrite(fd, buf, len, off) : pread(fd, buf, len, off);
         if (n < 0 && errno == EINTR) {
             continue;
         }
@@ -183,23 +187,14 @@ static int mirror_pread_full(int fd, void *buf, size_t len, off_t off)
     return 0;
 }
 
+static int mirror_pread_full(int fd, void *buf, size_t len, off_t off)
+{
+    return mirror_io_full(fd, buf, len, off, false);
+}
+
 static int mirror_pwrite_full(int fd, const void *buf, size_t len, off_t off)
 {
-    ssize_t n;
-
-    while (len) {
-        n = pwrite(fd, buf, len, off);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0) {
-            return -errno;
-        }
-        buf = (const uint8_t *)buf + n;
-        len -= n;
-        off += n;
-    }
-    return 0;
+    return mirror_io_full(fd, (void *)buf, len, off, true);
 }
 
 /* Check the fixed header fields shared by both files */

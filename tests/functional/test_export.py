@@ -459,6 +459,15 @@ class TestLazyExports(ExportTestCase):
                                          {'flat': True})
                     if n.get('drv') == 'vmar-mirror'}
 
+    def compare(self, name):
+        """Stock qemu-img compares an image's export with the image."""
+        r = subprocess.run(
+            [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F', 'raw',
+             self.uri(_id(name)), self.images[name]],
+            capture_output=True, text=True)
+        self.assertEqual(0, r.returncode, '%s: %s %s'
+                         % (name, r.stdout, r.stderr))
+
     def test_exports_read_through_mirrors_fetch_each_block_once(self):
         self.serve()
         for name in ('nginx', 'minbase'):
@@ -478,12 +487,7 @@ class TestLazyExports(ExportTestCase):
             _hdr, bits = mirror.read_present(self.svc.files.mirror(t).present)
             self.assertFalse(bits.any())
         for name in ('nginx', 'minbase', 'nginx'):
-            r = subprocess.run(
-                [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F',
-                 'raw', self.uri(_id(name)), self.images[name]],
-                capture_output=True, text=True)
-            self.assertEqual(0, r.returncode, '%s: %s %s'
-                             % (name, r.stdout, r.stderr))
+            self.compare(name)
         counters = self.mirror_counters()
         self.assertEqual(3, len(counters))
         for node, c in counters.items():
@@ -505,10 +509,7 @@ class TestLazyExports(ExportTestCase):
         proc = self.serve()
         r = self.export_cli('add', _id('nginx'))
         self.assertEqual(0, r.returncode, r.stderr)
-        self.assertEqual(0, subprocess.run(
-            [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F', 'raw',
-             self.uri(_id('nginx')), self.images['nginx']],
-            capture_output=True).returncode)
+        self.compare('nginx')
         fetched = sum(c['bytes-fetched']
                       for c in self.mirror_counters().values())
         self.assertGreater(fetched, 0)
@@ -540,10 +541,7 @@ class TestLazyExports(ExportTestCase):
             self.assertIsNone(proc.poll())
             self.assertLess(time.monotonic(), deadline)
             time.sleep(0.2)
-        self.assertEqual(0, subprocess.run(
-            [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F', 'raw',
-             self.uri(_id('nginx')), self.images['nginx']],
-            capture_output=True).returncode)
+        self.compare('nginx')
         refetched = sum(c['bytes-fetched']
                         for c in self.mirror_counters().values())
         self.assertLessEqual(refetched, unrecorded)
@@ -556,10 +554,7 @@ class TestLazyExports(ExportTestCase):
         self.assertEqual(3, len(self.svc.files.bases()))
         r = self.export_cli('add', _id('nginx'))
         self.assertEqual(0, r.returncode, r.stderr)
-        self.assertEqual(0, subprocess.run(
-            [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F', 'raw',
-             self.uri(_id('nginx')), self.images['nginx']],
-            capture_output=True).returncode)
+        self.compare('nginx')
         self.assertEqual(0, sum(c['bytes-fetched']
                                 for c in self.mirror_counters().values()))
 
