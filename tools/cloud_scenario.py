@@ -476,12 +476,15 @@ class UserPath(object):
         return [s['Name'] for s in self.os.json('server', 'list')
                 if s['Status'] == 'ACTIVE']
 
+    def qsd_pids(self):
+        return [int(p) for p in subprocess.run(
+            ['pgrep', '-f', 'qemu-storage-daemon.*%s' % self.host_dir],
+            capture_output=True, text=True).stdout.split()]
+
     def qsd_pid(self):
-        out = subprocess.run(['pgrep', '-f', 'qemu-storage-daemon.*%s'
-                              % self.host_dir], capture_output=True,
-                             text=True).stdout.split()
-        check(len(out) == 1, 'qemu-storage-daemon pids: %s', out)
-        return int(out[0])
+        pids = self.qsd_pids()
+        check(len(pids) == 1, 'qemu-storage-daemon pids: %s', pids)
+        return pids[0]
 
     def kill_export_daemon(self):
         """kill -9 the export daemon; guests pause and resume alone.
@@ -512,8 +515,11 @@ class UserPath(object):
                                     domains['vm-b']), timeout=300)
         finally:
             os.kill(supervisor, signal.SIGCONT)
-        self.wait('a new export daemon', lambda: self.qsd_pid() != old,
+        # none for the moment the supervisor waits before it restarts one
+        self.wait('a new export daemon',
+                  lambda: self.qsd_pids() not in ([], [old]),
                   timeout=60, interval=0.5)
+        self.qsd_pid()
 
         def all_running():
             return all(self.virsh('domstate', dom).startswith('running')
