@@ -694,32 +694,23 @@ static void vmar_mirror_detach_aio_context(BlockDriverState *bs)
 {
     BDRVVmarMirrorState *s = bs->opaque;
 
-    timer_free(s->flush_timer);
-    s->flush_timer = NULL;
+    g_clear_pointer(&s->flush_timer, timer_free);
 }
 
 static void vmar_mirror_free_state(BDRVVmarMirrorState *s)
 {
-    timer_free(s->flush_timer);
-    s->flush_timer = NULL;
+    g_clear_pointer(&s->flush_timer, timer_free);
     if (s->present_fd >= 0) {
         qemu_close(s->present_fd);
         s->present_fd = -1;
     }
-    g_free(s->present_path);
-    s->present_path = NULL;
-    g_free(s->present);
-    s->present = NULL;
-    g_free(s->pending);
-    s->pending = NULL;
-    g_free(s->disk_bits);
-    s->disk_bits = NULL;
-    g_free(s->digests);
-    s->digests = NULL;
-    EVP_MD_CTX_free(s->md_ctx);
-    s->md_ctx = NULL;
-    EVP_MD_free(s->sha256);
-    s->sha256 = NULL;
+    g_clear_pointer(&s->present_path, g_free);
+    g_clear_pointer(&s->present, g_free);
+    g_clear_pointer(&s->pending, g_free);
+    g_clear_pointer(&s->disk_bits, g_free);
+    g_clear_pointer(&s->digests, g_free);
+    g_clear_pointer(&s->md_ctx, EVP_MD_CTX_free);
+    g_clear_pointer(&s->sha256, EVP_MD_free);
 }
 
 static int vmar_mirror_check_length(BdrvChild *c, const char *what,

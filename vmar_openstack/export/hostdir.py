@@ -133,26 +133,12 @@ class HostDir:
                 os.utime(m.present)
             return True
         os.makedirs(os.path.dirname(m.data), exist_ok=True)
-        if not os.path.exists(m.digests):
-            tmp = m.digests + '.%d.tmp' % os.getpid()
-            try:
-                self.source.fetch_digests(target.image_id, tmp)
-                hdr, _rows = mirror_format.read_digests(tmp)
-            except (exception.SourceError,
-                    exception.MirrorFormatError) as e:
-                fileutils.unlink(tmp)
-                LOG.warning('base %s: no usable digest list (%s); copying '
-                            'the whole base instead of mirroring it',
-                            target.image_id, e)
+        if os.path.exists(m.digests):
+            hdr, _rows = mirror_format.read_digests(m.digests)
+        else:
+            hdr = self._fetch_digests(target, m.digests)
+            if hdr is None:
                 return False
-            if (hdr.image_id, hdr.size) != (target.image_id, target.size):
-                fileutils.unlink(tmp)
-                raise exception.ExportError(
-                    'the digest list of base %s describes %s (%d bytes), '
-                    'the map says %d bytes' % (target.image_id, hdr.image_id,
-                                               hdr.size, target.size))
-            fileutils.install(tmp, m.digests)
-        hdr, _rows = mirror_format.read_digests(m.digests)
         mirror_format.create_present(m.present, hdr)
         tmp = fileutils.write_temp(m.data, b'')
         os.truncate(tmp, hdr.size)
@@ -160,6 +146,30 @@ class HostDir:
         LOG.info('base %s: empty mirror of %d bytes created', hdr.image_id,
                  hdr.size)
         return True
+
+    def _fetch_digests(self, target, dest):
+        """The source's digest list of ``target`` at ``dest``: its header.
+
+        None if the source has none usable (the base is copied whole).
+        """
+        tmp = dest + '.%d.tmp' % os.getpid()
+        try:
+            self.source.fetch_digests(target.image_id, tmp)
+            hdr, _rows = mirror_format.read_digests(tmp)
+        except (exception.SourceError, exception.MirrorFormatError) as e:
+            fileutils.unlink(tmp)
+            LOG.warning('base %s: no usable digest list (%s); copying the '
+                        'whole base instead of mirroring it',
+                        target.image_id, e)
+            return None
+        if (hdr.image_id, hdr.size) != (target.image_id, target.size):
+            fileutils.unlink(tmp)
+            raise exception.ExportError(
+                'the digest list of base %s describes %s (%d bytes), the '
+                'map says %d bytes' % (target.image_id, hdr.image_id,
+                                       hdr.size, target.size))
+        fileutils.install(tmp, dest)
+        return hdr
 
     def bases(self):
         """Image ids of the base files and mirrors on the host."""
