@@ -5,6 +5,12 @@ build it, and runs on a scratch directory of the root filesystem with
 ``--boot-time`` set after the files it calls base were written. fanotify,
 mincore and POSIX_FADV_DONTNEED are the host kernel's (a guest runs the
 same code on its own kernel: tests/functional/test_cloud.py).
+
+This machine's kernel also pages out page cache on its own (DAMON, see
+../shared/notes/platform.md): measured, 17 of 40 freshly read 4 MiB
+files lost 4-86 KiB within 5 s. So "cached" is asserted as at least
+``KEPT`` of a file, and what vmar-guest did by its own counters: it drops
+a file whole, DAMON takes a few pages.
 """
 
 import os
@@ -20,6 +26,7 @@ from vmar_openstack.guest import userdata
 from vmar_openstack import pagecache
 
 MIB = 1 << 20
+KEPT = 0.9               # of a file vmar-guest must leave cached
 
 
 class TestVmarGuest(testtools.TestCase):
@@ -85,6 +92,15 @@ class TestVmarGuest(testtools.TestCase):
         """The counters of the last pass (all 0 before the first)."""
         return guest_status.read(path)
 
+    def wait_passes(self, status, n):
+        passes = self.status(status)['passes']
+        self.wait_for('%d passes' % n, lambda: self.status(status)[
+            'passes'] >= passes + n)
+
+    @staticmethod
+    def cached(path):
+        return pagecache.resident_bytes([path])[path]
+
     def test_base_data_goes_private_data_stays(self):
         base = self.write('base', 8 * MIB)
         private = self.write('private', 8 * MIB, future_mtime=True)
@@ -92,33 +108,33 @@ class TestVmarGuest(testtools.TestCase):
         status = self.start()
         self.read(base, private)        # opened after start: fanotify
         self.wait_for('base data dropped', lambda: self.status(status)[
-            'dropped_bytes'] >= 8 * MIB)
-        self.assertEqual(0, pagecache.resident_bytes([base])[base])
-        self.assertEqual(8 * MIB,
-                         pagecache.resident_bytes([private])[private])
+            'drops'] >= 1 and self.cached(base) == 0)
+        self.assertGreaterEqual(self.cached(private), KEPT * 8 * MIB)
         self.assertGreaterEqual(self.status(status)['events'], 2)
 
     def test_what_was_cached_before_it_started_goes_too(self):
         base = self.write('base', 4 * MIB)
         self.read(base)
         self.start()
-        self.wait_for('base data dropped', lambda: pagecache.resident_bytes(
-            [base])[base] == 0)
+        self.wait_for('base data dropped', lambda: self.cached(base) == 0)
 
     def test_a_base_file_modified_since_boot_is_private(self):
         base = self.write('base', 4 * MIB)
         status = self.start()
         self.read(base)
         self.wait_for('its first drop', lambda: self.status(status)[
-            'dropped_bytes'] >= 4 * MIB)
+            'drops'] >= 1 and self.cached(base) == 0)
         t = time.time() + 3600          # modified "after boot"
         os.utime(base, (t, t))
+        # a pass that began before utime may still drop it; one that
+        # began after it sees the new mtime
+        self.wait_passes(status, 2)
+        drops = self.status(status)['drops']
         self.read(base)
-        passes = self.status(status)['passes']
         # grace 1 s, interval 1 s: three passes see it past its grace
-        self.wait_for('three passes', lambda: self.status(status)[
-            'passes'] >= passes + 3)
-        self.assertEqual(4 * MIB, pagecache.resident_bytes([base])[base])
+        self.wait_passes(status, 3)
+        self.assertEqual(drops, self.status(status)['drops'])
+        self.assertGreaterEqual(self.cached(base), KEPT * 4 * MIB)
 
     def test_a_server_the_host_did_not_mark_is_left_alone(self):
         r = subprocess.run([self.binary], capture_output=True, text=True)
