@@ -269,6 +269,9 @@ exec libvirtd -p /run/libvirt/libvirtd.pid -f /etc/libvirt/libvirtd.conf
                 'sh', '-c', self.SCRIPT, 'libvirt-ns', self.root]
 
     def setup(self):
+        # /run is a tmpfs: without systemd nobody makes the package's
+        # runtime directory after a boot until a libvirtd starts
+        os.makedirs('/run/libvirt', mode=0o755, exist_ok=True)
         missing = [p for p in self.MOUNT_POINTS if not os.path.isdir(p)]
         if missing:
             raise ServiceError('libvirt is not installed (no %s): '
