@@ -5,6 +5,7 @@ runs the same code against a real glance-api.
 """
 
 import hashlib
+import os
 import threading
 
 from glanceclient import exc as glance_exc
@@ -13,6 +14,7 @@ from tests import base
 from vmar_openstack.glance_hooks import agent
 from vmar_openstack.glance_hooks import publish
 from vmar_openstack import ingest
+from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.mapsource import glance as gsource
 
 ID = '0e000000-0000-4000-8000-00000000000e'
@@ -151,3 +153,48 @@ class TestPublish(base.LibraryTestCase):
             self.assertEqual('active', self.glance.images.store[mid]['status'])
             self.assertEqual(1, self.glance.images.calls.count(
                 ('create', mid)))
+
+
+class TestPublishDigests(TestPublish):
+
+    def test_digest_list_published_once_and_checked(self):
+        self.handler._add(ID, self.meta, self.path, 'it')
+        did = gsource.digests_image_id(ID)
+        self.assertEqual(did, self.handler.publisher.digests(ID))
+        rec = self.glance.images.store[did]
+        self.assertEqual('active', rec['status'])
+        self.assertEqual(ID, rec[gsource.PROP_OF])
+        self.assertNotIn(gsource.PROP_VERSION, rec)  # never taken for a map
+        self.assertTrue(rec['os_hidden'])
+        self.assertEqual(hashlib.sha256(rec['data']).hexdigest(),
+                         rec[gsource.PROP_DIGESTS_SHA256])
+        path = os.path.join(self.tmp, 'digests')
+        with open(path, 'wb') as f:
+            f.write(rec['data'])
+        hdr, rows = mirror_format.read_digests(path)
+        self.assertEqual((ID, 4 * 4096), (hdr.image_id, hdr.size))
+        self.assertEqual([True, True, False, True], list(rows.any(axis=1)))
+        # an image's data never changes: published once
+        self.glance.images.calls.clear()
+        self.assertEqual(did, self.handler.publisher.digests(ID))
+        self.assertEqual([('get', did)], self.glance.images.calls)
+
+    def test_activate_publishes_map_and_digest_list(self):
+        self.handler._add(ID, self.meta, self.path, 'it')
+        did = gsource.digests_image_id(ID)
+        self.assertNotIn(did, self.glance.images.store)
+        self.handler.activate(dict(self.meta, id=ID, status='active'))
+        self.assertEqual('active', self.glance.images.store[
+            gsource.map_image_id(ID, 1)]['status'])
+        self.assertEqual('active', self.glance.images.store[did]['status'])
+
+    def test_a_record_left_queued_is_filled(self):
+        # an agent killed between create and upload
+        self.handler._add(ID, self.meta, self.path, 'it')
+        did = gsource.digests_image_id(ID)
+        data = self.lib.digest_list(ID)
+        self.glance.images.store[did] = {
+            'id': did, 'status': 'queued', gsource.PROP_OF: ID,
+            gsource.PROP_DIGESTS_SHA256: hashlib.sha256(data).hexdigest()}
+        self.handler.publisher.digests(ID)
+        self.assertEqual(data, self.glance.images.store[did]['data'])

@@ -96,7 +96,8 @@ class Handler:
             return                     # one of our own map images
         if self._known(image_id) is None:
             self._ingest(image_id, payload)
-        self.publisher.current(image_id)
+        if self.publisher.current(image_id) is not None:
+            self.publisher.digests(image_id)
 
     def _ingest(self, image_id, payload):
         local = self._local_store_file(image_id, payload)
@@ -207,7 +208,8 @@ def resync(conf, handler, endpoint):
     while RabbitMQ is unreachable is lost). Active images missing from the
     library are handled as ``image.activate``, library images gone from
     Glance as ``image.delete``, through the endpoint (so failures are
-    recorded as for notifications). Then the parked images are retried.
+    recorded as for notifications), and known images get their digest
+    list published if it is missing. Then the parked images are retried.
     """
     glance = handler.glance
     seen = set()
@@ -218,6 +220,12 @@ def resync(conf, handler, endpoint):
         if handler._known(img['id']) is None:
             LOG.info('resync: %s is not in the library', img['id'])
             endpoint.handle('image.activate', dict(img), once=True)
+            continue
+        try:
+            # ingested before digest lists were published, or lost
+            handler.publisher.digests(img['id'])
+        except exception.VmarException as e:
+            LOG.warning('resync: %s', e)
     with db_session.reader(conf) as s:
         known = {i.image_id for i in db_api.list_images(s)}
     for image_id in sorted(known - seen):

@@ -144,36 +144,86 @@ class Publisher:
                 # left by an attempt whose version never committed
                 raise exception.StuckError(
                     'map image %s was created for other content' % mid)
-            deadline = time.monotonic() + 60
-            while img['status'] in ('saving', 'importing'):
-                if time.monotonic() > deadline:
-                    raise exception.StuckError(
-                        'map image %s stuck in %s' % (mid, img['status']))
-                time.sleep(0.5)
-                img = self.glance.images.get(mid)
-            if img['status'] == 'queued':
-                try:
-                    self.glance.images.upload(mid, io.BytesIO(data),
-                                              image_size=len(data))
-                except glance_exc.HTTPConflict:
-                    # another agent uploaded it first: see how it went
-                    img = self.glance.images.get(mid)
-                else:
-                    # Glance answers the PUT once the image is active
-                    img = dict(img, status='active')
-            if img['status'] != 'active':
-                raise exception.PublishError(
-                    'map image %s is %s' % (mid, img['status']))
-            if img.get(gsource.PROP_SHA256) != sha:
-                raise exception.PublishError(
-                    'map image %s has SHA-256 %s, the map file %s'
-                    % (mid, img.get(gsource.PROP_SHA256), sha))
+            self._upload(img, data, sha, gsource.PROP_SHA256, 'map image')
         except glance_exc.ClientException as e:
             raise exception.PublishError(
                 'publishing map v%d of %s: %s' % (version, image_id, e))
         LOG.info('published map v%d of %s as Glance image %s', version,
                  image_id, mid)
         return mid
+
+    def _upload(self, img, data, sha, sha_prop, what):
+        """Upload ``data`` into the record ``img`` unless it has it.
+
+        Waits out another agent's upload; checks the result's status and
+        its ``sha_prop`` against ``sha``.
+        """
+        mid = img['id']
+        deadline = time.monotonic() + 60
+        while img['status'] in ('saving', 'importing'):
+            if time.monotonic() > deadline:
+                raise exception.StuckError(
+                    '%s %s stuck in %s' % (what, mid, img['status']))
+            time.sleep(0.5)
+            img = self.glance.images.get(mid)
+        if img['status'] == 'queued':
+            try:
+                self.glance.images.upload(mid, io.BytesIO(data),
+                                          image_size=len(data))
+            except glance_exc.HTTPConflict:
+                # another agent uploaded it first: see how it went
+                img = self.glance.images.get(mid)
+            else:
+                # Glance answers the PUT once the image is active
+                img = dict(img, status='active')
+        if img['status'] != 'active':
+            raise exception.PublishError(
+                '%s %s is %s' % (what, mid, img['status']))
+        if img.get(sha_prop) != sha:
+            raise exception.PublishError(
+                '%s %s has SHA-256 %s, the data %s'
+                % (what, mid, img.get(sha_prop), sha))
+
+    def digests(self, image_id):
+        """Publish the digest list of an image's base, once.
+
+        Hosts with ``[vmar] base_fetch = lazy`` check the blocks they fetch
+        against it. An image's data never changes, so an active digest
+        list image of ours is left as it is. Returns its id, or None when
+        the library has no SHA-256 digests.
+        """
+        did = gsource.digests_image_id(image_id)
+        try:
+            try:
+                img = self.glance.images.get(did)
+            except glance_exc.HTTPNotFound:
+                img = None
+            if img and img['status'] == 'active':
+                return did
+            data = self.library.digest_list(image_id)
+            if data is None:
+                return None
+            sha = hashlib.sha256(data).hexdigest()
+            # one publisher at a time, across agents (see publish)
+            with db_session.locked_writer(self.conf):
+                if img is None:
+                    try:
+                        img = self.glance.images.create(
+                            id=did, name=gsource.digests_image_name(image_id),
+                            disk_format='raw', container_format='bare',
+                            visibility='private', os_hidden=True,
+                            **{gsource.PROP_OF: image_id,
+                               gsource.PROP_DIGESTS_SHA256: sha})
+                    except glance_exc.HTTPConflict:
+                        img = self.glance.images.get(did)
+                self._upload(img, data, sha, gsource.PROP_DIGESTS_SHA256,
+                             'digest list image')
+        except glance_exc.ClientException as e:
+            raise exception.PublishError(
+                'publishing the digest list of %s: %s' % (image_id, e))
+        LOG.info('published the digest list of %s as Glance image %s',
+                 image_id, did)
+        return did
 
     def _get_or_create(self, mid, image_id, version, sha):
         props = {gsource.PROP_OF: image_id,

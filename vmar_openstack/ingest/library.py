@@ -202,6 +202,22 @@ class Library:
                 fileutils.unlink(p)
             raise
 
+    def digest_list(self, image_id):
+        """The base's digest list (``doc/source/mirror-format.rst``), bytes.
+
+        None when the library hashes with another algorithm than mirrors
+        check (hosts then copy the base whole).
+        """
+        with db_session.reader(self.conf) as s:
+            store = db_store.ClusterStore(s)
+            img = self._get(store, image_id)
+            if img.algorithm != mirror_format.ALGORITHM:
+                return None
+            fps = fingerprint.Fingerprints(img.algorithm, img.block_size,
+                                           img.virtual_size,
+                                           store.load_digests(img))
+        return mirror_format.digests_bytes(image_id, fps)
+
     def _get(self, store, image_id):
         img = store.get_image(image_id)
         if img is None:
