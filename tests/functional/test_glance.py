@@ -7,6 +7,7 @@ with the real ``openstack`` CLI.
 """
 
 from concurrent import futures
+import contextlib
 import glob
 import hashlib
 import json
@@ -246,6 +247,129 @@ class TestGlance(GlanceTestCase):
         self.assertIn(image_id, listed)
         self.assertNotIn(gsource.map_image_id(image_id, v), listed)
         self.assert_consistent()
+
+    def wait_digests(self, image_id, timeout=120):
+        did = gsource.digests_image_id(image_id)
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if self.client.images.get(did)['status'] == 'active':
+                    return did
+            except glance_exc.HTTPNotFound:
+                pass
+            self.assertLess(time.time(), deadline, self.agent_log())
+            time.sleep(0.2)
+
+    def lazy_host(self, proxy):
+        """``vmar-export serve`` of a lazy host reading Glance via proxy."""
+        host = os.path.join(self.tmp, 'host')
+        sock_dir = tempfile.mkdtemp(prefix='vmar-lazy-', dir='/run')
+        self.addCleanup(shutil.rmtree, sock_dir, True)
+        sock = os.path.join(sock_dir, 'nbd.sock')
+        conf_file = os.path.join(self.tmp, 'host.conf')
+        glance_env.write_conf(conf_file, {
+            'DEFAULT': {'debug': 'true'},
+            'vmar': {'host_dir': host, 'map_source': 'glance',
+                     'base_fetch': 'lazy', 'mirror_readahead': '0',
+                     'fetch_retries': '1', 'export_socket': sock,
+                     'qemu_storage_daemon': qemu_env.qemu_bin(
+                         'qemu-storage-daemon')},
+            'vmar_glance': {'auth_type': 'none', 'endpoint': proxy.url,
+                            'endpoint_override': proxy.url}})
+        cmd = [sys.executable, '-m', 'vmar_openstack.cmd.export',
+               '--config-file', conf_file]
+        log = open(os.path.join(self.tmp, 'serve.log'), 'ab')
+        proc = subprocess.Popen(cmd + ['serve'], stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        log.close()
+
+        def stop():
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            # a daemon the supervisor could not stop (none if it quit)
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(host, 'qsd.pid')) as f:
+                    os.kill(int(f.read()), signal.SIGKILL)
+        self.addCleanup(stop)
+        deadline = time.time() + 60
+        while not os.path.exists(sock):
+            self.assertIsNone(proc.poll(), self.serve_log())
+            self.assertLess(time.time(), deadline, self.serve_log())
+            time.sleep(0.1)
+        return host, sock, cmd
+
+    def serve_log(self):
+        logs = [os.path.join(self.tmp, 'serve.log'),
+                os.path.join(self.tmp, 'host', 'fetch.log')]
+        return glance_env.log_tail([p for p in logs if os.path.exists(p)])
+
+    def test_lazy_host_reads_ranges_of_glance_images(self):
+        # b's first 2 MiB are a's: its map reads them from a's base
+        a = self.image('lz-a.raw', list(range(7001, 7513)) + [None] * 256)
+        b = self.image('lz-b.raw', list(range(7001, 7513))
+                       + list(range(9001, 9513)) + [None] * 128)
+        ia = self.create(a)
+        self.wait_map(ia)               # a first: it holds the shared copy
+        ib = self.create(b)
+        vb = self.wait_map(ib)
+        for i in (ia, ib):
+            self.wait_digests(i)
+        proxy = glance_env.TcpProxy(
+            '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
+            work_dir=os.path.join(self.tmp, 'proxy'))
+        os.makedirs(proxy.work_dir)
+        self.addCleanup(proxy.stop)
+        proxy.start()
+        host, sock, cmd = self.lazy_host(proxy)
+        r = subprocess.run(cmd + ['add', ib], capture_output=True, text=True)
+        self.assertEqual(0, r.returncode, r.stderr + self.serve_log())
+        uri = r.stdout.strip().split()[-1]
+        self.assertTrue(uri.startswith('nbd+unix:///%s.%d.' % (ib, vb)), uri)
+        # nothing copied whole: two empty mirrors
+        mirrors = os.path.join(host, 'mirrors')
+        self.assertFalse(os.listdir(os.path.join(host, 'bases'))
+                         if os.path.isdir(os.path.join(host, 'bases'))
+                         else [])
+        self.assertEqual({ia, ib}, {n for n in os.listdir(mirrors)
+                                    if '.' not in n})
+
+        def held():
+            return sum(os.stat(os.path.join(mirrors, i)).st_blocks * 512
+                       for i in (ia, ib))
+
+        def qemu_io(cmd_):
+            return subprocess.run(
+                [qemu_env.SYSTEM_QEMU_IO, '-r', '-f', 'raw', '-c', cmd_,
+                 uri], capture_output=True, text=True)
+        self.assertEqual(0, held())
+        # a read fetches its own blocks, no more (read-ahead 0)
+        r = qemu_io('read 0 64k')
+        self.assertNotIn('failed', r.stdout + r.stderr)
+        self.assertEqual(65536, held())
+        # Glance unreachable: a read of missing blocks fails, nothing is
+        # recorded; back, the same read succeeds
+        proxy.stop()
+        r = qemu_io('read 3M 64k')
+        self.assertIn('Input/output error', r.stdout + r.stderr)
+        self.assertEqual(65536, held())
+        proxy.start()
+        r = qemu_io('read 3M 64k')
+        self.assertNotIn('failed', r.stdout + r.stderr, self.serve_log())
+        self.assertEqual(2 * 65536, held())
+        # the whole image, byte for byte, each data block fetched once
+        r = subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw',
+                            '-F', 'raw', uri, b], capture_output=True,
+                           text=True)
+        self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        self.assertEqual(1024 * 4096, held())
+        r = subprocess.run(cmd + ['remove', ib], capture_output=True,
+                           text=True)
+        self.assertEqual(0, r.returncode, r.stderr)
 
     def test_create_import_runs_the_plugin(self):
         raw = self.image('b.raw', list(range(5001, 6025)))

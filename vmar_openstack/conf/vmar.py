@@ -141,15 +141,27 @@ host_opts = [
                  'it.'),
         ('lazy', 'Keep a sparse mirror of each base, filled on demand '
                  'with the blocks reads need, each verified against the '
-                 'library\'s digest list (doc/source/export.rst). Needs a '
-                 'map source that reads ranges: map_source=dir for now; '
-                 'other sources, and exports with host_cache=none, copy '
-                 'whole bases.')],
+                 'library\'s digest list (doc/source/export.rst). '
+                 'map_source=dir reads the library\'s bases; '
+                 'map_source=glance reads byte ranges of raw Glance images '
+                 'through nbdkit. Non-raw images, and exports with '
+                 'host_cache=none, copy whole bases.')],
                help='How a compute host gets the base files its exports '
                     'read.'),
     cfg.IntOpt('mirror_readahead', default=65536, min=0, max=16777216,
                help='base_fetch=lazy: bytes of missing blocks fetched '
                     'after a missing run that ends a read.'),
+    cfg.StrOpt('nbdkit', default='nbdkit',
+               help='base_fetch=lazy with map_source=glance: the nbdkit '
+                    'binary (Debian\'s, with its python plugin) that '
+                    'vmar-export serve runs to read byte ranges of Glance '
+                    'images.'),
+    cfg.IntOpt('fetch_retries', default=3, min=0,
+               help='base_fetch=lazy with map_source=glance: times a failed '
+                    'range read from Glance is tried again (1 s apart, '
+                    'nbdkit\'s retry-request filter) before the read fails '
+                    'and the guest pauses; vmar-nova-compute resumes it, '
+                    'which tries again.'),
     cfg.IntOpt('mirror_cache_gb', default=20, min=0,
                help='base_fetch=lazy: GiB of disk the mirrors of a host may '
                     'fill before mirrors no export reads are evicted, least '

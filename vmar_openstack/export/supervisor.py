@@ -56,6 +56,7 @@ class Supervisor:
         self.host_dir = service.host_dir
         self.qmp_socket = service.qmp_socket
         self.pid_file = service.pid_file
+        self.fetcher = None
 
     def _running_daemon(self):
         """A daemon left by an earlier ``serve`` that still answers QMP."""
@@ -106,8 +107,49 @@ class Supervisor:
             time.sleep(0.02)
         return proc
 
+    def start_fetcher(self):
+        """The range server the map source needs (nbdkit), or None.
+
+        Started before the daemon restores exports (their mirror nodes
+        connect to it); it exits with this process.
+        """
+        fetcher = getattr(self.service.source, 'fetcher_command', None)
+        spec = fetcher and fetcher()
+        if not spec:
+            return None
+        cmd, sock, env = spec
+        os.makedirs(self.host_dir, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock)
+        log = open(os.path.join(self.host_dir, 'fetch.log'), 'ab')
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env,
+                                stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sock):
+            if proc.poll() is not None:
+                raise exception.ExportError(
+                    '%s exited with %d; see %s/fetch.log'
+                    % (cmd[0], proc.returncode, self.host_dir))
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise exception.ExportError('%s did not start' % cmd[0])
+            time.sleep(0.05)
+        LOG.info('range server %d on %s', proc.pid, sock)
+        return proc
+
     def serve(self, stop_event=None, max_backoff=10):
         """Run and supervise the daemon until SIGTERM/SIGINT."""
+        self.fetcher = self.start_fetcher()
+        try:
+            self._serve(stop_event, max_backoff)
+        finally:
+            if self.fetcher:
+                self.fetcher.terminate()
+                self.fetcher.wait()
+
+    def _serve(self, stop_event, max_backoff):
         stopping = []
 
         def _stop(signum, frame):
@@ -132,6 +174,17 @@ class Supervisor:
                 if stopping or (stop_event and stop_event.is_set()):
                     self.quit(proc)
                     break
+                if self.fetcher and self.fetcher.poll() is not None:
+                    # reads of missing blocks fail until it is back; the
+                    # daemon's NBD clients reconnect by themselves
+                    LOG.error('the range server exited with %d; restarting',
+                              self.fetcher.returncode)
+                    try:
+                        self.fetcher = self.start_fetcher()
+                    except exception.ExportError as e:
+                        LOG.error('%s', e)
+                        time.sleep(backoff)
+                        backoff = min(max_backoff, backoff * 2)
                 time.sleep(0.1)
             else:
                 LOG.error('qemu-storage-daemon exited with %d; restarting',

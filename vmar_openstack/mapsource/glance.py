@@ -18,24 +18,40 @@ visibility, owner    ``private``, the agent's project (``[vmar_glance]
                      map_owner``)
 ==================== =========================================================
 
+The digest list of each base (``doc/source/mirror-format.rst``), which
+hosts check lazily fetched blocks against, is published the same way, once
+per image (an image's data never changes):
+
+==================== =========================================================
+id                   ``uuid5(DIGESTS_NAMESPACE, '<image id>')``
+name                 ``vmar-digests-<image id>``
+properties           ``vmar_map_of`` (image id), ``vmar_digests_sha256``
+==================== =========================================================
+
 A host trusts a map image only when its owner is the map owner, its
 properties name the image and version it asked for, its data has the
-recorded SHA-256, and the map's own header agrees. Base images are the
-Glance images themselves: a host streams one to a temporary file, checks
+recorded SHA-256, and the map's own header agrees; a digest list image
+likewise. Base images are the Glance images themselves: with ``[vmar]
+base_fetch = full`` a host streams one to a temporary file, checks
 Glance's ``os_hash_value`` and the format (``format_inspector``, backing
 files refused), converts it to raw if it is not, and the export service
-checks its size against the map.
+checks its size against the map. With ``lazy``, the host's mirrors read
+byte ranges of raw images (:class:`RangeReader`, served to the export
+daemon by nbdkit: :mod:`.nbdkit_glance`) and check every block against
+the digest list before a guest sees it.
 """
 
 from concurrent import futures
 import hashlib
 import os
+import sysconfig
 import tempfile
 import time
 import uuid
 
 from glanceclient import client as glance_client
 from glanceclient import exc as glance_exc
+from keystoneauth1 import adapter as ks_adapter
 from keystoneauth1 import loading as ks_loading
 from oslo_log import log as logging
 
@@ -48,9 +64,12 @@ from vmar_openstack import mapformat
 LOG = logging.getLogger(__name__)
 
 MAP_NAMESPACE = uuid.UUID('6f1c7a52-3f0e-5b8a-9a57-0c4d8e2b1d90')
+DIGESTS_NAMESPACE = uuid.UUID('0b6a3c8e-41d2-5f97-8e1a-6c2f9d4b7a35')
 PROP_OF = 'vmar_map_of'
 PROP_VERSION = 'vmar_map_version'
 PROP_SHA256 = 'vmar_map_sha256'
+PROP_DIGESTS_SHA256 = 'vmar_digests_sha256'
+FETCH_SOCKET = 'glance-fetch.sock'
 
 
 def map_image_id(image_id, version):
@@ -61,20 +80,97 @@ def map_image_name(image_id, version):
     return 'vmar-map-%s-v%d' % (image_id, version)
 
 
-def client(conf):
-    """A python-glanceclient v2 client from ``[vmar_glance]``."""
+def digests_image_id(image_id):
+    return str(uuid.uuid5(DIGESTS_NAMESPACE, image_id))
+
+
+def digests_image_name(image_id):
+    return 'vmar-digests-%s' % image_id
+
+
+def fetch_socket(conf):
+    """The unix socket of the host's Glance range server (nbdkit)."""
+    return os.path.join(conf.vmar.host_dir, FETCH_SOCKET)
+
+
+def _session_and_adapter(conf):
+    """The keystoneauth session of ``[vmar_glance]`` and adapter kwargs."""
     group = 'vmar_glance'
     auth = ks_loading.load_auth_from_conf_options(conf, group)
     sess = ks_loading.load_session_from_conf_options(conf, group, auth=auth)
     g = conf.vmar_glance
-    kwargs = {'session': sess, 'service_type': g.service_type or 'image'}
+    kwargs = {'service_type': g.service_type or 'image'}
     if g.endpoint_override:
         kwargs['endpoint_override'] = g.endpoint_override
     if g.region_name:
         kwargs['region_name'] = g.region_name
     if g.valid_interfaces:
         kwargs['interface'] = g.valid_interfaces[0]
-    return glance_client.Client('2', **kwargs)
+    return sess, kwargs
+
+
+def client(conf):
+    """A python-glanceclient v2 client from ``[vmar_glance]``."""
+    sess, kwargs = _session_and_adapter(conf)
+    return glance_client.Client('2', session=sess, **kwargs)
+
+
+class RangeReader:
+    """Byte ranges of raw Glance images, under the host's credentials.
+
+    ``GET /v2/images/{id}/file`` with a ``Range`` header; Glance answers
+    206 for stores with random access (the file store here). A store that
+    answers with the whole image instead is an error, not a download: a
+    lazy host never streams a whole image. keystoneauth renews the token.
+    """
+
+    def __init__(self, conf):
+        sess, kwargs = _session_and_adapter(conf)
+        self.adapter = ks_adapter.Adapter(sess, **kwargs)
+
+    def image(self, image_id):
+        """The size of an active raw image (bytes).
+
+        :raises SourceError: no such image, not active, or not raw.
+        """
+        r = self.adapter.get('/v2/images/%s' % image_id, raise_exc=False)
+        if r.status_code != 200:
+            raise SourceError('image %s: Glance answered %d'
+                              % (image_id, r.status_code))
+        meta = r.json()
+        if meta.get('status') != 'active' or meta.get('disk_format') != 'raw':
+            raise SourceError('image %s is %s and %s in Glance; lazy mirrors '
+                              'read active raw images' % (
+                                  image_id, meta.get('status'),
+                                  meta.get('disk_format')))
+        return int(meta['size'])
+
+    def read(self, image_id, offset, length):
+        """``length`` bytes of the image from ``offset``.
+
+        :raises SourceError: anything but exactly those bytes.
+        """
+        last = offset + length - 1
+        r = self.adapter.get('/v2/images/%s/file' % image_id, stream=True,
+                             raise_exc=False,
+                             headers={'Range': 'bytes=%d-%d' % (offset, last)})
+        try:
+            if r.status_code != 206:
+                raise SourceError(
+                    'image %s, bytes %d-%d: Glance answered %d, not 206 '
+                    '(does its store serve byte ranges?)'
+                    % (image_id, offset, last, r.status_code))
+            got = r.headers.get('Content-Range', '')
+            if not got.startswith('bytes %d-%d/' % (offset, last)):
+                raise SourceError('image %s: asked for bytes %d-%d, Glance '
+                                  'sent %r' % (image_id, offset, last, got))
+            data = r.raw.read(length + 1, decode_content=True)
+        finally:
+            r.close()
+        if len(data) != length:
+            raise SourceError('image %s, bytes %d-%d: %d bytes came'
+                              % (image_id, offset, last, len(data)))
+        return data
 
 
 def stream_to(data, dest_dir, hasher_names=('sha256',), durable=True):
@@ -253,6 +349,67 @@ class GlanceSource:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    def fetch_digests(self, image_id, dest):
+        """The digest list vmar-agent published for a raw image, at dest.
+
+        :raises SourceError: none usable (the host then copies the whole
+            base): not published, not the agent's, or the image is not raw
+            (mirrors read raw bytes).
+        """
+        img = self._get(image_id)
+        if img.get('disk_format') != 'raw':
+            raise SourceError('image %s is %s in Glance; lazy mirrors read '
+                              'raw images' % (image_id,
+                                              img.get('disk_format')))
+        did = digests_image_id(image_id)
+        dig = self._get(did)
+        sha = dig.get(PROP_DIGESTS_SHA256)
+        if (dig.get('status') != 'active' or not self._owner_ok(dig)
+                or dig.get(PROP_OF) != image_id or not sha):
+            raise SourceError('Glance image %s is not the digest list of %s '
+                              'published by vmar-agent' % (did, image_id))
+        tmp = download(self.glance, dict(dig, os_hash_algo='sha256',
+                                         os_hash_value=sha),
+                       os.path.dirname(dest))
+        os.rename(tmp, dest)
+
+    def base_reader(self, image_id):
+        """The QEMU node a base mirror fetches missing blocks from.
+
+        The host's range server (nbdkit with :mod:`.nbdkit_glance`, run by
+        ``vmar-export serve``) exports each raw Glance image by its id.
+        """
+        return {'driver': 'nbd', 'read-only': True, 'export': image_id,
+                'server': {'type': 'unix',
+                           'path': fetch_socket(self.conf)}}
+
+    def fetcher_command(self):
+        """(argv, socket, env) of the range server ``vmar-export serve`` runs.
+
+        None unless ``[vmar] base_fetch = lazy``.
+
+        nbdkit's python plugin runs in the system's Python (Debian's
+        libpython). It is given this environment's site directory to import
+        vmar and keystoneauth from, and the service's configuration files.
+        Its PATH is the system's: embedded Python finds its standard
+        library from the first ``python3`` on PATH, and a virtualenv's
+        would be another build's.
+        """
+        if self.conf.vmar.base_fetch != 'lazy':
+            return None
+        plugin = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              'nbdkit_glance.py')
+        cmd = [self.conf.vmar.nbdkit, '--foreground', '--exit-with-parent',
+               '--unix', fetch_socket(self.conf), '--threads', '16',
+               '--filter=retry-request', 'python', plugin,
+               'site=%s' % sysconfig.get_paths()['purelib'],
+               'retry-request-retries=%d' % self.conf.vmar.fetch_retries,
+               'retry-request-delay=1']
+        cmd += ['config-file=%s' % f for f in self.conf.config_file or ()]
+        env = dict(os.environ, PATH='/usr/sbin:/usr/bin:/sbin:/bin')
+        env.pop('PYTHONHOME', None)
+        return cmd, fetch_socket(self.conf), env
 
     def fetch_base(self, image_id, dest):
         img = self._get(image_id)

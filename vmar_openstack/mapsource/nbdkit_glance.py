@@ -1,0 +1,94 @@
+"""nbdkit python plugin: raw Glance images as read-only NBD exports.
+
+Run by ``vmar-export serve`` (:meth:`.glance.GlanceSource.fetcher_command`)
+with ``[vmar] base_fetch = lazy`` and ``map_source = glance``: the export
+daemon's ``vmar-mirror`` nodes open the export named by an image id and
+read the blocks they miss; every read is a range request to Glance
+(:class:`.glance.RangeReader`). nbdkit's retry-request filter tries a
+failed read again; the mirror checks every block against the digest list
+before a guest can read it.
+
+Keys: ``site=DIR`` (the site directory vmar is installed in; nbdkit runs
+the system's Python) and ``config-file=FILE`` (repeatable: the service's
+configuration).
+"""
+
+import errno
+import site
+import uuid
+
+import nbdkit
+
+API_VERSION = 2
+
+_keys = {'site': None, 'config-file': []}
+_reader = None
+
+
+def config(key, value):
+    if key == 'config-file':
+        _keys[key].append(value)
+    elif key == 'site':
+        _keys[key] = value
+    else:
+        raise RuntimeError('unknown key %r (site=, config-file=)' % key)
+
+
+def config_complete():
+    global _reader
+    if _keys['site']:
+        site.addsitedir(_keys['site'])
+    from oslo_config import cfg
+
+    from vmar_openstack import conf as vmar_conf
+    from vmar_openstack.mapsource import glance
+
+    conf = cfg.ConfigOpts()
+    vmar_conf.register_opts(conf)
+    args = []
+    for f in _keys['config-file']:
+        args += ['--config-file', f]
+    conf(args, project='vmar')
+    _reader = glance.RangeReader(conf)
+
+
+def thread_model():
+    return nbdkit.THREAD_MODEL_PARALLEL
+
+
+def _failed(what, e):
+    nbdkit.debug('%s: %s' % (what, e))
+    nbdkit.set_error(errno.EIO)
+    raise RuntimeError('%s: %s' % (what, e))
+
+
+def open(readonly):
+    name = nbdkit.export_name()
+    try:
+        image_id = str(uuid.UUID(name))
+    except ValueError:
+        nbdkit.set_error(errno.ENOENT)
+        raise RuntimeError('export %r is not an image id' % name)
+    try:
+        return {'id': image_id, 'size': _reader.image(image_id)}
+    except Exception as e:
+        _failed('image %s' % image_id, e)
+
+
+def get_size(h):
+    return h['size']
+
+
+def can_write(h):
+    return False
+
+
+def can_multi_conn(h):
+    return True
+
+
+def pread(h, buf, offset, flags):
+    try:
+        buf[:] = _reader.read(h['id'], offset, len(buf))
+    except Exception as e:
+        _failed('image %s, %d bytes at %d' % (h['id'], len(buf), offset), e)
