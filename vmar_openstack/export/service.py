@@ -40,6 +40,8 @@ class ExportService:
         self.source = source or mapsource.get_source(conf)
         self.files = hostdir.HostDir(c.host_dir, self.source,
                                      c.mirror_cache_gb << 30)
+        # exports the last restore could not re-create (tried again)
+        self.unrestored = 0
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
                 == os.path.realpath(c.host_dir)):
             # host_dir is pruned of unreferenced files: never the library
@@ -85,7 +87,7 @@ class ExportService:
                     'readahead': self.conf.vmar.mirror_readahead,
                     'file': {'driver': 'file', 'filename': m.data,
                              'aio': aio},
-                    'fetch': self.source.base_reader(image_id)}
+                    'fetch': self.files.reader(image_id)}
         return {'driver': 'file', 'filename': self.base_file(image_id),
                 'read-only': True, 'cache': {'direct': host_cache == 'none'},
                 'aio': aio}
@@ -245,19 +247,33 @@ class ExportService:
         return exports, fetched, counters
 
     def restore(self):
-        """Re-create every persisted export, then publish the NBD socket."""
+        """Re-create every persisted export, then publish the NBD socket.
+
+        Idempotent. An export that cannot be re-created now (its map
+        source is unreachable and it needs it: a base to copy, a qcow2
+        header to read) does not hold back the others; it is counted in
+        :attr:`unrestored` and re-created by a later call. Returns the
+        number of exports served.
+        """
         tmp_sock = self.socket + '.starting'
         with export_state.State(self.host_dir) as state:
             with self.monitor() as mon:
                 have = graph.nodes(mon)
                 refetched = False
+                ready = []
                 for exp in state.exports.values():
-                    _bmap, fetched = self.files.ensure(
-                        exp.image_id, exp.map_version,
-                        self.lazy(exp.host_cache))
-                    state.fetched.add(fetched)
-                    refetched = refetched or bool(fetched)
-                    self._add_nodes(mon, exp, have)
+                    try:
+                        _bmap, fetched = self.files.ensure(
+                            exp.image_id, exp.map_version,
+                            self.lazy(exp.host_cache))
+                        state.fetched.add(fetched)
+                        refetched = refetched or bool(fetched)
+                        self._add_nodes(mon, exp, have)
+                    except exception.ExportError as e:
+                        LOG.error('export of %s v%d not restored yet: %s',
+                                  exp.image_id, exp.map_version, e)
+                    else:
+                        ready.append(exp)
                 os.makedirs(os.path.dirname(self.socket), exist_ok=True)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp_sock)
@@ -265,18 +281,20 @@ class ExportService:
                     graph.start_nbd(mon, tmp_sock)
                 else:
                     tmp_sock = None
-                for exp in state.exports.values():
+                for exp in ready:
                     graph.add_export(mon, exp)
             if refetched:
                 state.save()
+            self.unrestored = len(state.exports) - len(ready)
         if tmp_sock:
             group = self.conf.vmar.export_socket_group
             if group:
                 os.chown(tmp_sock, -1, grp.getgrnam(group).gr_gid)
             os.chmod(tmp_sock, 0o660)
             os.rename(tmp_sock, self.socket)
-        LOG.info('restored %d exports on %s', len(state.exports), self.socket)
-        return len(state.exports)
+        LOG.info('restored %d of %d exports on %s', len(ready),
+                 len(state.exports), self.socket)
+        return len(ready)
 
     def serve(self, stop_event=None, max_backoff=10):
         """Run and supervise the daemon until SIGTERM/SIGINT.

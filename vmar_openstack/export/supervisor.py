@@ -170,10 +170,17 @@ class Supervisor:
                 time.sleep(backoff)
                 backoff = min(max_backoff, backoff * 2)
                 continue
+            retry_at, retry_backoff = time.monotonic() + 0.5, 0.5
             while proc.poll() is None:
                 if stopping or (stop_event and stop_event.is_set()):
                     self.quit(proc)
                     break
+                if (self.service.unrestored
+                        and time.monotonic() >= retry_at):
+                    with contextlib.suppress(exception.ExportError):
+                        self.service.restore()
+                    retry_at = time.monotonic() + retry_backoff
+                    retry_backoff = min(max_backoff, retry_backoff * 2)
                 if self.fetcher and self.fetcher.poll() is not None:
                     # reads of missing blocks fail until it is back; the
                     # daemon's NBD clients reconnect by themselves
