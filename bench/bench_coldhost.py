@@ -27,8 +27,15 @@ blocks the boots read (``lazy-0`` fetches exactly the distinct blocks read,
 so its bytes are that limit); seconds from the start (stock: the copy;
 lazy: ``export add``) to ``VMAR-BOOTED``, against stock's.
 
+* ``lazy-qcow2-<R>``: the same, with the store holding qcow2 copies of
+  the bases (``qemu-img convert``), read through QEMU's qcow2 driver over
+  NBD, as a host does for qcow2 images in Glance; its bytes are nbdkit's
+  count (data and qcow2 metadata, 0.01 MiB resolution). Stock Nova would
+  download the qcow2 files whole: their size is printed beside.
+
 Usage: bench_coldhost.py --qemu-prefix DIR [--images a,b] [--readaheads
-       0,65536,...] [--rate 800M] [--delay 2ms] [--json OUT]
+       0,65536,...] [--qcow2-readaheads 65536] [--rate 800M]
+       [--delay 2ms] [--json OUT]
 """
 
 import argparse
@@ -61,16 +68,23 @@ class ThrottledStore(local.LocalDirSource):
 
     Bench harness: maps and digest lists come from the library directory
     as with ``map_source = dir``; base blocks come over NBD from the
-    throttled nbdkit, export name = image id.
+    throttled nbdkit, export name = image id. ``fmt='qcow2'``: the store
+    holds qcow2 files, read through QEMU's qcow2 driver as
+    ``GlanceSource.base_reader`` does for qcow2 images in Glance.
     """
 
-    def __init__(self, root, socket):
+    def __init__(self, root, socket, fmt='raw'):
         super().__init__(root)
         self.socket = socket
+        self.fmt = fmt
 
-    def base_reader(self, image_id):
-        return {'driver': 'nbd', 'export': image_id, 'read-only': True,
+    def base_reader(self, image_id, size):
+        node = {'driver': 'nbd', 'export': image_id, 'read-only': True,
                 'server': {'type': 'unix', 'path': self.socket}}
+        if self.fmt == 'raw':
+            return node
+        return {'driver': self.fmt, 'read-only': True, 'backing': None,
+                'file': node}
 
 
 class Store:
@@ -157,15 +171,15 @@ def run_stock(args, work, lib_root, ids):
                 lib_root, 'bases', i)) for _n, i in ids)}
 
 
-def run_lazy(args, work, lib_root, ids, readahead):
+def run_lazy(args, work, lib_root, ids, readahead, fmt='raw'):
     host = os.path.join(work, 'host')
     sock = os.path.join(work, 'nbd.sock')
     conf = make_conf(host, args.qemu_prefix, sock, readahead)
     conf.set_override('map_source_dir', lib_root, group='vmar')
-    store = Store(work, os.path.join(lib_root, 'bases'), args.rate,
-                  args.delay)
-    svc = export.ExportService(conf, source=ThrottledStore(lib_root,
-                                                           store.socket))
+    store_dir = os.path.join(lib_root, 'bases' if fmt == 'raw' else fmt)
+    store = Store(work, store_dir, args.rate, args.delay)
+    svc = export.ExportService(conf, source=ThrottledStore(
+        lib_root, store.socket, fmt))
     sup = supervisor.Supervisor(svc)
     proc = sup.start_daemon()
     boots = []
@@ -187,9 +201,12 @@ def run_lazy(args, work, lib_root, ids, readahead):
     finally:
         sup.quit(proc)
         counted = store.stop()
-    # the mirrors' own count, to the byte
+    # the mirrors' own count, to the byte; a qcow2 store also serves
+    # metadata (header, L1 and L2 tables), which only nbdkit counts
+    fetched = sum(c['bytes-fetched'] for c in counters)
     return {'boots': boots, 'store_stats_bytes': counted,
-            'bytes': sum(c['bytes-fetched'] for c in counters),
+            'bytes': fetched if fmt == 'raw' else counted,
+            'disk_bytes': fetched,
             'fetches': sum(c['fetches'] for c in counters),
             'waits': sum(c['waits'] for c in counters)}
 
@@ -201,6 +218,9 @@ def main():
     p.add_argument('--readaheads', default='0,65536,262144,1048576')
     p.add_argument('--rate', default='800M', help='nbdkit rate= (bits/s)')
     p.add_argument('--delay', default='2ms', help='nbdkit delay-read=')
+    p.add_argument('--qcow2-readaheads', default='65536',
+                   help='also mirror qcow2 copies of the bases with these '
+                        'read-aheads ("" for none)')
     p.add_argument('--timeout', type=int, default=600)
     p.add_argument('--json')
     args = p.parse_args()
@@ -220,9 +240,14 @@ def main():
                 ids.append((name, image_id))
         results = {'rate': args.rate, 'delay': args.delay,
                    'images': names, 'configs': {}}
-        configs = [('stock', None)] + [
-            ('lazy-%s' % r, int(r)) for r in args.readaheads.split(',')]
-        for label, ra in configs:
+        configs = [('stock', None, 'raw')] + [
+            ('lazy-%s' % r, int(r), 'raw')
+            for r in args.readaheads.split(',')] + [
+            ('lazy-qcow2-%s' % r, int(r), 'qcow2')
+            for r in args.qcow2_readaheads.split(',') if r]
+        if any(fmt == 'qcow2' for _l, _r, fmt in configs):
+            results['qcow2_bytes'] = to_qcow2(lib_root, ids, args.qemu_prefix)
+        for label, ra, fmt in configs:
             cwork = os.path.join(work, label)
             os.makedirs(cwork)
             cold()
@@ -230,7 +255,7 @@ def main():
             if ra is None:
                 res = run_stock(args, cwork, lib_root, ids)
             else:
-                res = run_lazy(args, cwork, lib_root, ids, ra)
+                res = run_lazy(args, cwork, lib_root, ids, ra, fmt)
             results['configs'][label] = res
             for b in res['boots']:
                 print('  %-11s %7.1f s' % (b['image'], b['seconds']),
@@ -243,6 +268,23 @@ def main():
                 json.dump(results, f, indent=1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def to_qcow2(lib_root, ids, prefix):
+    """qcow2 copies of every base in the library, as Glance might hold.
+
+    Returns the bytes stock Nova would download for the booted images:
+    the qcow2 files of the bases their maps read, whole.
+    """
+    bases = os.path.join(lib_root, 'bases')
+    out = os.path.join(lib_root, 'qcow2')
+    os.makedirs(out)
+    for image_id in os.listdir(bases):
+        subprocess.run([os.path.join(prefix, 'bin', 'qemu-img'), 'convert',
+                        '-f', 'raw', '-O', 'qcow2',
+                        os.path.join(bases, image_id),
+                        os.path.join(out, image_id)], check=True)
+    return sum(os.path.getsize(os.path.join(out, i)) for _n, i in ids)
 
 
 def report(results):
@@ -264,6 +306,15 @@ def report(results):
     print('(limit: the bytes lazy-0 fetched, the distinct blocks the boots '
           'read; boot s: summed over the images, from copy start or '
           'export add to VMAR-BOOTED)')
+    if 'qcow2_bytes' in results:
+        q = results['qcow2_bytes']
+        print('qcow2: stock Nova would download %d bytes (the qcow2 files of '
+              'the images booted, whole)' % q)
+        for label, res in c.items():
+            if 'qcow2' in label:
+                print('  %s: %.3f x that download; %d bytes of disk '
+                      'filled the mirrors' % (label, res['bytes'] / q,
+                                              res['disk_bytes']))
     # Under TCG the guest's own CPU time dominates a boot; the time the
     # storage adds is what each configuration spends beyond stock's boot
     # from its local copy (its wall time after the copy).

@@ -260,8 +260,18 @@ class TestGlance(GlanceTestCase):
             self.assertLess(time.time(), deadline, self.agent_log())
             time.sleep(0.2)
 
-    def lazy_host(self, proxy):
-        """``vmar-export serve`` of a lazy host reading Glance via proxy."""
+    def lazy_host(self):
+        """``vmar-export serve`` of a lazy host reading Glance via a proxy.
+
+        Returns the host dir, the vmar-export command and the proxy (a
+        Glance outage when stopped).
+        """
+        proxy = glance_env.TcpProxy(
+            '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
+            work_dir=os.path.join(self.tmp, 'proxy'))
+        os.makedirs(proxy.work_dir)
+        self.addCleanup(proxy.stop)
+        proxy.start()
         host = os.path.join(self.tmp, 'host')
         sock_dir = tempfile.mkdtemp(prefix='vmar-lazy-', dir='/run')
         self.addCleanup(shutil.rmtree, sock_dir, True)
@@ -301,7 +311,30 @@ class TestGlance(GlanceTestCase):
             self.assertIsNone(proc.poll(), self.serve_log())
             self.assertLess(time.time(), deadline, self.serve_log())
             time.sleep(0.1)
-        return host, sock, cmd
+        return host, cmd, proxy
+
+    def lazy_add(self, cmd, image_id, version):
+        """Add an export on the lazy host; its NBD URI."""
+        r = subprocess.run(cmd + ['add', image_id], capture_output=True,
+                           text=True)
+        self.assertEqual(0, r.returncode, r.stderr + self.serve_log())
+        uri = r.stdout.strip().split()[-1]
+        self.assertTrue(
+            uri.startswith('nbd+unix:///%s.%d.' % (image_id, version)), uri)
+        return uri
+
+    @staticmethod
+    def qemu_io(uri, command):
+        return subprocess.run(
+            [qemu_env.SYSTEM_QEMU_IO, '-r', '-f', 'raw', '-c', command, uri],
+            capture_output=True, text=True)
+
+    def assert_same(self, uri, raw):
+        r = subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw',
+                            '-F', 'raw', uri, raw], capture_output=True,
+                           text=True)
+        self.assertEqual(0, r.returncode,
+                         r.stdout + r.stderr + self.serve_log())
 
     def serve_log(self):
         logs = [os.path.join(self.tmp, 'serve.log'),
@@ -319,17 +352,8 @@ class TestGlance(GlanceTestCase):
         vb = self.wait_map(ib)
         for i in (ia, ib):
             self.wait_digests(i)
-        proxy = glance_env.TcpProxy(
-            '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
-            work_dir=os.path.join(self.tmp, 'proxy'))
-        os.makedirs(proxy.work_dir)
-        self.addCleanup(proxy.stop)
-        proxy.start()
-        host, sock, cmd = self.lazy_host(proxy)
-        r = subprocess.run(cmd + ['add', ib], capture_output=True, text=True)
-        self.assertEqual(0, r.returncode, r.stderr + self.serve_log())
-        uri = r.stdout.strip().split()[-1]
-        self.assertTrue(uri.startswith('nbd+unix:///%s.%d.' % (ib, vb)), uri)
+        host, cmd, proxy = self.lazy_host()
+        uri = self.lazy_add(cmd, ib, vb)
         # nothing copied whole: two empty mirrors
         mirrors = os.path.join(host, 'mirrors')
         self.assertFalse(os.listdir(os.path.join(host, 'bases'))
@@ -342,10 +366,8 @@ class TestGlance(GlanceTestCase):
             return sum(os.stat(os.path.join(mirrors, i)).st_blocks * 512
                        for i in (ia, ib))
 
-        def qemu_io(cmd_):
-            return subprocess.run(
-                [qemu_env.SYSTEM_QEMU_IO, '-r', '-f', 'raw', '-c', cmd_,
-                 uri], capture_output=True, text=True)
+        def qemu_io(command):
+            return self.qemu_io(uri, command)
         self.assertEqual(0, held())
         # a read fetches its own blocks, no more (read-ahead 0)
         r = qemu_io('read 0 64k')
@@ -362,14 +384,69 @@ class TestGlance(GlanceTestCase):
         self.assertNotIn('failed', r.stdout + r.stderr, self.serve_log())
         self.assertEqual(2 * 65536, held())
         # the whole image, byte for byte, each data block fetched once
-        r = subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw',
-                            '-F', 'raw', uri, b], capture_output=True,
-                           text=True)
-        self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        self.assert_same(uri, b)
         self.assertEqual(1024 * 4096, held())
         r = subprocess.run(cmd + ['remove', ib], capture_output=True,
                            text=True)
         self.assertEqual(0, r.returncode, r.stderr)
+
+    def test_lazy_host_reads_qcow2_images_through_qemus_driver(self):
+        a = self.image('lq-a.raw', list(range(7601, 8113)) + [None] * 256)
+        b_raw = self.image('lq-b.raw', list(range(7601, 8113))
+                           + list(range(9601, 10113)) + [None] * 128)
+        b = os.path.join(self.tmp, 'lq-b.qcow2')
+        subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'convert', '-f', 'raw',
+                        '-O', 'qcow2', b_raw, b], check=True)
+        ia = self.create(a)
+        self.wait_map(ia)
+        ib = self.create(b, fmt='qcow2')
+        vb = self.wait_map(ib)
+        for i in (ia, ib):
+            self.wait_digests(i)
+        host, cmd, proxy = self.lazy_host()
+        uri = self.lazy_add(cmd, ib, vb)
+        mirrors = os.path.join(host, 'mirrors')
+        with open(os.path.join(mirrors, ib + '.reader')) as f:
+            reader = json.load(f)
+        # QEMU's qcow2 driver over the range server, never a backing file
+        self.assertEqual(('qcow2', None, 'nbd', ib),
+                         (reader['driver'], reader['backing'],
+                          reader['file']['driver'],
+                          reader['file']['export'].split('/')[0]))
+        with open(os.path.join(mirrors, ia + '.reader')) as f:
+            self.assertEqual('nbd', json.load(f)['driver'])
+
+        def held(image_id):
+            return os.stat(os.path.join(mirrors, image_id)).st_blocks * 512
+        # b's own blocks are in its qcow2; a read of them fills b's mirror
+        r = self.qemu_io(uri, 'read 2M 64k')
+        self.assertNotIn('failed', r.stdout + r.stderr, self.serve_log())
+        self.assertEqual((0, 65536), (held(ia), held(ib)))
+        self.assert_same(uri, b_raw)
+        self.assertEqual((512 * 4096, 512 * 4096), (held(ia), held(ib)))
+        # a daemon restarted while Glance is away: the export of a raw
+        # image comes back from its mirror's reader at once; the qcow2
+        # export needs its header from Glance (QEMU's driver reads it at
+        # open) and comes back by itself once Glance does
+        uri_a = self.lazy_add(cmd, ia, self.wait_map(ia))
+        proxy.stop()
+        with open(os.path.join(host, 'qsd.pid')) as f:
+            os.kill(int(f.read()), signal.SIGKILL)
+
+        def served(u, deadline):
+            while True:
+                r = self.qemu_io(u, 'read 1M 64k')
+                if r.returncode == 0 and 'failed' not in r.stdout + r.stderr:
+                    return
+                self.assertLess(time.time(), deadline,
+                                r.stdout + r.stderr + self.serve_log())
+                time.sleep(0.5)
+        served(uri_a, time.time() + 60)
+        r = self.qemu_io(uri, 'read 1M 64k')
+        self.assertIn("can't open device", r.stdout + r.stderr)
+        proxy.start()
+        served(uri, time.time() + 60)
+        self.assert_same(uri, b_raw)
 
     def test_create_import_runs_the_plugin(self):
         raw = self.image('b.raw', list(range(5001, 6025)))

@@ -7,9 +7,11 @@ import os
 import subprocess
 import time
 
+import fixtures
 import numpy as np
 
 import sqlalchemy as sa
+import testtools
 
 from tests import base
 from vmar_openstack.db import models
@@ -267,3 +269,53 @@ class TestHostileImages(base.LibraryTestCase):
     def test_missing_file(self):
         self._assert_rejected(os.path.join(self.tmp, 'nope'), 'raw',
                               ['cannot read'])
+
+
+class TestRemoteHeaders(testtools.TestCase):
+    """The first bytes of an image read range by range, before QEMU."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = self.useFixture(fixtures.TempDir()).path
+
+    def head(self, *create_args):
+        path = os.path.join(self.tmp, 'x.qcow2')
+        _qemu_img('create', '-f', 'qcow2', *create_args, path, '3M')
+        with open(path, 'rb') as f:
+            return f.read(fingerprint.HEADER_BYTES)
+
+    def rejected(self, data, fmt='qcow2'):
+        return str(self.assertRaises(exception.ImageRejected,
+                                     fingerprint.inspect_header, data, fmt,
+                                     'image X'))
+
+    def test_plain_qcow2_gives_its_virtual_size(self):
+        self.assertEqual(3 << 20, fingerprint.inspect_header(
+            self.head(), 'qcow2', 'image X'))
+
+    def test_raw_has_no_header(self):
+        self.assertIsNone(fingerprint.inspect_header(b'QFI\xfb', 'raw', 'X'))
+
+    def test_backing_file_is_refused(self):
+        backing = os.path.join(self.tmp, 'b')
+        open(backing, 'wb').close()
+        self.assertIn('backing', self.rejected(
+            self.head('-b', backing, '-F', 'raw')))
+
+    def test_data_file_is_refused(self):
+        self.assertIn('data_file', self.rejected(self.head(
+            '-o', 'data_file=%s' % os.path.join(self.tmp, 'x.data'))))
+
+    def test_encryption_is_refused(self):
+        data = bytearray(self.head())
+        data[32:36] = (1).to_bytes(4, 'big')       # AES
+        self.assertIn('encrypted', self.rejected(bytes(data)))
+
+    def test_raw_bytes_claimed_as_qcow2(self):
+        self.assertIn('not', self.rejected(bytes(512)))
+
+    def test_short_header(self):
+        self.assertIn('not', self.rejected(self.head()[:100]))
+
+    def test_other_formats_are_not_read_by_range(self):
+        self.assertIn('vmdk', self.rejected(bytes(512), 'vmdk'))

@@ -4,6 +4,8 @@ Glance is replaced by an in-memory fake; tests/functional/test_glance.py
 and the cloud's user path run the same code against a real glance-api.
 """
 
+import os
+import subprocess
 import types
 
 import fixtures
@@ -75,3 +77,72 @@ class TestCurrentVersion(testtools.TestCase):
                               ID)
             self.assertEqual(1, images.lists)
             self.assertEqual(0, self.clock[0])
+
+
+class TestBaseReader(testtools.TestCase):
+    """Which QEMU node a lazy mirror fetches a Glance image through."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = self.useFixture(fixtures.TempDir()).path
+        self.meta = {'id': ID, 'status': 'active', 'disk_format': 'raw',
+                     'size': 8192}
+        self.head = b''
+        self.reads = []
+
+        def read(image_id, offset, length):
+            self.reads.append((image_id, offset, length))
+            return self.head[offset:offset + length]
+        conf = types.SimpleNamespace(vmar=types.SimpleNamespace(
+            host_dir='/h'))
+        self.source = gsource.GlanceSource(conf, glance=types.SimpleNamespace(
+            images=types.SimpleNamespace(get=lambda i: dict(self.meta))))
+        self.source._ranges = types.SimpleNamespace(read=read)
+
+    def test_raw_is_the_range_servers_export(self):
+        node = self.source.base_reader(ID, 8192)
+        self.assertEqual({'driver': 'nbd', 'read-only': True,
+                          'export': ID + '/8192',
+                          'server': {'type': 'unix',
+                                     'path': '/h/glance-fetch.sock'}}, node)
+        self.assertEqual((ID, 8192),
+                         gsource.parse_fetch_export(node['export']))
+        self.assertEqual([], self.reads)
+
+    def test_qcow2_header_is_inspected_then_read_by_qemus_driver(self):
+        path = os.path.join(self.tmp, 'x.qcow2')
+        subprocess.run(['qemu-img', 'create', '-f', 'qcow2', path, '1M'],
+                       check=True, capture_output=True)
+        with open(path, 'rb') as f:
+            self.head = f.read()
+        self.meta.update(disk_format='qcow2', size=len(self.head))
+        node = self.source.base_reader(ID, 1 << 20)
+        self.assertEqual(('qcow2', None, ID + '/%d' % len(self.head)),
+                         (node['driver'], node['backing'],
+                          node['file']['export']))
+        self.assertEqual([(ID, 0, 512)], self.reads)
+        # a map of another size is another image
+        e = self.assertRaises(SourceError, self.source.base_reader, ID, 4096)
+        self.assertIn('map says 4096', str(e))
+
+    def test_hostile_qcow2_is_refused(self):
+        path = os.path.join(self.tmp, 'x.qcow2')
+        subprocess.run(['qemu-img', 'create', '-f', 'qcow2', '-b',
+                        '/etc/passwd', '-F', 'raw', path], check=True,
+                       capture_output=True)
+        with open(path, 'rb') as f:
+            self.head = f.read()
+        self.meta.update(disk_format='qcow2', size=len(self.head))
+        e = self.assertRaises(SourceError, self.source.base_reader, ID,
+                              1 << 20)
+        self.assertIn('backing', str(e))
+
+    def test_other_formats_and_states_are_refused(self):
+        for change in ({'disk_format': 'vmdk'}, {'status': 'queued'}):
+            self.meta.update(change)
+            self.assertRaises(SourceError, self.source.base_reader, ID, 8192)
+            self.meta.update(disk_format='raw', status='active')
+
+    def test_export_names_are_checked(self):
+        for bad in (ID, ID + '/x', 'nope/12', ''):
+            self.assertRaises(ValueError, gsource.parse_fetch_export, bad)

@@ -143,9 +143,9 @@ host_opts = [
                  'with the blocks reads need, each verified against the '
                  'library\'s digest list (doc/source/export.rst). '
                  'map_source=dir reads the library\'s bases; '
-                 'map_source=glance reads byte ranges of raw Glance images '
-                 'through nbdkit. Non-raw images, and exports with '
-                 'host_cache=none, copy whole bases.')],
+                 'map_source=glance reads byte ranges of raw and qcow2 '
+                 'Glance images through nbdkit. Other formats, and '
+                 'exports with host_cache=none, copy whole bases.')],
                help='How a compute host gets the base files its exports '
                     'read.'),
     cfg.IntOpt('mirror_readahead', default=65536, min=0, max=16777216,

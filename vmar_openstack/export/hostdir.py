@@ -7,14 +7,16 @@ vmar's own directory: Nova's image cache manager never touches it.
 
 With ``[vmar] base_fetch = lazy`` a base is a mirror instead, in
 ``mirrors/``: ``<image id>`` (sparse, filled by the export daemon's
-``vmar-mirror`` node), ``<image id>.digests`` (the library's digest list)
-and ``<image id>.present`` (which blocks it holds); see
-``doc/source/mirror-format.rst``. A whole base in ``bases/`` wins over a
-mirror of the same image.
+``vmar-mirror`` node), ``<image id>.digests`` (the library's digest list),
+``<image id>.reader`` (the QEMU node, as JSON, that fetches its missing
+blocks from the map source) and ``<image id>.present`` (which blocks it
+holds); see ``doc/source/mirror-format.rst``. A whole base in ``bases/``
+wins over a mirror of the same image.
 """
 
 import collections
 import contextlib
+import json
 import os
 import time
 
@@ -30,12 +32,12 @@ LOG = logging.getLogger(__name__)
 
 _MAPS, _BASES, _MIRRORS = 'maps', 'bases', 'mirrors'
 # the files of a mirror, in the order they are created; deleted in reverse
-_PRESENT, _DIGESTS = '.present', '.digests'
+_PRESENT, _READER, _DIGESTS = '.present', '.reader', '.digests'
 
 # one base file fetched from the map source
 Fetch = collections.namedtuple('Fetch', 'image_id size seconds')
 # the files of one base mirror
-Mirror = collections.namedtuple('Mirror', 'data digests present')
+Mirror = collections.namedtuple('Mirror', 'data digests reader present')
 
 
 class HostDir:
@@ -62,7 +64,17 @@ class HostDir:
     def mirror(self, image_id):
         """The :class:`Mirror` files of a base."""
         data = os.path.join(self.root, _MIRRORS, image_id)
-        return Mirror(data, data + _DIGESTS, data + _PRESENT)
+        return Mirror(data, data + _DIGESTS, data + _READER, data + _PRESENT)
+
+    def reader(self, image_id):
+        """The ``blockdev-add`` options of a mirror's fetch node."""
+        path = self.mirror(image_id).reader
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            raise exception.ExportError('mirror of %s: cannot read %s: %s'
+                                        % (image_id, path, e))
 
     def is_mirror(self, image_id):
         """Whether the base is served from a mirror (no whole base)."""
@@ -123,15 +135,17 @@ class HostDir:
         """Make the mirror files of ``target`` if missing; False: cannot.
 
         The digest list comes first and is checked against the map's
-        target, then the present file, then the empty data file: the
-        data file exists only with the other two.
+        target, then the reader, then the present file, then the empty
+        data file: the data file exists only with the other three.
         """
         m = self.mirror(target.image_id)
-        if os.path.exists(m.data):
+        if os.path.exists(m.data) and self._ensure_reader(target, m):
             # used again: last in line for eviction
             with contextlib.suppress(FileNotFoundError):
                 os.utime(m.present)
             return True
+        if os.path.exists(m.data):
+            return False
         os.makedirs(os.path.dirname(m.data), exist_ok=True)
         if os.path.exists(m.digests):
             hdr, _rows = mirror_format.read_digests(m.digests)
@@ -139,12 +153,33 @@ class HostDir:
             hdr = self._fetch_digests(target, m.digests)
             if hdr is None:
                 return False
+        if not self._ensure_reader(target, m):
+            return False
         mirror_format.create_present(m.present, hdr)
         tmp = fileutils.write_temp(m.data, b'')
         os.truncate(tmp, hdr.size)
         fileutils.install(tmp, m.data)
         LOG.info('base %s: empty mirror of %d bytes created', hdr.image_id,
                  hdr.size)
+        return True
+
+    def _ensure_reader(self, target, m):
+        """Keep the source's fetch node of ``target``; False: it has none.
+
+        Kept with the mirror so that a restarted daemon re-adds its nodes
+        without asking the source (which may be unreachable then).
+        """
+        if os.path.exists(m.reader):
+            return True
+        try:
+            spec = self.source.base_reader(target.image_id, target.size)
+        except exception.SourceError as e:
+            LOG.warning('base %s: cannot be read range by range (%s); '
+                        'copying the whole base instead of mirroring it',
+                        target.image_id, e)
+            return False
+        fileutils.install(fileutils.write_temp(
+            m.reader, json.dumps(spec).encode()), m.reader)
         return True
 
     def _fetch_digests(self, target, dest):
@@ -225,7 +260,7 @@ class HostDir:
                      image_id, size, used, self.mirror_cache_bytes)
             m = self.mirror(image_id)
             # the present bits go first: never bits without their data
-            for path in (m.present, m.data, m.digests):
+            for path in (m.present, m.data, m.reader, m.digests):
                 fileutils.unlink(path)
             used -= size
         if 0 < self.mirror_cache_bytes < used:

@@ -17,7 +17,10 @@ from vmar_openstack.fingerprint.digests import words  # noqa: F401
 from vmar_openstack.fingerprint.hashing import fingerprint_image  # noqa
 from vmar_openstack.fingerprint.hashing import hash_file  # noqa: F401
 from vmar_openstack.fingerprint.safety import checked_raw_view  # noqa
+from vmar_openstack.fingerprint.safety import HEADER_BYTES  # noqa: F401
 from vmar_openstack.fingerprint.safety import inspect  # noqa: F401
+from vmar_openstack.fingerprint.safety import inspect_header  # noqa
+from vmar_openstack.fingerprint.safety import LAZY_FORMATS  # noqa: F401
 from vmar_openstack.fingerprint.safety import qemu_img_info  # noqa: F401
 from vmar_openstack.fingerprint.safety import raw_view  # noqa: F401
 from vmar_openstack.fingerprint.safety import RawView  # noqa: F401

@@ -92,6 +92,45 @@ def inspect(path, claimed_format, qemu_img='qemu-img', expected_size=None,
     return vsize
 
 
+# Formats a lazy mirror can read remotely: raw bytes, or qcow2 through
+# QEMU's own driver (inspect_header checks the header first).
+LAZY_FORMATS = ('raw', 'qcow2')
+# bytes of an image's start that inspect_header needs (a qcow2 header is
+# 104 bytes; the inspector captures 512)
+HEADER_BYTES = 512
+_QCOW2_CRYPT_METHOD = slice(32, 36)
+
+
+def inspect_header(data, claimed_format, name):
+    """Check the start of a remote image before QEMU opens it; its size.
+
+    For an image read range by range, never whole: ``data`` is its first
+    :data:`HEADER_BYTES` (or all of it). Raw data has no header: None.
+    qcow2 must be what it claims, with no backing file, no external data
+    file, no unknown features and no encryption; returns its virtual
+    size. Raises :class:`ImageRejected` otherwise.
+    """
+    if claimed_format == 'raw':
+        return None
+    if claimed_format != 'qcow2':
+        raise ImageRejected('%s: %s images are not read range by range'
+                            % (name, claimed_format))
+    inspector = format_inspector.QcowInspector()
+    try:
+        inspector.eat_chunk(data[:HEADER_BYTES])
+        if not inspector.format_match:
+            raise ImageRejected('%s claims to be qcow2 but its header is '
+                                'not' % name)
+        inspector.safety_check()
+    except (format_inspector.SafetyCheckFailed,
+            format_inspector.ImageFormatError) as e:
+        raise ImageRejected('%s failed the qcow2 safety check: %s'
+                            % (name, e))
+    if data[_QCOW2_CRYPT_METHOD] != bytes(4):
+        raise ImageRejected('%s is an encrypted qcow2' % name)
+    return inspector.virtual_size
+
+
 def _qcow2_check(qemu_img, path):
     proc = subprocess.run(
         [qemu_img, 'check', '-f', 'qcow2', '--output=json', path],

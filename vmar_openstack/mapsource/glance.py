@@ -93,6 +93,24 @@ def fetch_socket(conf):
     return os.path.join(conf.vmar.host_dir, FETCH_SOCKET)
 
 
+def fetch_export(image_id, size):
+    """The range server's export name of an image of ``size`` bytes.
+
+    The size travels in the name so that the server opens an export
+    without asking Glance: a restarted daemon re-adds the nodes of its
+    mirrors while Glance is away, and serves the blocks they hold.
+    """
+    return '%s/%d' % (image_id, size)
+
+
+def parse_fetch_export(name):
+    """(image id, size) of a :func:`fetch_export` name; ValueError."""
+    image_id, _slash, size = name.partition('/')
+    if not size.isdigit():
+        raise ValueError('export %r is not <image id>/<size>' % name)
+    return str(uuid.UUID(image_id)), int(size)
+
+
 def _session_and_adapter(conf):
     """The keystoneauth session of ``[vmar_glance]`` and adapter kwargs."""
     group = 'vmar_glance'
@@ -127,23 +145,6 @@ class RangeReader:
     def __init__(self, conf):
         sess, kwargs = _session_and_adapter(conf)
         self.adapter = ks_adapter.Adapter(sess, **kwargs)
-
-    def image(self, image_id):
-        """The size of an active raw image (bytes).
-
-        :raises SourceError: no such image, not active, or not raw.
-        """
-        r = self.adapter.get('/v2/images/%s' % image_id, raise_exc=False)
-        if r.status_code != 200:
-            raise SourceError('image %s: Glance answered %d'
-                              % (image_id, r.status_code))
-        meta = r.json()
-        if meta.get('status') != 'active' or meta.get('disk_format') != 'raw':
-            raise SourceError('image %s is %s and %s in Glance; lazy mirrors '
-                              'read active raw images' % (
-                                  image_id, meta.get('status'),
-                                  meta.get('disk_format')))
-        return int(meta['size'])
 
     def read(self, image_id, offset, length):
         """``length`` bytes of the image from ``offset``.
@@ -268,6 +269,14 @@ class GlanceSource:
     def __init__(self, conf, glance=None):
         self.conf = conf
         self._glance = glance
+        self._ranges = None
+
+    @property
+    def ranges(self):
+        """The :class:`RangeReader` of this host's credentials."""
+        if self._ranges is None:
+            self._ranges = RangeReader(self.conf)
+        return self._ranges
 
     @property
     def glance(self):
@@ -354,14 +363,15 @@ class GlanceSource:
         """The digest list vmar-agent published for a raw image, at dest.
 
         :raises SourceError: none usable (the host then copies the whole
-            base): not published, not the agent's, or the image is not raw
-            (mirrors read raw bytes).
+            base): not published, not the agent's, or the image is in a
+            format mirrors do not read range by range.
         """
         img = self._get(image_id)
-        if img.get('disk_format') != 'raw':
+        if img.get('disk_format') not in fingerprint.LAZY_FORMATS:
             raise SourceError('image %s is %s in Glance; lazy mirrors read '
-                              'raw images' % (image_id,
-                                              img.get('disk_format')))
+                              '%s images' % (image_id, img.get('disk_format'),
+                                             ' or '.join(
+                                                 fingerprint.LAZY_FORMATS)))
         did = digests_image_id(image_id)
         dig = self._get(did)
         sha = dig.get(PROP_DIGESTS_SHA256)
@@ -374,15 +384,47 @@ class GlanceSource:
                        os.path.dirname(dest))
         os.rename(tmp, dest)
 
-    def base_reader(self, image_id):
+    def base_reader(self, image_id, size):
         """The QEMU node a base mirror fetches missing blocks from.
 
         The host's range server (nbdkit with :mod:`.nbdkit_glance`, run by
-        ``vmar-export serve``) exports each raw Glance image by its id.
+        ``vmar-export serve``) exports the stored bytes of each Glance
+        image (:func:`fetch_export`). A raw image is read as it is; a
+        qcow2 image through QEMU's qcow2 driver on top, once its header
+        (read as one range) passed
+        :func:`~vmar_openstack.fingerprint.inspect_header`. Either way
+        the node must yield ``size`` bytes, the map's.
+
+        :raises SourceError: the image cannot be read range by range.
         """
-        return {'driver': 'nbd', 'read-only': True, 'export': image_id,
-                'server': {'type': 'unix',
-                           'path': fetch_socket(self.conf)}}
+        img = self._get(image_id)
+        fmt = img.get('disk_format')
+        if (img.get('status') != 'active'
+                or fmt not in fingerprint.LAZY_FORMATS):
+            raise SourceError('image %s is %s and %s in Glance; lazy mirrors '
+                              'read active %s images' % (
+                                  image_id, img.get('status'), fmt,
+                                  ' or '.join(fingerprint.LAZY_FORMATS)))
+        stored = int(img.get('size') or 0)
+        node = {'driver': 'nbd', 'read-only': True,
+                'export': fetch_export(image_id, stored),
+                'server': {'type': 'unix', 'path': fetch_socket(self.conf)}}
+        if fmt == 'raw':
+            vsize = stored
+        else:
+            head = self.ranges.read(image_id, 0,
+                                    min(fingerprint.HEADER_BYTES, stored))
+            try:
+                vsize = fingerprint.inspect_header(head, fmt,
+                                                   'image %s' % image_id)
+            except exception.ImageRejected as e:
+                raise SourceError(str(e))
+            node = {'driver': fmt, 'read-only': True, 'backing': None,
+                    'file': node}
+        if vsize != size:
+            raise SourceError('image %s holds %d bytes of disk in Glance, '
+                              'the map says %d' % (image_id, vsize, size))
+        return node
 
     def fetcher_command(self):
         """(argv, socket, env) of the range server ``vmar-export serve`` runs.

@@ -44,10 +44,21 @@ class LocalDirSource:
         self._copy(os.path.join(self.root, 'digests',
                                 names.digest_file(image_id)), dest)
 
-    def base_reader(self, image_id):
-        """The QEMU node a base mirror fetches missing blocks from."""
-        return {'driver': 'file', 'filename': self._base(image_id),
-                'read-only': True}
+    def base_reader(self, image_id, size):
+        """The QEMU node a base mirror fetches missing blocks from.
+
+        :raises SourceError: the library's base is not ``size`` bytes.
+        """
+        path = self._base(image_id)
+        try:
+            have = os.path.getsize(path)
+        except OSError as e:
+            raise exception.SourceError('cannot read %s: %s'
+                                        % (path, e.strerror))
+        if have != size:
+            raise exception.SourceError('%s is %d bytes, the map says %d'
+                                        % (path, have, size))
+        return {'driver': 'file', 'filename': path, 'read-only': True}
 
     def _base(self, image_id):
         return os.path.join(self.root, 'bases', image_id)

@@ -3,7 +3,8 @@
 Run by ``vmar-export serve`` (:meth:`.glance.GlanceSource.fetcher_command`)
 with ``[vmar] base_fetch = lazy`` and ``map_source = glance``: the export
 daemon's ``vmar-mirror`` nodes open the export named by an image id and
-read the blocks they miss; every read is a range request to Glance
+size (:func:`.glance.fetch_export`) and read the blocks they miss; every
+read is a range request to Glance
 (:class:`.glance.RangeReader`). nbdkit's retry-request filter tries a
 failed read again; the mirror checks every block against the digest list
 before a guest can read it.
@@ -15,7 +16,6 @@ configuration).
 
 import errno
 import site
-import uuid
 
 import nbdkit
 
@@ -63,16 +63,14 @@ def _failed(what, e):
 
 
 def open(readonly):
-    name = nbdkit.export_name()
+    # no Glance request here: see glance.fetch_export
+    from vmar_openstack.mapsource import glance
     try:
-        image_id = str(uuid.UUID(name))
-    except ValueError:
+        image_id, size = glance.parse_fetch_export(nbdkit.export_name())
+    except ValueError as e:
         nbdkit.set_error(errno.ENOENT)
-        raise RuntimeError('export %r is not an image id' % name)
-    try:
-        return {'id': image_id, 'size': _reader.image(image_id)}
-    except Exception as e:
-        _failed('image %s' % image_id, e)
+        raise RuntimeError(str(e))
+    return {'id': image_id, 'size': size}
 
 
 def get_size(h):
