@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -29,6 +30,7 @@ from prometheus_client import parser as prom_parser
 import testtools
 
 from tests import base
+from tests.functional.test_guest import GUEST_XML
 from tools.vmarenv import glance_env
 from tools.vmarenv import qemu_env
 from tools.vmarenv import services
@@ -202,6 +204,108 @@ class GlanceTestCase(testtools.TestCase):
             self.assertLess(time.time(), deadline, self.agent_log())
             time.sleep(0.2)
 
+    def wait_digests(self, image_id, timeout=120):
+        did = gsource.digests_image_id(image_id)
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if self.client.images.get(did)['status'] == 'active':
+                    return did
+            except glance_exc.HTTPNotFound:
+                pass
+            self.assertLess(time.time(), deadline, self.agent_log())
+            time.sleep(0.2)
+
+    def lazy_host(self, **vmar_opts):
+        """``vmar-export serve`` of a lazy host reading Glance via a proxy.
+
+        Returns the host dir, the vmar-export command and the proxy (a
+        Glance outage when stopped); ``self.lazy_serve()`` starts another
+        ``serve`` of the same host (after a "reboot").
+        """
+        proxy = glance_env.TcpProxy(
+            '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
+            work_dir=os.path.join(self.tmp, 'proxy'))
+        os.makedirs(proxy.work_dir)
+        self.addCleanup(proxy.stop)
+        proxy.start()
+        host = os.path.join(self.tmp, 'host')
+        sock_dir = tempfile.mkdtemp(prefix='vmar-lazy-', dir='/run')
+        os.chmod(sock_dir, 0o755)       # QEMU of libvirt connects
+        self.addCleanup(shutil.rmtree, sock_dir, True)
+        sock = os.path.join(sock_dir, 'nbd.sock')
+        conf_file = os.path.join(self.tmp, 'host.conf')
+        glance_env.write_conf(conf_file, {
+            'DEFAULT': {'debug': 'true'},
+            'vmar': {'host_dir': host, 'map_source': 'glance',
+                     'base_fetch': 'lazy', 'mirror_readahead': '0',
+                     'fetch_retries': '1', 'export_socket': sock,
+                     'qemu_storage_daemon': qemu_env.qemu_bin(
+                         'qemu-storage-daemon'), **vmar_opts},
+            'vmar_glance': {'auth_type': 'none', 'endpoint': proxy.url,
+                            'endpoint_override': proxy.url}})
+        cmd = [sys.executable, '-m', 'vmar_openstack.cmd.export',
+               '--config-file', conf_file]
+        self.lazy_conf_file = conf_file
+
+        def serve():
+            log = open(os.path.join(self.tmp, 'serve.log'), 'ab')
+            proc = subprocess.Popen(cmd + ['serve'], stdout=log, stderr=log,
+                                    stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            log.close()
+
+            def stop():
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                # a daemon the supervisor could not stop (none if it quit)
+                with contextlib.suppress(OSError, ValueError):
+                    with open(os.path.join(host, 'qsd.pid')) as f:
+                        os.kill(int(f.read()), signal.SIGKILL)
+            self.addCleanup(stop)
+            deadline = time.time() + 60
+            while not os.path.exists(sock):
+                self.assertIsNone(proc.poll(), self.serve_log())
+                self.assertLess(time.time(), deadline, self.serve_log())
+                time.sleep(0.1)
+            return proc
+        self.lazy_serve = serve
+        self.lazy_proc = serve()
+        return host, cmd, proxy
+
+    def lazy_add(self, cmd, image_id, version):
+        """Add an export on the lazy host; its NBD URI."""
+        r = subprocess.run(cmd + ['add', image_id], capture_output=True,
+                           text=True)
+        self.assertEqual(0, r.returncode, r.stderr + self.serve_log())
+        uri = r.stdout.strip().split()[-1]
+        self.assertTrue(
+            uri.startswith('nbd+unix:///%s.%d.' % (image_id, version)), uri)
+        return uri
+
+    @staticmethod
+    def qemu_io(uri, command):
+        return subprocess.run(
+            [qemu_env.SYSTEM_QEMU_IO, '-r', '-f', 'raw', '-c', command, uri],
+            capture_output=True, text=True)
+
+    def assert_same(self, uri, raw):
+        r = subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw',
+                            '-F', 'raw', uri, raw], capture_output=True,
+                           text=True)
+        self.assertEqual(0, r.returncode,
+                         r.stdout + r.stderr + self.serve_log())
+
+    def serve_log(self):
+        logs = [os.path.join(self.tmp, 'serve.log'),
+                os.path.join(self.tmp, 'host', 'qsd.log'),
+                os.path.join(self.tmp, 'host', 'fetch.log')]
+        return glance_env.log_tail([p for p in logs if os.path.exists(p)])
+
     def rebuild(self, image_id, version, out):
         """The image, read through its published map and Glance bases."""
         d = os.path.join(self.tmp, 'host-%s-%d' % (image_id, version))
@@ -247,99 +351,6 @@ class TestGlance(GlanceTestCase):
         self.assertIn(image_id, listed)
         self.assertNotIn(gsource.map_image_id(image_id, v), listed)
         self.assert_consistent()
-
-    def wait_digests(self, image_id, timeout=120):
-        did = gsource.digests_image_id(image_id)
-        deadline = time.time() + timeout
-        while True:
-            try:
-                if self.client.images.get(did)['status'] == 'active':
-                    return did
-            except glance_exc.HTTPNotFound:
-                pass
-            self.assertLess(time.time(), deadline, self.agent_log())
-            time.sleep(0.2)
-
-    def lazy_host(self):
-        """``vmar-export serve`` of a lazy host reading Glance via a proxy.
-
-        Returns the host dir, the vmar-export command and the proxy (a
-        Glance outage when stopped).
-        """
-        proxy = glance_env.TcpProxy(
-            '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
-            work_dir=os.path.join(self.tmp, 'proxy'))
-        os.makedirs(proxy.work_dir)
-        self.addCleanup(proxy.stop)
-        proxy.start()
-        host = os.path.join(self.tmp, 'host')
-        sock_dir = tempfile.mkdtemp(prefix='vmar-lazy-', dir='/run')
-        self.addCleanup(shutil.rmtree, sock_dir, True)
-        sock = os.path.join(sock_dir, 'nbd.sock')
-        conf_file = os.path.join(self.tmp, 'host.conf')
-        glance_env.write_conf(conf_file, {
-            'DEFAULT': {'debug': 'true'},
-            'vmar': {'host_dir': host, 'map_source': 'glance',
-                     'base_fetch': 'lazy', 'mirror_readahead': '0',
-                     'fetch_retries': '1', 'export_socket': sock,
-                     'qemu_storage_daemon': qemu_env.qemu_bin(
-                         'qemu-storage-daemon')},
-            'vmar_glance': {'auth_type': 'none', 'endpoint': proxy.url,
-                            'endpoint_override': proxy.url}})
-        cmd = [sys.executable, '-m', 'vmar_openstack.cmd.export',
-               '--config-file', conf_file]
-        log = open(os.path.join(self.tmp, 'serve.log'), 'ab')
-        proc = subprocess.Popen(cmd + ['serve'], stdout=log, stderr=log,
-                                stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        log.close()
-
-        def stop():
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            # a daemon the supervisor could not stop (none if it quit)
-            with contextlib.suppress(OSError, ValueError):
-                with open(os.path.join(host, 'qsd.pid')) as f:
-                    os.kill(int(f.read()), signal.SIGKILL)
-        self.addCleanup(stop)
-        deadline = time.time() + 60
-        while not os.path.exists(sock):
-            self.assertIsNone(proc.poll(), self.serve_log())
-            self.assertLess(time.time(), deadline, self.serve_log())
-            time.sleep(0.1)
-        return host, cmd, proxy
-
-    def lazy_add(self, cmd, image_id, version):
-        """Add an export on the lazy host; its NBD URI."""
-        r = subprocess.run(cmd + ['add', image_id], capture_output=True,
-                           text=True)
-        self.assertEqual(0, r.returncode, r.stderr + self.serve_log())
-        uri = r.stdout.strip().split()[-1]
-        self.assertTrue(
-            uri.startswith('nbd+unix:///%s.%d.' % (image_id, version)), uri)
-        return uri
-
-    @staticmethod
-    def qemu_io(uri, command):
-        return subprocess.run(
-            [qemu_env.SYSTEM_QEMU_IO, '-r', '-f', 'raw', '-c', command, uri],
-            capture_output=True, text=True)
-
-    def assert_same(self, uri, raw):
-        r = subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw',
-                            '-F', 'raw', uri, raw], capture_output=True,
-                           text=True)
-        self.assertEqual(0, r.returncode,
-                         r.stdout + r.stderr + self.serve_log())
-
-    def serve_log(self):
-        logs = [os.path.join(self.tmp, 'serve.log'),
-                os.path.join(self.tmp, 'host', 'fetch.log')]
-        return glance_env.log_tail([p for p in logs if os.path.exists(p)])
 
     def test_lazy_host_reads_ranges_of_glance_images(self):
         # b's first 2 MiB are a's: its map reads them from a's base
@@ -899,3 +910,172 @@ class TestSeveralAgents(GlanceTestCase):
             self.assertLess(time.time(), deadline, self.agent_log())
             time.sleep(0.2)
         self.assert_consistent()
+
+
+class TestLazyGuests(GlanceTestCase):
+    """Guests on a lazy host whose Glance store fails under them.
+
+    Real pieces throughout: glance-api and its file store, vmar-agent,
+    ``vmar-export serve`` with its nbdkit range server, libvirt and the
+    test guest (tools/build-test-guest.sh), which checksums its whole
+    disk, and the Nova backend's resumer (run here in a thread, as
+    vmar-nova-compute runs it). The outage is a proxy in front of
+    glance-api that stops; corruption is the store's own file, changed.
+    """
+
+    def setUp(self):
+        super().setUp()
+        qemu_env.libvirt()
+        self.guest = qemu_env.test_guest()
+        os.chmod(self.tmp, 0o755)
+        # b's first 16 MiB are a's; 8 MiB its own; 24 MiB in all
+        n = uuid.uuid4().int % 10 ** 6 * 10 ** 4
+        shared = list(range(n, n + 4096))
+        a = self.image('a.raw', shared + [None] * 2048)
+        self.b = self.image('b.raw', shared + list(range(n + 5000, n + 7048)))
+        self.expected = qemu_env.sha256_file(self.b)
+        self.ia = self.create(a)
+        self.wait_map(self.ia)
+        self.ib = self.create(self.b)
+        vb = self.wait_map(self.ib)
+        for i in (self.ia, self.ib):
+            self.wait_digests(i)
+        self.host, cmd, self.proxy = self.lazy_host(
+            export_socket_group='libvirt-qemu', resume_interval='1')
+        self.uri = self.lazy_add(cmd, self.ib, vb)
+        self.overlay = os.path.join(self.tmp, 'disk.qcow2')
+        subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'create', '-q', '-f',
+                        'qcow2', '-b', self.uri, '-F', 'raw',
+                        self.overlay], check=True)
+        self.resumed = []
+        self._resumer()
+
+    def _resumer(self):
+        """The Nova backend's resumer, every second, in a thread."""
+        import libvirt
+
+        from vmar_openstack import export
+        from vmar_openstack.nova_imagebackend import resume
+        conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(conf)
+        conf(['--config-file', self.lazy_conf_file], project='vmar')
+        resumer = resume.Resumer(export.ExportService(conf), libvirt)
+        conn = libvirt.open('qemu:///system')
+        stop = threading.Event()
+
+        def loop():
+            while not stop.wait(1):
+                with contextlib.suppress(Exception):
+                    self.resumed += resumer.run_once(conn)
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        self.addCleanup(t.join)
+        self.addCleanup(stop.set)
+
+    def boot(self, args='', wait=True, timeout=300):
+        name = 'vmar-lazy-%s' % uuid.uuid4().hex[:8]
+        console = os.path.join(self.tmp, name + '.log')
+        xml = os.path.join(self.tmp, name + '.xml')
+        with open(xml, 'w') as f:
+            f.write(GUEST_XML.format(
+                name=name, guest=self.guest, args=args,
+                overlay=self.overlay, console=console))
+        qemu_env.run_domain(self, name, xml, console, wait, timeout)
+        return name, console
+
+    def held(self):
+        """Bytes the mirrors hold."""
+        d = os.path.join(self.host, 'mirrors')
+        return sum(os.stat(os.path.join(d, i)).st_blocks * 512
+                   for i in (self.ia, self.ib))
+
+    def prefill(self, length):
+        """Fetch the image's first ``length`` bytes (part of a boot)."""
+        r = self.qemu_io(self.uri, 'read 0 %d' % length)
+        self.assertNotIn('failed', r.stdout + r.stderr, self.serve_log())
+
+    def wait_paused(self, name, timeout=120):
+        """Until libvirt paused ``name`` on an I/O error."""
+        deadline = time.time() + timeout
+        while 'I/O error' not in qemu_env.virsh(
+                'domstate', '--reason', name, check=False).stdout:
+            self.assertLess(time.time(), deadline, self.serve_log())
+            time.sleep(0.2)
+
+    def wait_off(self, name, console, timeout=300):
+        deadline = time.time() + timeout
+        while qemu_env.virsh('domstate', name, check=False).returncode == 0:
+            self.assertLess(time.time(), deadline,
+                            qemu_env.console_tail(console) + self.serve_log())
+            time.sleep(0.5)
+
+    def assert_guest_saw_the_image(self, console):
+        sums = qemu_env.console_lines(console, 'VMAR-SHA256')
+        self.assertEqual([self.expected], sums,
+                         qemu_env.console_tail(console))
+
+    def test_store_down_in_the_middle_of_a_boot(self):
+        self.prefill(8 << 20)
+        self.proxy.stop()
+        name, console = self.boot(wait=False)
+        self.wait_paused(name)
+        # the resumer tries again; the store is still down: paused again
+        deadline = time.time() + 60
+        while name not in self.resumed:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.2)
+        self.wait_paused(name)
+        self.proxy.start()
+        self.wait_off(name, console)
+        self.assert_guest_saw_the_image(console)
+
+    def test_store_returns_corrupted_bytes(self):
+        self.prefill(8 << 20)
+        # the store's copy of b, one bit flipped in b's own part
+        stored = os.path.join(self.glance.store_dir, self.ib)
+        with open(stored, 'r+b') as f:
+            f.seek(20 << 20)
+            good = f.read(1)
+            f.seek(20 << 20)
+            f.write(bytes([good[0] ^ 0x10]))
+        name, console = self.boot(wait=False)
+        self.wait_paused(name)
+        with open(stored, 'r+b') as f:
+            f.seek(20 << 20)
+            f.write(good)
+        self.wait_off(name, console)
+        self.assert_guest_saw_the_image(console)
+        self.assertIn('digest', self.serve_log())
+
+    def test_daemon_killed_in_the_middle_of_a_fetch(self):
+        self.prefill(8 << 20)
+        self.proxy.stop()       # the fetch the guest waits for hangs on
+        name, console = self.boot(wait=False)
+        self.wait_paused(name)
+        with open(os.path.join(self.host, 'qsd.pid')) as f:
+            os.kill(int(f.read()), signal.SIGKILL)
+        self.proxy.start()
+        self.wait_off(name, console)
+        self.assert_guest_saw_the_image(console)
+
+    def test_host_reboots_in_the_middle_of_a_fetch(self):
+        self.prefill(8 << 20)
+        held = self.held()
+        self.proxy.stop()
+        name, console = self.boot(wait=False)
+        self.wait_paused(name)
+        # everything on the host dies: guest, vmar-export, its daemon and
+        # range server
+        qemu_env.virsh('destroy', name, check=False)
+        os.killpg(self.lazy_proc.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(self.host, 'qsd.pid')) as f:
+                os.kill(int(f.read()), signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.uri.split('socket=')[1])
+        self.proxy.start()
+        self.lazy_proc = self.lazy_serve()
+        # the mirrors kept what they held (the prefill was synced)
+        self.assertGreaterEqual(self.held(), held)
+        name, console = self.boot()
+        self.assert_guest_saw_the_image(console)
