@@ -407,6 +407,52 @@ class TestGlance(GlanceTestCase):
                            text=True)
         self.assertEqual(0, r.returncode, r.stderr)
 
+    def test_lazy_host_after_a_canonical_image_is_deleted(self):
+        a = self.image('la-a.raw', list(range(1, 513)) + [None] * 256)
+        b = self.image('la-b.raw', list(range(1, 513))
+                       + list(range(1001, 1513)) + [None] * 128)
+        ia = self.create(a)
+        self.wait_map(ia)
+        ib = self.create(b)
+        v1 = self.wait_map(ib)
+        for i in (ia, ib):
+            self.wait_digests(i)
+        # mirror_cache_gb 0: a mirror goes with its last export
+        host, cmd, _proxy = self.lazy_host(mirror_cache_gb='0')
+        mirrors = os.path.join(host, 'mirrors')
+        uri = self.lazy_add(cmd, ib, v1)
+
+        def held(image_id):
+            return os.stat(os.path.join(mirrors, image_id)).st_blocks * 512
+        r = self.qemu_io(uri, 'read 0 64k')
+        self.assertNotIn('failed', r.stdout + r.stderr, self.serve_log())
+        self.assertEqual((65536, 0), (held(ia), held(ib)))
+        # a goes, with its data; the agent republishes b's map without it
+        self.glance.openstack('image', 'delete', ia)
+        v2 = self.wait_map(ib, newer_than=v1)
+        self.assertRaises(glance_exc.HTTPNotFound, self.client.images.get,
+                          ia)
+        # the export of v1 still reads a's blocks: from b's own data,
+        # checked against a's digests
+        self.assert_same(uri, b)
+        self.assertEqual((512 * 4096, 512 * 4096), (held(ia), held(ib)))
+        # a cold host booting b v1 now (before its hosts catch up with v2)
+        r = subprocess.run(cmd + ['remove', ib], capture_output=True,
+                           text=True)
+        self.assertEqual(0, r.returncode, r.stderr)
+        self.assertEqual([], os.listdir(mirrors))
+        r = subprocess.run(cmd + ['add', ib, '--map-version', str(v1)],
+                           capture_output=True, text=True)
+        self.assertEqual(0, r.returncode, r.stderr + self.serve_log())
+        uri = r.stdout.strip().split()[-1]
+        self.assertFalse(os.path.exists(os.path.join(mirrors,
+                                                     ia + '.reader')))
+        self.assert_same(uri, b)
+        self.assertEqual((512 * 4096, 512 * 4096), (held(ia), held(ib)))
+        # and v2 reads b alone
+        self.assertEqual([ib], [t.image_id for t in self.rebuild(
+            ib, v2, os.path.join(self.tmp, 'b2.raw')).targets])
+
     def test_lazy_host_reads_qcow2_images_through_qemus_driver(self):
         a = self.image('lq-a.raw', list(range(7601, 8113)) + [None] * 256)
         b_raw = self.image('lq-b.raw', list(range(7601, 8113))

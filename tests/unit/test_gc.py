@@ -95,6 +95,30 @@ class TestMapGC(base.LibraryTestCase):
         self.assertEqual([], self.lib.superseded())
         self.assertFalse(self.lib.drop_map_version(A, 2))
 
+    def test_digest_list_of_a_deleted_base_goes_with_the_last_map(self):
+        # B reads blocks 1 and 2 from A; A is deleted
+        for image_id in (A, B):
+            self.handler.publisher.digests(image_id)
+        self.assertIn(A, self.lib.bases_of(B, 2))
+        self.handler.delete({'id': A})
+        self.assertNotIn(A, self.lib.bases_of(B, 3))
+        dig = {i: gsource.digests_image_id(i) for i in (A, B)}
+        self.assertFalse(self.published(A, 2))
+        self.assertIn(dig[A], self.glance.images.store)
+        self.conf.set_override('map_gc_min_age', 0, group='vmar_agent')
+        # a host still runs B v2, which reads A: A's digest list stays
+        self.reports.record('h1', [(B, 2)])
+        p = agent.collect_garbage(self.conf, self.handler)
+        self.assertEqual([(B, 1)], [(sv.image_id, sv.version)
+                                    for sv in p.deletable])
+        self.assertIn(dig[A], self.glance.images.store)
+        # it stops: B v2 goes, and A's digest list with it; B's stays
+        self.reports.record('h1', [(B, 3)])
+        agent.collect_garbage(self.conf, self.handler)
+        self.assertNotIn(dig[A], self.glance.images.store)
+        self.assertIn(dig[B], self.glance.images.store)
+        self.assertTrue(self.published(B, 3))
+
     def test_forgotten_host_holds_nothing(self):
         self.reports.record('gone', [(A, 1), (B, 1)])
         self.conf.set_override('map_gc_min_age', 0, group='vmar_agent')

@@ -24,6 +24,9 @@ class TestMirrorEviction(testtools.TestCase):
             for path in m:
                 with open(path, 'wb') as f:
                     f.write(b'x' * (1 << 20 if path == m.data else 4096))
+            # an alternate map: goes with its mirror
+            with open('%s.alt.%s.1' % (m.data, uuid.uuid4()), 'wb') as f:
+                f.write(b'x')
             # the first is the least recently used
             os.utime(m.present, (1000 + age, 1000 + age))
 
@@ -35,7 +38,8 @@ class TestMirrorEviction(testtools.TestCase):
     def test_no_budget_deletes_every_unreferenced_mirror(self):
         self.assertEqual([self.ids[1]], self.mirrors(0, [self.ids[1]]))
         left = os.listdir(os.path.join(self.root, 'mirrors'))
-        self.assertEqual(len(hostdir.Mirror._fields), len(left))
+        self.assertEqual(len(hostdir.Mirror._fields) + 1, len(left))
+        self.assertEqual({self.ids[1]}, {n.split('.')[0] for n in left})
 
     def test_within_budget_everything_stays(self):
         self.assertEqual(self.ids, self.mirrors(100 << 20, []))

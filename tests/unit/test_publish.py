@@ -55,7 +55,14 @@ class FakeImages:
     def delete(self, mid):
         with self.lock:
             self.calls.append(('delete', mid))
+            if mid not in self.store:
+                raise glance_exc.HTTPNotFound()
             del self.store[mid]
+
+    def list(self, filters=None):
+        with self.lock:
+            return [dict(r) for r in self.store.values()
+                    if all(r.get(k) == v for k, v in (filters or {}).items())]
 
 
 class FakeGlance:

@@ -8,6 +8,13 @@ For every export the daemon has:
   characters of base64url: a read-only ``file`` node of a whole base, or a
   ``vmar-mirror`` node over a base mirror (buffered only); base nodes are
   shared by every VMAR node that reads from them;
+* for a mirror: its ``fetch`` child, a ``quorum`` node ``vq<id>`` that
+  reads its children in turn until one answers (``read-pattern=fifo``):
+  first ``vf<id>``, the source's reader of the base's own data, then one
+  ``va<id>.<hash>`` per alternate map, a ``vmar`` node reading the base's
+  blocks from the reader ``vf<other id>`` of an image that holds them
+  (:mod:`vmar_openstack.mapformat.alternate`). ``vf`` nodes are shared;
+  alternates found later join the quorum with ``x-blockdev-change``;
 * one ``vmar`` node per map version, ``vm<id>.<version>``, reading its map
   and, through the base node prefix, its base nodes;
 * one NBD export per holder, whose name carries the holder's key
@@ -20,6 +27,7 @@ Every function takes an open :class:`~vmar_openstack.export.qmp.Monitor`.
 
 import base64
 import contextlib
+import hashlib
 import os
 import time
 import uuid
@@ -27,6 +35,7 @@ import uuid
 from vmar_openstack import exception
 
 _BUFFERED, _DIRECT, _VMAR = 'vb', 'vd', 'vm'
+_FETCH, _ALT, _QUORUM = 'vf', 'va', 'vq'
 _EXPORT_ID_PREFIX = 'vmar-'
 
 
@@ -49,6 +58,20 @@ def vmar_node(image_id, version):
     # node names are at most 31 characters: 'vm' + 22 + '.' + 6 digits
     # (names.MAX_MAP_VERSION)
     return '%s%s.%d' % (_VMAR, b64id(image_id), version)
+
+
+def fetch_node(image_id):
+    return _FETCH + b64id(image_id)
+
+
+def quorum_node(image_id):
+    return _QUORUM + b64id(image_id)
+
+
+def alt_node(base_id, image_id, version):
+    # 'va' + 22 + '.' + 6 = 31 characters
+    tag = hashlib.sha256(('%s.%d' % (image_id, version)).encode())
+    return '%s%s.%s' % (_ALT, b64id(base_id), tag.hexdigest()[:6])
 
 
 def export_id(name):
@@ -95,16 +118,28 @@ def read_counters(mon):
 
 # -- changes --------------------------------------------------------------
 
-def add_nodes(mon, exp, have, map_file, base_spec, gather_gap):
+def add_nodes(mon, exp, have, map_file, base_spec, gather_gap,
+              fetch_nodes=lambda image_id, host_cache: ()):
     """Add the base and vmar nodes of ``exp`` missing from ``have``.
 
     ``have`` (a set of node names) is updated. ``map_file`` gives the path
     of a map file; ``base_spec(image_id, host_cache)`` the ``blockdev-add``
     options of a base node but its name: a ``file`` node, or a
-    ``vmar-mirror`` node for a base the host mirrors.
+    ``vmar-mirror`` node for a base the host mirrors;
+    ``fetch_nodes(image_id, host_cache)`` the ``(name, options, child)``
+    of the nodes a mirror's fetch quorum needs first, ``child`` for its
+    own children (added to a live quorum when new).
     """
     for tid, _size in exp.targets:
         name = base_node(tid, exp.host_cache)
+        for node, spec, child in fetch_nodes(tid, exp.host_cache):
+            if node in have:
+                continue
+            mon.execute('blockdev-add', dict(spec, **{'node-name': node}))
+            have.add(node)
+            if child and name in have:
+                mon.execute('x-blockdev-change', {
+                    'parent': quorum_node(tid), 'node': node})
         if name in have:
             continue
         mon.execute('blockdev-add', dict(base_spec(tid, exp.host_cache),
@@ -155,15 +190,19 @@ def _wait_export_gone(mon, name, timeout):
                                 % (name, timeout))
 
 
-def del_unused_nodes(mon, exports):
+def del_unused_nodes(mon, exports,
+                     fetch_nodes=lambda image_id, host_cache: ()):
     """Delete the nodes no export in ``exports`` reads from."""
     wanted = set()
     for exp in exports:
         wanted.add(vmar_node(exp.image_id, exp.map_version))
         for tid, _size in exp.targets:
             wanted.add(base_node(tid, exp.host_cache))
-    # vmar nodes first: they hold the base nodes
-    for kinds in ((_VMAR,), (_BUFFERED, _DIRECT)):
+            wanted.update(n for n, _s, _c in fetch_nodes(tid,
+                                                         exp.host_cache))
+    # parents first: vmar nodes hold base nodes, mirrors (through their
+    # quorum) alternates and readers, alternates readers
+    for kinds in ((_VMAR,), (_BUFFERED, _DIRECT), (_ALT,), (_FETCH,)):
         for name in sorted(nodes(mon)):
             if name[:2] in kinds and name not in wanted:
                 mon.execute('blockdev-del', {'node-name': name})

@@ -11,11 +11,16 @@ With ``[vmar] base_fetch = lazy`` a base is a mirror instead, in
 ``<image id>.reader`` (the QEMU node, as JSON, that fetches its missing
 blocks from the map source) and ``<image id>.present`` (which blocks it
 holds); see ``doc/source/mirror-format.rst``. A whole base in ``bases/``
-wins over a mirror of the same image.
+wins over a mirror of the same image. ``<base id>.alt.<image id>.<version>``
+is an alternate map (:mod:`vmar_openstack.mapformat.alternate`): where
+that map version's image holds blocks of the base, for when the base's own
+data is gone from the source; the image then has a ``.reader`` too.
 """
 
 import collections
 import contextlib
+import fcntl
+import glob
 import json
 import os
 import time
@@ -25,19 +30,27 @@ from oslo_log import log as logging
 from vmar_openstack import exception
 from vmar_openstack import fileutils
 from vmar_openstack import mapformat
+from vmar_openstack.mapformat import alternate as alt_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
-_MAPS, _BASES, _MIRRORS = 'maps', 'bases', 'mirrors'
+_MAPS, _BASES, _MIRRORS, _LOCKS = 'maps', 'bases', 'mirrors', 'locks'
+# per image: held exclusively while its base is fetched or its mirror made;
+# held shared by each export being prepared, exclusively while pruned
+_FETCH_LOCK, _USE_LOCK = '.fetch', '.use'
 # the files of a mirror, in the order they are created; deleted in reverse
 _PRESENT, _READER, _DIGESTS = '.present', '.reader', '.digests'
+_ALT = '.alt.'
 
 # one base file fetched from the map source
 Fetch = collections.namedtuple('Fetch', 'image_id size seconds')
 # the files of one base mirror
 Mirror = collections.namedtuple('Mirror', 'data digests reader present')
+# an alternate map of a mirrored base: map version ``version`` of
+# ``image_id`` (``size`` bytes) holds some of its blocks
+Alternate = collections.namedtuple('Alternate', 'image_id version size path')
 
 
 class HostDir:
@@ -50,6 +63,48 @@ class HostDir:
     def map_file(self, image_id, version):
         return os.path.join(self.root, _MAPS,
                             names.map_file(image_id, version))
+
+    # locks: no host-wide lock is held across the map source's I/O
+    def _lock_file(self, image_id, kind):
+        d = os.path.join(self.root, _LOCKS)
+        os.makedirs(d, exist_ok=True)
+        return open(os.path.join(d, image_id + kind), 'a')
+
+    @contextlib.contextmanager
+    def _fetching(self, image_id):
+        """While this process fetches a base or makes its mirror files.
+
+        Concurrent misses of one base wait here for the first one's fetch,
+        then find the files made.
+        """
+        with self._lock_file(image_id, _FETCH_LOCK) as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def hold(self, image_id, stack):
+        """Keep an image's map and base files until ``stack`` is closed.
+
+        :meth:`prune` leaves them alone meanwhile: an export being
+        prepared outside the state lock holds the files it will read.
+        """
+        fcntl.flock(stack.enter_context(self._lock_file(image_id,
+                                                        _USE_LOCK)),
+                    fcntl.LOCK_SH)
+
+    @contextlib.contextmanager
+    def _claimed(self, image_id):
+        """Whether the caller may delete an image's files now.
+
+        True (held exclusively until the block ends) unless an export being
+        prepared :meth:`hold` s them.
+        """
+        with self._lock_file(image_id, _USE_LOCK) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+            else:
+                yield True
 
     def base_file(self, image_id):
         """The file that holds the base's data: whole base, else mirror."""
@@ -76,6 +131,55 @@ class HostDir:
             raise exception.ExportError('mirror of %s: cannot read %s: %s'
                                         % (image_id, path, e))
 
+    def has_reader(self, image_id):
+        return os.path.exists(self.mirror(image_id).reader)
+
+    def alternates(self, base_id):
+        """The :class:`Alternate` maps of a mirrored base, oldest first.
+
+        Only those whose image has a reader.
+        """
+        d = os.path.join(self.root, _MIRRORS)
+        prefix = base_id + _ALT
+        out = []
+        for name in os.listdir(d) if os.path.isdir(d) else ():
+            if not name.startswith(prefix) or name.endswith('.tmp'):
+                continue
+            image_id, _dot, version = name[len(prefix):].partition('.')
+            path = os.path.join(d, name)
+            if not (version.isdigit() and self.has_reader(image_id)):
+                continue
+            try:
+                target = mapformat.read(path).targets[0]
+            except exception.MapFormatError as e:
+                LOG.warning('ignoring the alternate map %s: %s', path, e)
+                continue
+            out.append((os.stat(path).st_mtime, Alternate(
+                image_id, int(version), target.size, path)))
+        return [a for _t, a in sorted(out)]
+
+    def _write_alternates(self, bmap):
+        """Keep where ``bmap``'s image holds blocks of its mirrored bases.
+
+        Needs a reader of the image itself (it may have no mirror); without
+        one (the source cannot read it range by range) nothing is kept.
+        """
+        d = os.path.join(self.root, _MIRRORS)
+        for t in bmap.targets:
+            path = os.path.join(d, '%s%s%s.%d' % (
+                t.image_id, _ALT, bmap.image_id, bmap.map_version))
+            if (t.is_self or not self.is_mirror(t.image_id)
+                    or os.path.exists(path)):
+                continue
+            data = alt_format.alternate(bmap, t.image_id)
+            if data is None:
+                continue
+            if not self._ensure_reader(
+                    mapformat.Target(bmap.image_id, bmap.virtual_size),
+                    self.mirror(bmap.image_id)):
+                return
+            fileutils.write_atomic(path, data)
+
     def is_mirror(self, image_id):
         """Whether the base is served from a mirror (no whole base)."""
         return not os.path.exists(self._whole(image_id)) and os.path.exists(
@@ -91,15 +195,18 @@ class HostDir:
         except exception.SourceError as e:
             raise exception.ExportError(str(e))
 
-    def ensure(self, image_id, version, lazy=False):
+    def ensure(self, image_id, version, lazy=False, hold=None):
         """Fetch a map version and its bases if missing; check them.
 
         ``lazy``: a missing base becomes an empty mirror, not a copy, if
         the source can fill mirrors (else, or without a digest list, the
-        whole base is copied). Returns the map
-        (:class:`vmar_openstack.mapformat` reader's) and the
+        whole base is copied). ``hold``: a :class:`contextlib.ExitStack`
+        that keeps the files (:meth:`hold`) until it is closed. Returns
+        the map (:class:`vmar_openstack.mapformat` reader's) and the
         :class:`Fetch` of each base copied now.
         """
+        if hold is not None:
+            self.hold(image_id, hold)
         path = self.map_file(image_id, version)
         if not os.path.exists(path):
             self.fetch(self.source.fetch_map, image_id, version, path)
@@ -114,38 +221,49 @@ class HostDir:
                 'map file %s describes %s v%d'
                 % (path, bmap.image_id, bmap.map_version))
         fetched = []
+        itself = mapformat.Target(image_id, bmap.virtual_size)
         for t in bmap.targets:
+            if hold is not None and not t.is_self:
+                self.hold(t.image_id, hold)
             base = self._whole(t.image_id)
-            if (not os.path.exists(base) and lazy and self.can_mirror()
-                    and self._ensure_mirror(t)):
-                continue
-            if not os.path.exists(base):
-                start = time.monotonic()
-                self.fetch(self.source.fetch_base, t.image_id, base)
-                fetched.append(Fetch(t.image_id, os.path.getsize(base),
-                                     time.monotonic() - start))
+            with self._fetching(t.image_id):
+                if (not os.path.exists(base) and lazy and self.can_mirror()
+                        and self._ensure_mirror(
+                            t, None if t.is_self else itself)):
+                    continue
+                if not os.path.exists(base):
+                    start = time.monotonic()
+                    self.fetch(self.source.fetch_base, t.image_id, base)
+                    fetched.append(Fetch(t.image_id, os.path.getsize(base),
+                                         time.monotonic() - start))
             size = os.path.getsize(base)
             if size != t.size:
                 raise exception.ExportError(
                     'base %s is %d bytes, map v%d of %s says %d'
                     % (t.image_id, size, version, image_id, t.size))
+        if lazy and self.can_mirror():
+            self._write_alternates(bmap)
         return bmap, fetched
 
-    def _ensure_mirror(self, target):
+    def _ensure_mirror(self, target, via=None):
         """Make the mirror files of ``target`` if missing; False: cannot.
 
         The digest list comes first and is checked against the map's
         target, then the reader, then the present file, then the empty
         data file: the data file exists only with the other three.
+        ``via``: the :class:`~vmar_openstack.mapformat.Target` of the
+        map's own image, which holds the blocks the map reads from
+        ``target``; with a reader of it the mirror does without one of its
+        own (the base's data is gone from the source, say).
         """
         m = self.mirror(target.image_id)
-        if os.path.exists(m.data) and self._ensure_reader(target, m):
+        if os.path.exists(m.data):
+            if not self._has_source(target, m, via):
+                return False
             # used again: last in line for eviction
             with contextlib.suppress(FileNotFoundError):
                 os.utime(m.present)
             return True
-        if os.path.exists(m.data):
-            return False
         os.makedirs(os.path.dirname(m.data), exist_ok=True)
         if os.path.exists(m.digests):
             hdr, _rows = mirror_format.read_digests(m.digests)
@@ -153,7 +271,7 @@ class HostDir:
             hdr = self._fetch_digests(target, m.digests)
             if hdr is None:
                 return False
-        if not self._ensure_reader(target, m):
+        if not self._has_source(target, m, via):
             return False
         mirror_format.create_present(m.present, hdr)
         tmp = fileutils.write_temp(m.data, b'')
@@ -161,6 +279,16 @@ class HostDir:
         fileutils.install(tmp, m.data)
         LOG.info('base %s: empty mirror of %d bytes created', hdr.image_id,
                  hdr.size)
+        return True
+
+    def _has_source(self, target, m, via):
+        if self._ensure_reader(target, m):
+            return True
+        if via is None or not self._ensure_reader(via,
+                                                  self.mirror(via.image_id)):
+            return False
+        LOG.warning('base %s: mirrored from images that hold its blocks '
+                    'only', target.image_id)
         return True
 
     def _ensure_reader(self, target, m):
@@ -174,8 +302,7 @@ class HostDir:
         try:
             spec = self.source.base_reader(target.image_id, target.size)
         except exception.SourceError as e:
-            LOG.warning('base %s: cannot be read range by range (%s); '
-                        'copying the whole base instead of mirroring it',
+            LOG.warning('base %s: cannot be read range by range (%s)',
                         target.image_id, e)
             return False
         fileutils.install(fileutils.write_temp(
@@ -227,7 +354,11 @@ class HostDir:
         for sub, keep in ((_MAPS, maps), (_BASES, bases)):
             d = os.path.join(self.root, sub)
             for name in os.listdir(d) if os.path.isdir(d) else ():
-                if name not in keep and not name.startswith('.'):
+                if name in keep or name.startswith('.'):
+                    continue
+                with self._claimed(name.split('.')[0]) as mine:
+                    if not mine:
+                        continue    # an export being prepared reads it
                     LOG.info('deleting unreferenced %s/%s', sub, name)
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(d, name))
@@ -255,18 +386,25 @@ class HostDir:
         for _t, image_id, size in sorted(idle):
             if used <= self.mirror_cache_bytes:
                 break
-            LOG.info('evicting the unreferenced mirror of %s (%d bytes; '
-                     'mirrors hold %d, mirror_cache_gb allows %d)',
-                     image_id, size, used, self.mirror_cache_bytes)
-            m = self.mirror(image_id)
-            # the present bits go first: never bits without their data
-            for path in (m.present, m.data, m.reader, m.digests):
-                fileutils.unlink(path)
-            used -= size
+            with self._claimed(image_id) as mine:
+                if mine:
+                    self._evict(image_id, size, used)
+                    used -= size
         if 0 < self.mirror_cache_bytes < used:
             LOG.warning('the mirrors exports read hold %d bytes, above the '
                         'mirror_cache_gb budget of %d', used,
                         self.mirror_cache_bytes)
+
+    def _evict(self, image_id, size, used):
+        LOG.info('evicting the unreferenced mirror of %s (%d bytes; '
+                 'mirrors hold %d, mirror_cache_gb allows %d)',
+                 image_id, size, used, self.mirror_cache_bytes)
+        m = self.mirror(image_id)
+        # the present bits go first: never bits without their data
+        for path in (m.present, m.data, m.reader, m.digests):
+            fileutils.unlink(path)
+        for alt in glob.glob(glob.escape(m.data + _ALT) + '*'):
+            fileutils.unlink(alt)
 
 
 def _allocated(path):

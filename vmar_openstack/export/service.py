@@ -82,19 +82,52 @@ class ExportService:
         aio = self.aio(host_cache)
         if host_cache == 'base' and self.files.is_mirror(image_id):
             m = self.files.mirror(image_id)
+            children = [n for n, _spec, child
+                        in self.fetch_nodes(image_id, host_cache) if child]
+            if not children:
+                raise exception.ExportError(
+                    'mirror of %s: nothing to fetch its blocks from (no '
+                    'reader of it, no alternate)' % image_id)
             return {'driver': 'vmar-mirror', 'read-only': False,
                     'digests': m.digests, 'present': m.present,
                     'readahead': self.conf.vmar.mirror_readahead,
                     'file': {'driver': 'file', 'filename': m.data,
                              'aio': aio},
-                    'fetch': self.files.reader(image_id)}
+                    'fetch': {'driver': 'quorum', 'read-only': True,
+                              'node-name': graph.quorum_node(image_id),
+                              'vote-threshold': 1, 'read-pattern': 'fifo',
+                              'children': children}}
         return {'driver': 'file', 'filename': self.base_file(image_id),
                 'read-only': True, 'cache': {'direct': host_cache == 'none'},
                 'aio': aio}
 
+    def fetch_nodes(self, image_id, host_cache):
+        """``(name, blockdev-add options, child)`` of a mirror's sources.
+
+        In the order its fetch quorum tries them: the reader of the base's
+        own data, then each alternate (a ``vmar`` node over the reader of
+        an image holding blocks of the base), each after the reader it
+        reads. ``child``: the quorum reads it. Empty if not a mirror.
+        """
+        if not (host_cache == 'base' and self.files.is_mirror(image_id)):
+            return []
+        out = []
+        if self.files.has_reader(image_id):
+            out.append((graph.fetch_node(image_id),
+                        self.files.reader(image_id), True))
+        for alt in self.files.alternates(image_id):
+            reader = graph.fetch_node(alt.image_id)
+            out.append((reader, self.files.reader(alt.image_id), False))
+            out.append((graph.alt_node(image_id, alt.image_id, alt.version),
+                        {'driver': 'vmar', 'read-only': True,
+                         'file': {'driver': 'file', 'read-only': True,
+                                  'filename': alt.path},
+                         'targets': [reader]}, True))
+        return out
+
     def _add_nodes(self, mon, exp, have):
         graph.add_nodes(mon, exp, have, self.map_file, self.base_spec,
-                        self.conf.vmar.read_gather_gap)
+                        self.conf.vmar.read_gather_gap, self.fetch_nodes)
 
     # public operations
     def uri(self, exp, holder='cli'):
@@ -121,32 +154,38 @@ class ExportService:
             raise exception.ExportError('map version %r out of range'
                                         % (version,))
         with export_state.State(self.host_dir) as state:
-            exp = state.exports.get(names.export(image_id, version))
-            if exp is not None and exp.host_cache != host_cache:
-                raise exception.ExportError(
-                    'image %s v%d is exported with host_cache=%s'
-                    % (image_id, version, exp.host_cache))
-            if exp is None:
-                bmap, fetched = self.files.ensure(image_id, version,
-                                                  self.lazy(host_cache))
-                state.fetched.add(fetched)
-                exp = export_state.Export(
-                    image_id, version, host_cache, [],
-                    [(t.image_id, t.size) for t in bmap.targets],
-                    fetches=len(fetched),
-                    fetched_bytes=sum(f.size for f in fetched))
-            before = set(exp.nbd_names())
-            if holder not in exp.holders:
-                exp.holders.append(holder)
-                exp.keys[holder] = key or names.new_key()
-            elif key:
-                exp.keys[holder] = key
-            with self.monitor() as mon:
-                self._add_nodes(mon, exp, graph.nodes(mon))
-                graph.add_export(mon, exp)
-                graph.del_names(mon, sorted(before - set(exp.nbd_names())))
-            state.exports[exp.name] = exp
-            state.save()
+            _existing(state, image_id, version, host_cache)
+        with contextlib.ExitStack() as held:
+            # the map source's I/O, outside the host-wide state lock: other
+            # images' exports go on meanwhile
+            bmap, fetched = self.files.ensure(
+                image_id, version, self.lazy(host_cache), hold=held)
+            with export_state.State(self.host_dir) as state:
+                return self._add(state, bmap, fetched, host_cache, holder,
+                                 key)
+
+    def _add(self, state, bmap, fetched, host_cache, holder, key):
+        image_id, version = bmap.image_id, bmap.map_version
+        exp = _existing(state, image_id, version, host_cache)
+        if exp is None:
+            state.fetched.add(fetched)
+            exp = export_state.Export(
+                image_id, version, host_cache, [],
+                [(t.image_id, t.size) for t in bmap.targets],
+                fetches=len(fetched),
+                fetched_bytes=sum(f.size for f in fetched))
+        before = set(exp.nbd_names())
+        if holder not in exp.holders:
+            exp.holders.append(holder)
+            exp.keys[holder] = key or names.new_key()
+        elif key:
+            exp.keys[holder] = key
+        with self.monitor() as mon:
+            self._add_nodes(mon, exp, graph.nodes(mon))
+            graph.add_export(mon, exp)
+            graph.del_names(mon, sorted(before - set(exp.nbd_names())))
+        state.exports[exp.name] = exp
+        state.save()
         return exp
 
     def remove(self, image_id, holder='cli', version=None):
@@ -201,7 +240,8 @@ class ExportService:
                 graph.del_names(mon, stale)
                 for exp in gone:
                     del state.exports[exp.name]
-                graph.del_unused_nodes(mon, state.exports.values())
+                graph.del_unused_nodes(mon, state.exports.values(),
+                                       self.fetch_nodes)
             self.files.prune(state.exports.values())
         elif stale:
             # other holders keep the node: only the holder's own NBD export
@@ -257,15 +297,36 @@ class ExportService:
         """
         tmp_sock = self.socket + '.starting'
         with export_state.State(self.host_dir) as state:
+            recorded = list(state.exports.values())
+        with contextlib.ExitStack() as held:
+            # the map source's I/O, outside the state lock
+            prepared = {}     # name -> Fetches, None: not restored yet
+            for exp in recorded:
+                try:
+                    prepared[exp.name] = self.files.ensure(
+                        exp.image_id, exp.map_version,
+                        self.lazy(exp.host_cache), hold=held)[1]
+                except exception.ExportError as e:
+                    prepared[exp.name] = None
+                    LOG.error('export of %s v%d not restored yet: %s',
+                              exp.image_id, exp.map_version, e)
+            return self._restore(prepared, tmp_sock)
+
+    def _restore(self, prepared, tmp_sock):
+        with export_state.State(self.host_dir) as state:
             with self.monitor() as mon:
                 have = graph.nodes(mon)
                 refetched = False
                 ready = []
                 for exp in state.exports.values():
+                    if exp.name in prepared and prepared[exp.name] is None:
+                        continue
                     try:
-                        _bmap, fetched = self.files.ensure(
-                            exp.image_id, exp.map_version,
-                            self.lazy(exp.host_cache))
+                        fetched = prepared.get(exp.name)
+                        if fetched is None:     # recorded since
+                            fetched = self.files.ensure(
+                                exp.image_id, exp.map_version,
+                                self.lazy(exp.host_cache))[1]
                         state.fetched.add(fetched)
                         refetched = refetched or bool(fetched)
                         self._add_nodes(mon, exp, have)
@@ -309,3 +370,13 @@ class ExportService:
         finally:
             if reporter:
                 reporter.stop()
+
+
+def _existing(state, image_id, version, host_cache):
+    """The record of an export, None if new; its cache mode must match."""
+    exp = state.exports.get(names.export(image_id, version))
+    if exp is not None and exp.host_cache != host_cache:
+        raise exception.ExportError(
+            'image %s v%d is exported with host_cache=%s'
+            % (image_id, version, exp.host_cache))
+    return exp

@@ -9,6 +9,10 @@ in Glance, while any of these holds:
 * a host has not reported since the version was superseded, so its
   report may not show an export of it made just before.
 
+The digest list of a deleted image stays while a remaining version of
+another image's map reads from it: hosts fill mirrors of the deleted base
+from the images that hold its blocks, and check them against it.
+
 Hosts report through :mod:`vmar_openstack.db.hosts`; a host that never
 reported holds nothing, and one that is down keeps its last report until
 an operator forgets it (``vmar-manage hosts forget``).
@@ -68,4 +72,18 @@ def collect(conf, library, publisher, min_age, dry_run=False):
         library.drop_map_version(sv.image_id, sv.version)
         LOG.info('deleted map v%d of %s: no host holds it', sv.version,
                  sv.image_id)
+    if not dry_run:
+        _collect_digests(library, publisher)
     return p
+
+
+def _collect_digests(library, publisher):
+    """Delete the digest lists of deleted images no map reads any more."""
+    read = set()
+    for sv in library.superseded():
+        read |= library.bases_of(sv.image_id, sv.version)
+    for base_id, did in sorted(publisher.digest_lists().items()):
+        if base_id not in read and not library.has_image(base_id):
+            publisher.delete_digests(base_id)
+            LOG.info('deleted digest list %s of the deleted image %s: no '
+                     'map reads from it', did, base_id)

@@ -249,7 +249,13 @@ class Publisher:
                 'deleting map image %s: %s' % (mid, e))
 
     def delete_all(self, image_id):
-        """Delete every published map version of a deleted image."""
+        """Delete every published map version of a deleted image.
+
+        Its digest list stays: hosts read the blocks the old versions of
+        other maps use from the images that hold them, and check them
+        against it; :mod:`.gc` deletes it with the last such version.
+        """
+        keep = gsource.digests_image_id(image_id)
         try:
             found = list(self.glance.images.list(filters={
                 gsource.PROP_OF: image_id, 'os_hidden': True}))
@@ -257,7 +263,7 @@ class Publisher:
             raise exception.PublishError(
                 'listing the maps of %s: %s' % (image_id, e))
         for img in found:
-            if img.get(gsource.PROP_OF) != image_id:
+            if img.get(gsource.PROP_OF) != image_id or img['id'] == keep:
                 continue
             try:
                 self.glance.images.delete(img['id'])
@@ -266,4 +272,28 @@ class Publisher:
             except glance_exc.ClientException as e:
                 raise exception.PublishError(
                     'deleting map image %s: %s' % (img['id'], e))
-        return len(found)
+        return len([i for i in found if i['id'] != keep])
+
+    def digest_lists(self):
+        """base image id -> id of its published digest list image."""
+        try:
+            found = list(self.glance.images.list(filters={
+                'os_hidden': True}))
+        except glance_exc.ClientException as e:
+            raise exception.PublishError('listing digest lists: %s' % e)
+        return {img[gsource.PROP_OF]: img['id'] for img in found
+                if img.get(gsource.PROP_DIGESTS_SHA256)
+                and img.get(gsource.PROP_OF)
+                and img['id'] == gsource.digests_image_id(
+                    img[gsource.PROP_OF])}
+
+    def delete_digests(self, image_id):
+        """Delete the digest list image of a base (gone already: fine)."""
+        did = gsource.digests_image_id(image_id)
+        try:
+            self.glance.images.delete(did)
+        except glance_exc.HTTPNotFound:
+            pass
+        except glance_exc.ClientException as e:
+            raise exception.PublishError(
+                'deleting digest list image %s: %s' % (did, e))

@@ -169,6 +169,18 @@ class Library:
             fileutils.unlink(paths.map_path(self.conf, image_id, version))
         return dropped
 
+    def bases_of(self, image_id, version):
+        """Image ids of the bases a map version reads (its map file's)."""
+        path = paths.map_path(self.conf, image_id, version)
+        try:
+            return {t.image_id for t in mapformat.read(path).targets}
+        except FileNotFoundError:
+            return set()
+
+    def has_image(self, image_id):
+        with db_session.reader(self.conf) as s:
+            return db_store.ClusterStore(s).get_image(image_id) is not None
+
     def superseded(self):
         """The map versions that are not current (``Superseded`` rows)."""
         with db_session.reader(self.conf) as s:

@@ -360,18 +360,15 @@ class GlanceSource:
                 os.unlink(tmp)
 
     def fetch_digests(self, image_id, dest):
-        """The digest list vmar-agent published for a raw image, at dest.
+        """The digest list vmar-agent published for an image, at dest.
+
+        It outlives the image while other maps read blocks of it (their
+        images hold them); whether the image itself can be read range by
+        range is :meth:`base_reader`'s question.
 
         :raises SourceError: none usable (the host then copies the whole
-            base): not published, not the agent's, or the image is in a
-            format mirrors do not read range by range.
+            base): not published, or not the agent's.
         """
-        img = self._get(image_id)
-        if img.get('disk_format') not in fingerprint.LAZY_FORMATS:
-            raise SourceError('image %s is %s in Glance; lazy mirrors read '
-                              '%s images' % (image_id, img.get('disk_format'),
-                                             ' or '.join(
-                                                 fingerprint.LAZY_FORMATS)))
         did = digests_image_id(image_id)
         dig = self._get(did)
         sha = dig.get(PROP_DIGESTS_SHA256)
