@@ -407,6 +407,38 @@ class TestGlance(GlanceTestCase):
                            text=True)
         self.assertEqual(0, r.returncode, r.stderr)
 
+    def test_a_hung_store_holds_back_only_its_own_export(self):
+        # a and b share nothing: b's export needs nothing from the store
+        a = self.image('hs-a.raw', list(range(1, 257)))
+        b = self.image('hs-b.raw', list(range(501, 757)))
+        ia, ib = self.create(a), self.create(b)
+        va, vb = self.wait_map(ia), self.wait_map(ib)
+        for i in (ia, ib):
+            self.wait_digests(i)
+        host, cmd, proxy = self.lazy_host()
+        self.lazy_add(cmd, ib, vb)
+        # the store takes connections and never answers: a's export waits
+        # on its map and digest list
+        proxy.pause()
+        self.addCleanup(proxy.resume)
+        slow = subprocess.Popen(
+            cmd + ['add', ia, '--map-version', str(va)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(slow.kill)
+        maps = os.path.join(host, 'locks', ia + '.use')
+        self.wait_until(lambda: os.path.exists(maps), 'a being prepared')
+        # meanwhile another server of b starts, and one stops
+        for verb in ('add', 'remove'):
+            r = subprocess.run(cmd + [verb, ib, '--holder', 'vm2',
+                                      '--map-version', str(vb)],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(0, r.returncode, r.stderr + self.serve_log())
+        self.assertIsNone(slow.poll())
+        proxy.resume()
+        out, err = slow.communicate(timeout=120)
+        self.assertEqual(0, slow.returncode, err + self.serve_log())
+        self.assert_same(out.strip().split()[-1], a)
+
     def test_lazy_host_after_a_canonical_image_is_deleted(self):
         a = self.image('la-a.raw', list(range(1, 513)) + [None] * 256)
         b = self.image('la-b.raw', list(range(1, 513))

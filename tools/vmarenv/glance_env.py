@@ -246,6 +246,7 @@ class TcpProxy(_Service):
     """socat forwarding 127.0.0.1:``port`` to ``target``.
 
     Stopped, it is an outage (connection refused); start() heals it.
+    Paused, it is a store that hangs; resume() heals it.
     """
 
     name = 'tcp-proxy'
@@ -274,6 +275,13 @@ class TcpProxy(_Service):
 
     def stop(self):
         self._kill_all()
+
+    def pause(self):
+        """A store that takes connections and never answers (SIGSTOP)."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.killpg(self.proc.pid, signal.SIGCONT)
 
 
 # -- RabbitMQ ---------------------------------------------------------------
