@@ -6,9 +6,9 @@ and the patched QEMU (``qemu/build.sh`` prints its prefix), and:
 
 1. writes ``vmar-host.conf`` into the library's state dir (``[vmar]
    host_dir = <state>/host``, emptied first; ``map_source = dir`` reading
-   the library; ``export_socket``; ``qemu_storage_daemon`` from the
-   prefix) and starts ``vmar-export serve`` in the background, in a
-   session of its own;
+   the library, ``base_fetch = full``; ``export_socket``;
+   ``qemu_storage_daemon`` from the prefix) and starts ``vmar-export
+   serve`` in the background, in a session of its own;
 2. exports two similar images (``vmar-export add``; default: minbase and
    python3) while the disk holding ``host_dir`` has the kernel's default
    read-ahead, 128 KiB (doc/source/export.rst: keep it moderate there; a
@@ -250,6 +250,10 @@ class HostSide:
                     '[vmar]\nhost_dir = %s\nexport_socket = %s\n'
                     'qemu_storage_daemon = %s\n'
                     'map_source = dir\nmap_source_dir = %s\n'
+                    # the library is on this disk: whole bases, whose page
+                    # cache the demo measures (lazy mirrors are for remote
+                    # stores)
+                    'base_fetch = full\n'
                     % (self.log_file, self.host_dir, self.socket,
                        os.path.join(self.qemu_prefix, 'bin',
                                     'qemu-storage-daemon'),

@@ -136,9 +136,9 @@ host_opts = [
         ('glance', 'Download maps (hidden images published by vmar-agent) '
                    'and bases from Glance, with [vmar_glance] credentials.')],
                help='Where a compute host gets maps and base files.'),
-    cfg.StrOpt('base_fetch', default='full', choices=[
+    cfg.StrOpt('base_fetch', default='lazy', choices=[
         ('full', 'Copy a whole base before the first export that reads '
-                 'it.'),
+                 'it (the behaviour before lazy mirrors).'),
         ('lazy', 'Keep a sparse mirror of each base, filled on demand '
                  'with the blocks reads need, each verified against the '
                  'library\'s digest list (doc/source/export.rst). '
