@@ -80,6 +80,11 @@ class MirrorFormatError(VmarException, ValueError):
     message = 'invalid mirror file %(path)s: %(detail)s'
 
 
+class BootsetFormatError(VmarException, ValueError):
+    """A boot working set breaks its specification."""
+    message = 'invalid boot working set of %(image_id)s: %(detail)s'
+
+
 class SourceError(VmarException, RuntimeError):
     """A map or base image cannot be found, fetched or verified."""
     message = 'cannot get %(what)s: %(reason)s'

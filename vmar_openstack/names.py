@@ -43,6 +43,11 @@ def digest_file(image_id):
     return '%s.vdig' % image_id
 
 
+def bootset_file(image_id):
+    """File name of the boot working set of an image: ``<id>.vboot``."""
+    return '%s.vboot' % image_id
+
+
 def new_key():
     """A holder's key: what only its overlay knows of its export's name."""
     return secrets.token_hex(16)

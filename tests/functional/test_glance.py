@@ -43,12 +43,22 @@ from vmar_openstack.exception import SourceError
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
+from vmar_openstack.mapformat import bootset
 from vmar_openstack.mapsource import glance as gsource
 
 
 def _sha(path):
     with open(path, 'rb') as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def _fetched(fetch, image_id, dest):
+    """Whether ``fetch(image_id, dest)`` found it."""
+    try:
+        fetch(image_id, dest)
+    except SourceError:
+        return False
+    return True
 
 
 def scrape(port):
@@ -438,6 +448,62 @@ class TestGlance(GlanceTestCase):
         out, err = slow.communicate(timeout=120)
         self.assertEqual(0, slow.returncode, err + self.serve_log())
         self.assert_same(out.strip().split()[-1], a)
+
+    def fs_image(self, name):
+        """A small ext4 image: boot files, and data nobody boots."""
+        root = os.path.join(self.tmp, name + '.root')
+        for d in ('usr/lib/systemd', 'usr/lib/x86_64-linux-gnu', 'usr/sbin',
+                  'usr/lib64', 'srv'):
+            os.makedirs(os.path.join(root, d))
+        shutil.copy(shutil.which('true'),
+                    os.path.join(root, 'usr/lib/systemd/systemd'))
+        os.symlink('/usr/lib/systemd/systemd',
+                   os.path.join(root, 'usr/sbin/init'))
+        os.symlink('usr/sbin', os.path.join(root, 'sbin'))
+        os.symlink('usr/lib64', os.path.join(root, 'lib64'))
+        shutil.copy('/lib/x86_64-linux-gnu/libc.so.6',
+                    os.path.join(root, 'usr/lib/x86_64-linux-gnu'))
+        shutil.copy('/lib64/ld-linux-x86-64.so.2',
+                    os.path.join(root, 'usr/lib64'))
+        with open(os.path.join(root, 'srv/data'), 'wb') as f:
+            f.write(os.urandom(8 << 20))
+        path = os.path.join(self.tmp, name)
+        subprocess.run(['mke2fs', '-q', '-F', '-t', 'ext4', '-b', '4096',
+                        '-d', root, path, '32M'], check=True,
+                       capture_output=True)
+        return path
+
+    def test_lazy_host_prefetches_the_boot_working_set(self):
+        img = self.fs_image('pf.raw')
+        i = self.create(img)
+        v = self.wait_map(i)
+        self.wait_digests(i)
+        bpath = os.path.join(self.tmp, 'pf.vboot')
+        self.wait_until(lambda: _fetched(self.source.fetch_bootset, i,
+                                         bpath), 'the boot working set')
+        bset = bootset.read(bpath, i)
+        self.assertEqual('introspected', bset.source)
+        with open(img, 'rb') as f:
+            def nonzero(b):
+                f.seek(b * 4096)
+                return f.read(4096) != bytes(4096)
+            want = sum(nonzero(first + k) for first, n in bset.extents
+                       for k in range(n))
+        # the boot files, not the 8 MiB nobody boots
+        self.assertLess(0, want)
+        self.assertLess(want, 1024)
+        host, cmd, _proxy = self.lazy_host(prefetch_gap='0')
+        uri = self.lazy_add(cmd, i, v)
+        queue = os.path.join(host, 'prefetch')
+        self.wait_until(lambda: not os.listdir(queue), 'the prefetch')
+        # read by nobody yet, the mirror holds exactly the set's data
+        held = os.stat(os.path.join(host, 'mirrors', i)).st_blocks * 512
+        self.assertEqual(want * 4096, held, self.serve_log())
+        self.assertIn('prefetched %s.%d' % (i, v), self.serve_log())
+        # the prefetch holder is gone; the image reads byte for byte
+        r = subprocess.run(cmd + ['list'], capture_output=True, text=True)
+        self.assertNotIn('prefetch', r.stdout)
+        self.assert_same(uri, img)
 
     def test_lazy_host_after_a_canonical_image_is_deleted(self):
         a = self.image('la-a.raw', list(range(1, 513)) + [None] * 256)

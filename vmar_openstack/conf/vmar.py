@@ -53,7 +53,9 @@ library_opts = [
                     'base_dir is written (<image id>.vdig, '
                     'doc/source/mirror-format.rst): hosts that fill base '
                     'mirrors on demand check every fetched block against '
-                    'it. Written for hash_algorithm sha256 only.'),
+                    'it. Written for hash_algorithm sha256 only. The '
+                    'boot working set of each image (<image id>.vboot), '
+                    'which hosts prefetch, is written next to it.'),
     cfg.StrOpt('work_dir', default='$state_dir/tmp',
                help='Scratch directory for converting non-raw images to raw '
                     'before hashing. Needs room for the virtual size of the '
@@ -169,6 +171,19 @@ host_opts = [
                     'then fetches again). Mirrors that exports read are '
                     'never evicted. 0: delete a mirror as soon as no export '
                     'reads it.'),
+    cfg.BoolOpt('prefetch', default=True,
+                help='base_fetch=lazy: when the first export of an image '
+                     'is added, vmar-export serve reads the image\'s boot '
+                     'working set (published by vmar-agent) into the '
+                     'mirrors in large sorted reads, beside the guest\'s '
+                     'own reads.'),
+    cfg.IntOpt('prefetch_gap', default=65536, min=0, max=16777216,
+               help='Prefetch: extents of the boot working set up to this '
+                    'many bytes apart are read with one request (the gap '
+                    'is read too; zero blocks in it cost nothing).'),
+    cfg.IntOpt('prefetch_request', default=4194304, min=65536,
+               max=67108864,
+               help='Prefetch: largest read, in bytes.'),
     cfg.StrOpt('map_source_dir', default='$state_dir',
                help='For map_source=dir: a library directory with maps/ and '
                     'bases/ subdirectories (a library\'s state_dir).'),

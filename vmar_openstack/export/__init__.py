@@ -15,7 +15,8 @@ image cache manager never touches.
 * :mod:`.service`: :class:`ExportService`, the operations
   (``add``, ``remove``, ``release``, ``list``, ``restore``);
 * :mod:`.supervisor`: ``vmar-export serve``, which runs the daemon and
-  restores every export when it restarts.
+  restores every export when it restarts;
+* :mod:`.prefetch`: the prefetch of boot working sets ``serve`` runs.
 
 Export names and NBD URIs are built by :mod:`vmar_openstack.names`, errors
 are :class:`vmar_openstack.exception.ExportError`.

@@ -31,12 +31,14 @@ from vmar_openstack import exception
 from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate as alt_format
+from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
 _MAPS, _BASES, _MIRRORS, _LOCKS = 'maps', 'bases', 'mirrors', 'locks'
+_BOOTSETS = 'bootsets'
 # per image: held exclusively while its base is fetched or its mirror made;
 # held shared by each export being prepared, exclusively while pruned
 _FETCH_LOCK, _USE_LOCK = '.fetch', '.use'
@@ -105,6 +107,36 @@ class HostDir:
                 yield False
             else:
                 yield True
+
+    def bootset_file(self, image_id):
+        return os.path.join(self.root, _BOOTSETS,
+                            names.bootset_file(image_id))
+
+    def ensure_bootset(self, image_id):
+        """The image's boot working set from the source, if it has one.
+
+        Returns the file's path, or None. Call it holding the image's files
+        (:meth:`hold`).
+        """
+        path = self.bootset_file(image_id)
+        if os.path.exists(path):
+            return path
+        fetch = getattr(self.source, 'fetch_bootset', None)
+        if fetch is None:
+            return None
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + '.%d.tmp' % os.getpid()
+        try:
+            fetch(image_id, tmp)
+            bootset_format.read(tmp, image_id)
+        except (exception.SourceError, exception.BootsetFormatError,
+                OSError) as e:
+            fileutils.unlink(tmp)
+            LOG.info('image %s: no boot working set to prefetch (%s)',
+                     image_id, e)
+            return None
+        fileutils.install(tmp, path)
+        return path
 
     def base_file(self, image_id):
         """The file that holds the base's data: whole base, else mirror."""
@@ -351,7 +383,8 @@ class HostDir:
         """
         maps = {names.map_file(e.image_id, e.map_version) for e in exports}
         bases = {tid for e in exports for tid, _s in e.targets}
-        for sub, keep in ((_MAPS, maps), (_BASES, bases)):
+        boots = {names.bootset_file(e.image_id) for e in exports}
+        for sub, keep in ((_MAPS, maps), (_BASES, bases), (_BOOTSETS, boots)):
             d = os.path.join(self.root, sub)
             for name in os.listdir(d) if os.path.isdir(d) else ():
                 if name in keep or name.startswith('.'):

@@ -17,6 +17,7 @@ from vmar_openstack import exception
 from vmar_openstack.export import graph
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import metrics as export_metrics
+from vmar_openstack.export import prefetch
 from vmar_openstack.export import qmp
 from vmar_openstack.export import report as export_report
 from vmar_openstack.export import state as export_state
@@ -135,12 +136,13 @@ class ExportService:
         return names.nbd_uri(exp.holder_name(holder), self.socket)
 
     def add(self, image_id, host_cache='base', holder='cli', version=None,
-            key=None):
+            key=None, existing_only=False):
         """Export a map version of an image (the current one by default).
 
         Idempotent per holder. A new holder gets a new key (the secret part
         of the name its QEMU opens) unless ``key`` gives it the one its
-        overlay already names. Returns the :class:`.state.Export`.
+        overlay already names. ``existing_only``: only add a holder to an
+        export that exists. Returns the :class:`.state.Export`.
         """
         image_id = str(uuid.UUID(image_id))
         if host_cache not in export_state.HOST_CACHE:
@@ -154,15 +156,25 @@ class ExportService:
             raise exception.ExportError('map version %r out of range'
                                         % (version,))
         with export_state.State(self.host_dir) as state:
-            _existing(state, image_id, version, host_cache)
+            known = _existing(state, image_id, version, host_cache)
         with contextlib.ExitStack() as held:
             # the map source's I/O, outside the host-wide state lock: other
             # images' exports go on meanwhile
             bmap, fetched = self.files.ensure(
                 image_id, version, self.lazy(host_cache), hold=held)
+            boot = (self.conf.vmar.prefetch and self.lazy(host_cache)
+                    and known is None and not existing_only
+                    and self.files.ensure_bootset(image_id))
             with export_state.State(self.host_dir) as state:
-                return self._add(state, bmap, fetched, host_cache, holder,
-                                 key)
+                new = _existing(state, image_id, version, host_cache) is None
+                if new and existing_only:
+                    raise exception.ExportError(
+                        'image %s v%d is not exported' % (image_id, version))
+                exp = self._add(state, bmap, fetched, host_cache, holder,
+                                key)
+                if new and boot:
+                    prefetch.request(self.host_dir, exp.name)
+                return exp
 
     def _add(self, state, bmap, fetched, host_cache, holder, key):
         image_id, version = bmap.image_id, bmap.map_version

@@ -16,6 +16,7 @@ import time
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack.export import prefetch
 
 LOG = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Supervisor:
         self.qmp_socket = service.qmp_socket
         self.pid_file = service.pid_file
         self.fetcher = None
+        self.prefetcher = prefetch.Prefetcher(service)
 
     def _running_daemon(self):
         """A daemon left by an earlier ``serve`` that still answers QMP."""
@@ -175,6 +177,7 @@ class Supervisor:
                 if stopping or (stop_event and stop_event.is_set()):
                     self.quit(proc)
                     break
+                self.prefetcher.poll()
                 if (self.service.unrestored
                         and time.monotonic() >= retry_at):
                     with contextlib.suppress(exception.ExportError):

@@ -97,7 +97,7 @@ class Handler:
         if self._known(image_id) is None:
             self._ingest(image_id, payload)
         if self.publisher.current(image_id) is not None:
-            self.publisher.digests(image_id)
+            self.publisher.files(image_id)
 
     def _ingest(self, image_id, payload):
         local = self._local_store_file(image_id, payload)
@@ -222,8 +222,8 @@ def resync(conf, handler, endpoint):
             endpoint.handle('image.activate', dict(img), once=True)
             continue
         try:
-            # ingested before digest lists were published, or lost
-            handler.publisher.digests(img['id'])
+            # ingested before these files were published, or lost
+            handler.publisher.files(img['id'])
         except exception.VmarException as e:
             LOG.warning('resync: %s', e)
     with db_session.reader(conf) as s:

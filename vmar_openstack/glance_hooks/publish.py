@@ -184,15 +184,42 @@ class Publisher:
                 '%s %s has SHA-256 %s, the data %s'
                 % (what, mid, img.get(sha_prop), sha))
 
+    def files(self, image_id):
+        """Publish what hosts read beside an image's maps, once each."""
+        self.digests(image_id)
+        self.bootset(image_id)
+
     def digests(self, image_id):
         """Publish the digest list of an image's base, once.
 
         Hosts with ``[vmar] base_fetch = lazy`` check the blocks they fetch
-        against it. An image's data never changes, so an active digest
-        list image of ours is left as it is. Returns its id, or None when
-        the library has no SHA-256 digests.
+        against it. Returns its id, or None when the library has no SHA-256
+        digests.
         """
-        did = gsource.digests_image_id(image_id)
+        return self._publish_file(
+            image_id, gsource.digests_image_id(image_id),
+            gsource.digests_image_name(image_id),
+            self.library.digest_list, gsource.PROP_DIGESTS_SHA256,
+            'digest list')
+
+    def bootset(self, image_id):
+        """Publish the boot working set of an image, once.
+
+        Hosts prefetch it when they add an image's first export. Returns
+        its id, or None when the library has none for the image.
+        """
+        return self._publish_file(
+            image_id, gsource.bootset_image_id(image_id),
+            gsource.bootset_image_name(image_id),
+            self.library.bootset, gsource.PROP_BOOTSET_SHA256,
+            'boot working set')
+
+    def _publish_file(self, image_id, did, name, read, sha_prop, what):
+        """Publish ``read(image_id)`` as the hidden image ``did``, once.
+
+        An image's data never changes, so an active image of ours is left
+        as it is.
+        """
         try:
             try:
                 img = self.glance.images.get(did)
@@ -200,7 +227,7 @@ class Publisher:
                 img = None
             if img and img['status'] == 'active':
                 return did
-            data = self.library.digest_list(image_id)
+            data = read(image_id)
             if data is None:
                 return None
             sha = hashlib.sha256(data).hexdigest()
@@ -209,19 +236,17 @@ class Publisher:
                 if img is None:
                     try:
                         img = self.glance.images.create(
-                            id=did, name=gsource.digests_image_name(image_id),
+                            id=did, name=name,
                             disk_format='raw', container_format='bare',
                             visibility='private', os_hidden=True,
-                            **{gsource.PROP_OF: image_id,
-                               gsource.PROP_DIGESTS_SHA256: sha})
+                            **{gsource.PROP_OF: image_id, sha_prop: sha})
                     except glance_exc.HTTPConflict:
                         img = self.glance.images.get(did)
-                self._upload(img, data, sha, gsource.PROP_DIGESTS_SHA256,
-                             'digest list image')
+                self._upload(img, data, sha, sha_prop, what + ' image')
         except glance_exc.ClientException as e:
             raise exception.PublishError(
-                'publishing the digest list of %s: %s' % (image_id, e))
-        LOG.info('published the digest list of %s as Glance image %s',
+                'publishing the %s of %s: %s' % (what, image_id, e))
+        LOG.info('published the %s of %s as Glance image %s', what,
                  image_id, did)
         return did
 

@@ -25,10 +25,12 @@ from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import introspect
 from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack.ingest import ahead as ingest_ahead
 from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
+from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import mapgen
 
@@ -256,6 +258,7 @@ class Library:
                     fileutils.copy_readonly(raw.path, dest)
                     placed = True
                 self._write_digests(image_id, fps)
+                self._write_bootset(image_id, raw.path, raw.virtual_size)
         return fps, placed
 
     def _write_digests(self, image_id, fps):
@@ -271,9 +274,34 @@ class Library:
                                                                  fps),
                                mode=0o444)
 
+    def _write_bootset(self, image_id, path, size):
+        """The blocks its file systems say a boot reads (hosts prefetch)."""
+        bs = self.conf.vmar.block_size
+        runs = bootset_format.merge(introspect.boot_blocks(path, size, bs))
+        dest = paths.bootset_path(self.conf, image_id)
+        if not runs:
+            LOG.info('image %s: no boot files found; no boot working set',
+                     image_id)
+            fileutils.unlink(dest)
+            return
+        fileutils.write_atomic(dest, bootset_format.encode(
+            bootset_format.Bootset(image_id, size, bs, 'introspected',
+                                   tuple(runs))), mode=0o444)
+        LOG.info('image %s: boot working set of %d blocks in %d runs',
+                 image_id, sum(n for _f, n in runs), len(runs))
+
+    def bootset(self, image_id):
+        """The image's boot working set file, bytes; None if it has none."""
+        try:
+            with open(paths.bootset_path(self.conf, image_id), 'rb') as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
     def _unplace(self, image_id):
         fileutils.unlink(paths.base_path(self.conf, image_id))
         fileutils.unlink(paths.digests_path(self.conf, image_id))
+        fileutils.unlink(paths.bootset_path(self.conf, image_id))
 
     def _fill_image(self, img, fps, disk_format):
         img.disk_format = disk_format

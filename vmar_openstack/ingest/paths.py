@@ -18,3 +18,8 @@ def base_path(conf, image_id):
 def digests_path(conf, image_id):
     """The digest list of an image's base (mirror-format.rst)."""
     return os.path.join(conf.vmar.digest_dir, names.digest_file(image_id))
+
+
+def bootset_path(conf, image_id):
+    """The boot working set of an image, next to its digest list."""
+    return os.path.join(conf.vmar.digest_dir, names.bootset_file(image_id))

@@ -14,7 +14,9 @@ lazy``) has two more:
 * ``fetch_digests(image_id, dest)``: the base's digest list at ``dest``;
 * ``base_reader(image_id, size)``: the QEMU node (a ``blockdev-add``
   dict without a name) that reads the base's ``size`` raw bytes. The
-  host keeps it with the mirror, so a restarted daemon needs no source.
+  host keeps it with the mirror, so a restarted daemon needs no source;
+* ``fetch_bootset(image_id, dest)``: the image's boot working set (which
+  the host prefetches) at ``dest``.
 
 ``[vmar] map_source`` chooses one: ``dir`` (:mod:`.local`, a library
 directory on the host) or ``glance`` (:mod:`.glance`, maps published as

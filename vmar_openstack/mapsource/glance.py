@@ -65,10 +65,12 @@ LOG = logging.getLogger(__name__)
 
 MAP_NAMESPACE = uuid.UUID('6f1c7a52-3f0e-5b8a-9a57-0c4d8e2b1d90')
 DIGESTS_NAMESPACE = uuid.UUID('0b6a3c8e-41d2-5f97-8e1a-6c2f9d4b7a35')
+BOOTSET_NAMESPACE = uuid.UUID('5d2e8f14-7a3b-5c69-b0d4-19e7c3a6f852')
 PROP_OF = 'vmar_map_of'
 PROP_VERSION = 'vmar_map_version'
 PROP_SHA256 = 'vmar_map_sha256'
 PROP_DIGESTS_SHA256 = 'vmar_digests_sha256'
+PROP_BOOTSET_SHA256 = 'vmar_bootset_sha256'
 FETCH_SOCKET = 'glance-fetch.sock'
 
 
@@ -86,6 +88,14 @@ def digests_image_id(image_id):
 
 def digests_image_name(image_id):
     return 'vmar-digests-%s' % image_id
+
+
+def bootset_image_id(image_id):
+    return str(uuid.uuid5(BOOTSET_NAMESPACE, image_id))
+
+
+def bootset_image_name(image_id):
+    return 'vmar-bootset-%s' % image_id
 
 
 def fetch_socket(conf):
@@ -369,13 +379,26 @@ class GlanceSource:
         :raises SourceError: none usable (the host then copies the whole
             base): not published, or not the agent's.
         """
-        did = digests_image_id(image_id)
+        self._fetch_file(digests_image_id(image_id), image_id,
+                         PROP_DIGESTS_SHA256, 'digest list', dest)
+
+    def fetch_bootset(self, image_id, dest):
+        """The boot working set vmar-agent published for an image, at dest.
+
+        :raises SourceError: none published, or not the agent's.
+        """
+        self._fetch_file(bootset_image_id(image_id), image_id,
+                         PROP_BOOTSET_SHA256, 'boot working set', dest)
+
+    def _fetch_file(self, did, image_id, sha_prop, what, dest):
+        """A hidden file image of vmar-agent's, checked, at ``dest``."""
         dig = self._get(did)
-        sha = dig.get(PROP_DIGESTS_SHA256)
+        sha = dig.get(sha_prop)
         if (dig.get('status') != 'active' or not self._owner_ok(dig)
                 or dig.get(PROP_OF) != image_id or not sha):
-            raise SourceError('Glance image %s is not the digest list of %s '
-                              'published by vmar-agent' % (did, image_id))
+            raise SourceError('Glance image %s is not the %s of %s '
+                              'published by vmar-agent'
+                              % (did, what, image_id))
         tmp = download(self.glance, dict(dig, os_hash_algo='sha256',
                                          os_hash_value=sha),
                        os.path.dirname(dest))

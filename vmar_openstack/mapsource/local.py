@@ -44,6 +44,10 @@ class LocalDirSource:
         self._copy(os.path.join(self.root, 'digests',
                                 names.digest_file(image_id)), dest)
 
+    def fetch_bootset(self, image_id, dest):
+        self._copy(os.path.join(self.root, 'digests',
+                                names.bootset_file(image_id)), dest)
+
     def base_reader(self, image_id, size):
         """The QEMU node a base mirror fetches missing blocks from.
 

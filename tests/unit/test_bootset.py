@@ -1,0 +1,173 @@
+"""Boot working sets: the format, and finding one in an image's file systems.
+
+The introspection tests build small images with the real tools
+(``mke2fs -d``, ``sfdisk``, ``mkfs.fat``) and check that the set holds the
+blocks of the boot files, found through symlinks and ELF dependencies, and
+not those of other files.
+"""
+
+import os
+import shutil
+import subprocess
+
+import fixtures
+import testtools
+
+from vmar_openstack import exception
+from vmar_openstack.fingerprint import introspect
+from vmar_openstack.mapformat import bootset
+
+A = '00000000-0000-4000-8000-00000000000a'
+BS = 4096
+
+
+class TestFormat(testtools.TestCase):
+
+    def bset(self, extents, size=64 * BS, image_id=A):
+        return bootset.Bootset(image_id, size, BS, 'introspected',
+                               tuple(extents))
+
+    def test_round_trip(self):
+        b = self.bset([(0, 2), (5, 1), (60, 4)])
+        self.assertEqual(b, bootset.decode(bootset.encode(b), A))
+        self.assertEqual(7, b.n_blocks)
+
+    def test_bad_sets_are_refused(self):
+        for extents in ([(0, 2), (2, 1)],        # touching
+                        [(3, 2), (0, 1)],        # out of order
+                        [(0, 2), (1, 2)],        # overlapping
+                        [(0, 0)],                # empty
+                        [(63, 2)]):              # past the end
+            self.assertRaises(exception.BootsetFormatError, bootset.encode,
+                              self.bset(extents))
+        data = bootset.encode(self.bset([(0, 1)]))
+        e = self.assertRaises(exception.BootsetFormatError, bootset.decode,
+                              data, '00000000-0000-4000-8000-00000000000b')
+        self.assertIn('describes image', str(e))
+        for bad in (b'', b'{}', b'[1]', data.replace(b'"vmar-bootset"',
+                                                     b'"x"'),
+                    data.replace(b'introspected', b'guessed'),
+                    b' ' * (bootset.MAX_FILE_SIZE + 1)):
+            self.assertRaises(exception.BootsetFormatError, bootset.decode,
+                              bad, A)
+
+    def test_byte_ranges_merge_gaps_and_split_large_reads(self):
+        # the image ends 100 bytes into its last block
+        b = self.bset([(0, 2), (3, 1), (10, 6)], size=16 * BS - 100)
+        self.assertEqual([(0, 2 * BS), (3 * BS, BS),
+                          (10 * BS, 6 * BS - 100)], b.byte_ranges())
+        self.assertEqual([(0, 4 * BS), (10 * BS, 6 * BS - 100)],
+                         b.byte_ranges(gap=BS))
+        self.assertEqual([(0, 2 * BS), (3 * BS, BS), (10 * BS, 4 * BS),
+                          (14 * BS, 2 * BS - 100)],
+                         b.byte_ranges(limit=4 * BS))
+
+    def test_merge(self):
+        self.assertEqual([(1, 3), (7, 1)], bootset.merge([3, 1, 2, 7, 2]))
+
+
+def _need(*tools):
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        raise AssertionError('missing tools (bindep.txt): %s' % missing)
+
+
+class TestIntrospect(testtools.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        _need('mke2fs', 'debugfs', 'sfdisk', 'blkid', 'readelf',
+              'mkfs.fat')
+        self.tmp = self.useFixture(fixtures.TempDir()).path
+        root = self.root = os.path.join(self.tmp, 'root')
+        # a root file system: systemd (an ELF needing libc and the
+        # dynamic loader), reached through /sbin/init and two directory
+        # symlinks; unit files; a kernel in /boot; and files nobody boots
+        self.elf = shutil.which('true')
+        self.libc = '/lib/x86_64-linux-gnu/libc.so.6'
+        for d in ('usr/lib/systemd/system/multi-user.target.wants',
+                  'usr/lib/x86_64-linux-gnu', 'usr/sbin', 'boot', 'srv',
+                  'etc'):
+            os.makedirs(os.path.join(root, d))
+        os.symlink('usr/lib', os.path.join(root, 'lib'))
+        os.symlink('usr/lib64', os.path.join(root, 'lib64'))
+        os.makedirs(os.path.join(root, 'usr/lib64'))
+        shutil.copy(self.elf, os.path.join(root, 'usr/lib/systemd/systemd'))
+        os.symlink('/lib/systemd/systemd',
+                   os.path.join(root, 'usr/sbin/init'))
+        os.symlink('usr/sbin', os.path.join(root, 'sbin'))
+        shutil.copy(self.libc, os.path.join(root,
+                                            'usr/lib/x86_64-linux-gnu'))
+        shutil.copy('/lib64/ld-linux-x86-64.so.2',
+                    os.path.join(root, 'usr/lib64'))
+        self.write('usr/lib/systemd/system/basic.target', 1)
+        self.write('usr/lib/systemd/system/multi-user.target.wants/'
+                   'a.service', 1)
+        self.write('boot/vmlinuz-6.1.0', 64)
+        self.write('etc/fstab', 1)
+        self.write('srv/data', 256)
+        self.write('usr/lib/x86_64-linux-gnu/libunused.so', 64)
+
+    def write(self, rel, blocks):
+        with open(os.path.join(self.root, rel), 'wb') as f:
+            f.write(os.urandom(blocks * BS))
+
+    def mkfs(self, path, offset=0, size=64 << 20):
+        with open(path, 'ab') as f:
+            f.truncate(offset + size)
+        subprocess.run(['mke2fs', '-q', '-F', '-t', 'ext4', '-b', '4096',
+                        '-E', 'offset=%d' % offset, '-d', self.root, path,
+                        '%dk' % (size >> 10)], check=True,
+                       capture_output=True)
+
+    def file_blocks(self, path, offset, rel):
+        out = introspect._Debugfs(path, offset).run(['blocks /' + rel])[0]
+        return {(offset + int(b) * BS) // BS for b in out.split()}
+
+    def test_ext_root_on_the_whole_disk(self):
+        img = os.path.join(self.tmp, 'disk.raw')
+        self.mkfs(img)
+        got = set(introspect.boot_blocks(img, os.path.getsize(img), BS))
+        for rel in ('usr/lib/systemd/systemd',
+                    'usr/lib/x86_64-linux-gnu/libc.so.6',
+                    'usr/lib64/ld-linux-x86-64.so.2',
+                    'usr/lib/systemd/system/basic.target',
+                    'usr/lib/systemd/system/multi-user.target.wants/'
+                    'a.service',
+                    'boot/vmlinuz-6.1.0', 'etc/fstab'):
+            blocks = self.file_blocks(img, 0, rel)
+            self.assertTrue(blocks)
+            self.assertLessEqual(blocks, got, rel)
+        for rel in ('srv/data', 'usr/lib/x86_64-linux-gnu/libunused.so'):
+            self.assertFalse(self.file_blocks(img, 0, rel) & got, rel)
+
+    def test_partitioned_disk_with_a_fat_boot_partition(self):
+        img = os.path.join(self.tmp, 'disk.raw')
+        boot_off, boot_size = 1 << 20, 16 << 20
+        root_off = boot_off + boot_size
+        with open(img, 'wb') as f:
+            f.truncate(root_off + (64 << 20))
+        subprocess.run(['sfdisk', '-q', img], check=True, text=True,
+                       capture_output=True,
+                       input='start=2048, size=32768, type=c\n'
+                             'start=34816, type=83\n')
+        fat = os.path.join(self.tmp, 'boot.fat')
+        subprocess.run(['mkfs.fat', '-C', fat, str(boot_size >> 10)],
+                       check=True, capture_output=True)
+        with open(fat, 'rb') as src, open(img, 'r+b') as dst:
+            dst.seek(boot_off)
+            dst.write(src.read())
+        self.mkfs(img, root_off)
+        got = set(introspect.boot_blocks(img, os.path.getsize(img), BS))
+        # the boot partition whole, the root's boot files only
+        boot = set(range(boot_off // BS, root_off // BS))
+        self.assertLessEqual(boot, got)
+        self.assertLessEqual(self.file_blocks(
+            img, root_off, 'usr/lib/systemd/systemd'), got)
+        self.assertFalse(self.file_blocks(img, root_off, 'srv/data') & got)
+
+    def test_no_file_system_no_blocks(self):
+        img = os.path.join(self.tmp, 'noise.raw')
+        with open(img, 'wb') as f:
+            f.write(os.urandom(1 << 20))
+        self.assertEqual([], introspect.boot_blocks(img, 1 << 20, BS))

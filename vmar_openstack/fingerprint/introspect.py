@@ -1,0 +1,264 @@
+"""The blocks an image's boot will read, found in its file systems.
+
+Before any boot of an image has been recorded, its boot working set is
+guessed from what a Linux boot reads: the kernel and initramfs (a small
+FAT or ext boot partition whole, or ``/boot/vmlinuz*`` and
+``/boot/initrd*`` of the root), then systemd, the services it starts
+early, the libraries they load (``DT_NEEDED`` and ``RUNPATH``, closed
+transitively) and the unit files and configuration it reads. Every tool
+is a well-kept one run on the image file without mounting it: ``sfdisk``
+for the partition table, ``blkid`` for file system types, ``debugfs``
+for ext2/3/4 and ``readelf`` for ELF dependencies. The image is
+untrusted: every tool runs with a time limit, file counts and sizes are
+bounded, and anything unexpected yields fewer blocks, never an error.
+"""
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+from oslo_log import log as logging
+
+LOG = logging.getLogger(__name__)
+
+_TIMEOUT = 60
+# a boot partition read whole: an ESP or /boot, not a root file system
+MAX_BOOT_PARTITION = 512 << 20
+MAX_FILES = 4096
+MAX_ELF_SIZE = 64 << 20
+_MAX_ROUNDS = 8
+_EXT = ('ext2', 'ext3', 'ext4')
+
+# what a systemd boot runs and reads early, where Debian, Ubuntu and
+# Fedora put it (missing ones are skipped)
+START_FILES = (
+    '/sbin/init', '/vmlinuz', '/initrd.img',
+    '/usr/lib/systemd/systemd-journald', '/usr/lib/systemd/systemd-udevd',
+    '/usr/lib/systemd/systemd-logind', '/usr/lib/systemd/systemd-fsck',
+    '/usr/lib/systemd/systemd-remount-fs', '/usr/lib/systemd/systemd-sysctl',
+    '/usr/lib/systemd/systemd-modules-load',
+    '/usr/lib/systemd/systemd-random-seed',
+    '/usr/lib/systemd/systemd-update-utmp',
+    '/usr/lib/systemd/systemd-user-sessions',
+    '/usr/lib/systemd/systemd-timesyncd',
+    '/usr/lib/systemd/systemd-networkd', '/usr/lib/systemd/systemd-resolved',
+    '/usr/lib/systemd/systemd-executor', '/usr/bin/systemd-tmpfiles',
+    '/usr/bin/udevadm', '/usr/bin/kmod', '/usr/bin/systemctl',
+    '/usr/bin/dbus-daemon', '/usr/bin/mount', '/usr/sbin/agetty',
+    '/usr/bin/login', '/usr/bin/bash', '/usr/sbin/sshd',
+    '/usr/bin/cloud-init', '/usr/bin/python3',
+    '/etc/ld.so.cache', '/etc/fstab', '/etc/passwd', '/etc/group',
+    '/etc/shadow', '/etc/nsswitch.conf', '/etc/os-release',
+    '/usr/lib/os-release', '/etc/machine-id', '/etc/hostname',
+    '/etc/locale.conf', '/etc/default/locale', '/etc/login.defs',
+)
+# directories whose files (and those of their *.wants/, *.d/ children)
+# are all read early
+START_DIRS = ('/boot', '/usr/lib/systemd/system', '/etc/systemd/system',
+              '/etc/systemd', '/usr/lib/udev/rules.d', '/etc/udev/rules.d',
+              '/etc/pam.d', '/etc/security', '/usr/lib/tmpfiles.d',
+              '/usr/lib/sysctl.d', '/usr/lib/modules-load.d')
+LIBRARY_DIRS = ('/usr/lib/x86_64-linux-gnu', '/lib/x86_64-linux-gnu',
+                '/usr/lib64', '/lib64', '/usr/lib', '/lib')
+_LDSO = '/lib64/ld-linux-x86-64.so.2'
+
+
+def _run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True,
+                          timeout=_TIMEOUT, check=False, **kw)
+
+
+def volumes(path, size):
+    """``(offset, length)`` of each partition, or of the whole disk."""
+    try:
+        r = _run(['sfdisk', '--json', path])
+        parts = json.loads(r.stdout)['partitiontable'] if r.returncode \
+            == 0 else None
+    except (subprocess.TimeoutExpired, ValueError, KeyError, OSError):
+        parts = None
+    if not parts:
+        return [(0, size)]
+    sector = int(parts.get('sectorsize', 512))
+    out = []
+    for p in parts.get('partitions', ()):
+        off, length = int(p['start']) * sector, int(p['size']) * sector
+        if 0 <= off < size and length > 0:
+            out.append((off, min(length, size - off)))
+    return out or [(0, size)]
+
+
+def fs_type(path, offset):
+    """``blkid``'s TYPE of the file system at ``offset``, or None."""
+    try:
+        r = _run(['blkid', '--probe', '--offset', str(offset), '--output',
+                  'export', path])
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    for line in r.stdout.splitlines():
+        if line.startswith('TYPE='):
+            return line[5:]
+    return None
+
+
+class _Debugfs:
+    """Batches of ``debugfs`` commands on one ext file system."""
+
+    def __init__(self, path, offset):
+        self.device = '%s?offset=%d' % (path, offset) if offset else path
+
+    def run(self, commands):
+        """Output of each command, in order (missing ones: '')."""
+        if not commands:
+            return []
+        with tempfile.NamedTemporaryFile('w', suffix='.debugfs') as f:
+            f.write(''.join(c + '\n' for c in commands))
+            f.flush()
+            try:
+                r = _run(['debugfs', '-f', f.name, self.device])
+            except (subprocess.TimeoutExpired, OSError) as e:
+                LOG.warning('debugfs on %s: %s', self.device, e)
+                return [''] * len(commands)
+        out, cur = {}, None
+        for line in r.stdout.splitlines():
+            if line.startswith('debugfs: '):
+                cur = line[len('debugfs: '):]
+                out.setdefault(cur, [])
+            elif cur is not None:
+                out[cur].append(line)
+        return ['\n'.join(out.get(c, ())) for c in commands]
+
+
+_STAT_TYPE = re.compile(r'Type: (\w+)')
+_STAT_SIZE = re.compile(r'Size: (\d+)\s*$', re.M)
+_LINK = re.compile(r'Fast link dest: "(.*)"')
+
+
+def _parse_stat(text):
+    """(type, size, fast link target) of ``debugfs stat`` output."""
+    t = _STAT_TYPE.search(text)
+    size = _STAT_SIZE.search(text)
+    link = _LINK.search(text)
+    return (t.group(1) if t else None, int(size.group(1)) if size else 0,
+            link.group(1) if link else None)
+
+
+def _join(directory, target):
+    if target.startswith('/'):
+        return os.path.normpath(target)
+    return os.path.normpath(os.path.join(directory, target))
+
+
+def _ls(text):
+    """(name, mode) of ``debugfs ls -p`` output, without . and .."""
+    for line in text.splitlines():
+        f = line.split('/')
+        if len(f) >= 7 and f[5] not in ('.', '..', ''):
+            yield f[5], int(f[2], 8)
+
+
+def _needed(path):
+    """(NEEDED names, RUNPATH dirs) of an ELF file; empty if not ELF."""
+    try:
+        r = _run(['readelf', '-d', '-W', path])
+    except (subprocess.TimeoutExpired, OSError):
+        return [], []
+    needed = re.findall(r'\(NEEDED\)\s+Shared library: \[([^]]+)\]',
+                        r.stdout)
+    runpath = []
+    for m in re.findall(r'\((?:RUNPATH|RPATH)\)\s+Library r\w*path: '
+                        r'\[([^]]+)\]', r.stdout):
+        runpath += [d for d in m.split(':') if d.startswith('/')]
+    return needed, runpath
+
+
+def ext_files(path, offset):
+    """File system blocks of the boot files of an ext file system.
+
+    Returns ``(block size, [block numbers])``, relative to the file
+    system's start.
+    """
+    fs = _Debugfs(path, offset)
+    head = fs.run(['stats -h'])[0]
+    m = re.search(r'Block size:\s+(\d+)', head)
+    if not m:
+        return 0, []
+    bsize = int(m.group(1))
+    # directories: their listing, then their files and one level below
+    wanted = list(START_FILES)
+    dirs = list(START_DIRS)
+    for depth in range(2):
+        listings = fs.run(['ls -p ' + d for d in dirs])
+        below = []
+        for d, text in zip(dirs, listings):
+            for name, mode in _ls(text):
+                p = os.path.join(d, name)
+                if mode & 0o170000 == 0o040000:
+                    if depth == 0 and (name.endswith('.wants')
+                                       or name.endswith('.d')
+                                       or name.endswith('.requires')):
+                        below.append(p)
+                else:
+                    wanted.append(p)
+        dirs = below
+    files, seen, elf_seen = set(), set(), set()
+    with tempfile.TemporaryDirectory(prefix='vmar-introspect-') as tmp:
+        for _round in range(_MAX_ROUNDS):
+            todo = [p for p in dict.fromkeys(wanted) if p not in seen]
+            todo = todo[:max(0, MAX_FILES - len(seen))]
+            if not todo:
+                break
+            seen.update(todo)
+            wanted = []
+            elves = []
+            for p, text in zip(todo, fs.run(['stat "%s"' % p
+                                             for p in todo])):
+                kind, size, link = _parse_stat(text)
+                if kind == 'symlink' and link:
+                    wanted.append(_join(os.path.dirname(p), link))
+                elif kind == 'regular':
+                    files.add(p)
+                    if 0 < size <= MAX_ELF_SIZE and p not in elf_seen:
+                        elves.append(p)
+            # ELF dependencies, next round
+            dumped = []
+            for i, p in enumerate(elves):
+                elf_seen.add(p)
+                dumped.append((p, os.path.join(tmp, str(i))))
+            fs.run(['dump "%s" %s' % pd for pd in dumped])
+            for p, local in dumped:
+                if not os.path.exists(local):
+                    continue
+                with open(local, 'rb') as f:
+                    is_elf = f.read(4) == b'\x7fELF'
+                if is_elf:
+                    needed, runpath = _needed(local)
+                    if needed:
+                        wanted.append(_LDSO)
+                    for lib in needed:
+                        wanted += [os.path.join(d, lib) for d in
+                                   runpath + list(LIBRARY_DIRS)]
+                os.unlink(local)
+    blocks = []
+    for text in fs.run(['blocks "%s"' % p for p in sorted(files)]):
+        blocks += [int(b) for b in text.split() if b.isdigit()]
+    return bsize, blocks
+
+
+def boot_blocks(path, size, block_size):
+    """Image blocks (of ``block_size``) the boot reads, as far as known."""
+    out = set()
+    for off, length in volumes(path, size):
+        kind = fs_type(path, off)
+        if kind == 'vfat' and length <= MAX_BOOT_PARTITION:
+            out.update(range(off // block_size,
+                             -(-(off + length) // block_size)))
+        elif kind in _EXT:
+            bsize, blocks = ext_files(path, off)
+            for b in blocks:
+                start = off + b * bsize
+                out.update(range(start // block_size,
+                                 -(-(start + bsize) // block_size)))
+    n_blocks = -(-size // block_size)
+    return sorted(b for b in out if b < n_blocks)

@@ -1,0 +1,119 @@
+"""Boot working sets: the blocks of an image that its boot reads.
+
+The library writes one per image at ingest, found by introspecting the image's
+file systems (:mod:`vmar_openstack.fingerprint.introspect`); vmar-agent
+publishes it next to the image's maps; a host that adds the first export
+of an image prefetches it into its mirrors
+(:mod:`vmar_openstack.export.prefetch`). The file is JSON, specified in
+``doc/source/mirror-format.rst`` ("Boot working set"), the only
+specification.
+"""
+
+import dataclasses
+import json
+import uuid
+
+from vmar_openstack import exception
+
+FORMAT = 'vmar-bootset'
+VERSION = 1
+SOURCES = ('introspected', 'recorded')
+# a set larger than this is not one: 1 MiB of JSON is ~60,000 extents
+MAX_FILE_SIZE = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Bootset:
+    image_id: str
+    virtual_size: int
+    block_size: int
+    source: str
+    extents: tuple          # ((first block, blocks), ...)
+
+    @property
+    def n_blocks(self):
+        return sum(n for _f, n in self.extents)
+
+    def byte_ranges(self, gap=0, limit=None):
+        """Sorted ``(offset, length)`` byte ranges covering the extents.
+
+        Extents up to ``gap`` bytes apart are merged into one range, and
+        a range is at most ``limit`` bytes (None: no limit). Ranges end at
+        the image's end.
+        """
+        bs, out = self.block_size, []
+        for first, n in self.extents:
+            start, end = first * bs, min((first + n) * bs, self.virtual_size)
+            if out and start - (out[-1][0] + out[-1][1]) <= gap:
+                start = out.pop()[0]
+            out.append((start, end - start))
+        if limit:
+            out = [(off + i, min(limit, length - i))
+                   for off, length in out for i in range(0, length, limit)]
+        return out
+
+
+def merge(blocks):
+    """Sorted runs ``[(first, count)]`` of an iterable of block numbers."""
+    runs = []
+    for b in sorted(set(blocks)):
+        if runs and runs[-1][0] + runs[-1][1] == b:
+            runs[-1][1] += 1
+        else:
+            runs.append([b, 1])
+    return [tuple(r) for r in runs]
+
+
+def encode(bootset):
+    """The file's bytes, after checking ``bootset`` as :func:`decode` does."""
+    data = json.dumps({
+        'format': FORMAT, 'version': VERSION,
+        'image_id': bootset.image_id, 'virtual_size': bootset.virtual_size,
+        'block_size': bootset.block_size, 'source': bootset.source,
+        'extents': [list(e) for e in bootset.extents]},
+        separators=(',', ':')).encode()
+    decode(data, bootset.image_id)
+    return data
+
+
+def _error(image_id, detail):
+    return exception.BootsetFormatError(image_id=image_id, detail=detail)
+
+
+def decode(data, image_id):
+    """The :class:`Bootset` in ``data``, which must describe ``image_id``.
+
+    :raises BootsetFormatError: anything out of place.
+    """
+    if len(data) > MAX_FILE_SIZE:
+        raise _error(image_id, 'larger than %d bytes' % MAX_FILE_SIZE)
+    try:
+        raw = json.loads(data)
+        if raw['format'] != FORMAT or raw['version'] != VERSION:
+            raise _error(image_id, 'not a %s file of version %d'
+                         % (FORMAT, VERSION))
+        got = str(uuid.UUID(raw['image_id']))
+        size, bs = int(raw['virtual_size']), int(raw['block_size'])
+        source = raw['source']
+        extents = tuple((int(f), int(n)) for f, n in raw['extents'])
+    except (ValueError, KeyError, TypeError) as e:
+        raise _error(image_id, 'malformed: %s' % e)
+    if got != image_id:
+        raise _error(image_id, 'describes image %s' % got)
+    if source not in SOURCES:
+        raise _error(image_id, 'source %r' % (source,))
+    if size <= 0 or bs < 512 or bs & (bs - 1):
+        raise _error(image_id, 'virtual size %d, block size %d' % (size, bs))
+    n_blocks, end = -(-size // bs), -1
+    for first, n in extents:
+        if n < 1 or first <= end or first + n > n_blocks:
+            raise _error(image_id, 'extent (%d, %d) out of order, empty or '
+                         'past the image\'s %d blocks'
+                         % (first, n, n_blocks))
+        end = first + n
+    return Bootset(got, size, bs, source, extents)
+
+
+def read(path, image_id):
+    with open(path, 'rb') as f:
+        return decode(f.read(MAX_FILE_SIZE + 1), image_id)
