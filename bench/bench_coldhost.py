@@ -27,6 +27,10 @@ blocks the boots read (``lazy-0`` fetches exactly the distinct blocks read,
 so its bytes are that limit); seconds from the start (stock: the copy;
 lazy: ``export add``) to ``VMAR-BOOTED``, against stock's.
 
+* ``lazy-pf-<R>``: ``lazy-<R>`` with ``[vmar] prefetch`` on: when an
+  image's export is added, the boot working set the library found in the
+  image at ingest is read into the mirrors in large sorted reads (a
+  thread here does what ``vmar-export serve`` does), beside the boot;
 * ``lazy-qcow2-<R>``: the same, with the store holding qcow2 copies of
   the bases (``qemu-img convert``), read through QEMU's qcow2 driver over
   NBD, as a host does for qcow2 images in Glance; its bytes are nbdkit's
@@ -34,8 +38,8 @@ lazy: ``export add``) to ``VMAR-BOOTED``, against stock's.
   download the qcow2 files whole: their size is printed beside.
 
 Usage: bench_coldhost.py --qemu-prefix DIR [--images a,b] [--readaheads
-       0,65536,...] [--qcow2-readaheads 65536] [--rate 800M]
-       [--delay 2ms] [--json OUT]
+       0,65536,...] [--prefetch-readaheads 65536] [--qcow2-readaheads
+       65536] [--rate 800M] [--delay 2ms] [--json OUT]
 """
 
 import argparse
@@ -45,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -56,6 +61,7 @@ import bench_export  # noqa: E402
 from tools import boot_image  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
 from vmar_openstack import export  # noqa: E402
+from vmar_openstack.export import prefetch as export_prefetch  # noqa: E402
 from vmar_openstack.export import supervisor  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack.mapsource import local  # noqa: E402
@@ -171,11 +177,20 @@ def run_stock(args, work, lib_root, ids):
                 lib_root, 'bases', i)) for _n, i in ids)}
 
 
-def run_lazy(args, work, lib_root, ids, readahead, fmt='raw'):
+def _prefetching(svc, stop):
+    """Poll the prefetch queue as ``vmar-export serve`` does."""
+    pf = export_prefetch.Prefetcher(svc)
+    while not stop.wait(0.1):
+        pf.poll()
+
+
+def run_lazy(args, work, lib_root, ids, readahead, fmt='raw',
+             prefetch=False):
     host = os.path.join(work, 'host')
     sock = os.path.join(work, 'nbd.sock')
     conf = make_conf(host, args.qemu_prefix, sock, readahead)
     conf.set_override('map_source_dir', lib_root, group='vmar')
+    conf.set_override('prefetch', prefetch, group='vmar')
     store_dir = os.path.join(lib_root, 'bases' if fmt == 'raw' else fmt)
     store = Store(work, store_dir, args.rate, args.delay)
     svc = export.ExportService(conf, source=ThrottledStore(
@@ -183,6 +198,10 @@ def run_lazy(args, work, lib_root, ids, readahead, fmt='raw'):
     sup = supervisor.Supervisor(svc)
     proc = sup.start_daemon()
     boots = []
+    stop = threading.Event()
+    poller = threading.Thread(target=_prefetching, args=(svc, stop),
+                              daemon=True)
+    poller.start()
     try:
         svc.restore()
         for name, image_id in ids:
@@ -199,6 +218,8 @@ def run_lazy(args, work, lib_root, ids, readahead, fmt='raw'):
                                              {'flat': True})
                         if n.get('drv') == 'vmar-mirror']
     finally:
+        stop.set()
+        poller.join()
         sup.quit(proc)
         counted = store.stop()
     # the mirrors' own count, to the byte; a qcow2 store also serves
@@ -218,6 +239,9 @@ def main():
     p.add_argument('--readaheads', default='0,65536,262144,1048576')
     p.add_argument('--rate', default='800M', help='nbdkit rate= (bits/s)')
     p.add_argument('--delay', default='2ms', help='nbdkit delay-read=')
+    p.add_argument('--prefetch-readaheads', default='65536',
+                   help='also lazy with prefetch, with these read-aheads '
+                        '("" for none)')
     p.add_argument('--qcow2-readaheads', default='65536',
                    help='also mirror qcow2 copies of the bases with these '
                         'read-aheads ("" for none)')
@@ -243,6 +267,8 @@ def main():
         configs = [('stock', None, 'raw')] + [
             ('lazy-%s' % r, int(r), 'raw')
             for r in args.readaheads.split(',')] + [
+            ('lazy-pf-%s' % r, int(r), 'raw')
+            for r in args.prefetch_readaheads.split(',') if r] + [
             ('lazy-qcow2-%s' % r, int(r), 'qcow2')
             for r in args.qcow2_readaheads.split(',') if r]
         if any(fmt == 'qcow2' for _l, _r, fmt in configs):
@@ -255,7 +281,8 @@ def main():
             if ra is None:
                 res = run_stock(args, cwork, lib_root, ids)
             else:
-                res = run_lazy(args, cwork, lib_root, ids, ra, fmt)
+                res = run_lazy(args, cwork, lib_root, ids, ra, fmt,
+                               prefetch=label.startswith('lazy-pf-'))
             results['configs'][label] = res
             for b in res['boots']:
                 print('  %-11s %7.1f s' % (b['image'], b['seconds']),

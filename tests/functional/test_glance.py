@@ -499,7 +499,8 @@ class TestGlance(GlanceTestCase):
         # read by nobody yet, the mirror holds exactly the set's data
         held = os.stat(os.path.join(host, 'mirrors', i)).st_blocks * 512
         self.assertEqual(want * 4096, held, self.serve_log())
-        self.assertIn('prefetched %s.%d' % (i, v), self.serve_log())
+        with open(os.path.join(self.tmp, 'serve.log')) as f:
+            self.assertIn('prefetched %s.%d' % (i, v), f.read())
         # the prefetch holder is gone; the image reads byte for byte
         r = subprocess.run(cmd + ['list'], capture_output=True, text=True)
         self.assertNotIn('prefetch', r.stdout)

@@ -258,7 +258,7 @@ class Library:
                     fileutils.copy_readonly(raw.path, dest)
                     placed = True
                 self._write_digests(image_id, fps)
-                self._write_bootset(image_id, raw.path, raw.virtual_size)
+            self._write_bootset(image_id, raw.path, raw.virtual_size)
         return fps, placed
 
     def _write_digests(self, image_id, fps):
