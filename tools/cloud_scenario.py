@@ -294,9 +294,10 @@ class UserPath(object):
     def page_cache(self):
         """vm-b's shared blocks are read from minbase's pages, not its own.
 
-        The host fetched each base whole and wrote it through the page
-        cache; so empty it of the bases, boot both vmar servers again
-        (hard reboot) and count what their boots brought back.
+        The host holds each base (a lazy mirror, or a whole copy) and
+        wrote what it fetched through the page cache; so empty it of the
+        bases, boot both vmar servers again (hard reboot) and count what
+        their boots brought back.
         """
         from vmar_openstack import mapformat
         from vmar_openstack import pagecache
@@ -311,8 +312,7 @@ class UserPath(object):
             own[name] = int(ext['length'][
                 [t in selfs for t in ext['target']]].sum()) * \
                 bmap.block_size
-            bases[name] = os.path.join(self.host_dir, 'bases',
-                                       self.ids[name])
+            bases[name] = self._base_file(self.ids[name])
         servers = (('vm-a', 'minbase'), ('vm-b', 'python3'))
         seen = {n: self.console(n) for n, _i in servers}
         for path in bases.values():
@@ -463,9 +463,16 @@ class UserPath(object):
         self.echo('  nova-compute restarted; the cache manager ran twice; '
                   '%d vmar files, none gone' % len(before))
 
-    def _vmar_files(self):
+    def _base_file(self, image_id):
+        """A base on the host: its whole copy, else its mirror."""
+        whole = os.path.join(self.host_dir, 'bases', image_id)
+        if os.path.exists(whole):
+            return whole
+        return os.path.join(self.host_dir, 'mirrors', image_id)
+
+    def _vmar_files(self, subs=('maps', 'bases', 'mirrors', 'bootsets')):
         found = set()
-        for sub in ('maps', 'bases'):
+        for sub in subs:
             d = os.path.join(self.host_dir, sub)
             if not os.path.isdir(d):
                 continue
@@ -584,8 +591,9 @@ class UserPath(object):
         def clean():
             left = [f for d in library if os.path.isdir(d)
                     for f in os.listdir(d)]
-            return (not self.map_images() and not self._vmar_files()
-                    and not left)
+            # mirrors stay, unreferenced, up to [vmar] mirror_cache_gb
+            return (not self.map_images() and not left
+                    and not self._vmar_files(('maps', 'bases', 'bootsets')))
         self.wait('maps and bases to go', clean, timeout=300)
         state = os.path.join(self.host_dir, 'exports.json')
         if os.path.exists(state):
