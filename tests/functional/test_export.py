@@ -37,7 +37,14 @@ def _id(name):
 
 
 class ExportTestCase(base.LibraryTestCase):
-    """A library plus a running ``vmar-export serve`` on its own socket."""
+    """A library plus a running ``vmar-export serve`` on its own socket.
+
+    The host copies whole bases from the library unless a test case says
+    ``base_fetch = 'lazy'``; it prefetches nothing (test_glance covers the
+    prefetch), so what a test reads is all that is fetched.
+    """
+
+    base_fetch = 'full'
 
     def setUp(self):
         super().setUp()
@@ -48,9 +55,12 @@ class ExportTestCase(base.LibraryTestCase):
         os.chmod(self.sock_dir, 0o755)
         self.sock = os.path.join(self.sock_dir, 'nbd.sock')
         self.conf_file = self.write_conf_file(
-            'export_socket = %s\nqemu_storage_daemon = %s\n%s'
+            'export_socket = %s\nqemu_storage_daemon = %s\nbase_fetch = %s\n'
+            'prefetch = false\n%s'
             % (self.sock, qemu_env.qemu_bin('qemu-storage-daemon'),
-               self.extra_conf()))
+               self.base_fetch, self.extra_conf()))
+        self.conf.set_override('base_fetch', self.base_fetch, group='vmar')
+        self.conf.set_override('prefetch', False, group='vmar')
         self.conf.set_override('export_socket', self.sock, group='vmar')
         self.conf.set_override('qemu_storage_daemon',
                                qemu_env.qemu_bin('qemu-storage-daemon'),
@@ -442,15 +452,13 @@ class TestPrivateExports(ExportTestCase):
 class TestLazyExports(ExportTestCase):
     """base_fetch=lazy: bases are mirrors filled by what reads need."""
 
+    base_fetch = 'lazy'
+
     def setUp(self):
         super().setUp()
-        self.conf.set_override('base_fetch', 'lazy', group='vmar')
         self.images = qemu_env.image_library()
         for name in ('minbase', 'python3', 'nginx'):
             self.lib.add(_id(name), self.images[name], visibility='public')
-
-    def extra_conf(self):
-        return 'base_fetch = lazy\n'
 
     def mirror_counters(self):
         with self.svc.monitor() as mon:
