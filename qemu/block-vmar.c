@@ -12,7 +12,11 @@
  * one node per base file.
  *
  * The read counters of a node are its format-specific image information
- * (ImageInfoSpecificVmar: query-named-block-nodes, qemu-img info).  Set
+ * (ImageInfoSpecificVmar: query-named-block-nodes, qemu-img info).  With
+ * record-window=N the node also records which blocks its reads touch
+ * during the N seconds after its first read (a boot's working set), as a
+ * bitmap in that information ("touched", base64, bit b % 8 of byte b / 8).
+ * Set
  * VMAR_STATS_FILE in the environment to get one JSON line of lookup
  * counters appended to that file whenever a vmar node is closed.
  *
@@ -23,10 +27,12 @@
 #include "qemu/osdep.h"
 #include "qapi/error.h"
 #include "qapi/qmp/qdict.h"
+#include "qemu/bitmap.h"
 #include "qemu/cutils.h"
 #include "qemu/memalign.h"
 #include "qemu/module.h"
 #include "qemu/option.h"
+#include "qemu/timer.h"
 #include "block/block_int.h"
 #include "block/aio_task.h"
 
@@ -36,6 +42,7 @@
 #define VMAR_OPT_BASE_NODE_PREFIX   "base-node-prefix"
 #define VMAR_OPT_BASE_CACHE_DIRECT  "base-cache-direct"
 #define VMAR_OPT_GATHER_GAP         "gather-gap"
+#define VMAR_OPT_RECORD_WINDOW      "record-window"
 
 /* Largest map file we load (a map holds 16 bytes per extent) */
 #define VMAR_MAX_MAP_FILE_SIZE      (1ULL << 30)
@@ -70,6 +77,11 @@ typedef struct BDRVVmarState {
     /* Destination of the gaps between gathered runs, never read */
     void *gap_buf;
     uint64_t gather_gap;
+
+    /* Blocks read in the record window after the first read, or NULL */
+    unsigned long *touched;
+    int64_t record_window_ns;
+    int64_t record_start_ns;        /* 0: no read yet */
 } BDRVVmarState;
 
 /*
@@ -114,6 +126,12 @@ static QemuOptsList vmar_runtime_opts = {
             .type = QEMU_OPT_SIZE,
             .help = "Read runs of one target at most this many bytes apart "
                     "with one read (default: 0, only touching runs)",
+        },
+        {
+            .name = VMAR_OPT_RECORD_WINDOW,
+            .type = QEMU_OPT_NUMBER,
+            .help = "Record the blocks read in this many seconds after the "
+                    "first read (default: 0, none)",
         },
         { /* end of list */ }
     },
@@ -310,6 +328,8 @@ static void vmar_free_state(BlockDriverState *bs, BDRVVmarState *s)
     s->n_targets = 0;
     qemu_vfree(s->gap_buf);
     s->gap_buf = NULL;
+    g_free(s->touched);
+    s->touched = NULL;
     vmar_map_free(s->map);
     s->map = NULL;
 }
@@ -321,6 +341,7 @@ static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
     QemuOpts *opts;
     const char *base_dir, *prefix;
     bool cache_direct;
+    uint64_t window;
     int ret;
 
     ret = bdrv_apply_auto_read_only(bs, "vmar images are read-only", errp);
@@ -337,6 +358,13 @@ static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
     prefix = qemu_opt_get(opts, VMAR_OPT_BASE_NODE_PREFIX);
     cache_direct = qemu_opt_get_bool(opts, VMAR_OPT_BASE_CACHE_DIRECT, false);
     s->gather_gap = qemu_opt_get_size(opts, VMAR_OPT_GATHER_GAP, 0);
+    window = qemu_opt_get_number(opts, VMAR_OPT_RECORD_WINDOW, 0);
+    if (window > 24 * 3600) {
+        error_setg(errp, "vmar option '" VMAR_OPT_RECORD_WINDOW "' is above "
+                   "a day");
+        ret = -EINVAL;
+        goto out;
+    }
     if (s->gather_gap > VMAR_MAX_GAP) {
         error_setg(errp, "vmar option '" VMAR_OPT_GATHER_GAP "' is above %d",
                    VMAR_MAX_GAP);
@@ -382,6 +410,16 @@ static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
         goto out;
     }
 
+    if (window) {
+        s->touched = bitmap_try_new(s->map->n_blocks);
+        if (!s->touched) {
+            error_setg(errp, "vmar: cannot allocate the record bitmap");
+            ret = -ENOMEM;
+            goto out;
+        }
+        s->record_window_ns = window * NANOSECONDS_PER_SECOND;
+    }
+
     bs->total_sectors = DIV_ROUND_UP(s->map->hdr.virtual_size,
                                      BDRV_SECTOR_SIZE);
     ret = 0;
@@ -392,6 +430,31 @@ out:
     }
     qemu_opts_del(opts);
     return ret;
+}
+
+static bool vmar_recording(BDRVVmarState *s, int64_t now)
+{
+    return !s->record_start_ns ||
+           now - s->record_start_ns <= s->record_window_ns;
+}
+
+/* Mark the blocks of a read in the record window */
+static void vmar_record(BDRVVmarState *s, uint64_t offset, uint64_t bytes)
+{
+    uint64_t vsize = s->map->hdr.virtual_size;
+    uint32_t shift = s->map->block_shift;
+    int64_t now = qemu_clock_get_ns(QEMU_CLOCK_REALTIME);
+    uint64_t first;
+
+    if (!vmar_recording(s, now) || offset >= vsize || !bytes) {
+        return;
+    }
+    if (!s->record_start_ns) {
+        s->record_start_ns = now;
+    }
+    bytes = MIN(bytes, vsize - offset);
+    first = offset >> shift;
+    bitmap_set(s->touched, first, ((offset + bytes - 1) >> shift) - first + 1);
 }
 
 static void vmar_json_string(FILE *f, const char *str)
@@ -466,6 +529,14 @@ static ImageInfoSpecific *vmar_get_specific_info(BlockDriverState *bs,
         .errors         = s->errors,
         .extents        = s->map ? s->map->hdr.n_extents : 0,
     };
+    if (s->touched) {
+        info->has_recording = true;
+        info->recording = vmar_recording(
+            s, qemu_clock_get_ns(QEMU_CLOCK_REALTIME));
+        info->has_touched = true;
+        info->touched = g_base64_encode((const guchar *)s->touched,
+                                        DIV_ROUND_UP(s->map->n_blocks, 8));
+    }
     spec->type = IMAGE_INFO_SPECIFIC_KIND_VMAR;
     spec->u.vmar.data = info;
     return spec;
@@ -585,6 +656,9 @@ static coroutine_fn int vmar_co_preadv_part(BlockDriverState *bs,
     int i, ret = 0;
 
     s->requests++;
+    if (s->touched) {
+        vmar_record(s, offset, bytes);
+    }
 
     /* Bytes past virtual_size (up to the next sector) read as zeros */
     if ((uint64_t)offset + bytes > vsize) {

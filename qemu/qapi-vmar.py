@@ -42,6 +42,10 @@ STRUCT = """##
 #              runs are merged; a gap reads blocks that the map serves
 #              from elsewhere, so they enter the host cache twice)
 #
+# @record-window: record the blocks read during this many seconds after
+#                 the node's first read (an image's boot working set;
+#                 default: 0, nothing recorded)
+#
 # Since: 7.2
 ##
 { 'struct': 'BlockdevOptionsVmar',
@@ -50,7 +54,8 @@ STRUCT = """##
             '*base-node-prefix': 'str',
             '*base-cache-direct': 'bool',
             '*targets': [ 'BlockdevRef' ],
-            '*gather-gap': 'size' } }
+            '*gather-gap': 'size',
+            '*record-window': 'uint32' } }
 
 ##
 # @BlockdevOptionsVmarMirror:
@@ -99,12 +104,19 @@ INFO_STRUCT = """##
 #
 # @extents: extents in the map
 #
+# @recording: with record-window: whether the window is still open (it
+#             opens at the first read)
+#
+# @touched: with record-window: the blocks read in the window, one bit
+#           per block (bit b % 8 of byte b / 8), base64
+#
 # Since: 7.2
 ##
 { 'struct': 'ImageInfoSpecificVmar',
   'data': { 'requests': 'uint64', 'bytes-read': 'uint64',
             'bytes-zero': 'uint64', 'target-reads': 'uint64',
-            'errors': 'uint64', 'extents': 'uint64' } }
+            'errors': 'uint64', 'extents': 'uint64',
+            '*recording': 'bool', '*touched': 'str' } }
 
 ##
 # @ImageInfoSpecificVmarWrapper:

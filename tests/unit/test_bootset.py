@@ -171,3 +171,31 @@ class TestIntrospect(testtools.TestCase):
         with open(img, 'wb') as f:
             f.write(os.urandom(1 << 20))
         self.assertEqual([], introspect.boot_blocks(img, 1 << 20, BS))
+
+
+class TestBaseRanges(testtools.TestCase):
+
+    def test_set_maps_onto_the_canonical_blocks_of_each_base(self):
+        import numpy as np
+
+        from vmar_openstack.export import prefetch
+        from vmar_openstack import mapformat
+        m, b = '00000000-0000-4000-8000-00000000000b', A
+        # image m: blocks 0-3 from base b's 10-13, 4-5 zero, 6-9 its own
+        ext = np.array([(0, 4, 10, 0), (6, 4, 6, 1)],
+                       dtype=mapformat.EXTENT_DTYPE)
+        bmap = mapformat.decode(mapformat.encode(
+            m, 10 * BS, BS, 1, [mapformat.Target(b, 20 * BS),
+                                mapformat.Target(m, 10 * BS, True)], ext))
+        bset = bootset.Bootset(m, 10 * BS, BS, 'recorded',
+                               ((1, 2), (4, 1), (8, 2)))
+        self.assertEqual({b: [(11 * BS, 2 * BS)], m: [(8 * BS, 2 * BS)]},
+                         prefetch.base_ranges(bmap, bset))
+        # the zero block 4 reads nothing, so 1-2 and 8-9 never merge
+        bset = bootset.Bootset(m, 10 * BS, BS, 'recorded',
+                               ((0, 1), (3, 2), (7, 1)))
+        self.assertEqual({b: [(10 * BS, BS), (13 * BS, BS)],
+                          m: [(7 * BS, BS)]},
+                         prefetch.base_ranges(bmap, bset))
+        self.assertEqual({b: [(10 * BS, 4 * BS)], m: [(7 * BS, BS)]},
+                         prefetch.base_ranges(bmap, bset, gap=2 * BS))

@@ -37,6 +37,8 @@ from vmar_openstack import exception
 _BUFFERED, _DIRECT, _VMAR = 'vb', 'vd', 'vm'
 _FETCH, _ALT, _QUORUM = 'vf', 'va', 'vq'
 _EXPORT_ID_PREFIX = 'vmar-'
+# a prefetch's read-only export of one mirror node (QMP id and NBD name)
+_PREFETCH_PREFIX = 'vmar-pf-'
 
 
 # -- names ----------------------------------------------------------------
@@ -92,8 +94,9 @@ def nodes(mon):
 
 
 def export_ids(mon):
-    """QMP ids of every block export in the daemon."""
-    return {e['id'] for e in mon.execute('query-block-exports')}
+    """QMP ids of every export of a holder in the daemon."""
+    return {e['id'] for e in mon.execute('query-block-exports')
+            if not e['id'].startswith(_PREFETCH_PREFIX)}
 
 
 def exported(mon):
@@ -190,6 +193,35 @@ def _wait_export_gone(mon, name, timeout):
                                 % (name, timeout))
 
 
+def add_prefetch_export(mon, node, key):
+    """Serve ``node`` read-only to a prefetch; its NBD name."""
+    name = _PREFETCH_PREFIX + key
+    mon.execute('block-export-add', {'type': 'nbd', 'id': name,
+                                     'node-name': node, 'name': name,
+                                     'writable': False})
+    return name
+
+
+def del_prefetch_exports(mon, names=None, nodes=None, timeout=30):
+    """Stop prefetch exports: ``names``, those of ``nodes``, or all.
+
+    Their clients are cut off (the prefetch fails; nothing waits on it).
+    """
+    gone, every = [], names is None and nodes is None
+    for e in mon.execute('query-block-exports'):
+        if e['id'].startswith(_PREFETCH_PREFIX) and (
+                every or e['id'] in (names or ())
+                or e['node-name'] in (nodes or ())):
+            mon.execute('block-export-del', {'id': e['id'], 'mode': 'hard'})
+            gone.append(e['id'])
+    deadline = time.monotonic() + timeout
+    while set(gone) & {e['id'] for e in mon.execute('query-block-exports')}:
+        if time.monotonic() > deadline:
+            raise exception.ExportError('prefetch exports %s still there '
+                                        'after %ds' % (gone, timeout))
+        time.sleep(0.05)
+
+
 def del_unused_nodes(mon, exports,
                      fetch_nodes=lambda image_id, host_cache: ()):
     """Delete the nodes no export in ``exports`` reads from."""
@@ -200,6 +232,10 @@ def del_unused_nodes(mon, exports,
             wanted.add(base_node(tid, exp.host_cache))
             wanted.update(n for n, _s, _c in fetch_nodes(tid,
                                                          exp.host_cache))
+    doomed = {n for n in nodes(mon) if n[:2] in (_BUFFERED, _DIRECT)
+              and n not in wanted}
+    if doomed:
+        del_prefetch_exports(mon, nodes=doomed)
     # parents first: vmar nodes hold base nodes, mirrors (through their
     # quorum) alternates and readers, alternates readers
     for kinds in ((_VMAR,), (_BUFFERED, _DIRECT), (_ALT,), (_FETCH,)):

@@ -5,17 +5,21 @@ prefetch`` is on, :meth:`.service.ExportService.add` queues a request
 (``host_dir/prefetch/<export name>``) once the image's boot working set
 (:mod:`vmar_openstack.mapformat.bootset`) is on the host. ``vmar-export
 serve`` works through the queue (:class:`Prefetcher`, polled by the
-supervisor): it holds the export as the holder ``prefetch`` and reads the
-set's byte ranges through it with ``qemu-io``, sorted and merged into
-large reads (``prefetch_gap``, ``prefetch_request``), all queued at once
-(the NBD client keeps 16 in flight). The reads go through the image's
-vmar node like a guest's, so each block lands once in its canonical
-base's mirror, verified, and blocks already there cost nothing. Guests do
-not wait for it: their own reads of blocks being prefetched wait for that
-one fetch (the mirror driver's once-per-block rule).
+supervisor). The set is in the image's blocks; through the export's map
+it becomes, for each mirrored base, the sorted canonical blocks the boot
+will read there (:func:`base_ranges`: merged up to ``prefetch_gap``,
+reads of at most ``prefetch_request`` bytes). Each base's ranges are
+read with ``qemu-io`` through a short-lived read-only NBD export of the
+base's mirror node, all queued at once (the NBD client keeps 16 in
+flight), so each block lands once in the mirror, verified, and blocks
+already there cost nothing. The reads stay below the image's vmar node:
+they are no guest's reads. Guests do not wait for the prefetch; a guest
+reading a block being prefetched waits for that one fetch (the mirror
+driver's once-per-block rule).
 
 A request survives a restart of ``serve`` (it is done again, cheaply); an
-export removed meanwhile drops its request.
+export removed meanwhile drops its request, and removing the last export
+of a base cuts off a prefetch reading it.
 """
 
 import os
@@ -23,16 +27,19 @@ import subprocess
 import threading
 import time
 
+import numpy as np
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack.export import graph
 from vmar_openstack import fileutils
+from vmar_openstack import mapformat
+from vmar_openstack.mapformat import alternate
 from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
-HOLDER = 'prefetch'
 _DIR = 'prefetch'
 # prefetches at once per host
 _WORKERS = 2
@@ -52,6 +59,29 @@ def qemu_io(conf):
     """The patched build's qemu-io, next to its qemu-storage-daemon."""
     return os.path.join(os.path.dirname(conf.vmar.qemu_storage_daemon),
                         'qemu-io')
+
+
+def base_ranges(bmap, bset, gap=0, limit=None):
+    """What the boot working set ``bset`` reads through ``bmap``.
+
+    Returns ``{target image id: [(offset, length)]}``: for each target the
+    map reads from, the sorted byte ranges of the canonical blocks the
+    set's image blocks are, merged up to ``gap`` bytes apart and split
+    into reads of at most ``limit`` bytes. Zero blocks read nothing.
+    """
+    want = np.zeros(bmap.n_blocks, dtype=bool)
+    for first, n in bset.extents:
+        want[first:first + n] = True
+    out = {}
+    for i, t in enumerate(bmap.targets):
+        base, image = alternate.block_pairs(bmap, i)
+        blocks = np.unique(base[want[image]])
+        if len(blocks):
+            runs = bootset_format.merge(blocks.tolist())
+            out[t.image_id] = bootset_format.Bootset(
+                t.image_id, t.size, bmap.block_size, bset.source,
+                tuple(runs)).byte_ranges(gap, limit)
+    return out
 
 
 class Prefetcher:
@@ -92,41 +122,54 @@ class Prefetcher:
             fileutils.unlink(os.path.join(self.dir, name))
 
     def prefetch(self, name):
-        """Read export ``name``'s boot working set through it.
+        """Read export ``name``'s boot working set into its mirrors.
 
         Returns the bytes read (0 if the export or its set is gone).
         """
         image_id, version, _key = names.parse_export(name)
-        path = self.service.files.bootset_file(image_id)
+        files = self.service.files
         try:
-            bset = bootset_format.read(path, image_id)
-        except (OSError, exception.BootsetFormatError) as e:
-            LOG.warning('no prefetch of %s: %s', name, e)
-            return 0
-        try:
-            exp = self.service.add(image_id, holder=HOLDER, version=version,
-                                   existing_only=True)
-        except exception.ExportError as e:
+            bset = bootset_format.read(files.bootset_file(image_id),
+                                       image_id)
+            bmap = mapformat.read(files.map_file(image_id, version))
+        except (OSError, exception.BootsetFormatError,
+                exception.MapFormatError) as e:
             LOG.info('no prefetch of %s: %s', name, e)
             return 0
+        c = self.conf.vmar
+        start, total, reads = time.monotonic(), 0, 0
+        for base_id, ranges in sorted(base_ranges(
+                bmap, bset, c.prefetch_gap, c.prefetch_request).items()):
+            if files.is_mirror(base_id):
+                total += self._read_mirror(name, base_id, ranges)
+                reads += len(ranges)
+        LOG.info('prefetched %s: %d bytes in %d reads (%s set of %d '
+                 'blocks) in %.1f s', name, total, reads, bset.source,
+                 bset.n_blocks, time.monotonic() - start)
+        return total
+
+    def _read_mirror(self, name, base_id, ranges):
+        node = graph.base_node(base_id, 'base')
+        with self.service.monitor() as mon:
+            if node not in graph.nodes(mon):
+                LOG.info('prefetch of %s: base %s is no longer served',
+                         name, base_id)
+                return 0
+            export = graph.add_prefetch_export(mon, node, names.new_key())
         try:
-            c = self.conf.vmar
-            ranges = bset.byte_ranges(c.prefetch_gap, c.prefetch_request)
-            start = time.monotonic()
             cmd = [qemu_io(self.conf), '-r', '-f', 'raw']
             for off, length in ranges:
                 cmd += ['-c', 'aio_read -q %d %d' % (off, length)]
-            cmd += ['-c', 'aio_flush', self.service.uri(exp, HOLDER)]
+            cmd += ['-c', 'aio_flush',
+                    names.nbd_uri(export, self.service.socket)]
             r = subprocess.run(cmd, capture_output=True, text=True,
                                stdin=subprocess.DEVNULL)
-            total = sum(length for _o, length in ranges)
-            if r.returncode or 'error' in (r.stdout + r.stderr).lower():
-                raise exception.ExportError(
-                    'prefetch of %s: %s' % (name, (r.stdout + r.stderr)
-                                            .strip()[-2000:]))
-            LOG.info('prefetched %s: %d bytes in %d reads (%s set of %d '
-                     'blocks) in %.1f s', name, total, len(ranges),
-                     bset.source, bset.n_blocks, time.monotonic() - start)
-            return total
+            out = (r.stdout + r.stderr).strip()
+            if r.returncode or 'error' in out.lower():
+                raise exception.ExportError('prefetch of %s from base %s: '
+                                            '%s' % (name, base_id,
+                                                    out[-2000:]))
         finally:
-            self.service.remove(image_id, holder=HOLDER, version=version)
+            with self.service.monitor() as mon:
+                graph.del_prefetch_exports(mon, names=[export])
+        return sum(length for _o, length in ranges)

@@ -136,13 +136,12 @@ class ExportService:
         return names.nbd_uri(exp.holder_name(holder), self.socket)
 
     def add(self, image_id, host_cache='base', holder='cli', version=None,
-            key=None, existing_only=False):
+            key=None):
         """Export a map version of an image (the current one by default).
 
         Idempotent per holder. A new holder gets a new key (the secret part
         of the name its QEMU opens) unless ``key`` gives it the one its
-        overlay already names. ``existing_only``: only add a holder to an
-        export that exists. Returns the :class:`.state.Export`.
+        overlay already names. Returns the :class:`.state.Export`.
         """
         image_id = str(uuid.UUID(image_id))
         if host_cache not in export_state.HOST_CACHE:
@@ -163,13 +162,10 @@ class ExportService:
             bmap, fetched = self.files.ensure(
                 image_id, version, self.lazy(host_cache), hold=held)
             boot = (self.conf.vmar.prefetch and self.lazy(host_cache)
-                    and known is None and not existing_only
+                    and known is None
                     and self.files.ensure_bootset(image_id))
             with export_state.State(self.host_dir) as state:
                 new = _existing(state, image_id, version, host_cache) is None
-                if new and existing_only:
-                    raise exception.ExportError(
-                        'image %s v%d is not exported' % (image_id, version))
                 exp = self._add(state, bmap, fetched, host_cache, holder,
                                 key)
                 if new and boot:

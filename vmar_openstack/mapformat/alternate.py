@@ -15,7 +15,7 @@ import numpy as np
 from vmar_openstack.mapformat import codec
 
 
-def _pairs(bmap, t):
+def block_pairs(bmap, t):
     """(base block, image block) of every block the map reads from ``t``."""
     ext = bmap.extents[bmap.extents['target'] == t]
     lengths = ext['length'].astype(np.int64)
@@ -44,7 +44,7 @@ def alternate(bmap, base_id):
         return None
     target = bmap.targets[found[0]]
     bs = bmap.block_size
-    base, image = _pairs(bmap, found[0])
+    base, image = block_pairs(bmap, found[0])
     img_tail = _tail(bmap.virtual_size, bs)
     if img_tail != bs:
         last_ok = (_tail(target.size, bs) == img_tail
