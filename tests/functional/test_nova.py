@@ -63,7 +63,9 @@ class NovaTestCase(test_export.ExportTestCase):
         c = self.conf.vmar
         fx.config(host_dir=c.host_dir, map_source_dir=c.map_source_dir,
                   export_socket=self.sock, qemu_img=qemu_env.SYSTEM_QEMU_IMG,
-                  export_socket_group='libvirt-qemu', group='vmar')
+                  export_socket_group='libvirt-qemu',
+                  base_fetch=c.base_fetch, prefetch=c.prefetch,
+                  group='vmar')
         hooks.register()
         self.addCleanup(hooks.unregister)
         self.backend = imagebackend.Backend(use_cow=True)
