@@ -48,6 +48,11 @@ def bootset_file(image_id):
     return '%s.vboot' % image_id
 
 
+# notifications of compute hosts to vmar-agent (vmar_openstack.export.report)
+HOST_EXPORTS_EVENT = 'vmar.host.exports'
+HOST_BOOTSET_EVENT = 'vmar.host.bootset'
+
+
 def new_key():
     """A holder's key: what only its overlay knows of its export's name."""
     return secrets.token_hex(16)

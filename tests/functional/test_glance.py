@@ -40,6 +40,8 @@ from vmar_openstack.db import migration
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack.exception import SourceError
+from vmar_openstack.export import graph
+from vmar_openstack.export import qmp
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
@@ -232,12 +234,13 @@ class GlanceTestCase(testtools.TestCase):
             self.assertLess(time.time(), deadline, self.agent_log())
             time.sleep(0.2)
 
-    def lazy_host(self, **vmar_opts):
+    def lazy_host(self, report=False, **vmar_opts):
         """``vmar-export serve`` of a lazy host reading Glance via a proxy.
 
         Returns the host dir, the vmar-export command and the proxy (a
         Glance outage when stopped); ``self.lazy_serve()`` starts another
-        ``serve`` of the same host (after a "reboot").
+        ``serve`` of the same host (after a "reboot"). ``report``: the host
+        reports to the agent through RabbitMQ every second.
         """
         proxy = glance_env.TcpProxy(
             '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
@@ -251,9 +254,12 @@ class GlanceTestCase(testtools.TestCase):
         self.addCleanup(shutil.rmtree, sock_dir, True)
         sock = os.path.join(sock_dir, 'nbd.sock')
         conf_file = os.path.join(self.tmp, 'host.conf')
+        notify = ({'transport_url': self.rabbit.transport_url}
+                  if report else {})
         glance_env.write_conf(conf_file, {
-            'DEFAULT': {'debug': 'true'},
+            'DEFAULT': {'debug': 'true', **notify},
             'vmar': {'host_dir': host, 'map_source': 'glance',
+                     'report_interval': '1' if report else '0',
                      'base_fetch': 'lazy', 'mirror_readahead': '0',
                      'fetch_retries': '1', 'export_socket': sock,
                      'qemu_storage_daemon': qemu_env.qemu_bin(
@@ -505,6 +511,67 @@ class TestGlance(GlanceTestCase):
         r = subprocess.run(cmd + ['list'], capture_output=True, text=True)
         self.assertNotIn('prefetch', r.stdout)
         self.assert_same(uri, img)
+
+    def test_first_boot_is_recorded_and_prefetched_by_the_next_host(self):
+        img = self.fs_image('rec.raw')
+        i = self.create(img)
+        v = self.wait_map(i)
+        self.wait_digests(i)
+        host, cmd, _proxy = self.lazy_host(
+            report=True, prefetch='false', bootset_record_window='3',
+            mirror_cache_gb='0', prefetch_gap='0')
+        uri = self.lazy_add(cmd, i, v)
+        # "the boot": reads of some of the image, then of more after the
+        # window closed
+        with open(img, 'rb') as f:
+            data = f.read()
+
+        def blocks(ranges):
+            return {b for off, n in ranges for b in range(off, off + n)
+                    if data[b * 4096:(b + 1) * 4096] != bytes(4096)}
+        boot = [(0, 16), (1024, 64), (4000, 3)]
+        for off, n in boot:
+            r = self.qemu_io(uri, 'read %d %d' % (off * 4096, n * 4096))
+            self.assertNotIn('failed', r.stdout + r.stderr)
+        want = blocks(boot)
+        self.assertLess(10, len(want))
+        rec = os.path.join(self.tmp, 'rec.vboot')
+
+        def recorded():
+            if not _fetched(self.source.fetch_bootset, i, rec):
+                return False
+            return bootset.read(rec, i).source == 'recorded'
+        self.wait_until(recorded, 'the recorded boot working set')
+        bset = bootset.read(rec, i)
+        self.assertEqual(want, {f + k for f, n in bset.extents
+                                for k in range(n)})
+        # the window has closed: later reads are not the boot's
+        r = self.qemu_io(uri, 'read %d %d' % (2048 * 4096, 256 * 4096))
+        self.assertNotIn('failed', r.stdout + r.stderr)
+        self.assertLess(want, blocks([(2048, 256)]) | want)
+        with qmp.Monitor(os.path.join(host, 'qsd-qmp.sock')) as mon:
+            bits = list(graph.recorded(mon).values())
+        self.assertEqual(1, len(bits))
+        self.assertEqual(want, {b for b in range(len(bits[0]) * 8)
+                                if bits[0][b // 8] >> (b % 8) & 1})
+        # a cold host (the mirror went with the export) prefetches it
+        r = subprocess.run(cmd + ['remove', i], capture_output=True,
+                           text=True)
+        self.assertEqual(0, r.returncode, r.stderr)
+        self.assertEqual([], os.listdir(os.path.join(host, 'mirrors')))
+        conf = self.lazy_conf_file
+        with open(conf) as f:
+            text = f.read()
+        with open(conf, 'w') as f:
+            f.write(text.replace('prefetch = false', 'prefetch = true'))
+        self.lazy_proc.terminate()
+        self.lazy_proc.wait(30)
+        self.lazy_serve()
+        self.lazy_add(cmd, i, v)
+        queue = os.path.join(host, 'prefetch')
+        self.wait_until(lambda: not os.listdir(queue), 'the prefetch')
+        held = os.stat(os.path.join(host, 'mirrors', i)).st_blocks * 512
+        self.assertEqual(len(want) * 4096, held, self.serve_log())
 
     def test_lazy_host_after_a_canonical_image_is_deleted(self):
         a = self.image('la-a.raw', list(range(1, 513)) + [None] * 256)

@@ -133,7 +133,7 @@ class TestMapGC(base.LibraryTestCase):
 class TestHostReportEndpoint(base.LibraryTestCase):
 
     def test_reports_replace_the_last_one_and_bad_ones_are_dropped(self):
-        ep = agent.HostReportEndpoint(self.conf)
+        ep = agent.HostReportEndpoint(self.conf, None)
         reports = db_hosts.HostReports(self.conf)
         handled = oslo_messaging.NotificationResult.HANDLED
         for payload in ({'host': 'h', 'exports': [[A, 1], [B, 3]]},

@@ -177,6 +177,13 @@ host_opts = [
                      'working set (published by vmar-agent) into the '
                      'mirrors in large sorted reads, beside the guest\'s '
                      'own reads.'),
+    cfg.IntOpt('bootset_record_window', default=120, min=0, max=3600,
+               help='base_fetch=lazy: when an image has no recorded boot '
+                    'working set yet, the host records the blocks its new '
+                    'exports read during this many seconds after their '
+                    'first read, and reports them to vmar-agent (with the '
+                    'export reports, report_interval), which publishes the '
+                    'first as the image\'s set. 0: never record.'),
     cfg.IntOpt('prefetch_gap', default=65536, min=0, max=16777216,
                help='Prefetch: extents of the boot working set up to this '
                     'many bytes apart are read with one request (the gap '

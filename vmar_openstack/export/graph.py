@@ -119,10 +119,26 @@ def read_counters(mon):
     return out
 
 
+def recorded(mon):
+    """vmar node name -> the bitmap of blocks it recorded (bytes).
+
+    Only nodes whose ``record-window`` has closed.
+    """
+    out = {}
+    for n in mon.execute('query-named-block-nodes', {'flat': True}):
+        spec = (n.get('image') or {}).get('format-specific') or {}
+        data = spec.get('data') or {}
+        if (n.get('drv') == 'vmar' and 'touched' in data
+                and not data.get('recording')):
+            out[n['node-name']] = base64.b64decode(data['touched'])
+    return out
+
+
 # -- changes --------------------------------------------------------------
 
 def add_nodes(mon, exp, have, map_file, base_spec, gather_gap,
-              fetch_nodes=lambda image_id, host_cache: ()):
+              fetch_nodes=lambda image_id, host_cache: (),
+              record_window=lambda exp: 0):
     """Add the base and vmar nodes of ``exp`` missing from ``have``.
 
     ``have`` (a set of node names) is updated. ``map_file`` gives the path
@@ -131,7 +147,9 @@ def add_nodes(mon, exp, have, map_file, base_spec, gather_gap,
     ``vmar-mirror`` node for a base the host mirrors;
     ``fetch_nodes(image_id, host_cache)`` the ``(name, options, child)``
     of the nodes a mirror's fetch quorum needs first, ``child`` for its
-    own children (added to a live quorum when new).
+    own children (added to a live quorum when new);
+    ``record_window(exp)`` the seconds its new vmar node records the
+    blocks it reads (0: none).
     """
     for tid, _size in exp.targets:
         name = base_node(tid, exp.host_cache)
@@ -150,12 +168,16 @@ def add_nodes(mon, exp, have, map_file, base_spec, gather_gap,
         have.add(name)
     name = vmar_node(exp.image_id, exp.map_version)
     if name not in have:
-        mon.execute('blockdev-add', {
+        spec = {
             'driver': 'vmar', 'node-name': name, 'read-only': True,
             'file': {'driver': 'file', 'read-only': True,
                      'filename': map_file(exp.image_id, exp.map_version)},
             'base-node-prefix': base_prefix(exp.host_cache),
-            'gather-gap': gather_gap})
+            'gather-gap': gather_gap}
+        window = record_window(exp)
+        if window:
+            spec['record-window'] = window
+        mon.execute('blockdev-add', spec)
         have.add(name)
 
 

@@ -38,7 +38,7 @@ from vmar_openstack import names
 LOG = logging.getLogger(__name__)
 
 _MAPS, _BASES, _MIRRORS, _LOCKS = 'maps', 'bases', 'mirrors', 'locks'
-_BOOTSETS = 'bootsets'
+_BOOTSETS, _SENT = 'bootsets', '.sent'
 # per image: held exclusively while its base is fetched or its mirror made;
 # held shared by each export being prepared, exclusively while pruned
 _FETCH_LOCK, _USE_LOCK = '.fetch', '.use'
@@ -111,6 +111,24 @@ class HostDir:
     def bootset_file(self, image_id):
         return os.path.join(self.root, _BOOTSETS,
                             names.bootset_file(image_id))
+
+    def bootset_source(self, image_id):
+        """Where the host's boot working set of an image came from.
+
+        ``'recorded'``, ``'introspected'``, or None without one.
+        """
+        try:
+            return bootset_format.read(self.bootset_file(image_id),
+                                       image_id).source
+        except (OSError, exception.BootsetFormatError):
+            return None
+
+    def bootset_sent(self, image_id):
+        """Whether this host reported a set it recorded for the image."""
+        return os.path.exists(self.bootset_file(image_id) + _SENT)
+
+    def mark_bootset_sent(self, image_id):
+        fileutils.write_atomic(self.bootset_file(image_id) + _SENT, b'')
 
     def ensure_bootset(self, image_id):
         """The image's boot working set from the source, if it has one.
@@ -383,7 +401,8 @@ class HostDir:
         """
         maps = {names.map_file(e.image_id, e.map_version) for e in exports}
         bases = {tid for e in exports for tid, _s in e.targets}
-        boots = {names.bootset_file(e.image_id) for e in exports}
+        boots = {names.bootset_file(e.image_id) + suffix for e in exports
+                 for suffix in ('', _SENT)}
         for sub, keep in ((_MAPS, maps), (_BASES, bases), (_BOOTSETS, boots)):
             d = os.path.join(self.root, sub)
             for name in os.listdir(d) if os.path.isdir(d) else ():

@@ -8,6 +8,16 @@ map versions its host exports as an oslo.messaging notification,
 
 The agent keeps each host's last report and removes an old map version
 only when no report lists it (:mod:`vmar_openstack.glance_hooks.gc`).
+
+With the same notifier, each boot working set the host recorded (a vmar
+node whose ``record-window`` closed, see
+:meth:`.service.ExportService.recorded_bootsets`) goes once as
+``vmar.host.bootset``::
+
+    {"host": "<[vmar] host>", "image_id": "<uuid>",
+     "bootset": "<the set's file, doc/source/mirror-format.rst>"}
+
+and the agent publishes the first one of an image.
 Notifications need no new connection on a compute host: it already talks
 to RabbitMQ for nova-compute. The alternatives were worse: hosts writing
 into the library database (compute hosts hold no database credentials in
@@ -21,15 +31,16 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 from vmar_openstack.export import state as export_state
+from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
-EVENT = 'vmar.host.exports'
 
-
-def start(conf, host_dir):
+def start(conf, host_dir, bootsets=None):
     """A started :class:`Reporter`, or None.
 
+    ``bootsets()``, if given, yields the recorded boot working sets not
+    sent yet, as ``(image id, file bytes, done)``: ``done()`` once sent.
     None when ``[vmar] report_interval`` is 0 or no transport is
     configured.
     """
@@ -53,7 +64,7 @@ def start(conf, host_dir):
     notifier = oslo_messaging.Notifier(
         transport, publisher_id='vmar-export.%s' % conf.vmar.host,
         driver='messagingv2', topics=[conf.vmar.report_topic], retry=1)
-    return Reporter(conf, host_dir, notifier).start()
+    return Reporter(conf, host_dir, notifier, bootsets).start()
 
 
 def payload(conf, host_dir):
@@ -66,10 +77,11 @@ def payload(conf, host_dir):
 class Reporter:
     """A thread sending the reports until :meth:`stop`."""
 
-    def __init__(self, conf, host_dir, notifier):
+    def __init__(self, conf, host_dir, notifier, bootsets=None):
         self.conf = conf
         self.host_dir = host_dir
         self.notifier = notifier
+        self.bootsets = bootsets
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name='vmar-report')
@@ -84,8 +96,16 @@ class Reporter:
     def send(self):
         body = payload(self.conf, self.host_dir)
         # oslo.messaging logs a notification it cannot send, and drops it
-        self.notifier.info({}, EVENT, body)
+        self.notifier.info({}, names.HOST_EXPORTS_EVENT, body)
         LOG.debug('reported %d exports', len(body['exports']))
+        for image_id, data, done in (self.bootsets() if self.bootsets
+                                     else ()):
+            self.notifier.info({}, names.HOST_BOOTSET_EVENT, {
+                'host': self.conf.vmar.host, 'image_id': image_id,
+                'bootset': data.decode()})
+            done()
+            LOG.info('reported the boot working set recorded for %s',
+                     image_id)
 
     def _run(self):
         while True:

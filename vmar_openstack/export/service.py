@@ -7,10 +7,12 @@ every ``vmar-nova-compute`` worker of a host can call it at once.
 """
 
 import contextlib
+import functools
 import grp
 import os
 import uuid
 
+import numpy as np
 from oslo_log import log as logging
 
 from vmar_openstack import exception
@@ -22,6 +24,8 @@ from vmar_openstack.export import qmp
 from vmar_openstack.export import report as export_report
 from vmar_openstack.export import state as export_state
 from vmar_openstack.export import supervisor
+from vmar_openstack import mapformat
+from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack import mapsource
 from vmar_openstack import metrics
 from vmar_openstack import names
@@ -128,7 +132,59 @@ class ExportService:
 
     def _add_nodes(self, mon, exp, have):
         graph.add_nodes(mon, exp, have, self.map_file, self.base_spec,
-                        self.conf.vmar.read_gather_gap, self.fetch_nodes)
+                        self.conf.vmar.read_gather_gap, self.fetch_nodes,
+                        self._record_window)
+
+    def _record_window(self, exp):
+        """Seconds a new vmar node of ``exp`` records its reads.
+
+        While the image has no recorded boot working set and this host has
+        not sent one: the boot of the first server is the set.
+        """
+        window = self.conf.vmar.bootset_record_window
+        if not (window and self.lazy(exp.host_cache)):
+            return 0
+        if self.files.bootset_source(exp.image_id) == 'recorded' or \
+                self.files.bootset_sent(exp.image_id):
+            return 0
+        return window
+
+    def recorded_bootsets(self):
+        """The boot working sets vmar nodes recorded and nobody sent.
+
+        Yields ``(image id, file bytes, done)`` (see
+        :func:`.report.start`); ``done()`` marks the set sent.
+        """
+        with export_state.State(self.host_dir) as state:
+            exports = {graph.vmar_node(e.image_id, e.map_version): e
+                       for e in state.exports.values()}
+        try:
+            with self.monitor(timeout=5) as mon:
+                found = graph.recorded(mon)
+        except exception.ExportDaemonDown:
+            return
+        for node, bits in sorted(found.items()):
+            exp = exports.get(node)
+            if exp is None or self.files.bootset_sent(exp.image_id):
+                continue
+            try:
+                bmap = mapformat.read(self.map_file(exp.image_id,
+                                                    exp.map_version))
+            except (OSError, exception.MapFormatError) as e:
+                LOG.warning('recorded boot working set of %s dropped: %s',
+                            node, e)
+                continue
+            blocks = np.flatnonzero(np.unpackbits(
+                np.frombuffer(bits, dtype=np.uint8),
+                bitorder='little')[:bmap.n_blocks])
+            if not len(blocks):
+                continue
+            data = bootset_format.encode(bootset_format.Bootset(
+                exp.image_id, bmap.virtual_size, bmap.block_size,
+                'recorded', tuple(bootset_format.merge(blocks.tolist()))))
+            yield (exp.image_id, data,
+                   functools.partial(self.files.mark_bootset_sent,
+                                     exp.image_id))
 
     # public operations
     def uri(self, exp, holder='cli'):
@@ -372,7 +428,8 @@ class ExportService:
         """
         metrics.serve(self.conf, self.conf.vmar_metrics.export_port,
                       export_metrics.registry(self))
-        reporter = export_report.start(self.conf, self.host_dir)
+        reporter = export_report.start(self.conf, self.host_dir,
+                                       self.recorded_bootsets)
         try:
             supervisor.Supervisor(self).serve(stop_event, max_backoff)
         finally:

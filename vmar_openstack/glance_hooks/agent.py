@@ -64,7 +64,9 @@ from vmar_openstack.glance_hooks import gc
 from vmar_openstack.glance_hooks import metrics
 from vmar_openstack.glance_hooks import publish
 from vmar_openstack import ingest
+from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack.mapsource import glance as gsource
+from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
@@ -354,13 +356,16 @@ class HostReportEndpoint:
     """Reports of compute hosts (:mod:`vmar_openstack.export.report`)."""
 
     filter_rule = oslo_messaging.NotificationFilter(
-        event_type=r'^vmar\.host\.exports$')
+        event_type=r'^vmar\.host\.(exports|bootset)$')
 
-    def __init__(self, conf):
+    def __init__(self, conf, handler):
         self.reports = db_hosts.HostReports(conf)
         self.retry_delay = conf.vmar_agent.retry_delay
+        self.handler = handler
 
     def info(self, ctxt, publisher_id, event_type, payload, metadata):
+        if event_type == names.HOST_BOOTSET_EVENT:
+            return self.bootset(publisher_id, payload)
         try:
             host = payload['host']
             exports = [(str(uuid.UUID(i)), int(v))
@@ -380,6 +385,37 @@ class HostReportEndpoint:
         LOG.debug('%s reports %d exports', host, len(exports))
         return oslo_messaging.NotificationResult.HANDLED
 
+    def bootset(self, publisher_id, payload):
+        """Publish the first boot working set a host recorded."""
+        try:
+            image_id = str(uuid.UUID(payload['image_id']))
+            data = payload['bootset'].encode()
+            bset = bootset_format.decode(data, image_id)
+            if bset.source != 'recorded':
+                raise ValueError('a %s set' % bset.source)
+        except (KeyError, TypeError, ValueError, AttributeError,
+                exception.BootsetFormatError) as e:
+            LOG.warning('malformed boot working set from %s dropped: %s',
+                        publisher_id, e)
+            return oslo_messaging.NotificationResult.HANDLED
+        try:
+            size = self.handler.library.virtual_size(image_id)
+            if size != bset.virtual_size:
+                LOG.info('boot working set of %s from %s dropped: the '
+                         'image is %s', image_id, publisher_id,
+                         'gone' if size is None else '%d bytes' % size)
+                return oslo_messaging.NotificationResult.HANDLED
+            self.handler.publisher.recorded_bootset(image_id, data)
+        except Exception as e:     # Glance or the database away: redeliver
+            LOG.warning('boot working set of %s not published: %s',
+                        image_id, e)
+            time.sleep(self.retry_delay)
+            return oslo_messaging.NotificationResult.REQUEUE
+        LOG.info('%s recorded the boot working set of %s: %d blocks in %d '
+                 'runs', publisher_id, image_id, bset.n_blocks,
+                 len(bset.extents))
+        return oslo_messaging.NotificationResult.HANDLED
+
 
 def listener(conf, endpoint):
     transport = oslo_messaging.get_notification_transport(conf)
@@ -389,7 +425,8 @@ def listener(conf, endpoint):
     # hosts notify on the control exchange, as every service does
     targets.append(oslo_messaging.Target(topic=conf.vmar.report_topic))
     return oslo_messaging.get_notification_listener(
-        transport, targets, [endpoint, HostReportEndpoint(conf)],
+        transport, targets,
+        [endpoint, HostReportEndpoint(conf, endpoint.handler)],
         executor='threading', pool=a.pool, allow_requeue=True)
 
 

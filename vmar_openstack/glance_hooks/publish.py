@@ -214,6 +214,18 @@ class Publisher:
             self.library.bootset, gsource.PROP_BOOTSET_SHA256,
             'boot working set')
 
+    def recorded_bootset(self, image_id, data):
+        """Publish the boot working set a host recorded, once.
+
+        ``data`` is the set's file, checked by the caller. The first one
+        published stays: later boots read the same blocks.
+        """
+        return self._publish_file(
+            image_id, gsource.bootset_image_id(image_id, 'recorded'),
+            gsource.bootset_image_name(image_id, 'recorded'),
+            lambda _image_id: data, gsource.PROP_BOOTSET_SHA256,
+            'recorded boot working set')
+
     def _publish_file(self, image_id, did, name, read, sha_prop, what):
         """Publish ``read(image_id)`` as the hidden image ``did``, once.
 

@@ -180,8 +180,13 @@ class Library:
             return set()
 
     def has_image(self, image_id):
+        return self.virtual_size(image_id) is not None
+
+    def virtual_size(self, image_id):
+        """An image's virtual size, None if it is not in the library."""
         with db_session.reader(self.conf) as s:
-            return db_store.ClusterStore(s).get_image(image_id) is not None
+            img = db_store.ClusterStore(s).get_image(image_id)
+            return None if img is None else img.virtual_size
 
     def superseded(self):
         """The map versions that are not current (``Superseded`` rows)."""

@@ -90,12 +90,20 @@ def digests_image_name(image_id):
     return 'vmar-digests-%s' % image_id
 
 
-def bootset_image_id(image_id):
-    return str(uuid.uuid5(BOOTSET_NAMESPACE, image_id))
+def bootset_image_id(image_id, source='introspected'):
+    """The hidden image of an image's boot working set from ``source``.
+
+    A recorded set has an id of its own: Glance never reuses the id of a
+    deleted image, so an introspected set cannot be replaced in place.
+    """
+    if source == 'introspected':
+        return str(uuid.uuid5(BOOTSET_NAMESPACE, image_id))
+    return str(uuid.uuid5(BOOTSET_NAMESPACE, '%s.%s' % (image_id, source)))
 
 
-def bootset_image_name(image_id):
-    return 'vmar-bootset-%s' % image_id
+def bootset_image_name(image_id, source='introspected'):
+    return 'vmar-bootset-%s%s' % ('' if source == 'introspected'
+                                  else source + '-', image_id)
 
 
 def fetch_socket(conf):
@@ -385,10 +393,18 @@ class GlanceSource:
     def fetch_bootset(self, image_id, dest):
         """The boot working set vmar-agent published for an image, at dest.
 
+        The one recorded from a boot if there is one, else the one found
+        in the image's file systems.
+
         :raises SourceError: none published, or not the agent's.
         """
-        self._fetch_file(bootset_image_id(image_id), image_id,
-                         PROP_BOOTSET_SHA256, 'boot working set', dest)
+        try:
+            self._fetch_file(bootset_image_id(image_id, 'recorded'),
+                             image_id, PROP_BOOTSET_SHA256,
+                             'recorded boot working set', dest)
+        except SourceError:
+            self._fetch_file(bootset_image_id(image_id), image_id,
+                             PROP_BOOTSET_SHA256, 'boot working set', dest)
 
     def _fetch_file(self, did, image_id, sha_prop, what, dest):
         """A hidden file image of vmar-agent's, checked, at ``dest``."""
