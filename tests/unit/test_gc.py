@@ -17,6 +17,7 @@ from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.glance_hooks import agent
 from vmar_openstack.glance_hooks import gc
 from vmar_openstack import ingest
+from vmar_openstack.mapformat import bootset
 from vmar_openstack.mapsource import glance as gsource
 
 A = '0a000000-0000-4000-8000-00000000000a'
@@ -149,3 +150,45 @@ class TestHostReportEndpoint(base.LibraryTestCase):
             self.assertEqual(handled, ep.info({}, 'p', 'vmar.host.exports',
                                               bad, {}))
         self.assertEqual(['h'], [h.host for h in reports.list()])
+
+
+class TestRecordedBootsets(TestMapGC):
+    """vmar.host.bootset: the agent publishes the first recorded set."""
+
+    def send(self, payload):
+        ep = agent.HostReportEndpoint(self.conf, self.handler)
+        return ep.info({}, 'vmar-export.h', 'vmar.host.bootset', payload, {})
+
+    def bset(self, image_id=A, size=None, source='recorded',
+             extents=((0, 2),)):
+        return bootset.encode(bootset.Bootset(
+            image_id, size or 3 * 4096, 4096, source, extents)).decode()
+
+    def test_first_recorded_set_is_published_once(self):
+        handled = oslo_messaging.NotificationResult.HANDLED
+        rid = gsource.bootset_image_id(A, 'recorded')
+        self.assertNotEqual(gsource.bootset_image_id(A), rid)
+        self.assertEqual(handled, self.send({'image_id': A,
+                                             'bootset': self.bset()}))
+        first = self.glance.images.store[rid]['data']
+        self.assertEqual(self.bset().encode(), first)
+        # a later host's recording changes nothing
+        self.send({'image_id': A, 'bootset': self.bset(extents=((1, 1),))})
+        self.assertEqual(first, self.glance.images.store[rid]['data'])
+
+    def test_bad_sets_are_dropped(self):
+        handled = oslo_messaging.NotificationResult.HANDLED
+        gone = '0c000000-0000-4000-8000-00000000000c'
+        for payload in ({'image_id': A},
+                        {'image_id': 'x', 'bootset': self.bset()},
+                        {'image_id': B, 'bootset': self.bset()},
+                        {'image_id': A, 'bootset': self.bset(
+                            source='introspected')},
+                        {'image_id': A, 'bootset': self.bset(size=8192,
+                                                             extents=())},
+                        {'image_id': gone, 'bootset': self.bset(gone)},
+                        {'image_id': A, 'bootset': '{'}, 'nonsense'):
+            self.assertEqual(handled, self.send(payload))
+        self.assertFalse([k for k in self.glance.images.store
+                          if k in (gsource.bootset_image_id(i, 'recorded')
+                                   for i in (A, B, gone))])
