@@ -234,6 +234,27 @@ class GlanceTestCase(testtools.TestCase):
             self.assertLess(time.time(), deadline, self.agent_log())
             time.sleep(0.2)
 
+    def start_serve(self, cmd, log_path, host_dir):
+        """``cmd + ['serve']``, stopped at cleanup with its daemon."""
+        with open(log_path, 'ab') as log:
+            proc = subprocess.Popen(cmd + ['serve'], stdout=log, stderr=log,
+                                    stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+
+        def stop():
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            # a daemon the supervisor could not stop (none if it quit)
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(host_dir, 'qsd.pid')) as f:
+                    os.kill(int(f.read()), signal.SIGKILL)
+        self.addCleanup(stop)
+        return proc
+
     def lazy_host(self, report=False, **vmar_opts):
         """``vmar-export serve`` of a lazy host reading Glance via a proxy.
 
@@ -271,24 +292,8 @@ class GlanceTestCase(testtools.TestCase):
         self.lazy_conf_file = conf_file
 
         def serve():
-            log = open(os.path.join(self.tmp, 'serve.log'), 'ab')
-            proc = subprocess.Popen(cmd + ['serve'], stdout=log, stderr=log,
-                                    stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            log.close()
-
-            def stop():
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                # a daemon the supervisor could not stop (none if it quit)
-                with contextlib.suppress(OSError, ValueError):
-                    with open(os.path.join(host, 'qsd.pid')) as f:
-                        os.kill(int(f.read()), signal.SIGKILL)
-            self.addCleanup(stop)
+            proc = self.start_serve(cmd, os.path.join(self.tmp, 'serve.log'),
+                                    host)
             deadline = time.time() + 60
             while not os.path.exists(sock):
                 self.assertIsNone(proc.poll(), self.serve_log())
@@ -933,20 +938,9 @@ class TestGlance(GlanceTestCase):
                             'endpoint': self.glance.endpoint,
                             'endpoint_override': self.glance.endpoint}})
         bin_dir = os.path.dirname(sys.executable)
-        log = open(os.path.join(d, 'serve.log'), 'ab')
-        self.addCleanup(log.close)
-        proc = subprocess.Popen(
-            [os.path.join(bin_dir, 'vmar-export'), '--config-file', conf,
-             'serve'], stdout=log, stderr=log, start_new_session=True)
-
-        def stop():
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self.addCleanup(stop)
+        proc = self.start_serve(
+            [os.path.join(bin_dir, 'vmar-export'), '--config-file', conf],
+            os.path.join(d, 'serve.log'), os.path.join(d, 'host'))
         deadline = time.time() + 60
         while not os.path.exists(os.path.join(sock_dir, 'nbd.sock')):
             self.assertIsNone(proc.poll(), 'vmar-export serve exited')

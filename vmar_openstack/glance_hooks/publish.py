@@ -274,16 +274,19 @@ class Publisher:
         except glance_exc.HTTPConflict:
             return self.glance.images.get(mid)
 
-    def delete_version(self, image_id, version):
-        """Delete the map image of one version (gone already: fine)."""
-        mid = gsource.map_image_id(image_id, version)
+    def _delete(self, iid, what):
+        """Delete one hidden image of ours (gone already: fine)."""
         try:
-            self.glance.images.delete(mid)
+            self.glance.images.delete(iid)
         except glance_exc.HTTPNotFound:
             pass
         except glance_exc.ClientException as e:
-            raise exception.PublishError(
-                'deleting map image %s: %s' % (mid, e))
+            raise exception.PublishError('deleting %s image %s: %s'
+                                         % (what, iid, e))
+
+    def delete_version(self, image_id, version):
+        """Delete the map image of one version (gone already: fine)."""
+        self._delete(gsource.map_image_id(image_id, version), 'map')
 
     def delete_all(self, image_id):
         """Delete every published map version of a deleted image.
@@ -300,15 +303,8 @@ class Publisher:
             raise exception.PublishError(
                 'listing the maps of %s: %s' % (image_id, e))
         for img in found:
-            if img.get(gsource.PROP_OF) != image_id or img['id'] == keep:
-                continue
-            try:
-                self.glance.images.delete(img['id'])
-            except glance_exc.HTTPNotFound:
-                pass
-            except glance_exc.ClientException as e:
-                raise exception.PublishError(
-                    'deleting map image %s: %s' % (img['id'], e))
+            if img.get(gsource.PROP_OF) == image_id and img['id'] != keep:
+                self._delete(img['id'], 'map')
         return len([i for i in found if i['id'] != keep])
 
     def digest_lists(self):
@@ -326,11 +322,4 @@ class Publisher:
 
     def delete_digests(self, image_id):
         """Delete the digest list image of a base (gone already: fine)."""
-        did = gsource.digests_image_id(image_id)
-        try:
-            self.glance.images.delete(did)
-        except glance_exc.HTTPNotFound:
-            pass
-        except glance_exc.ClientException as e:
-            raise exception.PublishError(
-                'deleting digest list image %s: %s' % (did, e))
+        self._delete(gsource.digests_image_id(image_id), 'digest list')
