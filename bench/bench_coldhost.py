@@ -29,8 +29,14 @@ lazy: ``export add``) to ``VMAR-BOOTED``, against stock's.
 
 * ``lazy-pf-<R>``: ``lazy-<R>`` with ``[vmar] prefetch`` on: when an
   image's export is added, the boot working set the library found in the
-  image at ingest is read into the mirrors in large sorted reads (a
-  thread here does what ``vmar-export serve`` does), beside the boot;
+  image at ingest (introspected) is read into the mirrors in large sorted
+  reads (a thread here does what ``vmar-export serve`` does), beside the
+  boot;
+* ``lazy-record-<R>``: ``lazy-<R>`` whose vmar nodes record the blocks
+  each boot reads (``record-window``), read from the node when the boot
+  is done and written into the library as each image's recorded set, as
+  vmar-agent publishes the one a host reports; then ``lazy-pfrec-<R>``:
+  a cold host prefetching those recorded sets;
 * ``lazy-qcow2-<R>``: the same, with the store holding qcow2 copies of
   the bases (``qemu-img convert``), read through QEMU's qcow2 driver over
   NBD, as a host does for qcow2 images in Glance; its bytes are nbdkit's
@@ -38,11 +44,13 @@ lazy: ``export add``) to ``VMAR-BOOTED``, against stock's.
   download the qcow2 files whole: their size is printed beside.
 
 Usage: bench_coldhost.py --qemu-prefix DIR [--images a,b] [--readaheads
-       0,65536,...] [--prefetch-readaheads 65536] [--qcow2-readaheads
-       65536] [--rate 800M] [--delay 2ms] [--json OUT]
+       0,65536,...] [--prefetch-readaheads 65536] [--record-readaheads
+       65536] [--qcow2-readaheads 65536] [--rate 800M] [--delay 2ms]
+       [--json OUT]
 """
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -61,10 +69,14 @@ import bench_export  # noqa: E402
 from tools import boot_image  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
 from vmar_openstack import export  # noqa: E402
+from vmar_openstack.export import graph  # noqa: E402
 from vmar_openstack.export import prefetch as export_prefetch  # noqa: E402
 from vmar_openstack.export import supervisor  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
+from vmar_openstack import mapformat  # noqa: E402
+from vmar_openstack.mapformat import bootset  # noqa: E402
 from vmar_openstack.mapsource import local  # noqa: E402
+from vmar_openstack import names  # noqa: E402
 
 IMAGES = ('minbase', 'python3', 'postgresql', 'nginx', 'apache2', 'mariadb')
 
@@ -184,13 +196,34 @@ def _prefetching(svc, stop):
         pf.poll()
 
 
+def save_recorded(svc, exp, lib_root):
+    """The set ``exp``'s vmar node recorded, as the image's set."""
+    with svc.monitor() as mon:
+        for n in mon.execute('query-named-block-nodes', {'flat': True}):
+            if n['node-name'] == graph.vmar_node(exp.image_id,
+                                                 exp.map_version):
+                bits = base64.b64decode(
+                    n['image']['format-specific']['data']['touched'])
+    bmap = mapformat.read(svc.map_file(exp.image_id, exp.map_version))
+    blocks = [b for b in range(bmap.n_blocks) if bits[b // 8] >> (b % 8) & 1]
+    data = bootset.encode(bootset.Bootset(
+        exp.image_id, bmap.virtual_size, bmap.block_size, 'recorded',
+        tuple(bootset.merge(blocks))))
+    with open(os.path.join(lib_root, 'digests',
+                           names.bootset_file(exp.image_id)), 'wb') as f:
+        f.write(data)
+    return len(blocks)
+
+
 def run_lazy(args, work, lib_root, ids, readahead, fmt='raw',
-             prefetch=False):
+             prefetch=False, record=False):
     host = os.path.join(work, 'host')
     sock = os.path.join(work, 'nbd.sock')
     conf = make_conf(host, args.qemu_prefix, sock, readahead)
     conf.set_override('map_source_dir', lib_root, group='vmar')
     conf.set_override('prefetch', prefetch, group='vmar')
+    conf.set_override('bootset_record_window', 3600 if record else 0,
+                      group='vmar')
     store_dir = os.path.join(lib_root, 'bases' if fmt == 'raw' else fmt)
     store = Store(work, store_dir, args.rate, args.delay)
     svc = export.ExportService(conf, source=ThrottledStore(
@@ -212,6 +245,9 @@ def run_lazy(args, work, lib_root, ids, readahead, fmt='raw',
                                 timeout=args.timeout)
             boots.append({'image': name, 'seconds': time.monotonic() - start,
                           'uptime': b['uptime']})
+            if record:
+                boots[-1]['recorded_blocks'] = save_recorded(svc, exp,
+                                                             lib_root)
         with svc.monitor() as mon:
             counters = [n['image']['format-specific']['data']
                         for n in mon.execute('query-named-block-nodes',
@@ -242,6 +278,10 @@ def main():
     p.add_argument('--prefetch-readaheads', default='65536',
                    help='also lazy with prefetch, with these read-aheads '
                         '("" for none)')
+    p.add_argument('--record-readaheads', default='65536',
+                   help='also record each boot\'s working set, then boot '
+                        'a cold host prefetching it, with these '
+                        'read-aheads ("" for none)')
     p.add_argument('--qcow2-readaheads', default='65536',
                    help='also mirror qcow2 copies of the bases with these '
                         'read-aheads ("" for none)')
@@ -269,6 +309,9 @@ def main():
             for r in args.readaheads.split(',')] + [
             ('lazy-pf-%s' % r, int(r), 'raw')
             for r in args.prefetch_readaheads.split(',') if r] + [
+            (label % r, int(r), 'raw')
+            for r in args.record_readaheads.split(',') if r
+            for label in ('lazy-record-%s', 'lazy-pfrec-%s')] + [
             ('lazy-qcow2-%s' % r, int(r), 'qcow2')
             for r in args.qcow2_readaheads.split(',') if r]
         if any(fmt == 'qcow2' for _l, _r, fmt in configs):
@@ -282,7 +325,8 @@ def main():
                 res = run_stock(args, cwork, lib_root, ids)
             else:
                 res = run_lazy(args, cwork, lib_root, ids, ra, fmt,
-                               prefetch=label.startswith('lazy-pf-'))
+                               prefetch=label.startswith('lazy-pf'),
+                               record=label.startswith('lazy-record-'))
             results['configs'][label] = res
             for b in res['boots']:
                 print('  %-11s %7.1f s' % (b['image'], b['seconds']),
