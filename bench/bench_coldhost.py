@@ -76,7 +76,7 @@ from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack import mapformat  # noqa: E402
 from vmar_openstack.mapformat import bootset  # noqa: E402
 from vmar_openstack.mapsource import local  # noqa: E402
-from vmar_openstack import names  # noqa: E402
+from vmar_openstack import names as vnames  # noqa: E402
 
 IMAGES = ('minbase', 'python3', 'postgresql', 'nginx', 'apache2', 'mariadb')
 
@@ -210,7 +210,7 @@ def save_recorded(svc, exp, lib_root):
         exp.image_id, bmap.virtual_size, bmap.block_size, 'recorded',
         tuple(bootset.merge(blocks))))
     with open(os.path.join(lib_root, 'digests',
-                           names.bootset_file(exp.image_id)), 'wb') as f:
+                           vnames.bootset_file(exp.image_id)), 'wb') as f:
         f.write(data)
     return len(blocks)
 
@@ -224,6 +224,8 @@ def run_lazy(args, work, lib_root, ids, readahead, fmt='raw',
     conf.set_override('prefetch', prefetch, group='vmar')
     conf.set_override('bootset_record_window', 3600 if record else 0,
                       group='vmar')
+    if args.prefetch_gap is not None:
+        conf.set_override('prefetch_gap', args.prefetch_gap, group='vmar')
     store_dir = os.path.join(lib_root, 'bases' if fmt == 'raw' else fmt)
     store = Store(work, store_dir, args.rate, args.delay)
     svc = export.ExportService(conf, source=ThrottledStore(
@@ -278,6 +280,9 @@ def main():
     p.add_argument('--prefetch-readaheads', default='65536',
                    help='also lazy with prefetch, with these read-aheads '
                         '("" for none)')
+    p.add_argument('--prefetch-gap', type=int,
+                   help='[vmar] prefetch_gap of the prefetching configs '
+                        '(default: the option\'s default)')
     p.add_argument('--record-readaheads', default='65536',
                    help='also record each boot\'s working set, then boot '
                         'a cold host prefetching it, with these '
@@ -303,7 +308,8 @@ def main():
             if name in names:
                 ids.append((name, image_id))
         results = {'rate': args.rate, 'delay': args.delay,
-                   'images': names, 'configs': {}}
+                   'images': names, 'prefetch_gap': args.prefetch_gap,
+                   'configs': {}}
         configs = [('stock', None, 'raw')] + [
             ('lazy-%s' % r, int(r), 'raw')
             for r in args.readaheads.split(',')] + [

@@ -995,6 +995,10 @@ class TestGlance(GlanceTestCase):
         self.addCleanup(self.start_agent)
         self.addCleanup(self.stop_agent)
         self.start_agent(gc_conf)
+        # hosts of earlier tests (stopped, reports long handled) would hold
+        # every version superseded after their last report
+        for h in json.loads(self.manage('hosts', 'list', '--json').stdout):
+            self.manage('hosts', 'forget', h['host'])
         held = self.create(self.image('held.raw', list(range(91001, 91065))))
         free = self.create(self.image('free.raw', list(range(92001, 92065))))
         v_held, v_free = self.wait_map(held), self.wait_map(free)

@@ -32,7 +32,11 @@ import os
 import time
 import uuid
 
+from oslo_log import log as logging
+
 from vmar_openstack import exception
+
+LOG = logging.getLogger(__name__)
 
 _BUFFERED, _DIRECT, _VMAR = 'vb', 'vd', 'vm'
 _FETCH, _ALT, _QUORUM = 'vf', 'va', 'vq'
@@ -150,21 +154,36 @@ def add_nodes(mon, exp, have, map_file, base_spec, gather_gap,
     own children (added to a live quorum when new);
     ``record_window(exp)`` the seconds its new vmar node records the
     blocks it reads (0: none).
+
+    A fetch node that cannot be opened now (its image's source is away:
+    a qcow2 reader reads its header at open) is left out of the quorum,
+    unless it is the base's own reader: an alternate is a fallback, never
+    a reason for a mirror not to be served.
     """
     for tid, _size in exp.targets:
         name = base_node(tid, exp.host_cache)
         for node, spec, child in fetch_nodes(tid, exp.host_cache):
             if node in have:
                 continue
-            mon.execute('blockdev-add', dict(spec, **{'node-name': node}))
+            try:
+                mon.execute('blockdev-add', dict(spec, **{'node-name': node}))
+            except exception.ExportError as e:
+                if node == fetch_node(tid):
+                    raise
+                LOG.warning('base %s: fetch node %s left out: %s', tid,
+                            node, e)
+                continue
             have.add(node)
             if child and name in have:
                 mon.execute('x-blockdev-change', {
                     'parent': quorum_node(tid), 'node': node})
         if name in have:
             continue
-        mon.execute('blockdev-add', dict(base_spec(tid, exp.host_cache),
-                                         **{'node-name': name}))
+        spec = base_spec(tid, exp.host_cache)
+        fetch = spec.get('fetch')
+        if isinstance(fetch, dict) and fetch.get('driver') == 'quorum':
+            fetch['children'] = [c for c in fetch['children'] if c in have]
+        mon.execute('blockdev-add', dict(spec, **{'node-name': name}))
         have.add(name)
     name = vmar_node(exp.image_id, exp.map_version)
     if name not in have:
