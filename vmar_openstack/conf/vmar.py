@@ -184,10 +184,12 @@ host_opts = [
                     'first read, and reports them to vmar-agent (with the '
                     'export reports, report_interval), which publishes the '
                     'first as the image\'s set. 0: never record.'),
-    cfg.IntOpt('prefetch_gap', default=65536, min=0, max=16777216,
-               help='Prefetch: extents of the boot working set up to this '
-                    'many bytes apart are read with one request (the gap '
-                    'is read too; zero blocks in it cost nothing).'),
+    cfg.IntOpt('prefetch_gap', default=0, min=0, max=16777216,
+               help='Prefetch: runs of canonical blocks of one base up to '
+                    'this many bytes apart are read with one request (the '
+                    'gap is fetched too; zero blocks in it cost nothing). '
+                    'The reads are pipelined 16 deep, so merging saves '
+                    'little time and costs bytes (bench/RESULTS.md).'),
     cfg.IntOpt('prefetch_request', default=4194304, min=65536,
                max=67108864,
                help='Prefetch: largest read, in bytes.'),
