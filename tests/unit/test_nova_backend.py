@@ -365,7 +365,7 @@ class TestProvisioningErrors(BackendTestCase):
         self.assertFalse(os.path.exists(disk.path))
         exports.add.assert_called_once_with(
             inst.image_ref, host_cache='base', holder=inst.uuid,
-            version=None, key=None)
+            version=None, key=None, whole=False)
 
     def test_a_failed_overlay_releases_the_export(self):
         exports = mock.Mock(socket=SOCK, host_dir=self.tmp + '/host')
@@ -382,3 +382,26 @@ class TestProvisioningErrors(BackendTestCase):
                           filename='x', image_id=inst.image_ref, size=None)
         exports.release.assert_called_once_with(inst.uuid)
         self.assertFalse(os.path.exists(disk.path))
+
+
+class TestUnshelve(BackendTestCase):
+    """Nova deletes a shelved snapshot once the server has spawned."""
+
+    def provision(self, inst):
+        disk = self.backend.by_name(inst, 'disk', disk_info_mapping=MAPPING)
+        with mock.patch.object(disk.exports, 'add') as add, \
+                mock.patch.object(disk, '_create_overlay'):
+            disk.create_image(None, None, None, image_id=inst.image_ref)
+        return add.call_args.kwargs
+
+    def test_the_shelved_snapshot_is_copied_whole(self):
+        snap = str(uuid.uuid4())
+        inst = instance(VMAR, image_ref=snap,
+                        sysmeta={'shelved_image_id': snap})
+        self.assertTrue(self.provision(inst)['whole'])
+
+    def test_other_images_are_not(self):
+        self.assertFalse(self.provision(instance(VMAR))['whole'])
+        inst = instance(VMAR, sysmeta={'shelved_image_id':
+                                       str(uuid.uuid4())})
+        self.assertFalse(self.provision(inst)['whole'])

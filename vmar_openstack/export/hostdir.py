@@ -245,12 +245,13 @@ class HostDir:
         except exception.SourceError as e:
             raise exception.ExportError(str(e))
 
-    def ensure(self, image_id, version, lazy=False, hold=None):
+    def ensure(self, image_id, version, lazy=False, hold=None, whole=()):
         """Fetch a map version and its bases if missing; check them.
 
         ``lazy``: a missing base becomes an empty mirror, not a copy, if
         the source can fill mirrors (else, or without a digest list, the
-        whole base is copied). ``hold``: a :class:`contextlib.ExitStack`
+        whole base is copied); bases in ``whole`` are copied even then.
+        ``hold``: a :class:`contextlib.ExitStack`
         that keeps the files (:meth:`hold`) until it is closed. Returns
         the map (:class:`vmar_openstack.mapformat` reader's) and the
         :class:`Fetch` of each base copied now.
@@ -278,6 +279,7 @@ class HostDir:
             base = self._whole(t.image_id)
             with self._fetching(t.image_id):
                 if (not os.path.exists(base) and lazy and self.can_mirror()
+                        and t.image_id not in whole
                         and self._ensure_mirror(
                             t, None if t.is_self else itself)):
                     continue

@@ -192,12 +192,14 @@ class ExportService:
         return names.nbd_uri(exp.holder_name(holder), self.socket)
 
     def add(self, image_id, host_cache='base', holder='cli', version=None,
-            key=None):
+            key=None, whole=False):
         """Export a map version of an image (the current one by default).
 
         Idempotent per holder. A new holder gets a new key (the secret part
         of the name its QEMU opens) unless ``key`` gives it the one its
-        overlay already names. Returns the :class:`.state.Export`.
+        overlay already names. ``whole``: copy the image's own base whole
+        even on a lazy host (it is about to be deleted from the source).
+        Returns the :class:`.state.Export`.
         """
         image_id = str(uuid.UUID(image_id))
         if host_cache not in export_state.HOST_CACHE:
@@ -216,7 +218,8 @@ class ExportService:
             # the map source's I/O, outside the host-wide state lock: other
             # images' exports go on meanwhile
             bmap, fetched = self.files.ensure(
-                image_id, version, self.lazy(host_cache), hold=held)
+                image_id, version, self.lazy(host_cache), hold=held,
+                whole=(image_id,) if whole else ())
             boot = (self.conf.vmar.prefetch and self.lazy(host_cache)
                     and known is None
                     and self.files.ensure_bootset(image_id))

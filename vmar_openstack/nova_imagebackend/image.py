@@ -180,7 +180,8 @@ class VmarImage(imagebackend.Image):
                 self._add(pin.image_id, host_cache, holder,
                           version=pin.version, key=pin.key)
                 return
-            exp = self._add(image_id, host_cache, holder)
+            exp = self._add(image_id, host_cache, holder,
+                            whole=self._deleted_after_spawn(image_id))
             try:
                 self._create_overlay(exp, holder, size)
             except Exception:
@@ -188,10 +189,22 @@ class VmarImage(imagebackend.Image):
                 raise
         _provision()
 
-    def _add(self, image_id, host_cache, holder, version=None, key=None):
+    def _deleted_after_spawn(self, image_id):
+        """Whether Nova deletes the image once the server has spawned.
+
+        Unshelve boots the shelved snapshot, then deletes it from Glance:
+        the host needs every block of it that only it holds before then
+        (a lazy mirror could no longer fill them).
+        """
+        sysmeta = self.instance.system_metadata or {}
+        return sysmeta.get('shelved_image_id') == image_id
+
+    def _add(self, image_id, host_cache, holder, version=None, key=None,
+             whole=False):
         try:
             return self.exports.add(image_id, host_cache=host_cache,
-                                    holder=holder, version=version, key=key)
+                                    holder=holder, version=version, key=key,
+                                    whole=whole)
         except vmar_exception.ExportError as e:
             raise exception.ImageUnacceptable(
                 image_id=image_id,
