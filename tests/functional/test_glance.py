@@ -326,6 +326,19 @@ class GlanceTestCase(testtools.TestCase):
         self.lazy_proc = serve()
         return host, cmd, proxy
 
+    def publish_pair(self, a, b, fmt='raw'):
+        """Upload a, then b (a holds what they share); wait for both.
+
+        Returns a's id, b's id and b's map version.
+        """
+        ia = self.create(a)
+        self.wait_map(ia)
+        ib = self.create(b, fmt=fmt)
+        vb = self.wait_map(ib)
+        for i in (ia, ib):
+            self.wait_digests(i)
+        return ia, ib, vb
+
     def lazy_add(self, cmd, image_id, version):
         """Add an export on the lazy host; its NBD URI."""
         r = subprocess.run(cmd + ['add', image_id], capture_output=True,
@@ -406,12 +419,7 @@ class TestGlance(GlanceTestCase):
         a = self.image('lz-a.raw', list(range(7001, 7513)) + [None] * 256)
         b = self.image('lz-b.raw', list(range(7001, 7513))
                        + list(range(9001, 9513)) + [None] * 128)
-        ia = self.create(a)
-        self.wait_map(ia)               # a first: it holds the shared copy
-        ib = self.create(b)
-        vb = self.wait_map(ib)
-        for i in (ia, ib):
-            self.wait_digests(i)
+        ia, ib, vb = self.publish_pair(a, b)
         host, cmd, proxy = self.lazy_host()
         uri = self.lazy_add(cmd, ib, vb)
         # nothing copied whole: two empty mirrors
@@ -650,12 +658,7 @@ class TestGlance(GlanceTestCase):
         b = os.path.join(self.tmp, 'lq-b.qcow2')
         subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'convert', '-f', 'raw',
                         '-O', 'qcow2', b_raw, b], check=True)
-        ia = self.create(a)
-        self.wait_map(ia)
-        ib = self.create(b, fmt='qcow2')
-        vb = self.wait_map(ib)
-        for i in (ia, ib):
-            self.wait_digests(i)
+        ia, ib, vb = self.publish_pair(a, b, fmt='qcow2')
         host, cmd, proxy = self.lazy_host()
         uri = self.lazy_add(cmd, ib, vb)
         mirrors = os.path.join(host, 'mirrors')
