@@ -19,7 +19,9 @@ driver's once-per-block rule).
 
 A request survives a restart of ``serve`` (it is done again, cheaply); an
 export removed meanwhile drops its request, and removing the last export
-of a base cuts off a prefetch reading it.
+of a base cuts off a prefetch reading it. A prefetch that fails (the
+store away) is logged and not tried again: the guest's own reads fetch
+what it needs.
 """
 
 import os
@@ -116,10 +118,9 @@ class Prefetcher:
         try:
             self.prefetch(name)
         except Exception:   # a thread of serve: never take it down
-            LOG.exception('prefetch of %s failed', name)
-            time.sleep(1)       # retried at the next poll
-        else:
-            fileutils.unlink(os.path.join(self.dir, name))
+            # best effort: the guest's own reads fetch what it needs
+            LOG.exception('prefetch of %s failed; not tried again', name)
+        fileutils.unlink(os.path.join(self.dir, name))
 
     def prefetch(self, name):
         """Read export ``name``'s boot working set into its mirrors.
