@@ -405,3 +405,10 @@ class TestUnshelve(BackendTestCase):
         inst = instance(VMAR, sysmeta={'shelved_image_id':
                                        str(uuid.uuid4())})
         self.assertFalse(self.provision(inst)['whole'])
+
+    def test_an_instance_without_system_metadata_loaded(self):
+        inst = objects.Instance(
+            uuid=str(uuid.uuid4()), image_ref=str(uuid.uuid4()),
+            flavor=objects.Flavor(name='m1.vmar', root_gb=1,
+                                  extra_specs=VMAR))
+        self.assertFalse(self.provision(inst)['whole'])

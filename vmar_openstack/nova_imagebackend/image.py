@@ -196,8 +196,11 @@ class VmarImage(imagebackend.Image):
         the host needs every block of it that only it holds before then
         (a lazy mirror could no longer fill them).
         """
-        sysmeta = self.instance.system_metadata or {}
-        return sysmeta.get('shelved_image_id') == image_id
+        inst = self.instance
+        if not inst.obj_attr_is_set('system_metadata'):
+            return False    # never loaded here: the instance is no unshelve
+        return (inst.system_metadata or {}).get(
+            'shelved_image_id') == image_id
 
     def _add(self, image_id, host_cache, holder, version=None, key=None,
              whole=False):
