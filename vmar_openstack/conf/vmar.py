@@ -150,9 +150,12 @@ host_opts = [
                  'exports with host_cache=none, copy whole bases.')],
                help='How a compute host gets the base files its exports '
                     'read.'),
-    cfg.IntOpt('mirror_readahead', default=65536, min=0, max=16777216,
+    cfg.IntOpt('mirror_readahead', default=0, min=0, max=16777216,
                help='base_fetch=lazy: bytes of missing blocks fetched '
-                    'after a missing run that ends a read.'),
+                    'after a missing run that ends a read. With the '
+                    'prefetch of boot working sets, read-ahead bought no '
+                    'time and cost bytes (bench/RESULTS.md, '
+                    'bench_coldhost.py).'),
     cfg.StrOpt('nbdkit', default='nbdkit',
                help='base_fetch=lazy with map_source=glance: the nbdkit '
                     'binary (Debian\'s, with its python plugin) that '
