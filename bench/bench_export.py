@@ -60,6 +60,11 @@ def make_conf(state, prefix, sock):
                       group='vmar')
     conf.set_override('connection', 'sqlite:///%s/vmar.sqlite' % state,
                       group='vmar_database')
+    # the driver against whole local bases: no mirrors, nothing fetched or
+    # recorded (bench_coldhost.py measures those)
+    conf.set_override('base_fetch', 'full', group='vmar')
+    conf.set_override('prefetch', False, group='vmar')
+    conf.set_override('bootset_record_window', 0, group='vmar')
     migration.upgrade('head', conf=conf)
     return conf
 
