@@ -41,6 +41,14 @@ def _map(rnd, m_size, a_size):
                            mapformat.Target(M, m_size, True)], ext))
 
 
+def _content(bmap, files):
+    """The bytes ``bmap`` describes, its targets read from ``files``."""
+    with tempfile.TemporaryFile() as out:
+        mapformat.reconstruct(bmap, files.get, out)
+        out.seek(0)
+        return out.read()
+
+
 class TestAlternate(testtools.TestCase):
 
     def test_alternate_reads_each_base_block_from_the_image(self):
@@ -56,10 +64,7 @@ class TestAlternate(testtools.TestCase):
             for key, data in ((A, a_bytes), (M, own)):
                 with open(files[key], 'wb') as f:
                     f.write(data)
-            with tempfile.TemporaryFile() as out:
-                mapformat.reconstruct(bmap, files.get, out)
-                out.seek(0)
-                m_bytes = out.read()
+            m_bytes = _content(bmap, files)
             data = alternate.alternate(bmap, A)
             used = {int(tb) + i for _s, length, tb, t in
                     bmap.extents.tolist() if t == 0
@@ -74,10 +79,7 @@ class TestAlternate(testtools.TestCase):
                               [t.size for t in alt.targets]))
             with open(files[M], 'wb') as f:
                 f.write(m_bytes)
-            with tempfile.TemporaryFile() as out:
-                mapformat.reconstruct(alt, files.get, out)
-                out.seek(0)
-                got = out.read()
+            got = _content(alt, files)
             covered = {int(s) + i for s, length, _tb, _t in
                        alt.extents.tolist() for i in range(length)}
             # every block M reads from A is there, bar M's partial last
