@@ -61,13 +61,17 @@ import threading
 import time
 import uuid
 
+from oslo_config import cfg
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 
 import bench_export  # noqa: E402
 
 from tools import boot_image  # noqa: E402
+from tools.vmarenv import ceph_env  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
+from vmar_openstack import conf as vmar_conf  # noqa: E402
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.export import graph  # noqa: E402
 from vmar_openstack.export import prefetch as export_prefetch  # noqa: E402
@@ -75,7 +79,9 @@ from vmar_openstack.export import supervisor  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack import mapformat  # noqa: E402
 from vmar_openstack.mapformat import bootset  # noqa: E402
+from vmar_openstack.mapsource import glance as gsource  # noqa: E402
 from vmar_openstack.mapsource import local  # noqa: E402
+from vmar_openstack.mapsource import rbd  # noqa: E402
 from vmar_openstack import names as vnames  # noqa: E402
 
 IMAGES = ('minbase', 'python3', 'postgresql', 'nginx', 'apache2', 'mariadb')
@@ -91,13 +97,16 @@ class ThrottledStore(local.LocalDirSource):
     ``GlanceSource.base_reader`` does for qcow2 images in Glance.
     """
 
-    def __init__(self, root, socket, fmt='raw'):
+    def __init__(self, root, socket, fmt='raw',
+                 export=lambda image_id, size: image_id):
         super().__init__(root)
         self.socket = socket
         self.fmt = fmt
+        self.export = export
 
     def base_reader(self, image_id, size):
-        node = {'driver': 'nbd', 'export': image_id, 'read-only': True,
+        node = {'driver': 'nbd', 'export': self.export(image_id, size),
+                'read-only': True,
                 'server': {'type': 'unix', 'path': self.socket}}
         if self.fmt == 'raw':
             return node
@@ -141,6 +150,67 @@ class Store:
         return 0
 
 
+class RbdStore:
+    """The library's bases in a single-node Ceph, as Glance's RBD store has.
+
+    Each base is an RBD image named by its id with a protected snapshot
+    ``snap`` (``rbd import``, ``snap create``, ``snap protect``: what
+    glance_store does). Mirrors read the snapshots through the host's
+    range server (nbdkit with ``nbdkit_glance.py``, started with the
+    command ``vmar-export serve`` runs), as a host with ``[vmar_rbd]``
+    does. No throttle: the cluster is on loopback (``tc netem`` on ``lo``
+    would slow every other process of the run too).
+    """
+
+    def __init__(self, work, bases):
+        self.ceph = ceph_env.Ceph(os.path.join(work, 'ceph'), block_gb=8)
+        self.ceph.start()
+        for image_id in sorted(os.listdir(bases)):
+            spec = '%s/%s' % (ceph_env.POOL, image_id)
+            self.ceph.run('rbd', 'import', os.path.join(bases, image_id),
+                          spec, timeout=600)
+            self.ceph.run('rbd', 'snap', 'create', spec + '@snap')
+            self.ceph.run('rbd', 'snap', 'protect', spec + '@snap')
+        self.conf_file = os.path.join(work, 'fetch.conf')
+        with open(self.conf_file, 'w') as f:
+            f.write('[vmar_rbd]\nceph_conf = %s\nuser = vmar\n'
+                    % self.ceph.conf)
+
+    def start_reader(self, host_dir):
+        """The host's range server; (process, socket)."""
+        pconf = cfg.ConfigOpts()
+        vmar_conf.register_opts(pconf)
+        pconf(['--config-file', self.conf_file], project='vmar')
+        pconf.set_override('base_fetch', 'lazy', group='vmar')
+        pconf.set_override('host_dir', host_dir, group='vmar')
+        os.makedirs(host_dir, exist_ok=True)
+        cmd, sock, env = gsource.GlanceSource(pconf).fetcher_command()
+        log = open(os.path.join(host_dir, 'fetch.log'), 'ab')
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError('the range server did not start')
+            time.sleep(0.02)
+        return proc, sock
+
+    @staticmethod
+    def export(image_id, size):
+        return rbd.fetch_export(rbd.Location(None, ceph_env.POOL, image_id,
+                                             'snap'), size)
+
+    def copy(self, image_id, dest):
+        """Stock: the whole image, as a Glance download streams it."""
+        self.ceph.run('rbd', 'export', '%s/%s@snap' % (ceph_env.POOL,
+                                                       image_id), dest,
+                      timeout=600)
+
+    def stop(self):
+        self.ceph.stop()
+
+
 def _stats_bytes(line):
     value, unit = line.split(',')[2].split()
     scale = {'bytes': 1, 'KiB': 1 << 10, 'MiB': 1 << 20, 'GiB': 1 << 30}
@@ -162,9 +232,16 @@ def cold():
         f.write('3\n')
 
 
-def run_stock(args, work, lib_root, ids):
-    store = Store(work, os.path.join(lib_root, 'bases'), args.rate,
-                  args.delay, every_byte=True)
+def run_stock(args, work, lib_root, ids, rbd_store=None):
+    if rbd_store is None:
+        store = Store(work, os.path.join(lib_root, 'bases'), args.rate,
+                      args.delay, every_byte=True)
+
+        def copy(image_id, dest):
+            subprocess.run(['qemu-img', 'convert', '-f', 'raw', '-O', 'raw',
+                            store.uri(image_id), dest], check=True)
+    else:
+        store, copy = None, rbd_store.copy
     local_dir = os.path.join(work, 'nova-base')
     os.makedirs(local_dir)
     boots = []
@@ -172,8 +249,7 @@ def run_stock(args, work, lib_root, ids):
         for name, image_id in ids:
             start = time.monotonic()
             dest = os.path.join(local_dir, image_id)
-            subprocess.run(['qemu-img', 'convert', '-f', 'raw', '-O', 'raw',
-                            store.uri(image_id), dest], check=True)
+            copy(image_id, dest)
             copied = time.monotonic() - start
             b = boot_image.boot(dest, os.path.join(work, name + '.log'),
                                 timeout=args.timeout)
@@ -181,7 +257,7 @@ def run_stock(args, work, lib_root, ids):
                           'seconds': time.monotonic() - start,
                           'uptime': b['uptime']})
     finally:
-        counted = store.stop()
+        counted = store.stop() if store else None
         shutil.rmtree(local_dir, ignore_errors=True)
     # every byte of every image (nbdkit's stats round to 0.01 of a unit)
     return {'boots': boots, 'store_stats_bytes': counted,
@@ -216,7 +292,7 @@ def save_recorded(svc, exp, lib_root):
 
 
 def run_lazy(args, work, lib_root, ids, readahead, fmt='raw',
-             prefetch=False, record=False):
+             prefetch=False, record=False, rbd_store=None):
     host = os.path.join(work, 'host')
     sock = os.path.join(work, 'nbd.sock')
     conf = make_conf(host, args.qemu_prefix, sock, readahead)
@@ -226,10 +302,14 @@ def run_lazy(args, work, lib_root, ids, readahead, fmt='raw',
                       group='vmar')
     if args.prefetch_gap is not None:
         conf.set_override('prefetch_gap', args.prefetch_gap, group='vmar')
-    store_dir = os.path.join(lib_root, 'bases' if fmt == 'raw' else fmt)
-    store = Store(work, store_dir, args.rate, args.delay)
-    svc = export.ExportService(conf, source=ThrottledStore(
-        lib_root, store.socket, fmt))
+    if rbd_store is None:
+        store_dir = os.path.join(lib_root, 'bases' if fmt == 'raw' else fmt)
+        store = Store(work, store_dir, args.rate, args.delay)
+        source = ThrottledStore(lib_root, store.socket, fmt)
+    else:
+        store, sock_r = rbd_store.start_reader(host)
+        source = ThrottledStore(lib_root, sock_r, export=rbd_store.export)
+    svc = export.ExportService(conf, source=source)
     sup = supervisor.Supervisor(svc)
     proc = sup.start_daemon()
     boots = []
@@ -259,12 +339,17 @@ def run_lazy(args, work, lib_root, ids, readahead, fmt='raw',
         stop.set()
         poller.join()
         sup.quit(proc)
-        counted = store.stop()
+        if rbd_store is None:
+            counted = store.stop()
+        else:
+            store.terminate()
+            store.wait(30)
+            counted = None
     # the mirrors' own count, to the byte; a qcow2 store also serves
     # metadata (header, L1 and L2 tables), which only nbdkit counts
     fetched = sum(c['bytes-fetched'] for c in counters)
     return {'boots': boots, 'store_stats_bytes': counted,
-            'bytes': fetched if fmt == 'raw' else counted,
+            'bytes': counted if fmt == 'qcow2' else fetched,
             'disk_bytes': fetched,
             'fetches': sum(c['fetches'] for c in counters),
             'waits': sum(c['waits'] for c in counters)}
@@ -290,6 +375,12 @@ def main():
     p.add_argument('--qcow2-readaheads', default='65536',
                    help='also mirror qcow2 copies of the bases with these '
                         'read-aheads ("" for none)')
+    p.add_argument('--rbd-readaheads', default='',
+                   help='also with the bases in a single-node Ceph '
+                        '(unthrottled), read from RBD: stock-rbd copies '
+                        'each whole, lazy-rbd-R and lazy-rbd-pfrec-R '
+                        '(needs --record-readaheads R) read through '
+                        'mirrors ("" for none)')
     p.add_argument('--timeout', type=int, default=600)
     p.add_argument('--json')
     args = p.parse_args()
@@ -320,19 +411,30 @@ def main():
             for label in ('lazy-record-%s', 'lazy-pfrec-%s')] + [
             ('lazy-qcow2-%s' % r, int(r), 'qcow2')
             for r in args.qcow2_readaheads.split(',') if r]
+        rbds = [r for r in args.rbd_readaheads.split(',') if r]
+        if rbds:
+            configs += [('stock-rbd', None, 'rbd')] + [
+                (label % r, int(r), 'rbd') for r in rbds
+                for label in ('lazy-rbd-%s', 'lazy-rbd-pfrec-%s')]
+        rbd_store = None
         if any(fmt == 'qcow2' for _l, _r, fmt in configs):
             results['qcow2_bytes'] = to_qcow2(lib_root, ids, args.qemu_prefix)
         for label, ra, fmt in configs:
             cwork = os.path.join(work, label)
             os.makedirs(cwork)
+            if fmt == 'rbd' and rbd_store is None:
+                rbd_store = RbdStore(work, os.path.join(lib_root, 'bases'))
             cold()
             print('== %s' % label, flush=True)
             if ra is None:
-                res = run_stock(args, cwork, lib_root, ids)
+                res = run_stock(args, cwork, lib_root, ids, rbd_store
+                                if fmt == 'rbd' else None)
             else:
                 res = run_lazy(args, cwork, lib_root, ids, ra, fmt,
-                               prefetch=label.startswith('lazy-pf'),
-                               record=label.startswith('lazy-record-'))
+                               prefetch='-pf' in label,
+                               record=label.startswith('lazy-record-'),
+                               rbd_store=rbd_store if fmt == 'rbd'
+                               else None)
             results['configs'][label] = res
             for b in res['boots']:
                 print('  %-11s %7.1f s' % (b['image'], b['seconds']),
@@ -344,6 +446,8 @@ def main():
             with open(args.json, 'w') as f:
                 json.dump(results, f, indent=1)
     finally:
+        if rbd_store is not None:
+            rbd_store.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -403,6 +507,20 @@ def report(results):
         wait = sum(b['seconds'] for b in res['boots']) - local_boot
         print('%-14s %10.1f s %9.2f x stock'
               % (label, wait, wait / stock_wait))
+    if 'stock-rbd' in c:
+        rstock = c['stock-rbd']
+        rstock_s = sum(b['seconds'] for b in rstock['boots'])
+        print('\nbases in Ceph (unthrottled loopback), against stock-rbd '
+              '(rbd export of each image, then boot):')
+        for label, res in c.items():
+            if 'rbd' in label:
+                secs = sum(b['seconds'] for b in res['boots'])
+                print('%-18s %14d bytes %9.3f x stock-rbd %9s x limit '
+                      '%8.1f s %6.2f x stock-rbd' % (
+                          label, res['bytes'],
+                          res['bytes'] / rstock['bytes'],
+                          '%.3f' % (res['bytes'] / limit) if limit else '-',
+                          secs, secs / rstock_s))
     print('\nper image, seconds to VMAR-BOOTED:')
     labels = list(c)
     print('%-11s' % 'image' + ''.join('%12s' % lb for lb in labels))

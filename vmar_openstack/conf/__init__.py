@@ -5,7 +5,8 @@ more than its options, ``register_extra(conf)``); this package registers
 them.
 
 ``[vmar]`` (:mod:`.vmar`), ``[vmar_database]`` (:mod:`.database`),
-``[vmar_glance]`` (:mod:`.glance`), ``[vmar_agent]`` (:mod:`.agent`) and
+``[vmar_glance]`` (:mod:`.glance`), ``[vmar_rbd]`` (:mod:`.rbd`),
+``[vmar_agent]`` (:mod:`.agent`) and
 ``[vmar_metrics]`` (:mod:`.metrics`); :mod:`.opts` lists them for
 ``oslo-config-generator``. Every option is registered on ``CONF``.
 """
@@ -16,11 +17,12 @@ from vmar_openstack.conf import agent
 from vmar_openstack.conf import database
 from vmar_openstack.conf import glance
 from vmar_openstack.conf import metrics
+from vmar_openstack.conf import rbd
 from vmar_openstack.conf import vmar
 
 CONF = cfg.CONF
 
-GROUPS = (vmar, database, glance, agent, metrics)
+GROUPS = (vmar, database, glance, rbd, agent, metrics)
 
 
 def register_opts(conf=CONF):

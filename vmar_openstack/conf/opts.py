@@ -11,6 +11,7 @@ from vmar_openstack.conf import agent
 from vmar_openstack.conf import database
 from vmar_openstack.conf import glance
 from vmar_openstack.conf import metrics
+from vmar_openstack.conf import rbd
 from vmar_openstack.conf import vmar
 
 # [vmar] options a compute host reads besides host_opts
@@ -25,6 +26,7 @@ def list_opts():
     return [(vmar.GROUP, vmar.ALL_OPTS),
             (database.GROUP, database.ALL_OPTS),
             (glance.GROUP, _glance()),
+            (rbd.GROUP, rbd.ALL_OPTS),
             (agent.GROUP, agent.ALL_OPTS),
             (metrics.GROUP, metrics.ALL_OPTS)]
 
@@ -32,7 +34,8 @@ def list_opts():
 def list_compute_opts():
     host = [o for o in vmar.library_opts if o.name in _HOST_EXTRA]
     return [(vmar.GROUP, host + vmar.host_opts),
-            (glance.GROUP, _glance())]
+            (glance.GROUP, _glance()),
+            (rbd.GROUP, rbd.ALL_OPTS)]
 
 
 def list_agent_opts():

@@ -37,16 +37,19 @@ Glance's ``os_hash_value`` and the format (``format_inspector``, backing
 files refused), converts it to raw if it is not, and the export service
 checks its size against the map. With ``lazy``, the host's mirrors read
 byte ranges of raw images (:class:`RangeReader`, served to the export
-daemon by nbdkit: :mod:`.nbdkit_glance`) and check every block against
-the digest list before a guest sees it.
+daemon by nbdkit: :mod:`.nbdkit_glance`), or, for images Glance keeps in
+Ceph, the RBD snapshots themselves (:mod:`.rbd`), and check every block
+against the digest list before a guest sees it.
 """
 
 from concurrent import futures
 import hashlib
 import os
+import subprocess
 import sysconfig
 import tempfile
 import time
+import urllib.parse
 import uuid
 
 from glanceclient import client as glance_client
@@ -60,6 +63,7 @@ from vmar_openstack.exception import SourceError
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
 from vmar_openstack import mapformat
+from vmar_openstack.mapsource import rbd
 
 LOG = logging.getLogger(__name__)
 
@@ -425,7 +429,10 @@ class GlanceSource:
 
         The host's range server (nbdkit with :mod:`.nbdkit_glance`, run by
         ``vmar-export serve``) exports the stored bytes of each Glance
-        image (:func:`fetch_export`). A raw image is read as it is; a
+        image: read through Glance (:func:`fetch_export`), or straight
+        from the RBD snapshot Glance keeps of it when ``[vmar_rbd]
+        ceph_conf`` is set and the image is in that cluster
+        (:func:`.rbd.fetch_export`). A raw image is read as it is; a
         qcow2 image through QEMU's qcow2 driver on top, once its header
         (read as one range) passed
         :func:`~vmar_openstack.fingerprint.inspect_header`. Either way
@@ -442,14 +449,21 @@ class GlanceSource:
                                   image_id, img.get('status'), fmt,
                                   ' or '.join(fingerprint.LAZY_FORMATS)))
         stored = int(img.get('size') or 0)
-        node = {'driver': 'nbd', 'read-only': True,
-                'export': fetch_export(image_id, stored),
+        loc = self._rbd_location(img)
+        if loc is None:
+            export = fetch_export(image_id, stored)
+        else:
+            export = rbd.fetch_export(loc, stored)
+        node = {'driver': 'nbd', 'read-only': True, 'export': export,
                 'server': {'type': 'unix', 'path': fetch_socket(self.conf)}}
         if fmt == 'raw':
             vsize = stored
         else:
-            head = self.ranges.read(image_id, 0,
-                                    min(fingerprint.HEADER_BYTES, stored))
+            n = min(fingerprint.HEADER_BYTES, stored)
+            if loc is None:
+                head = self.ranges.read(image_id, 0, n)
+            else:
+                head = self._read_export(export, n)
             try:
                 vsize = fingerprint.inspect_header(head, fmt,
                                                    'image %s' % image_id)
@@ -461,6 +475,46 @@ class GlanceSource:
             raise SourceError('image %s holds %d bytes of disk in Glance, '
                               'the map says %d' % (image_id, vsize, size))
         return node
+
+    def _rbd_location(self, img):
+        """Where to read ``img`` in Ceph, or None (through Glance).
+
+        The image's RBD location, if ``[vmar_rbd] ceph_conf`` is set and
+        the location's cluster is the host's (when the host's file names
+        its fsid; any other cluster's data would fail the digest check).
+        """
+        ceph_conf = self.conf.vmar_rbd.ceph_conf
+        if not ceph_conf:
+            return None
+        loc = rbd.image_location(img)
+        if loc is None:
+            LOG.info('image %s has no RBD location in Glance (is '
+                     'show_image_direct_url on?): reading it through Glance',
+                     img.get('id'))
+            return None
+        fsid = rbd.conf_fsid(ceph_conf)
+        if fsid and fsid != loc.fsid:
+            LOG.info('image %s is in Ceph cluster %s, the host reads %s: '
+                     'reading it through Glance', img.get('id'), loc.fsid,
+                     fsid)
+            return None
+        return loc
+
+    def _read_export(self, export, length):
+        """The first ``length`` bytes of a range server export."""
+        uri = 'nbd+unix:///%s?socket=%s' % (
+            urllib.parse.quote(export), fetch_socket(self.conf))
+        with tempfile.TemporaryDirectory(dir=self.conf.vmar.host_dir) as d:
+            out = os.path.join(d, 'head')
+            r = subprocess.run(
+                [self.conf.vmar.qemu_img, 'dd', '-f', 'raw', '-O', 'raw',
+                 'bs=%d' % length, 'count=1', 'if=' + uri, 'of=' + out],
+                capture_output=True, text=True)
+            if r.returncode:
+                raise SourceError('cannot read the header of %s: %s'
+                                  % (export, r.stderr.strip()))
+            with open(out, 'rb') as f:
+                return f.read()
 
     def fetcher_command(self):
         """(argv, socket, env) of the range server ``vmar-export serve`` runs.

@@ -1,13 +1,15 @@
-"""nbdkit python plugin: raw Glance images as read-only NBD exports.
+"""nbdkit python plugin: stored Glance image data as read-only NBD exports.
 
 Run by ``vmar-export serve`` (:meth:`.glance.GlanceSource.fetcher_command`)
 with ``[vmar] base_fetch = lazy`` and ``map_source = glance``: the export
-daemon's ``vmar-mirror`` nodes open the export named by an image id and
-size (:func:`.glance.fetch_export`) and read the blocks they miss; every
-read is a range request to Glance
-(:class:`.glance.RangeReader`). nbdkit's retry-request filter tries a
-failed read again; the mirror checks every block against the digest list
-before a guest can read it.
+daemon's ``vmar-mirror`` nodes open an export and read the blocks they
+miss. An export named by an image id and size
+(:func:`.glance.fetch_export`) reads through Glance, one range request a
+read (:class:`.glance.RangeReader`); one named by an RBD snapshot
+(:func:`.rbd.fetch_export`) reads the snapshot from Ceph
+(:class:`.rbd.Reader`). nbdkit's retry-request filter tries a failed read
+again; the mirror checks every block against the digest list before a
+guest can read it.
 
 Keys: ``site=DIR`` (the site directory vmar is installed in; nbdkit runs
 the system's Python) and ``config-file=FILE`` (repeatable: the service's
@@ -22,7 +24,7 @@ import nbdkit
 API_VERSION = 2
 
 _keys = {'site': None, 'config-file': []}
-_reader = None
+_readers = {}
 
 
 def config(key, value):
@@ -35,13 +37,13 @@ def config(key, value):
 
 
 def config_complete():
-    global _reader
     if _keys['site']:
         site.addsitedir(_keys['site'])
     from oslo_config import cfg
 
     from vmar_openstack import conf as vmar_conf
     from vmar_openstack.mapsource import glance
+    from vmar_openstack.mapsource import rbd
 
     conf = cfg.ConfigOpts()
     vmar_conf.register_opts(conf)
@@ -49,7 +51,9 @@ def config_complete():
     for f in _keys['config-file']:
         args += ['--config-file', f]
     conf(args, project='vmar')
-    _reader = glance.RangeReader(conf)
+    _readers['glance'] = glance.RangeReader(conf)
+    if conf.vmar_rbd.ceph_conf:
+        _readers['rbd'] = rbd.Reader(conf)
 
 
 def thread_model():
@@ -63,14 +67,22 @@ def _failed(what, e):
 
 
 def open(readonly):
-    # no Glance request here: see glance.fetch_export
+    # no request to Glance or Ceph here: see glance.fetch_export
     from vmar_openstack.mapsource import glance
+    from vmar_openstack.mapsource import rbd
+    name = nbdkit.export_name()
     try:
-        image_id, size = glance.parse_fetch_export(nbdkit.export_name())
+        if rbd.is_fetch_export(name):
+            if 'rbd' not in _readers:
+                raise ValueError('export %r: [vmar_rbd] ceph_conf is not '
+                                 'set' % name)
+            loc, size = rbd.parse_fetch_export(name)
+            return {'read': _readers['rbd'].read, 'key': loc, 'size': size}
+        image_id, size = glance.parse_fetch_export(name)
     except ValueError as e:
         nbdkit.set_error(errno.ENOENT)
         raise RuntimeError(str(e))
-    return {'id': image_id, 'size': size}
+    return {'read': _readers['glance'].read, 'key': image_id, 'size': size}
 
 
 def get_size(h):
@@ -87,6 +99,6 @@ def can_multi_conn(h):
 
 def pread(h, buf, offset, flags):
     try:
-        buf[:] = _reader.read(h['id'], offset, len(buf))
+        buf[:] = h['read'](h['key'], offset, len(buf))
     except Exception as e:
-        _failed('image %s, %d bytes at %d' % (h['id'], len(buf), offset), e)
+        _failed('%s, %d bytes at %d' % (h['key'], len(buf), offset), e)
