@@ -207,6 +207,11 @@ class RbdStore:
                                                        image_id), dest,
                       timeout=600)
 
+    def cold(self):
+        """Restart the OSD: its BlueStore cache starts empty."""
+        self.ceph.kill_osd()
+        self.ceph.start_osd()
+
     def stop(self):
         self.ceph.stop()
 
@@ -424,6 +429,8 @@ def main():
             os.makedirs(cwork)
             if fmt == 'rbd' and rbd_store is None:
                 rbd_store = RbdStore(work, os.path.join(lib_root, 'bases'))
+            elif fmt == 'rbd':
+                rbd_store.cold()
             cold()
             print('== %s' % label, flush=True)
             if ra is None:

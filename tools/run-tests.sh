@@ -2,7 +2,8 @@
 # Run the whole vmar-openstack test suite on a fresh Debian 12 machine (as
 # root): installs what it needs, then runs style checks, unit tests, the
 # functional tests against real QEMU tools, libvirt, SQLite, MariaDB,
-# PostgreSQL, RabbitMQ, glance-api and the all-in-one cloud, and beside them
+# PostgreSQL, RabbitMQ, glance-api, a single-node Ceph and the all-in-one
+# cloud, and beside them
 # the fresh-machine stage: the README's demo command in a pristine Debian 12
 # root (tools/fresh-root.sh).
 #
@@ -75,7 +76,7 @@ if [ "$FRESH_ROOT" = 1 ]; then
     FRESH_PID=$!
 fi
 
-stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, cloud)"
+stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, Ceph, cloud)"
 mkdir -p bench/out
 tests_status=0
 stestr --test-path=./tests/functional run --concurrency=1 || tests_status=$?

@@ -1170,12 +1170,14 @@ class TestSeveralAgents(GlanceTestCase):
 class LazyGuestsTestCase(GlanceTestCase):
     """Guests on a lazy host whose store fails under them.
 
-    Real pieces throughout: glance-api and its file store, vmar-agent,
+    Real pieces throughout: glance-api and its store, vmar-agent,
     ``vmar-export serve`` with its nbdkit range server, libvirt and the
     test guest (tools/build-test-guest.sh), which checksums its whole
     disk, and the Nova backend's resumer (run here in a thread, as
-    vmar-nova-compute runs it). The outage is a proxy in front of
-    glance-api that stops; corruption is the store's own file, changed.
+    vmar-nova-compute runs it). :class:`TestLazyGuests` runs them on the
+    file store: the outage is a proxy in front of glance-api that stops,
+    corruption is the store's own file, changed; test_ceph.py runs them
+    on Ceph.
     """
 
     def setUp(self):

@@ -7,7 +7,9 @@ against glance-api on a real Ceph cluster.
 """
 
 import os
+import sys
 import types
+from unittest import mock
 
 import fixtures
 import testtools
@@ -135,3 +137,100 @@ class TestBaseReaderChoosesRbd(testtools.TestCase):
             f.write('[global]\nmon host = 127.0.0.1\n')
         self.meta['direct_url'] = 'rbd://other/images/%s/snap' % ID
         self.assertTrue(rbd.is_fetch_export(self.export()))
+
+
+class FakeCeph:
+    """Stand-ins for Debian's ``rados`` and ``rbd`` modules.
+
+    A test double of Ceph's Python bindings (a cluster runs in
+    tests/functional/test_ceph.py): clusters, pool contexts and images
+    that record being closed; ``fail`` makes the next reads raise.
+    """
+
+    def __init__(self):
+        self.clusters = []
+        self.fail = 0
+        test = self
+
+        class Handle:
+            closed = False
+
+            def close(self):
+                self.closed = True
+
+        class Image(Handle):
+            def __init__(self, ioctx, name, snapshot, read_only):
+                assert read_only
+                self.cluster = ioctx.cluster
+
+            def read(self, offset, length):
+                if test.fail:
+                    test.fail -= 1
+                    raise OSError(110, 'RBD operation timeout')
+                return bytes([self.cluster.n]) * length
+
+        class Ioctx(Handle):
+            def __init__(self, cluster):
+                self.cluster = cluster
+
+        class Rados:
+            def __init__(self, conffile, rados_id, conf):
+                self.conf, self.down, self.n = conf, False, len(test.clusters)
+                test.clusters.append(self)
+
+            def connect(self, timeout):
+                pass
+
+            def open_ioctx(self, pool):
+                return Ioctx(self)
+
+            def shutdown(self):
+                self.down = True
+
+        self.rados = types.SimpleNamespace(Rados=Rados)
+        self.rbd = types.SimpleNamespace(Image=Image)
+
+
+class TestReader(testtools.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.ceph = FakeCeph()
+        patch = mock.patch.dict(sys.modules, rados=self.ceph.rados,
+                                rbd=self.ceph.rbd)
+        patch.start()
+        self.addCleanup(patch.stop)
+        self.reader = rbd.Reader(types.SimpleNamespace(
+            vmar_rbd=types.SimpleNamespace(
+                ceph_conf='/etc/ceph/ceph.conf', user='vmar',
+                connect_timeout=10, op_timeout=30)))
+        self.loc = rbd.Location(None, 'images', ID, 'snap')
+
+    def test_one_connection_with_the_timeouts(self):
+        for _i in range(3):
+            self.assertEqual(b'\0' * 8, self.reader.read(self.loc, 0, 8))
+        self.assertEqual(1, len(self.ceph.clusters))
+        self.assertEqual({'client_mount_timeout': '10',
+                          'rados_osd_op_timeout': '30',
+                          'rados_mon_op_timeout': '30'},
+                         self.ceph.clusters[0].conf)
+
+    def test_a_failed_read_retires_the_connection(self):
+        self.reader.read(self.loc, 0, 8)
+        old = self.ceph.clusters[0]
+        self.ceph.fail = 1
+        e = self.assertRaises(SourceError, self.reader.read, self.loc, 0, 8)
+        self.assertIn('RBD images/%s@snap, bytes 0-7' % ID, str(e))
+        self.assertTrue(old.down)
+        # the next read connects afresh
+        self.assertEqual(b'\1' * 8, self.reader.read(self.loc, 0, 8))
+        self.assertEqual(2, len(self.ceph.clusters))
+        self.assertFalse(self.ceph.clusters[1].down)
+
+    def test_a_retired_connection_waits_for_its_reads(self):
+        conn = self.reader._acquire()       # a read in flight
+        self.ceph.fail = 1
+        self.assertRaises(SourceError, self.reader.read, self.loc, 0, 8)
+        self.assertFalse(conn.cluster.down)
+        self.reader._release(conn, failed=False)
+        self.assertTrue(conn.cluster.down)

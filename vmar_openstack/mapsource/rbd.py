@@ -113,21 +113,43 @@ def parse_fetch_export(name):
     return Location(None, pool, image, snap), int(parts[3])
 
 
+class _Connection:
+    """One librados connection, its pool contexts and open snapshots."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.ioctxs = {}
+        self.images = {}
+        self.users = 0          # reads in flight through it
+        self.retired = False    # closed when the last of them ends
+
+    def close(self):
+        for handle in list(self.images.values()) + list(
+                self.ioctxs.values()):
+            try:
+                handle.close()
+            except Exception:   # noqa: S110 -- closing a failed connection
+                pass
+        self.cluster.shutdown()
+
+
 class Reader:
     """Byte ranges of RBD snapshots, under the host's Ceph user.
 
-    One cluster connection for the process, made at the first read (and
-    at the next one, if connecting failed); one open image per snapshot,
-    kept for the process's life. librbd handles are safe for concurrent
-    reads.
+    One cluster connection at a time, made at the first read, with the
+    images it has opened (librbd handles are safe for concurrent reads).
+    A failed read retires it: the next read connects afresh, and the old
+    connection is shut down once no read uses it any more. A librados
+    client whose requests timed out while an OSD was down does not find
+    the OSD again when it comes back (measured with Ceph 16.2.15: still
+    timing out a minute after the OSD was up again, while a new client
+    read at once), so a connection that failed is never reused.
     """
 
     def __init__(self, conf):
         self.conf = conf.vmar_rbd
         self._lock = threading.Lock()
-        self._cluster = None
-        self._ioctxs = {}
-        self._images = {}
+        self._conn = None
 
     def _connect(self):
         import rados
@@ -142,24 +164,43 @@ class Reader:
         except Exception:
             cluster.shutdown()
             raise
-        return cluster
+        return _Connection(cluster)
 
-    def _image(self, loc):
+    def _acquire(self):
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._connect()
+            self._conn.users += 1
+            return self._conn
+
+    def _release(self, conn, failed):
+        with self._lock:
+            if failed and self._conn is conn:
+                self._conn = None
+                conn.retired = True
+            conn.users -= 1
+            done = conn.retired and conn.users == 0
+        if done:
+            conn.close()
+
+    def _image(self, conn, loc):
         import rbd
         with self._lock:
-            image = self._images.get(loc)
-            if image is not None:
-                return image
-            if self._cluster is None:
-                self._cluster = self._connect()
-            ioctx = self._ioctxs.get(loc.pool)
-            if ioctx is None:
-                ioctx = self._ioctxs[loc.pool] = self._cluster.open_ioctx(
-                    loc.pool)
-            image = rbd.Image(ioctx, loc.image, snapshot=loc.snapshot,
-                              read_only=True)
-            self._images[loc] = image
+            image = conn.images.get(loc)
+            ioctx = conn.ioctxs.get(loc.pool)
+        if image is not None:
             return image
+        if ioctx is None:
+            ioctx = conn.cluster.open_ioctx(loc.pool)
+            with self._lock:
+                ioctx = conn.ioctxs.setdefault(loc.pool, ioctx)
+        image = rbd.Image(ioctx, loc.image, snapshot=loc.snapshot,
+                          read_only=True)
+        with self._lock:
+            kept = conn.images.setdefault(loc, image)
+        if kept is not image:
+            image.close()
+        return kept
 
     def read(self, loc, offset, length):
         """``length`` bytes of the snapshot at ``loc`` from ``offset``.
@@ -169,12 +210,18 @@ class Reader:
         what = '%s/%s@%s, bytes %d-%d' % (loc.pool, loc.image, loc.snapshot,
                                           offset, offset + length - 1)
         try:
-            data = self._image(loc).read(offset, length)
+            conn = self._acquire()
         except Exception as e:
-            # a timeout or an error of the cluster's. The connection stays:
-            # librados finds monitors and OSDs again by itself, and another
-            # thread may be reading through the same handle.
+            raise SourceError('RBD %s: cannot connect to Ceph: %s: %s'
+                              % (what, type(e).__name__, e))
+        failed = True
+        try:
+            data = self._image(conn, loc).read(offset, length)
+            failed = False
+        except Exception as e:
             raise SourceError('RBD %s: %s: %s' % (what, type(e).__name__, e))
+        finally:
+            self._release(conn, failed)
         if len(data) != length:
             raise SourceError('RBD %s: %d bytes came' % (what, len(data)))
         return data
