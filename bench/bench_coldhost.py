@@ -42,11 +42,17 @@ lazy: ``export add``) to ``VMAR-BOOTED``, against stock's.
   NBD, as a host does for qcow2 images in Glance; its bytes are nbdkit's
   count (data and qcow2 metadata, 0.01 MiB resolution). Stock Nova would
   download the qcow2 files whole: their size is printed beside.
+* ``stock-rbd``, ``lazy-rbd-<R>``, ``lazy-rbd-pfrec-<R>``: the bases in a
+  single-node Ceph as Glance's RBD store keeps them (:class:`RbdStore`,
+  not throttled): stock copies each whole (``rbd export``); the mirrors
+  read the snapshots through the range server's RBD reader, without and
+  with the prefetch of the recorded sets (``--rbd-readaheads``; pfrec
+  needs ``--record-readaheads`` to have recorded them).
 
 Usage: bench_coldhost.py --qemu-prefix DIR [--images a,b] [--readaheads
        0,65536,...] [--prefetch-readaheads 65536] [--record-readaheads
-       65536] [--qcow2-readaheads 65536] [--rate 800M] [--delay 2ms]
-       [--json OUT]
+       65536] [--qcow2-readaheads 65536] [--rbd-readaheads 0] [--rate
+       800M] [--delay 2ms] [--json OUT]
 """
 
 import argparse
