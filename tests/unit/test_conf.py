@@ -24,7 +24,9 @@ class TestConf(testtools.TestCase):
     def test_list_opts_names_every_group(self):
         groups = {g.name: opts for g, opts in conf_opts.list_opts()}
         self.assertEqual({'vmar', 'vmar_database', 'vmar_glance',
-                          'vmar_agent', 'vmar_metrics'}, set(groups))
+                          'vmar_rbd', 'vmar_agent', 'vmar_metrics'},
+                         set(groups))
+        self.assertIn('ceph_conf', {o.name for o in groups['vmar_rbd']})
         self.assertIn('auth_type', {o.name for o in groups['vmar_glance']})
         self.assertIn('map_owner', {o.name for o in groups['vmar_glance']})
         self.assertIn('pool', {o.name for o in groups['vmar_agent']})
@@ -51,10 +53,12 @@ class TestConf(testtools.TestCase):
     def test_compute_sample_has_what_nova_compute_reads(self):
         groups = {g.name: {o.name for o in opts}
                   for g, opts in conf_opts.list_compute_opts()}
-        self.assertEqual({'vmar', 'vmar_glance'}, set(groups))
+        self.assertEqual({'vmar', 'vmar_glance', 'vmar_rbd'}, set(groups))
         self.assertLessEqual({'host_dir', 'export_socket', 'map_source',
                               'resume_interval', 'state_dir', 'qemu_img'},
                              groups['vmar'])
+        self.assertLessEqual({'ceph_conf', 'user', 'op_timeout'},
+                             groups['vmar_rbd'])
         self.assertNotIn('block_size', groups['vmar'])
         self.assertLessEqual({'auth_type', 'map_wait'}, groups['vmar_glance'])
 
