@@ -65,6 +65,8 @@ def make_conf(state, prefix, sock):
     conf.set_override('base_fetch', 'full', group='vmar')
     conf.set_override('prefetch', False, group='vmar')
     conf.set_override('bootset_record_window', 0, group='vmar')
+    # and no background fill: a bench measures what its reads fetch
+    conf.set_override('fill', False, group='vmar')
     migration.upgrade('head', conf=conf)
     return conf
 

@@ -25,9 +25,12 @@ from tools.vmarenv import qemu_env
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack import export
+from vmar_openstack.export import prefetch
 from vmar_openstack.export import status
 from vmar_openstack import ingest
+from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
+from vmar_openstack.mapformat import bootset
 from vmar_openstack.mapformat import mirror
 from vmar_openstack import names as vnames
 
@@ -449,7 +452,7 @@ class TestPrivateExports(ExportTestCase):
         self.assertIn('export not available', self.read(uris['vm5']).stderr)
 
 
-class TestLazyExports(ExportTestCase):
+class LazyExportTestCase(ExportTestCase):
     """base_fetch=lazy: bases are mirrors filled by what reads need."""
 
     base_fetch = 'lazy'
@@ -475,6 +478,9 @@ class TestLazyExports(ExportTestCase):
             capture_output=True, text=True)
         self.assertEqual(0, r.returncode, '%s: %s %s'
                          % (name, r.stdout, r.stderr))
+
+
+class TestLazyExports(LazyExportTestCase):
 
     def test_exports_read_through_mirrors_fetch_each_block_once(self):
         self.serve()
@@ -588,3 +594,43 @@ def _parse_qemu_io_dumps(out):
     if current is not None:
         dumps.append(current)
     return [(o, bytes(d)) for o, d in dumps]
+
+
+class TestFill(LazyExportTestCase):
+    """The background fill: an export that no longer needs the store."""
+
+    def extra_conf(self):
+        # due at once, through QEMU's throttle filter
+        return 'fill_delay = 0\nfill_rate = 400\n'
+
+    def test_a_filled_export_reads_without_the_store(self):
+        self.serve()
+        r = self.export_cli('add', _id('nginx'))
+        self.assertEqual(0, r.returncode, r.stderr)
+        queue = prefetch.fill_dir(self.conf.vmar.host_dir)
+        deadline = time.monotonic() + 300
+        while os.listdir(queue):
+            self.assertLess(time.monotonic(), deadline, 'the fill')
+            time.sleep(0.5)
+        # every block the map reads is in the mirrors, fetched once
+        exp, = self.svc.list()[0].values()
+        bmap = mapformat.read(self.svc.map_file(exp.image_id,
+                                                exp.map_version))
+        every = bootset.Bootset(exp.image_id, bmap.virtual_size,
+                                bmap.block_size, 'map',
+                                ((0, bmap.n_blocks),))
+        want = sum(length for ranges in prefetch.base_ranges(
+            bmap, every).values() for _o, length in ranges)
+        counters = self.mirror_counters()
+        self.assertEqual(want, sum(c['bytes-fetched']
+                                   for c in counters.values()))
+        # the store loses the data (Glance deleted the images): the export
+        # still reads byte for byte, and fetches nothing more
+        for t, _size in exp.targets:
+            os.truncate(paths.base_path(self.conf, t), 0)
+        self.compare('nginx')
+        for node, c in self.mirror_counters().items():
+            self.assertEqual(
+                (counters[node]['bytes-fetched'], 0, 0),
+                (c['bytes-fetched'], c['fetch-errors'],
+                 c['digest-mismatches']), node)

@@ -55,7 +55,8 @@ class TestConf(testtools.TestCase):
                   for g, opts in conf_opts.list_compute_opts()}
         self.assertEqual({'vmar', 'vmar_glance', 'vmar_rbd'}, set(groups))
         self.assertLessEqual({'host_dir', 'export_socket', 'map_source',
-                              'resume_interval', 'state_dir', 'qemu_img'},
+                              'resume_interval', 'state_dir', 'qemu_img',
+                              'fill', 'fill_delay', 'fill_rate'},
                              groups['vmar'])
         self.assertLessEqual({'ceph_conf', 'user', 'op_timeout'},
                              groups['vmar_rbd'])

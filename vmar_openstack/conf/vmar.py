@@ -196,6 +196,23 @@ host_opts = [
     cfg.IntOpt('prefetch_request', default=4194304, min=65536,
                max=67108864,
                help='Prefetch: largest read, in bytes.'),
+    cfg.BoolOpt('fill', default=True,
+                help='base_fetch=lazy: fill_delay seconds after the first '
+                     'export of an image is added, vmar-export serve reads '
+                     'every block its map reads into the mirrors, in the '
+                     'background, at most fill_rate: from then on its '
+                     'servers need the store no more than stock Nova\'s '
+                     'servers need Glance, and the image can be deleted '
+                     'from Glance under them (its own blocks go with it). '
+                     'Off: a block no guest read yet is fetched when one '
+                     'does, for as long as the export lives.'),
+    cfg.IntOpt('fill_delay', default=600, min=0,
+               help='Fill: seconds after an image\'s first export is added '
+                    'before its fill starts (boots read first, and '
+                    'short-lived servers cost no fill).'),
+    cfg.IntOpt('fill_rate', default=20, min=0,
+               help='Fill: MB/s at most, per fill (QEMU\'s throttle '
+                    'filter); one fill runs at a time. 0: no limit.'),
     cfg.StrOpt('map_source_dir', default='$state_dir',
                help='For map_source=dir: a library directory with maps/ and '
                     'bases/ subdirectories (a library\'s state_dir).'),

@@ -22,8 +22,18 @@ export removed meanwhile drops its request, and removing the last export
 of a base cuts off a prefetch reading it. A prefetch that fails (the
 store away) is logged and not tried again: the guest's own reads fetch
 what it needs.
+
+The *fill* of an export (``[vmar] fill``) is the same with every block
+its map reads: queued (``host_dir/fill/<export name>``, due
+``fill_delay`` seconds after the image's first export was added, the
+file's mtime), one at a time, read in order with synchronous reads
+through QEMU's ``throttle`` filter (``fill_rate``) on the client side.
+Once done, the export's guests no longer need the store: its image may
+be deleted from Glance, its own blocks with it. A fill that fails is
+queued again, ``fill_delay`` later.
 """
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -34,6 +44,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import exception
 from vmar_openstack.export import graph
+from vmar_openstack.export import state as export_state
 from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate
@@ -43,8 +54,12 @@ from vmar_openstack import names
 LOG = logging.getLogger(__name__)
 
 _DIR = 'prefetch'
-# prefetches at once per host
+_FILL_DIR = 'fill'
+# prefetches and fills at once per host
 _WORKERS = 2
+_FILL_WORKERS = 1
+# bytes one qemu-io of a fill reads (its process, its NBD connection)
+_FILL_BATCH = 256 << 20
 
 
 def queue_dir(host_dir):
@@ -55,6 +70,18 @@ def request(host_dir, export_name):
     """Queue a prefetch of an export (idempotent)."""
     fileutils.write_atomic(os.path.join(queue_dir(host_dir), export_name),
                            b'')
+
+
+def fill_dir(host_dir):
+    return os.path.join(host_dir, _FILL_DIR)
+
+
+def request_fill(host_dir, export_name, delay):
+    """Queue the fill of an export, due ``delay`` seconds from now."""
+    path = os.path.join(fill_dir(host_dir), export_name)
+    fileutils.write_atomic(path, b'')
+    due = time.time() + delay
+    os.utime(path, (due, due))
 
 
 def qemu_io(conf):
@@ -93,25 +120,37 @@ class Prefetcher:
         self.service = service
         self.conf = service.conf
         self.dir = queue_dir(service.host_dir)
-        self.running = {}       # export name -> thread
+        self.fill_dir = fill_dir(service.host_dir)
+        self.running = {}       # (queue, export name) -> thread
 
     def poll(self):
-        """Start queued prefetches while fewer than the limit run."""
-        for name, t in list(self.running.items()):
+        """Start queued prefetches and due fills, up to their limits."""
+        for key, t in list(self.running.items()):
             if not t.is_alive():
-                del self.running[name]
+                del self.running[key]
+        self._start(self.dir, _WORKERS, self._run)
+        self._start(self.fill_dir, _FILL_WORKERS, self._run_fill,
+                    due=time.time())
+
+    def _start(self, queue, workers, target, due=None):
         try:
-            queued = sorted(os.listdir(self.dir))
+            queued = sorted(os.listdir(queue))
         except FileNotFoundError:
             return
         for name in queued:
-            if len(self.running) >= _WORKERS:
+            if sum(q == queue for q, _n in self.running) >= workers:
                 break
-            if name in self.running or names.parse_export(name) is None:
+            if ((queue, name) in self.running
+                    or names.parse_export(name) is None):
                 continue
-            t = threading.Thread(target=self._run, args=(name,),
-                                 name='prefetch-' + name, daemon=True)
-            self.running[name] = t
+            if due is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(os.path.join(queue, name)).st_mtime > due:
+                        continue
+            t = threading.Thread(target=target, args=(name,),
+                                 name='%s-%s' % (os.path.basename(queue),
+                                                 name), daemon=True)
+            self.running[(queue, name)] = t
             t.start()
 
     def _run(self, name):
@@ -121,6 +160,49 @@ class Prefetcher:
             # best effort: the guest's own reads fetch what it needs
             LOG.exception('prefetch of %s failed; not tried again', name)
         fileutils.unlink(os.path.join(self.dir, name))
+
+    def _run_fill(self, name):
+        path = os.path.join(self.fill_dir, name)
+        try:
+            self.fill(name)
+        except Exception:   # a thread of serve: never take it down
+            delay = self.conf.vmar.fill_delay
+            LOG.exception('fill of %s failed; queued again in %d s', name,
+                          delay)
+            with contextlib.suppress(FileNotFoundError):
+                due = time.time() + delay
+                os.utime(path, (due, due))
+            return
+        fileutils.unlink(path)
+
+    def _exported(self, name):
+        with export_state.State(self.service.host_dir) as state:
+            return any(e.name == name for e in state.exports.values())
+
+    def fill(self, name):
+        """Read every block export ``name``'s map reads into its mirrors.
+
+        Returns the bytes read (0 if the export is gone).
+        """
+        image_id, version, _key = names.parse_export(name)
+        if not self._exported(name):
+            LOG.info('no fill of %s: no longer exported', name)
+            return 0
+        files = self.service.files
+        bmap = mapformat.read(files.map_file(image_id, version))
+        every = bootset_format.Bootset(image_id, bmap.virtual_size,
+                                       bmap.block_size, 'map',
+                                       ((0, bmap.n_blocks),))
+        c = self.conf.vmar
+        start, total = time.monotonic(), 0
+        for base_id, ranges in sorted(base_ranges(
+                bmap, every, 0, c.prefetch_request).items()):
+            if files.is_mirror(base_id):
+                total += self._read_mirror(name, base_id, ranges,
+                                           rate=c.fill_rate * 1000000)
+        LOG.info('filled %s: %d bytes read in %.1f s (%d MB/s at most)',
+                 name, total, time.monotonic() - start, c.fill_rate)
+        return total
 
     def prefetch(self, name):
         """Read export ``name``'s boot working set into its mirrors.
@@ -149,7 +231,13 @@ class Prefetcher:
                  bset.n_blocks, time.monotonic() - start)
         return total
 
-    def _read_mirror(self, name, base_id, ranges):
+    def _read_mirror(self, name, base_id, ranges, rate=None):
+        """Read ``ranges`` of a base's mirror node; the bytes read.
+
+        ``rate`` None: all at once (a prefetch: the NBD client keeps 16
+        in flight); else in order, at most ``rate`` bytes/s (0: no
+        limit), in batches of :data:`_FILL_BATCH` bytes.
+        """
         node = graph.base_node(base_id, 'base')
         with self.service.monitor() as mon:
             if node not in graph.nodes(mon):
@@ -158,19 +246,44 @@ class Prefetcher:
                 return 0
             export = graph.add_prefetch_export(mon, node, names.new_key())
         try:
-            cmd = [qemu_io(self.conf), '-r', '-f', 'raw']
-            for off, length in ranges:
-                cmd += ['-c', 'aio_read -q %d %d' % (off, length)]
-            cmd += ['-c', 'aio_flush',
-                    names.nbd_uri(export, self.service.socket)]
-            r = subprocess.run(cmd, capture_output=True, text=True,
-                               stdin=subprocess.DEVNULL)
-            out = (r.stdout + r.stderr).strip()
-            if r.returncode or 'error' in out.lower():
-                raise exception.ExportError('prefetch of %s from base %s: '
-                                            '%s' % (name, base_id,
-                                                    out[-2000:]))
+            if rate is None:
+                self._qemu_io(name, base_id, export, [
+                    'aio_read -q %d %d' % r for r in ranges] + ['aio_flush'])
+            else:
+                batch, size = [], 0
+                for r in ranges + [None]:
+                    if batch and (r is None or size + r[1] > _FILL_BATCH):
+                        self._qemu_io(name, base_id, export, batch, rate)
+                        batch, size = [], 0
+                    if r is not None:
+                        batch.append('read -q %d %d' % r)
+                        size += r[1]
         finally:
             with self.service.monitor() as mon:
                 graph.del_prefetch_exports(mon, names=[export])
         return sum(length for _o, length in ranges)
+
+    def _qemu_io(self, name, base_id, export, commands, rate=None):
+        """The patched qemu-io's ``commands`` on a prefetch export.
+
+        ``rate``: through QEMU's throttle filter, client side.
+        """
+        cmd = [qemu_io(self.conf), '-r']
+        for c in commands:
+            cmd += ['-c', c]
+        if rate:
+            sock = self.service.socket
+            cmd[1:1] = ['--object', 'throttle-group,id=fill,x-bps-read=%d'
+                        % rate, '--image-opts']
+            cmd.append('driver=throttle,throttle-group=fill,'
+                       'file.driver=nbd,file.server.type=unix,'
+                       'file.server.path=%s,file.export=%s'
+                       % (sock.replace(',', ',,'), export))
+        else:
+            cmd += ['-f', 'raw', names.nbd_uri(export, self.service.socket)]
+        r = subprocess.run(cmd, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL)
+        out = (r.stdout + r.stderr).strip()
+        if r.returncode or 'error' in out.lower():
+            raise exception.ExportError('prefetch of %s from base %s: %s'
+                                        % (name, base_id, out[-2000:]))

@@ -229,6 +229,9 @@ class ExportService:
                                 key)
                 if new and boot:
                     prefetch.request(self.host_dir, exp.name)
+                if new and self.lazy(host_cache) and self.conf.vmar.fill:
+                    prefetch.request_fill(self.host_dir, exp.name,
+                                          self.conf.vmar.fill_delay)
                 return exp
 
     def _add(self, state, bmap, fetched, host_cache, holder, key):
