@@ -342,6 +342,9 @@ class TestHostStatus(ExportTestCase):
                                             + e['bytes_zero'], e['errors']))
         self.assertGreaterEqual(e['requests'], 1)
         self.assertEqual((1, size), (e['fetches'], e['fetched_bytes']))
+        # whole bases: nothing left to prefetch or fill
+        self.assertEqual((False, None), (e['prefetch_queued'],
+                                         e['fill_due']))
         self.assertEqual((0, 1, size), (exports[a]['requests'],
                                         exports[a]['fetches'],
                                         exports[a]['fetched_bytes']))
@@ -355,6 +358,8 @@ class TestHostStatus(ExportTestCase):
         self.assertEqual(65536, m[('vmar_export_read_bytes_total', (
             ('export', name_b), ('image', b)))])
         self.assertEqual(0, m[('vmar_export_read_errors_total', (
+            ('export', name_b), ('image', b)))])
+        self.assertEqual(0, m[('vmar_export_fill_queued', (
             ('export', name_b), ('image', b)))])
         self.assertEqual(2, m[('vmar_export_holders', (
             ('export', exports[a]['name']), ('image', a)))])
@@ -511,6 +516,11 @@ class TestLazyExports(LazyExportTestCase):
             self.assertEqual(0, c['digest-mismatches'] + c['fetch-errors'])
         st = status.collect(self.svc)
         self.assertEqual(0, st.fetched.count)
+        # their fills wait fill_delay (600 s) after the adds
+        self.assertEqual(2, len(st.exports))
+        for e in st.exports:
+            self.assertGreater(e.fill_due, time.time() + 500, e)
+        self.assertIn('fill ', self.export_cli('status').stdout)
         # the mirrors hold no more than the library's data blocks
         with db_session.reader(self.conf) as s:
             data_blocks = sum(

@@ -7,6 +7,7 @@ qemu-storage-daemon), ``add UUID``, ``remove UUID``, ``release HOLDER``,
 
 import json
 import sys
+import time
 
 from oslo_log import log as logging
 
@@ -88,10 +89,19 @@ def status():
     print()
     cmd.print_table(
         ('export', 'state', 'host_cache', 'holders', 'reads', 'bytes',
-         'errors', 'fetches'),
+         'errors', 'fetches', 'queued'),
         [(e.name, e.state, e.host_cache, len(e.holders), e.requests,
-          _size(e.bytes_read + e.bytes_zero), e.errors, e.fetches)
-         for e in st.exports])
+          _size(e.bytes_read + e.bytes_zero), e.errors, e.fetches,
+          _queued(e)) for e in st.exports])
+
+
+def _queued(e):
+    """An export's background work still to do, for the status table."""
+    out = ['prefetch'] if e.prefetch_queued else []
+    if e.fill_due is not None:
+        out.append('fill %s' % time.strftime('%H:%M:%S',
+                                             time.localtime(e.fill_due)))
+    return ','.join(out) or '-'
 
 
 def add_command_parsers(subparsers):

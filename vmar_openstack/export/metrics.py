@@ -44,6 +44,13 @@ class ExportCollector(prom_registry.Collector):
             (core.GaugeMetricFamily, 'holders',
              'Holders (instances) of an export.', st.exports,
              export_labels, lambda e: len(e.holders)),
+            (core.GaugeMetricFamily, 'prefetch_queued',
+             'Whether the prefetch of an export is still queued.',
+             st.exports, export_labels, lambda e: int(e.prefetch_queued)),
+            (core.GaugeMetricFamily, 'fill_queued',
+             'Whether the fill of an export is still queued (it '
+             'needs the store until it is done).', st.exports,
+             export_labels, lambda e: int(e.fill_due is not None)),
             (core.GaugeMetricFamily, 'base_size_bytes',
              'Size of a base file.', st.bases, base_labels,
              lambda b: b.size),

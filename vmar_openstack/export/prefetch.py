@@ -84,6 +84,25 @@ def request_fill(host_dir, export_name, delay):
     os.utime(path, (due, due))
 
 
+def pending(host_dir):
+    """What is queued: (export names to prefetch, {export name: fill due}).
+
+    A fill's due time is seconds since the epoch; one past is running or
+    about to.
+    """
+    def listing(d):
+        try:
+            return [n for n in os.listdir(d) if names.parse_export(n)]
+        except FileNotFoundError:
+            return []
+    fills = {}
+    for name in listing(fill_dir(host_dir)):
+        with contextlib.suppress(FileNotFoundError):
+            fills[name] = os.stat(os.path.join(fill_dir(host_dir),
+                                               name)).st_mtime
+    return set(listing(queue_dir(host_dir))), fills
+
+
 def qemu_io(conf):
     """The patched build's qemu-io, next to its qemu-storage-daemon."""
     return os.path.join(os.path.dirname(conf.vmar.qemu_storage_daemon),

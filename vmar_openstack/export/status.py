@@ -4,13 +4,15 @@ Per base file: its size, the bytes it takes on disk (its mirror), the bytes
 of it in the host page cache (``mincore``, through util-linux
 ``fincore``), and the exports and holders that read it. Per export: its
 holders, whether the daemon serves it, and its read counters (the vmar
-driver's, since the daemon started) and the base files fetched for it.
+driver's, since the daemon started), the base files fetched for it, and
+whether its prefetch or its fill (:mod:`.prefetch`) is still queued.
 """
 
 import dataclasses
 import os
 import subprocess
 
+from vmar_openstack.export import prefetch
 from vmar_openstack import pagecache
 
 
@@ -39,6 +41,8 @@ class ExportStatus:
     errors: int
     fetches: int
     fetched_bytes: int
+    prefetch_queued: bool
+    fill_due: object           # seconds since the epoch; None: none queued
 
 
 @dataclasses.dataclass
@@ -73,6 +77,7 @@ _COUNTERS = ('requests', 'bytes_read', 'bytes_zero', 'target_reads',
 def collect(service):
     """The :class:`HostStatus` of an :class:`ExportService`'s host."""
     exports, fetched, counters = service.snapshot()
+    prefetches, fills = prefetch.pending(service.host_dir)
     out = []
     for name, e in sorted(exports.items()):
         c = None if counters is None else counters.get(name)
@@ -81,7 +86,8 @@ def collect(service):
         out.append(ExportStatus(
             name, e.image_id, e.map_version, e.host_cache, list(e.holders),
             state, **{k: (c or {}).get(k, 0) for k in _COUNTERS},
-            fetches=e.fetches, fetched_bytes=e.fetched_bytes))
+            fetches=e.fetches, fetched_bytes=e.fetched_bytes,
+            prefetch_queued=name in prefetches, fill_due=fills.get(name)))
     paths = {b: service.base_file(b) for b in service.files.bases()}
     cached = _resident(list(paths.values()))
     bases = []
