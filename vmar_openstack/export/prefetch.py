@@ -23,14 +23,17 @@ of a base cuts off a prefetch reading it. A prefetch that fails (the
 store away) is logged and not tried again: the guest's own reads fetch
 what it needs.
 
-The *fill* of an export (``[vmar] fill``) is the same with every block
-its map reads: queued (``host_dir/fill/<export name>``, due
-``fill_delay`` seconds after the image's first export was added, the
-file's mtime), one at a time, read in order with synchronous reads
-through QEMU's ``throttle`` filter (``fill_rate``) on the client side.
-Once done, the export's guests no longer need the store: its image may
-be deleted from Glance, its own blocks with it. A fill that fails is
-queued again, ``fill_delay`` later.
+The *fill* of an export (``[vmar] fill``) reads every block its map
+reads that its mirrors miss (their present bits): queued
+(``host_dir/fill/<export name>``, due ``fill_delay`` seconds after the
+image's first export was added, the file's mtime), one at a time, base by
+base in offset order, with synchronous reads through QEMU's ``throttle``
+filter (``fill_rate``) on the client side. Once done, the export's
+guests no longer need the store: its image may be deleted from Glance,
+its own blocks with it. A fill that fails is queued again at least a
+minute later; one whose export is gone is dropped. ``restore`` queues
+the fill of every lazy export that has none queued (a filled one then
+reads nothing).
 """
 
 import contextlib
@@ -49,6 +52,7 @@ from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate
 from vmar_openstack.mapformat import bootset as bootset_format
+from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
@@ -60,6 +64,8 @@ _WORKERS = 2
 _FILL_WORKERS = 1
 # bytes one qemu-io of a fill reads (its process, its NBD connection)
 _FILL_BATCH = 256 << 20
+# seconds at least before a failed fill is tried again
+_FILL_RETRY = 60
 
 
 def queue_dir(host_dir):
@@ -77,11 +83,16 @@ def fill_dir(host_dir):
 
 
 def request_fill(host_dir, export_name, delay):
-    """Queue the fill of an export, due ``delay`` seconds from now."""
+    """Queue the fill of an export, due ``delay`` seconds from now.
+
+    The due time is set before the request appears (a poll in between
+    would find it due at once).
+    """
     path = os.path.join(fill_dir(host_dir), export_name)
-    fileutils.write_atomic(path, b'')
+    tmp = fileutils.write_temp(path, b'')
     due = time.time() + delay
-    os.utime(path, (due, due))
+    os.utime(tmp, (due, due))
+    fileutils.install(tmp, path)
 
 
 def pending(host_dir):
@@ -132,6 +143,22 @@ def base_ranges(bmap, bset, gap=0, limit=None):
     return out
 
 
+def missing_ranges(bmap, i, present, limit):
+    """Byte ranges of target ``i``'s blocks ``bmap`` reads, not ``present``.
+
+    Sorted, runs that touch merged, reads of at most ``limit`` bytes.
+    """
+    t = bmap.targets[i]
+    base, _image = alternate.block_pairs(bmap, i)
+    blocks = np.unique(base)
+    blocks = blocks[~present[blocks]]
+    if not len(blocks):
+        return []
+    return bootset_format.Bootset(
+        t.image_id, t.size, bmap.block_size, 'map',
+        tuple(bootset_format.merge(blocks.tolist()))).byte_ranges(0, limit)
+
+
 class Prefetcher:
     """Runs the queued prefetches of a host, a few at a time."""
 
@@ -148,8 +175,9 @@ class Prefetcher:
             if not t.is_alive():
                 del self.running[key]
         self._start(self.dir, _WORKERS, self._run)
-        self._start(self.fill_dir, _FILL_WORKERS, self._run_fill,
-                    due=time.time())
+        if self.conf.vmar.fill:
+            self._start(self.fill_dir, _FILL_WORKERS, self._run_fill,
+                        due=time.time())
 
     def _start(self, queue, workers, target, due=None):
         try:
@@ -184,14 +212,17 @@ class Prefetcher:
         path = os.path.join(self.fill_dir, name)
         try:
             self.fill(name)
-        except Exception:   # a thread of serve: never take it down
-            delay = self.conf.vmar.fill_delay
-            LOG.exception('fill of %s failed; queued again in %d s', name,
-                          delay)
-            with contextlib.suppress(FileNotFoundError):
-                due = time.time() + delay
-                os.utime(path, (due, due))
-            return
+        except Exception as e:  # a thread of serve: never take it down
+            if not self._exported(name):    # removed while it ran
+                LOG.info('fill of %s stopped: no longer exported', name)
+            else:
+                delay = max(_FILL_RETRY, self.conf.vmar.fill_delay)
+                LOG.warning('fill of %s failed (%s); queued again in %d s',
+                            name, e, delay)
+                with contextlib.suppress(FileNotFoundError):
+                    due = time.time() + delay
+                    os.utime(path, (due, due))
+                return
         fileutils.unlink(path)
 
     def _exported(self, name):
@@ -209,15 +240,15 @@ class Prefetcher:
             return 0
         files = self.service.files
         bmap = mapformat.read(files.map_file(image_id, version))
-        every = bootset_format.Bootset(image_id, bmap.virtual_size,
-                                       bmap.block_size, 'map',
-                                       ((0, bmap.n_blocks),))
         c = self.conf.vmar
         start, total = time.monotonic(), 0
-        for base_id, ranges in sorted(base_ranges(
-                bmap, every, 0, c.prefetch_request).items()):
-            if files.is_mirror(base_id):
-                total += self._read_mirror(name, base_id, ranges,
+        for i, t in enumerate(bmap.targets):
+            if not files.is_mirror(t.image_id):
+                continue
+            ranges = missing_ranges(bmap, i, mirror_format.read_present(
+                files.mirror(t.image_id).present)[1], c.prefetch_request)
+            if ranges:
+                total += self._read_mirror(name, t.image_id, ranges,
                                            rate=c.fill_rate * 1000000)
         LOG.info('filled %s: %d bytes read in %.1f s (%d MB/s at most)',
                  name, total, time.monotonic() - start, c.fill_rate)
@@ -257,22 +288,28 @@ class Prefetcher:
         in flight); else in order, at most ``rate`` bytes/s (0: no
         limit), in batches of :data:`_FILL_BATCH` bytes.
         """
+        what = 'prefetch' if rate is None else 'fill'
         node = graph.base_node(base_id, 'base')
         with self.service.monitor() as mon:
             if node not in graph.nodes(mon):
+                if rate is not None:    # not done: queued again
+                    raise exception.ExportError(
+                        'fill of %s: base %s is not served' % (name,
+                                                               base_id))
                 LOG.info('prefetch of %s: base %s is no longer served',
                          name, base_id)
                 return 0
             export = graph.add_prefetch_export(mon, node, names.new_key())
         try:
             if rate is None:
-                self._qemu_io(name, base_id, export, [
+                self._qemu_io(what, name, base_id, export, [
                     'aio_read -q %d %d' % r for r in ranges] + ['aio_flush'])
             else:
                 batch, size = [], 0
                 for r in ranges + [None]:
                     if batch and (r is None or size + r[1] > _FILL_BATCH):
-                        self._qemu_io(name, base_id, export, batch, rate)
+                        self._qemu_io(what, name, base_id, export, batch,
+                                      rate)
                         batch, size = [], 0
                     if r is not None:
                         batch.append('read -q %d %d' % r)
@@ -282,7 +319,7 @@ class Prefetcher:
                 graph.del_prefetch_exports(mon, names=[export])
         return sum(length for _o, length in ranges)
 
-    def _qemu_io(self, name, base_id, export, commands, rate=None):
+    def _qemu_io(self, what, name, base_id, export, commands, rate=None):
         """The patched qemu-io's ``commands`` on a prefetch export.
 
         ``rate``: through QEMU's throttle filter, client side.
@@ -304,5 +341,5 @@ class Prefetcher:
                            stdin=subprocess.DEVNULL)
         out = (r.stdout + r.stderr).strip()
         if r.returncode or 'error' in out.lower():
-            raise exception.ExportError('prefetch of %s from base %s: %s'
-                                        % (name, base_id, out[-2000:]))
+            raise exception.ExportError('%s of %s from base %s: %s'
+                                        % (what, name, base_id, out[-2000:]))

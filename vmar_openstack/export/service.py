@@ -425,6 +425,14 @@ class ExportService:
             os.rename(tmp_sock, self.socket)
         LOG.info('restored %d of %d exports on %s', len(ready),
                  len(state.exports), self.socket)
+        if self.conf.vmar.fill:
+            # exports of before an upgrade, or of while fill was off, and
+            # fills cut off by the restart; a filled one reads nothing
+            queued = prefetch.pending(self.host_dir)[1]
+            for exp in ready:
+                if self.lazy(exp.host_cache) and exp.name not in queued:
+                    prefetch.request_fill(self.host_dir, exp.name,
+                                          self.conf.vmar.fill_delay)
         return len(ready)
 
     def serve(self, stop_event=None, max_backoff=10):
