@@ -150,6 +150,8 @@ class FakeCeph:
     def __init__(self):
         self.clusters = []
         self.fail = 0
+        self.error = OSError(110, 'RBD operation timeout')
+        self.refuse = False
         test = self
 
         class Handle:
@@ -166,7 +168,7 @@ class FakeCeph:
             def read(self, offset, length):
                 if test.fail:
                     test.fail -= 1
-                    raise OSError(110, 'RBD operation timeout')
+                    raise test.error
                 return bytes([self.cluster.n]) * length
 
         class Ioctx(Handle):
@@ -179,7 +181,8 @@ class FakeCeph:
                 test.clusters.append(self)
 
             def connect(self, timeout):
-                pass
+                if test.refuse:
+                    raise OSError(110, 'error connecting to the cluster')
 
             def open_ioctx(self, pool):
                 return Ioctx(self)
@@ -234,3 +237,24 @@ class TestReader(testtools.TestCase):
         self.assertFalse(conn.cluster.down)
         self.reader._release(conn, failed=False)
         self.assertTrue(conn.cluster.down)
+
+    def test_an_error_of_one_image_keeps_the_connection(self):
+        self.reader.read(self.loc, 0, 8)
+        self.ceph.fail, self.ceph.error = 1, OSError(2, 'image not found')
+        self.assertRaises(SourceError, self.reader.read, self.loc, 0, 8)
+        self.assertEqual(b'\0' * 8, self.reader.read(self.loc, 0, 8))
+        self.assertEqual(1, len(self.ceph.clusters))
+
+    def test_a_failed_connect_is_not_tried_again_at_once(self):
+        clock = [100.0]
+        self.useFixture(fixtures.MockPatch('time.monotonic',
+                                           lambda: clock[0]))
+        self.ceph.refuse = True
+        e = self.assertRaises(SourceError, self.reader.read, self.loc, 0, 8)
+        self.assertIn('cannot connect to Ceph', str(e))
+        tried = len(self.ceph.clusters)
+        self.assertRaises(SourceError, self.reader.read, self.loc, 0, 8)
+        self.assertEqual(tried, len(self.ceph.clusters))
+        self.ceph.refuse = False
+        clock[0] += rbd.Reader.CONNECT_BACKOFF
+        self.assertEqual(b'\1' * 8, self.reader.read(self.loc, 0, 8))

@@ -53,6 +53,13 @@ def config_complete():
     conf(args, project='vmar')
     _readers['glance'] = glance.RangeReader(conf)
     if conf.vmar_rbd.ceph_conf:
+        try:
+            import rados  # noqa: F401 -- Debian's, in the system Python
+            import rbd as librbd  # noqa: F401
+        except ImportError as e:
+            raise RuntimeError('[vmar_rbd] ceph_conf is set but Ceph\'s '
+                               'Python bindings are missing (install '
+                               'python3-rbd): %s' % e)
         _readers['rbd'] = rbd.Reader(conf)
 
 
@@ -77,12 +84,14 @@ def open(readonly):
                 raise ValueError('export %r: [vmar_rbd] ceph_conf is not '
                                  'set' % name)
             loc, size = rbd.parse_fetch_export(name)
-            return {'read': _readers['rbd'].read, 'key': loc, 'size': size}
+            return {'read': _readers['rbd'].read, 'key': loc, 'size': size,
+                    'what': 'RBD %s/%s@%s' % loc[1:]}
         image_id, size = glance.parse_fetch_export(name)
     except ValueError as e:
         nbdkit.set_error(errno.ENOENT)
         raise RuntimeError(str(e))
-    return {'read': _readers['glance'].read, 'key': image_id, 'size': size}
+    return {'read': _readers['glance'].read, 'key': image_id, 'size': size,
+            'what': 'image %s' % image_id}
 
 
 def get_size(h):
@@ -101,4 +110,4 @@ def pread(h, buf, offset, flags):
     try:
         buf[:] = h['read'](h['key'], offset, len(buf))
     except Exception as e:
-        _failed('%s, %d bytes at %d' % (h['key'], len(buf), offset), e)
+        _failed('%s, %d bytes at %d' % (h['what'], len(buf), offset), e)

@@ -22,7 +22,9 @@ it imports the Ceph bindings only when a read needs them.
 
 import collections
 import configparser
+import errno
 import threading
+import time
 import urllib.parse
 
 from vmar_openstack.exception import SourceError
@@ -113,6 +115,14 @@ def parse_fetch_export(name):
     return Location(None, pool, image, snap), int(parts[3])
 
 
+def _connection_error(e):
+    """Whether ``e`` (from librados or librbd) is the connection's."""
+    return (getattr(e, 'errno', None) in (errno.ETIMEDOUT, errno.ESHUTDOWN,
+                                          errno.ENOTCONN)
+            or type(e).__name__ in ('Timeout', 'TimedOut',
+                                    'ConnectionShutdown'))
+
+
 class _Connection:
     """One librados connection, its pool contexts and open snapshots."""
 
@@ -137,19 +147,26 @@ class Reader:
     """Byte ranges of RBD snapshots, under the host's Ceph user.
 
     One cluster connection at a time, made at the first read, with the
-    images it has opened (librbd handles are safe for concurrent reads).
-    A failed read retires it: the next read connects afresh, and the old
-    connection is shut down once no read uses it any more. A librados
+    images it has opened (librbd handles are safe for concurrent reads;
+    they stay open as long as the connection). A read that timed out
+    retires it: the next read connects afresh, and the old connection is
+    shut down once no read uses it any more. A librados
     client whose requests timed out while an OSD was down does not find
     the OSD again when it comes back (measured with Ceph 16.2.15: still
     timing out a minute after the OSD was up again, while a new client
     read at once), so a connection that failed is never reused.
     """
 
+    # seconds a failed connect is remembered: reads meanwhile fail at once
+    # instead of each trying in turn for connect_timeout
+    CONNECT_BACKOFF = 5
+
     def __init__(self, conf):
         self.conf = conf.vmar_rbd
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()           # the dicts and counts
+        self._connect_lock = threading.Lock()   # one connect at a time
         self._conn = None
+        self._failed = (0.0, None)              # (monotonic, error)
 
     def _connect(self):
         import rados
@@ -167,11 +184,29 @@ class Reader:
         return _Connection(cluster)
 
     def _acquire(self):
-        with self._lock:
-            if self._conn is None:
-                self._conn = self._connect()
-            self._conn.users += 1
-            return self._conn
+        """The current connection, counted as used; connects if none.
+
+        The connect runs outside :attr:`_lock` (reads through other
+        connections go on), one at a time; a failure is remembered for
+        :attr:`CONNECT_BACKOFF` seconds.
+        """
+        with self._connect_lock:
+            with self._lock:
+                if self._conn is not None:
+                    self._conn.users += 1
+                    return self._conn
+            when, error = self._failed
+            if time.monotonic() - when < self.CONNECT_BACKOFF:
+                raise error
+            try:
+                conn = self._connect()
+            except Exception as e:
+                self._failed = (time.monotonic(), e)
+                raise
+            with self._lock:
+                self._conn = conn
+                conn.users += 1
+                return conn
 
     def _release(self, conn, failed):
         with self._lock:
@@ -214,14 +249,16 @@ class Reader:
         except Exception as e:
             raise SourceError('RBD %s: cannot connect to Ceph: %s: %s'
                               % (what, type(e).__name__, e))
-        failed = True
+        broken = False
         try:
             data = self._image(conn, loc).read(offset, length)
-            failed = False
         except Exception as e:
+            # a connection that timed out is not used again; an error of
+            # one image (gone, no permission) says nothing about it
+            broken = _connection_error(e)
             raise SourceError('RBD %s: %s: %s' % (what, type(e).__name__, e))
         finally:
-            self._release(conn, failed)
+            self._release(conn, broken)
         if len(data) != length:
             raise SourceError('RBD %s: %d bytes came' % (what, len(data)))
         return data
