@@ -50,16 +50,22 @@ def read_console(path):
         return ''
 
 
-def qemu_command(image, console, memory=1024, machine='q35', qemu=QEMU):
+def qemu_command(image, console, memory=1024, machine='q35', qemu=QEMU,
+                 fmt='raw', cache=None):
+    drive = 'file=%s,format=%s,if=virtio,snapshot=on' % (image, fmt)
+    if cache:
+        drive += ',cache=%s' % cache
     return [qemu, '-machine', machine, '-accel', 'tcg', '-m', str(memory),
             '-nographic', '-monitor', 'none', '-no-reboot',
-            '-serial', 'file:%s' % console,
-            '-drive', 'file=%s,format=raw,if=virtio,snapshot=on' % image]
+            '-serial', 'file:%s' % console, '-drive', drive]
 
 
 def boot(image, console=None, timeout=DEFAULT_TIMEOUT, memory=1024,
-         machine='q35', qemu=QEMU):
+         machine='q35', qemu=QEMU, fmt='raw', cache=None):
     """Boot ``image`` until its marker; return a dict.
+
+    ``fmt``: the image's format; ``cache``: the drive's cache mode
+    (QEMU's default if None).
 
     Keys: ``name`` and ``uptime`` (from the marker), ``wall`` (seconds from
     starting QEMU to seeing the marker), ``console`` (the serial log).
@@ -71,7 +77,7 @@ def boot(image, console=None, timeout=DEFAULT_TIMEOUT, memory=1024,
         os.close(fd)
     start = time.monotonic()
     proc = subprocess.Popen(
-        qemu_command(image, console, memory, machine, qemu),
+        qemu_command(image, console, memory, machine, qemu, fmt, cache),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE)
     try:
