@@ -38,10 +38,13 @@ mirrors, the throttled store), issuing the trace's reads with
 ``--validate`` boots real TCG guests on the same stacks for a small N
 and reports replayed against real times.
 
-Host memory: ``--memory`` levels put the processes that read base data
-on the host (the export daemon, every replaying ``qemu-io`` and the
-stock downloads; not the store, which is remote) in one cgroup v1
-memory group with that ``memory.limit_in_bytes``.
+Host memory: ``--memory`` levels are page cache budgets for the
+processes that read base data on the host (the export daemon, every
+replaying ``qemu-io`` and the stock downloads; not the store, which is
+remote). They run in one memory cgroup whose ``memory.limit_in_bytes``
+(cgroup v1: this machine binds the memory controller there, not to the
+unified hierarchy's ``memory.max``) follows the level plus the group's
+own memory (``bench/memcg.py``), so 30 readers' heaps take no budget.
 
 Metrics per configuration and point: seconds from a server's arrival to
 its ``VMAR-BOOTED`` (mean, p95), bytes read from the store, the peak
@@ -82,6 +85,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 
 import bench_coldhost  # noqa: E402
+import memcg  # noqa: E402
 import report_boot  # noqa: E402
 
 from tools import boot_image  # noqa: E402
@@ -101,7 +105,6 @@ from vmar_openstack import pagecache  # noqa: E402
 CONFIGS = ('stock', 'stock-ondemand', 'stock-writeback', 'vmar-full',
            'vmar-lazy', 'vmar-lazy-pf')
 BS = 4096
-CGROUP = '/sys/fs/cgroup/memory/vmar-bench-boot'
 _LOG_RE = re.compile(r'^(\S+ \S+) connection=(\d+) (\.\.\.)?Read id=(\d+)'
                      r'(?: offset=0x([0-9a-f]+) count=0x([0-9a-f]+))?')
 
@@ -228,47 +231,38 @@ def _cpu_seconds(pid):
 
 
 class Cgroup:
-    """The memory cgroup (v1) of the host's base readers, or none.
+    """The memory cgroup of the host's base readers, or none.
 
-    The machine binds memory to cgroup v1 (see bench_guestcache.py).
-    Each point starts with the group emptied of the page cache charged to
-    it before.
+    Its limit bounds the page cache of the processes that read base data
+    on the host (the export daemon, every replaying ``qemu-io``, the stock
+    downloads) to the point's memory level, beyond their own memory
+    (:class:`memcg.CacheBudget`). Each point starts with the group emptied
+    of the page cache charged to it before.
     """
+
+    NAME = 'vmar-bench-boot'
 
     def __init__(self, limit):
         self.limit = limit
         if limit is None:
             return
-        os.makedirs(CGROUP, exist_ok=True)
-        self._write('memory.limit_in_bytes', -1)
-        self._write('memory.force_empty', 0)
-        self._write('memory.limit_in_bytes', limit)
-
-    @staticmethod
-    def _write(name, value):
-        with open(os.path.join(CGROUP, name), 'w') as f:
-            f.write('%s\n' % value)
+        self.group = memcg.MemoryCgroup(self.NAME)
+        self.group.empty()
+        self.budget = memcg.CacheBudget(self.group, limit)
 
     @classmethod
     def remove(cls):
         """Lift the limit and remove the group (once its tasks are gone)."""
-        if os.path.isdir(CGROUP):
-            cls._write('memory.limit_in_bytes', -1)
-            try:
-                os.rmdir(CGROUP)
-            except OSError:
-                pass
+        if os.path.isdir(os.path.join(memcg.ROOT, cls.NAME)):
+            memcg.MemoryCgroup(cls.NAME).remove()
 
     def add(self, pid):
         if self.limit is not None:
-            try:
-                self._write('cgroup.procs', pid)
-            except ProcessLookupError:
-                pass
+            self.group.add(pid)
 
     def close(self):
         if self.limit is not None:
-            self._write('memory.limit_in_bytes', -1)
+            self.budget.stop()
 
 
 class StoreSource(bench_coldhost.ThrottledStore):

@@ -53,6 +53,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_export  # noqa: E402
+import memcg  # noqa: E402
 
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.export import supervisor  # noqa: E402
@@ -61,28 +62,13 @@ from vmar_openstack import ingest  # noqa: E402
 
 QEMU = '/usr/bin/qemu-system-x86_64'
 QEMU_IMG = '/usr/bin/qemu-img'
-CGROUP = '/sys/fs/cgroup/memory/vmar-bench-guestcache'
+CGROUP = 'vmar-bench-guestcache'    # under memcg.ROOT
 IMAGES = ('minbase', 'python3', 'nginx', 'postgresql', 'apache2',
           'mariadb')
 CONFIGS = ('ON+ON', 'ON+OFF', 'I', 'P+I')
 LOOP = re.compile(r'VMAR-WORKLOAD-LOOP (\d+) (\d+) (\d+)')
 MARKER = re.compile(r'VMAR-BOOTED ')
 MiB = 1 << 20
-
-
-def cg_write(name, value):
-    with open(os.path.join(CGROUP, name), 'w') as f:
-        f.write(str(value))
-
-
-def cg_read(name):
-    with open(os.path.join(CGROUP, name)) as f:
-        return f.read()
-
-
-def cg_stat():
-    return {k: int(v) for k, v in
-            (line.split() for line in cg_read('memory.stat').splitlines())}
 
 
 def rss_anon(pid):
@@ -186,7 +172,7 @@ def measure_window(guests, seconds):
     return out
 
 
-def run_config(config, args, work, images, host_uris, anon_ref):
+def run_config(config, args, work, images, host_uris, anon_ref, group):
     private = config == 'P+I'
     vmar = config in ('I', 'P+I')
     cache = 'writeback' if config == 'ON+ON' else 'none'
@@ -208,14 +194,12 @@ def run_config(config, args, work, images, host_uris, anon_ref):
         if anon_ref is None:
             # all the cgroup holds but page cache: the QEMUs' and the
             # daemon's own memory and the kernel's for them
-            st = cg_stat()
-            anon_ref = (int(cg_read('memory.usage_in_bytes'))
-                        - st.get('total_cache', st.get('cache', 0)))
+            anon_ref = group.other_bytes()
         res = {'budgets': {}}
         for budget in args.budgets:
             limit = anon_ref + budget * MiB
             try:
-                cg_write('memory.limit_in_bytes', limit)
+                group.set_limit(limit)
             except OSError as e:
                 # EBUSY: the kernel cannot reclaim down to it, the guests
                 # themselves need more
@@ -226,14 +210,13 @@ def run_config(config, args, work, images, host_uris, anon_ref):
                 continue
             time.sleep(args.settle)
             per = measure_window(guests, args.window)
-            st = cg_stat()
             res['budgets'][budget] = {
                 'limit': limit,
                 'guests': per,
                 'MB_s': sum(p['MB_s'] for p in per.values()) / len(per),
                 'rss_anon': {g.name: rss_anon(g.proc.pid) for g in guests},
-                'cgroup_cache': st.get('total_cache', st.get('cache')),
-                'failcnt': int(cg_read('memory.failcnt'))}
+                'cgroup_cache': group.cache_bytes(),
+                'failcnt': int(group.read('memory.failcnt'))}
             print('  %-6s budget %4d MiB: %6.2f MB/s per guest, guests '
                   'RssAnon %4d MiB, cgroup cache %4d MiB' % (
                       config, budget, res['budgets'][budget]['MB_s'],
@@ -241,7 +224,7 @@ def run_config(config, args, work, images, host_uris, anon_ref):
                       // MiB,
                       res['budgets'][budget]['cgroup_cache'] // MiB),
                   flush=True)
-        cg_write('memory.limit_in_bytes', -1)
+        group.set_limit(-1)
         # the status vmar-guest wrote before each guest's last loop line
         res['vmar_guest_cpu_s'] = [
             guest_status.cpu_seconds(guest_status.parse(g.last_loop_line()))
@@ -280,9 +263,9 @@ def main():
     args.seconds = 3600 * 4             # the workload runs until stopped
 
     work = tempfile.mkdtemp(prefix='vmar-bench-guestcache-')
-    os.makedirs(CGROUP, exist_ok=True)
-    cg_write('memory.limit_in_bytes', -1)
-    cg_write('cgroup.procs', os.getpid())    # children inherit it
+    group = memcg.MemoryCgroup(CGROUP)
+    group.set_limit(-1)
+    group.add(os.getpid())    # children inherit it
     sock = os.path.join(work, 'nbd.sock')
     conf = bench_export.make_conf(os.path.join(work, 'state'),
                                   args.qemu_prefix, sock)
@@ -311,14 +294,14 @@ def main():
         for config in configs:
             drop_caches()
             results[config], anon_ref = run_config(
-                config, args, work, names, uris, anon_ref)
+                config, args, work, names, uris, anon_ref, group)
         results['anon_ref'] = anon_ref
     finally:
         if daemon is not None:
             daemon.kill()
             daemon.wait()
         with contextlib.suppress(OSError):
-            cg_write('memory.limit_in_bytes', -1)
+            group.set_limit(-1)
         shutil.rmtree(work, ignore_errors=True)
     report(results, configs, args)
     if args.json:
