@@ -49,6 +49,12 @@ def bootset_file(image_id):
 
 
 # notifications of compute hosts to vmar-agent (vmar_openstack.export.report)
+# the flavor extra specs of vmar servers (validated by nova-api through
+# vmar_openstack.nova_imagebackend.extra_specs)
+SPEC_ENABLED = 'vmar:enabled'
+SPEC_HOST_CACHE = 'vmar:host_cache'
+SPEC_GUEST_CACHE = 'vmar:guest_cache'
+
 HOST_EXPORTS_EVENT = 'vmar.host.exports'
 HOST_BOOTSET_EVENT = 'vmar.host.bootset'
 

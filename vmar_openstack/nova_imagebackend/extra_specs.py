@@ -7,9 +7,11 @@ refused with HTTP 400 (at microversion 2.86 and later).
 
 from nova.api.validation.extra_specs import base
 
+from vmar_openstack import names
+
 EXTRA_SPEC_VALIDATORS = [
     base.ExtraSpecValidator(
-        name='vmar:enabled',
+        name=names.SPEC_ENABLED,
         description=(
             'Boot the root disk from a qcow2 overlay on the image\'s VMAR '
             'view, served by the compute host\'s vmar-export daemon, so '
@@ -17,7 +19,7 @@ EXTRA_SPEC_VALIDATORS = [
         value={'type': bool, 'description': 'Whether to use VMAR.'},
     ),
     base.ExtraSpecValidator(
-        name='vmar:host_cache',
+        name=names.SPEC_HOST_CACHE,
         description=(
             'How the export daemon caches the base images of this flavor\'s '
             'instances: ``base`` (default) caches them once in the host '
@@ -28,7 +30,7 @@ EXTRA_SPEC_VALIDATORS = [
                'description': 'The host cache policy of the base data.'},
     ),
     base.ExtraSpecValidator(
-        name='vmar:guest_cache',
+        name=names.SPEC_GUEST_CACHE,
         description=(
             'What the guests of this flavor cache: ``private`` keeps only '
             'their private data (files written since boot) in their page '

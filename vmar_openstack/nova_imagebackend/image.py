@@ -37,9 +37,9 @@ from vmar_openstack.nova_imagebackend import guest_cache
 LOG = logging.getLogger(__name__)
 CONF = vmar_conf.CONF
 
-SPEC_ENABLED = 'vmar:enabled'
-SPEC_HOST_CACHE = 'vmar:host_cache'
-SPEC_GUEST_CACHE = 'vmar:guest_cache'
+SPEC_ENABLED = names.SPEC_ENABLED
+SPEC_HOST_CACHE = names.SPEC_HOST_CACHE
+SPEC_GUEST_CACHE = names.SPEC_GUEST_CACHE
 
 
 def flavor_policy(flavor):
