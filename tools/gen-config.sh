@@ -8,6 +8,7 @@ status=0
 for gen in etc/vmar/vmar-config-generator.conf \
         etc/vmar/nova-vmar-generator.conf \
         etc/vmar/vmar-agent-generator.conf \
+        etc/vmar/nova-scheduler-vmar-generator.conf \
         etc/glance/glance-api-generator.conf \
         etc/glance/glance-image-import-generator.conf; do
     sample=$(sed -n 's/^output_file = //p' "$gen")

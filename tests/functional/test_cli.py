@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from tests import base
+from vmar_openstack.db import hosts as db_hosts
 
 A = '0a000000-0000-4000-8000-0000000000a1'
 B = '0b000000-0000-4000-8000-0000000000b2'
@@ -78,6 +79,27 @@ class TestManage(base.LibraryTestCase):
         self.assertEqual([B], [t['image_id'] for t in show['targets']])
         self.manage('map', 'verify', B)
         self.assertIn('library consistent', self.manage('check').stdout)
+
+    def test_hosts_list_and_shares(self):
+        self.manage('db', 'sync')
+        self.manage('image', 'add', '--id', A, '--visibility', 'public',
+                    self.image('a.raw', [1, 2, 3, 4]))
+        self.manage('image', 'add', '--id', B, '--visibility', 'public',
+                    self.image('b.raw', [1, 2, 5, None]))
+        self.conf.set_override('connection', 'sqlite:///%s/cli.sqlite'
+                               % self.tmp, group='vmar_database')
+        reports = db_hosts.HostReports(self.conf)
+        reports.record('h1', [(B, 1)], {A: None})
+        reports.record('h2', [], {A: None, B: None})
+        hosts = json.loads(self.manage('hosts', 'list', '--json').stdout)
+        self.assertEqual([[[A, None]], [[A, None], [B, None]]],
+                         [h['holds'] for h in hosts])
+        rows = [ln.split() for ln in self.manage(
+            'hosts', 'shares', B).stdout.splitlines()]
+        self.assertIn(['h2', '1.000'], rows)
+        self.assertIn(['h1', '0.667'], rows)
+        self.assertLess(rows.index(['h2', '1.000']),
+                        rows.index(['h1', '0.667']))
 
     def test_errors_are_one_clear_line(self):
         self.manage('db', 'sync')

@@ -24,8 +24,11 @@ class TestConf(testtools.TestCase):
     def test_list_opts_names_every_group(self):
         groups = {g.name: opts for g, opts in conf_opts.list_opts()}
         self.assertEqual({'vmar', 'vmar_database', 'vmar_glance',
-                          'vmar_rbd', 'vmar_agent', 'vmar_metrics'},
+                          'vmar_rbd', 'vmar_agent', 'vmar_metrics',
+                          'vmar_scheduler'},
                          set(groups))
+        self.assertIn('weight_multiplier',
+                      {o.name for o in groups['vmar_scheduler']})
         self.assertIn('ceph_conf', {o.name for o in groups['vmar_rbd']})
         self.assertIn('auth_type', {o.name for o in groups['vmar_glance']})
         self.assertIn('map_owner', {o.name for o in groups['vmar_glance']})
@@ -71,3 +74,11 @@ class TestConf(testtools.TestCase):
         self.assertIn('dedup_scope', groups['vmar'])
         self.assertNotIn('host_dir', groups['vmar'])
         self.assertEqual({'bind_host', 'agent_port'}, groups['vmar_metrics'])
+
+    def test_scheduler_sample_has_what_the_weigher_reads(self):
+        groups = {g.name: {o.name for o in opts}
+                  for g, opts in conf_opts.list_scheduler_opts()}
+        self.assertEqual({'vmar': {'state_dir'},
+                          'vmar_database': {'connection', 'lock_timeout',
+                                            'connection_debug'},
+                          'vmar_scheduler': {'weight_multiplier'}}, groups)

@@ -1,7 +1,7 @@
 """``vmar-manage``: operate the VMAR image library.
 
 Sub-commands: ``db sync|version``, ``image add|update|delete|list``,
-``map show|verify|gc``, ``hosts list|forget``, ``failures
+``map show|verify|gc``, ``hosts list|shares|forget``, ``failures
 list|retry|forget``, ``stats`` and ``check``. Options come from
 ``--config-file`` like any OpenStack service.
 """
@@ -217,12 +217,21 @@ def hosts_list():
     if CONF.category.json:
         _out(json.dumps([{'host': h.host,
                           'reported_at': h.reported_at.isoformat(),
-                          'exports': [list(e) for e in h.exports]}
+                          'exports': [list(e) for e in h.exports],
+                          'holds': [list(b) for b in h.holds]}
                          for h in hosts], indent=2))
         return
-    cmd.print_table(('host', 'last report (UTC)', 'exports'),
+    cmd.print_table(('host', 'last report (UTC)', 'exports', 'bases held'),
                     [(h.host, h.reported_at.strftime('%Y-%m-%d %H:%M:%S'),
-                      len(h.exports)) for h in hosts])
+                      len(h.exports), len(h.holds)) for h in hosts])
+
+
+def hosts_shares():
+    """What the scheduler's vmar weigher sees of an image."""
+    shares = db_hosts.HostReports(CONF).shares(CONF.category.image_id)
+    cmd.print_table(('host', 'share of the image held'),
+                    [(h, '%.3f' % v) for h, v in
+                     sorted(shares.items(), key=lambda kv: -kv[1])])
 
 
 def hosts_forget():
@@ -427,6 +436,11 @@ def add_command_parsers(subparsers):
     p = hss.add_parser('list', help='list the hosts\' last reports')
     p.add_argument('--json', action='store_true')
     p.set_defaults(func=hosts_list)
+    p = hss.add_parser('shares', help='the share of an image\'s canonical '
+                       'blocks each host holds (what the vmar scheduler '
+                       'weigher sees)')
+    p.add_argument('image_id')
+    p.set_defaults(func=hosts_shares)
     p = hss.add_parser('forget', help='drop the report of a host that is '
                        'gone for good')
     p.add_argument('host')

@@ -6,8 +6,8 @@ them.
 
 ``[vmar]`` (:mod:`.vmar`), ``[vmar_database]`` (:mod:`.database`),
 ``[vmar_glance]`` (:mod:`.glance`), ``[vmar_rbd]`` (:mod:`.rbd`),
-``[vmar_agent]`` (:mod:`.agent`) and
-``[vmar_metrics]`` (:mod:`.metrics`); :mod:`.opts` lists them for
+``[vmar_agent]`` (:mod:`.agent`), ``[vmar_metrics]`` (:mod:`.metrics`)
+and ``[vmar_scheduler]`` (:mod:`.scheduler`); :mod:`.opts` lists them for
 ``oslo-config-generator``. Every option is registered on ``CONF``.
 """
 
@@ -18,11 +18,12 @@ from vmar_openstack.conf import database
 from vmar_openstack.conf import glance
 from vmar_openstack.conf import metrics
 from vmar_openstack.conf import rbd
+from vmar_openstack.conf import scheduler
 from vmar_openstack.conf import vmar
 
 CONF = cfg.CONF
 
-GROUPS = (vmar, database, glance, rbd, agent, metrics)
+GROUPS = (vmar, database, glance, rbd, agent, metrics, scheduler)
 
 
 def register_opts(conf=CONF):

@@ -4,7 +4,9 @@
 ``list_compute_opts``: what ``vmar-nova-compute`` reads from nova.conf
 (``etc/vmar/nova.conf.vmar.sample``). ``list_agent_opts``: what
 ``vmar-agent`` reads besides oslo.messaging's and oslo.log's options
-(``etc/vmar/vmar-agent.conf.sample``).
+(``etc/vmar/vmar-agent.conf.sample``). ``list_scheduler_opts``: what the
+``vmar`` weigher reads from nova-scheduler's nova.conf
+(``etc/vmar/nova-scheduler.conf.vmar.sample``).
 """
 
 from vmar_openstack.conf import agent
@@ -12,6 +14,7 @@ from vmar_openstack.conf import database
 from vmar_openstack.conf import glance
 from vmar_openstack.conf import metrics
 from vmar_openstack.conf import rbd
+from vmar_openstack.conf import scheduler
 from vmar_openstack.conf import vmar
 
 # [vmar] options a compute host reads besides host_opts
@@ -28,7 +31,8 @@ def list_opts():
             (glance.GROUP, _glance()),
             (rbd.GROUP, rbd.ALL_OPTS),
             (agent.GROUP, agent.ALL_OPTS),
-            (metrics.GROUP, metrics.ALL_OPTS)]
+            (metrics.GROUP, metrics.ALL_OPTS),
+            (scheduler.GROUP, scheduler.ALL_OPTS)]
 
 
 def list_compute_opts():
@@ -46,3 +50,11 @@ def list_agent_opts():
             (agent.GROUP, agent.ALL_OPTS),
             (metrics.GROUP, [o for o in metrics.ALL_OPTS
                              if o.name != 'export_port'])]
+
+
+def list_scheduler_opts():
+    # [vmar] state_dir: the default database URL is under it
+    state = [o for o in vmar.library_opts if o.name == 'state_dir']
+    return [(vmar.GROUP, state),
+            (database.GROUP, database.ALL_OPTS),
+            (scheduler.GROUP, scheduler.ALL_OPTS)]

@@ -1,11 +1,14 @@
-"""The reports of compute hosts: which map versions each one exports.
+"""The reports of compute hosts: what each one exports and holds.
 
 ``vmar-export serve`` sends its host's exports every ``[vmar]
 report_interval`` seconds; ``vmar-agent`` records the last report of each
-host here (``vmar_hosts``, ``vmar_host_exports``), stamped with the time
-the agent received it. A host's last report stands until it reports again
-or an operator forgets it: a host that is down still holds what its
-instances use.
+host here (``vmar_hosts``, ``vmar_host_exports``, ``vmar_host_bases``),
+stamped with the time the agent received it. A host's last report stands
+until it reports again or an operator forgets it: a host that is down
+still holds what its instances use.
+
+:meth:`HostReports.shares` is what the scheduler's ``vmar`` weigher asks:
+the share of an image's canonical blocks each host holds.
 """
 
 import dataclasses
@@ -22,6 +25,7 @@ class Host:
     host: str
     reported_at: datetime.datetime
     exports: tuple             # ((image_id, map_version), ...), sorted
+    holds: tuple = ()          # ((base_id, blocks or None), ...), sorted
 
 
 class HostReports:
@@ -30,12 +34,20 @@ class HostReports:
     def __init__(self, conf):
         self.conf = conf
 
-    def record(self, host, exports, reported_at=None):
-        """Replace ``host``'s report with ``exports`` ((id, version)...)."""
+    def record(self, host, exports, holds=None, reported_at=None):
+        """Replace ``host``'s report.
+
+        ``exports``: ``(image id, map version)`` pairs; ``holds``: ``{base
+        id: blocks held, None for a whole base}`` (None: the report said
+        nothing of it; what the host last said stands).
+        """
         rows = sorted({(str(i), int(v)) for i, v in exports})
         with db_session.locked_writer(self.conf) as s:
             s.execute(sa.delete(models.HostExport).where(
                 models.HostExport.host == host))
+            if holds is not None:
+                s.execute(sa.delete(models.HostBase).where(
+                    models.HostBase.host == host))
             report = s.get(models.HostReport, host)
             if report is None:
                 report = models.HostReport(host=host)
@@ -44,23 +56,73 @@ class HostReports:
             s.flush()
             s.add_all(models.HostExport(host=host, image_id=i, map_version=v)
                       for i, v in rows)
+            if holds is not None:
+                s.add_all(models.HostBase(
+                    host=host, base_id=str(b),
+                    blocks=None if n is None else int(n))
+                    for b, n in holds.items())
 
     def list(self):
         with db_session.reader(self.conf) as s:
             reports = s.execute(sa.select(models.HostReport).order_by(
                 models.HostReport.host)).scalars().all()
-            held = {}
+            held, holds = {}, {}
             for e in s.execute(sa.select(models.HostExport)).scalars():
                 held.setdefault(e.host, []).append((e.image_id,
                                                     e.map_version))
+            for b in s.execute(sa.select(models.HostBase)).scalars():
+                holds.setdefault(b.host, []).append((b.base_id, b.blocks))
             return [Host(r.host, r.reported_at,
-                         tuple(sorted(held.get(r.host, ()))))
+                         tuple(sorted(held.get(r.host, ()))),
+                         tuple(sorted(holds.get(r.host, ()))))
                     for r in reports]
+
+    def shares(self, image_id):
+        """``{host: share}`` of ``image_id``'s canonical blocks each holds.
+
+        The image's current map says how many blocks it reads from each
+        base; a host holding a base whole holds all of them, a host
+        holding a mirror of it is taken to hold them in the proportion of
+        the base's data blocks its mirror holds. Hosts holding none of
+        them are left out; empty if the image is unknown, has no map yet
+        or its map predates the per-target counts.
+        """
+        with db_session.reader(self.conf) as s:
+            img = s.execute(sa.select(models.Image).where(
+                models.Image.image_id == image_id)).scalar_one_or_none()
+            if img is None or not img.map_version:
+                return {}
+            need = dict(s.execute(
+                sa.select(models.MapTarget.target_id, models.MapTarget.blocks)
+                .where(models.MapTarget.seq == img.seq,
+                       models.MapTarget.version == img.map_version)).all())
+            total = sum(need.values())
+            if not total:
+                return {}
+            data = {r.image_id: r.n_blocks - r.zero_blocks for r in s.execute(
+                sa.select(models.Image.image_id, models.Image.n_blocks,
+                          models.Image.zero_blocks)
+                .where(models.Image.image_id.in_(list(need)))).all()}
+            out = {}
+            for r in s.execute(sa.select(
+                    models.HostBase.host, models.HostBase.base_id,
+                    models.HostBase.blocks).where(
+                    models.HostBase.base_id.in_(list(need)))).all():
+                if r.blocks is None:
+                    frac = 1.0
+                elif data.get(r.base_id):
+                    frac = min(1.0, r.blocks / data[r.base_id])
+                else:
+                    continue    # a mirror of a base the library forgot
+                out[r.host] = out.get(r.host, 0.0) + need[r.base_id] * frac
+            return {h: v / total for h, v in out.items()}
 
     def forget(self, host):
         """Drop a host's report; whether there was one."""
         with db_session.locked_writer(self.conf) as s:
             s.execute(sa.delete(models.HostExport).where(
                 models.HostExport.host == host))
+            s.execute(sa.delete(models.HostBase).where(
+                models.HostBase.host == host))
             return s.execute(sa.delete(models.HostReport).where(
                 models.HostReport.host == host)).rowcount > 0

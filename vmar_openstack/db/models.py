@@ -15,7 +15,12 @@
   member table inserted into one b-tree position per cluster), its
   smallest member and its smallest public member, so that map generation
   rarely reads member lists.
-* ``vmar_maps``: every map version written, with its checksum.
+* ``vmar_maps``: every map version written, with its checksum;
+  ``vmar_map_targets``: how many blocks each version reads from each of
+  its targets.
+* ``vmar_hosts``, ``vmar_host_exports``, ``vmar_host_bases``: the last
+  report of each compute host, the map versions it exports and the blocks
+  it holds of each base (vmar_openstack.db.hosts).
 * ``vmar_locks``: the row that serialises library mutations, with a count
   of the mutations committed so far.
 """
@@ -121,6 +126,18 @@ class MapVersion(Base):
     created_at = sa.Column(sa.DateTime, nullable=False, default=utcnow)
 
 
+class MapTarget(Base):
+    """How many blocks a map version reads from one of its targets."""
+    __tablename__ = 'vmar_map_targets'
+
+    seq = sa.Column(BigInt, sa.ForeignKey('vmar_images.seq',
+                                          ondelete='CASCADE'),
+                    primary_key=True)
+    version = sa.Column(sa.Integer, primary_key=True, autoincrement=False)
+    target_id = sa.Column(sa.String(36), primary_key=True)
+    blocks = sa.Column(sa.BigInteger, nullable=False)
+
+
 class AgentFailure(Base):
     """An image vmar-agent could not process (yet): retries and the cause."""
     __tablename__ = 'vmar_agent_failures'
@@ -155,6 +172,20 @@ class HostExport(Base):
     image_id = sa.Column(sa.String(36), primary_key=True)
     map_version = sa.Column(sa.Integer, primary_key=True,
                             autoincrement=False)
+
+
+class HostBase(Base):
+    """The blocks of a base a host held at its last report.
+
+    ``blocks`` is None for a whole copy of the base, else the number of
+    blocks its mirror holds.
+    """
+    __tablename__ = 'vmar_host_bases'
+
+    host = sa.Column(sa.String(255), sa.ForeignKey(
+        'vmar_hosts.host', ondelete='CASCADE'), primary_key=True)
+    base_id = sa.Column(sa.String(36), primary_key=True)
+    blocks = sa.Column(sa.BigInteger, nullable=True)
 
 
 class Lock(Base):

@@ -117,6 +117,8 @@ class ClusterStore:
         versions = self.session.execute(
             sa.select(models.MapVersion.version)
             .where(models.MapVersion.seq == img.seq)).scalars().all()
+        self.session.execute(sa.delete(models.MapTarget).where(
+            models.MapTarget.seq == img.seq))
         self.session.execute(sa.delete(models.MapVersion).where(
             models.MapVersion.seq == img.seq))
         self.session.execute(sa.delete(models.ImageDigests).where(
@@ -153,14 +155,26 @@ class ClusterStore:
         img = self.get_image(image_id)
         if img is None or version >= img.map_version:
             return False
+        self.session.execute(sa.delete(models.MapTarget).where(
+            models.MapTarget.seq == img.seq,
+            models.MapTarget.version == version))
         return self.session.execute(sa.delete(models.MapVersion).where(
             models.MapVersion.seq == img.seq,
             models.MapVersion.version == version)).rowcount > 0
 
-    def record_map_version(self, seq, version, size, sha256, n_extents):
+    def record_map_version(self, seq, version, size, sha256, n_extents,
+                           targets=()):
+        """Record a map version written.
+
+        ``targets``: ``[(target image id, blocks read from it)]``
+        (:func:`vmar_openstack.mapformat.target_blocks`).
+        """
         self.session.add(models.MapVersion(
             seq=seq, version=version, size=size, sha256=sha256,
             n_extents=n_extents))
+        self.session.add_all(models.MapTarget(
+            seq=seq, version=version, target_id=t, blocks=n)
+            for t, n in targets if n)
 
     # -- digest lists --------------------------------------------------------
 

@@ -395,6 +395,31 @@ class HostDir:
                          if not n.startswith('.') and '.' not in n)
         return sorted(found)
 
+    def holdings(self):
+        """What the host holds of each base: ``{base id: blocks}``.
+
+        ``blocks`` is None for a whole base, else the blocks its mirror
+        holds (its present bits, as last written). A mirror being made
+        (no present file yet) or whose present file is unreadable is left
+        out.
+        """
+        out = {}
+        for image_id in self.bases():
+            if not self.is_mirror(image_id):
+                out[image_id] = None
+                continue
+            try:
+                _hdr, bits = mirror_format.read_present(
+                    self.mirror(image_id).present)
+            except FileNotFoundError:
+                continue
+            except (OSError, exception.MirrorFormatError) as e:
+                LOG.warning('holdings: mirror of %s left out: %s',
+                            image_id, e)
+                continue
+            out[image_id] = int(bits.sum())
+        return out
+
     def prune(self, exports):
         """Delete maps and bases that no export in ``exports`` reads.
 

@@ -4,10 +4,15 @@ Every ``[vmar] report_interval`` seconds, ``vmar-export serve`` sends the
 map versions its host exports as an oslo.messaging notification,
 ``vmar.host.exports`` on ``[vmar] report_topic``::
 
-    {"host": "<[vmar] host>", "exports": [["<image id>", <version>], ...]}
+    {"host": "<[vmar] host>", "exports": [["<image id>", <version>], ...],
+     "holds": [["<base image id>", <blocks or null>], ...]}
 
 The agent keeps each host's last report and removes an old map version
 only when no report lists it (:mod:`vmar_openstack.glance_hooks.gc`).
+``holds`` names every base the host keeps, whole (``null``) or as a
+mirror holding that many blocks; the scheduler's ``vmar`` weigher reads
+it (:mod:`vmar_openstack.nova_scheduler.weigher`, doc/source/
+scheduling.rst).
 
 With the same notifier, each boot working set the host recorded (a vmar
 node whose ``record-window`` closed, see
@@ -30,6 +35,7 @@ import threading
 from oslo_config import cfg
 from oslo_log import log as logging
 
+from vmar_openstack.export import hostdir
 from vmar_openstack.export import state as export_state
 from vmar_openstack import names
 
@@ -71,7 +77,9 @@ def payload(conf, host_dir):
     with export_state.State(host_dir) as state:
         held = sorted({(e.image_id, e.map_version)
                        for e in state.exports.values()})
-    return {'host': conf.vmar.host, 'exports': [list(e) for e in held]}
+    holds = sorted(hostdir.HostDir(host_dir, None).holdings().items())
+    return {'host': conf.vmar.host, 'exports': [list(e) for e in held],
+            'holds': [list(h) for h in holds]}
 
 
 class Reporter:

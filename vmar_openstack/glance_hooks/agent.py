@@ -372,12 +372,13 @@ class HostReportEndpoint:
                        for i, v in payload['exports']]
             if not isinstance(host, str) or not host:
                 raise ValueError('no host')
+            holds = _holds(payload.get('holds'))
         except (KeyError, TypeError, ValueError) as e:
             LOG.warning('malformed report from %s dropped: %s',
                         publisher_id, e)
             return oslo_messaging.NotificationResult.HANDLED
         try:
-            self.reports.record(host, exports)
+            self.reports.record(host, exports, holds)
         except Exception as e:         # the database away: redeliver
             LOG.warning('report of %s not recorded: %s', host, e)
             time.sleep(self.retry_delay)
@@ -415,6 +416,24 @@ class HostReportEndpoint:
                  'runs', publisher_id, image_id, bset.n_blocks,
                  len(bset.extents))
         return oslo_messaging.NotificationResult.HANDLED
+
+
+def _holds(items):
+    """A report's ``holds`` as ``{base id: blocks or None}``.
+
+    None if the report has none (a host of an earlier release).
+    :raises ValueError, TypeError: malformed.
+    """
+    if items is None:
+        return None
+    out = {}
+    for base, blocks in items:
+        if blocks is not None:
+            blocks = int(blocks)
+            if blocks < 0:
+                raise ValueError('%d blocks held' % blocks)
+        out[str(uuid.UUID(base))] = blocks
+    return out
 
 
 def listener(conf, endpoint):

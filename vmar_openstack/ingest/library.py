@@ -414,8 +414,9 @@ class Library:
                 mapformat.write_atomic(path, data)
                 size, sha = len(data), hashlib.sha256(data).hexdigest()
             written.append(path)
-            store.record_map_version(seq, version, size, sha,
-                                     len(result.extents))
+            store.record_map_version(
+                seq, version, size, sha, len(result.extents),
+                mapformat.target_blocks(result.targets, result.extents))
             if on_written:
                 on_written(image.image_id, version, path, sha)
             image.map_version = version

@@ -20,6 +20,7 @@ from vmar_openstack.mapformat.codec import EXTENT_DTYPE  # noqa: F401
 from vmar_openstack.mapformat.codec import INDEX_DTYPE  # noqa: F401
 from vmar_openstack.mapformat.codec import read  # noqa: F401
 from vmar_openstack.mapformat.codec import Target  # noqa: F401
+from vmar_openstack.mapformat.codec import target_blocks  # noqa: F401
 from vmar_openstack.mapformat.lookup import iter_ranges  # noqa: F401
 from vmar_openstack.mapformat.lookup import Lookup  # noqa: F401
 from vmar_openstack.mapformat.lookup import reconstruct  # noqa: F401

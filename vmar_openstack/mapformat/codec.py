@@ -65,6 +65,17 @@ class BlockMap:
         return int(self.extents['length'].sum(dtype=np.uint64))
 
 
+def target_blocks(targets, extents):
+    """``[(target image id, blocks the extents read from it)]``.
+
+    In the order of ``targets``; a target the extents never read has 0.
+    """
+    counts = np.bincount(extents['target'].astype(np.int64),
+                         weights=extents['length'].astype(np.float64),
+                         minlength=len(targets))
+    return [(t.image_id, int(c)) for t, c in zip(targets, counts)]
+
+
 def _ceil_div(a, b):
     return -(-a // b)
 

@@ -1,0 +1,181 @@
+"""Similarity-aware placement: hosts' holdings, shares, the vmar weigher.
+
+The library, the host reports and the map targets are real (SQLite); the
+weigher runs under Nova's own weight handler with Nova's HostState and
+RequestSpec objects. The multi-host functional test is issue 17's
+``tools/run-tests.sh --multinode`` stage.
+"""
+
+import os
+import uuid
+
+from nova import objects
+from nova.scheduler import host_manager
+from nova.scheduler import weights
+from oslo_config import fixture as config_fixture
+import oslo_messaging
+
+from tests import base
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.db import hosts as db_hosts
+from vmar_openstack.export import hostdir
+from vmar_openstack.export import report
+from vmar_openstack.glance_hooks import agent
+from vmar_openstack import ingest
+from vmar_openstack import mapformat
+from vmar_openstack.mapformat import mirror as mirror_format
+from vmar_openstack.nova_scheduler import weigher
+
+A = '0a000000-0000-4000-8000-00000000000a'
+B = '0b000000-0000-4000-8000-00000000000b'
+C = '0c000000-0000-4000-8000-00000000000c'
+BS = 4096
+
+
+class HoldingsTestCase(base.LibraryTestCase):
+    """Images A and B in the library.
+
+    A has 4 data blocks; B's map reads 2 blocks of A and 1 of its own (its
+    4th block is zero).
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.lib.add(A, self.image('a', [1, 2, 3, 4]), visibility='public')
+        self.lib.add(B, self.image('b', [1, 2, 5, None]),
+                     visibility='public')
+        self.reports = db_hosts.HostReports(self.conf)
+
+
+class TestShares(HoldingsTestCase):
+
+    def test_map_targets_count_the_blocks_read_from_each_base(self):
+        bmap = mapformat.read(ingest.map_path(self.conf, B, 1))
+        self.assertEqual({A: 2, B: 1}, dict(mapformat.target_blocks(
+            bmap.targets, bmap.extents)))
+
+    def test_share_of_whole_bases_and_mirrors(self):
+        self.reports.record('whole-a', [], {A: None})
+        self.reports.record('half-a', [], {A: 2})            # 2 of 4
+        self.reports.record('third-b', [], {B: 1})           # 1 of 3
+        self.reports.record('both', [], {A: None, B: None})
+        self.reports.record('other', [], {C: None})
+        self.reports.record('silent', [])
+        shares = self.reports.shares(B)
+        self.assertEqual({'whole-a', 'half-a', 'third-b', 'both'},
+                         set(shares))
+        self.assertAlmostEqual(2 / 3, shares['whole-a'])
+        self.assertAlmostEqual(1 / 3, shares['half-a'])
+        self.assertAlmostEqual(1 / 9, shares['third-b'])
+        self.assertAlmostEqual(1.0, shares['both'])
+        # A reads only itself
+        self.assertAlmostEqual(0.5, self.reports.shares(A)['half-a'])
+
+    def test_unknown_images_and_forgotten_hosts(self):
+        self.reports.record('h', [], {A: None})
+        self.assertEqual({}, self.reports.shares(C))
+        self.assertTrue(self.reports.forget('h'))
+        self.assertEqual({}, self.reports.shares(B))
+
+    def test_a_report_without_holds_keeps_the_last_ones(self):
+        self.reports.record('h', [(B, 1)], {A: None})
+        self.reports.record('h', [(B, 2)])
+        self.assertEqual([((B, 2),), ((A, None),)],
+                         [x for h in self.reports.list()
+                          for x in (h.exports, h.holds)])
+        self.reports.record('h', [(B, 2)], {})
+        self.assertEqual({}, self.reports.shares(B))
+
+    def test_new_map_versions_and_deleted_images(self):
+        self.reports.record('h', [], {A: None})
+        self.lib.remap(B)
+        self.assertAlmostEqual(2 / 3, self.reports.shares(B)['h'])
+        self.lib.delete(B)
+        self.assertEqual({}, self.reports.shares(B))
+
+
+class TestHostSide(HoldingsTestCase):
+
+    def test_holdings_of_whole_bases_and_mirrors(self):
+        root = self.scratch()
+        files = hostdir.HostDir(root, None)
+        os.makedirs(os.path.join(root, 'bases'))
+        with open(os.path.join(root, 'bases', A), 'wb') as f:
+            f.write(bytes(4 * BS))
+        m = files.mirror(B)
+        os.makedirs(os.path.dirname(m.data))
+        open(m.data, 'wb').close()
+        mirror_format.create_present(m.present, mirror_format.Header(
+            B, 4 * BS, BS))
+        with open(m.present, 'r+b') as f:
+            f.seek(mirror_format.PRESENT_HEADER_SIZE)
+            f.write(bytes([0b101]))
+        # a mirror still being made: no present file yet
+        open(files.mirror(C).data, 'wb').close()
+        self.assertEqual({A: None, B: 2}, files.holdings())
+        self.conf.set_override('host', 'h1', group='vmar')
+        self.assertEqual([[A, None], [B, 2]],
+                         report.payload(self.conf, root)['holds'])
+
+    def test_agent_records_holds_and_drops_bad_ones(self):
+        ep = agent.HostReportEndpoint(self.conf, None)
+        handled = oslo_messaging.NotificationResult.HANDLED
+        self.assertEqual(handled, ep.info({}, 'vmar-export.h',
+                                          'vmar.host.exports', {
+                                              'host': 'h', 'exports': [],
+                                              'holds': [[A, None], [B, 1]]},
+                                          {}))
+        self.assertEqual([((A, None), (B, 1))],
+                         [h.holds for h in self.reports.list()])
+        for bad in ([[A, -1]], [['x', 1]], [[A]], 'x', [[A, 'n']]):
+            ep.info({}, 'p', 'vmar.host.exports',
+                    {'host': 'h', 'exports': [], 'holds': bad}, {})
+        self.assertEqual([((A, None), (B, 1))],
+                         [h.holds for h in self.reports.list()])
+
+
+class TestWeigher(HoldingsTestCase):
+
+    def setUp(self):
+        super().setUp()
+        objects.register_all()
+        fixture = self.useFixture(config_fixture.Config(vmar_conf.CONF))
+        fixture.config(connection=self.database_url(), group='vmar_database')
+        self.reports.record('h1', [], {A: None})
+        self.reports.record('h2', [], {A: None, B: None})
+        self.hosts = [host_manager.HostState(h, h, str(uuid.uuid4()))
+                      for h in ('h0', 'h1', 'h2')]
+
+    def spec(self, image_id=B, vmar='true'):
+        return objects.RequestSpec(
+            flavor=objects.Flavor(extra_specs={'vmar:enabled': vmar}),
+            image=objects.ImageMeta(id=image_id))
+
+    def weighed(self, spec):
+        return [(w.obj.host, round(w.weight, 3)) for w in
+                weights.HostWeightHandler().get_weighed_objects(
+                    [weigher.VmarWeigher()], self.hosts, spec)]
+
+    def test_hosts_holding_more_of_the_image_weigh_more(self):
+        self.assertEqual([('h2', 5.0), ('h1', 3.333), ('h0', 0.0)],
+                         self.weighed(self.spec()))
+
+    def test_aggregate_multiplier_overrides_the_option(self):
+        self.hosts[1].aggregates = [objects.Aggregate(
+            metadata={'vmar_weight_multiplier': '9'})]
+        self.assertEqual([('h1', 6.0), ('h2', 5.0), ('h0', 0.0)],
+                         self.weighed(self.spec()))
+
+    def test_ordinary_flavors_and_unknown_images_weigh_nothing(self):
+        for spec in (self.spec(vmar='false'), self.spec(image_id=C),
+                     objects.RequestSpec(
+                         flavor=objects.Flavor(extra_specs={
+                             'vmar:enabled': 'true'}),
+                         image=objects.ImageMeta())):
+            self.assertEqual({0.0}, {w for _h, w in self.weighed(spec)})
+
+    def test_an_unreachable_database_weighs_nothing(self):
+        self.useFixture(config_fixture.Config(vmar_conf.CONF)).config(
+            connection='sqlite:///%s/no/such/dir/x.sqlite' % self.tmp,
+            group='vmar_database')
+        self.assertEqual({0.0}, {w for _h, w in self.weighed(self.spec())})
