@@ -18,6 +18,7 @@ MAX_MAP_VERSION = 999999
 
 _UUID = r'[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}'
 _VERSION = r'[0-9]{1,%d}' % len(str(MAX_MAP_VERSION))
+_ID = re.compile(r'^%s$' % _UUID)
 _MAP_FILE = re.compile(r'^(?P<id>%s)\.(?P<v>%s)\.vmap$' % (_UUID, _VERSION))
 # the key of an export's holder: 128 random bits, in hex
 _KEY = r'[0-9a-f]{32}'
@@ -43,18 +44,23 @@ def digest_file(image_id):
     return '%s.vdig' % image_id
 
 
+def is_uuid(name):
+    """Whether ``name`` is an image id as vmar names files after it."""
+    return _ID.match(name) is not None
+
+
 def bootset_file(image_id):
     """File name of the boot working set of an image: ``<id>.vboot``."""
     return '%s.vboot' % image_id
 
 
-# notifications of compute hosts to vmar-agent (vmar_openstack.export.report)
 # the flavor extra specs of vmar servers (validated by nova-api through
 # vmar_openstack.nova_imagebackend.extra_specs)
 SPEC_ENABLED = 'vmar:enabled'
 SPEC_HOST_CACHE = 'vmar:host_cache'
 SPEC_GUEST_CACHE = 'vmar:guest_cache'
 
+# notifications of compute hosts to vmar-agent (vmar_openstack.export.report)
 HOST_EXPORTS_EVENT = 'vmar.host.exports'
 HOST_BOOTSET_EVENT = 'vmar.host.bootset'
 

@@ -9,6 +9,8 @@ RequestSpec objects. The multi-host functional test is issue 17's
 import os
 import uuid
 
+import fixtures
+
 from nova import objects
 from nova.scheduler import host_manager
 from nova.scheduler import weights
@@ -57,16 +59,17 @@ class TestShares(HoldingsTestCase):
     def test_share_of_whole_bases_and_mirrors(self):
         self.reports.record('whole-a', [], {A: None})
         self.reports.record('half-a', [], {A: 2})            # 2 of 4
-        self.reports.record('third-b', [], {B: 1})           # 1 of 3
+        self.reports.record('all-of-b', [], {B: 1})   # B's 1 canonical
         self.reports.record('both', [], {A: None, B: None})
         self.reports.record('other', [], {C: None})
         self.reports.record('silent', [])
         shares = self.reports.shares(B)
-        self.assertEqual({'whole-a', 'half-a', 'third-b', 'both'},
+        self.assertEqual({'whole-a', 'half-a', 'all-of-b', 'both'},
                          set(shares))
         self.assertAlmostEqual(2 / 3, shares['whole-a'])
         self.assertAlmostEqual(1 / 3, shares['half-a'])
-        self.assertAlmostEqual(1 / 9, shares['third-b'])
+        # B's mirror holds every block any map reads from B
+        self.assertAlmostEqual(1 / 3, shares['all-of-b'])
         self.assertAlmostEqual(1.0, shares['both'])
         # A reads only itself
         self.assertAlmostEqual(0.5, self.reports.shares(A)['half-a'])
@@ -127,11 +130,23 @@ class TestHostSide(HoldingsTestCase):
                                           {}))
         self.assertEqual([((A, None), (B, 1))],
                          [h.holds for h in self.reports.list()])
-        for bad in ([[A, -1]], [['x', 1]], [[A]], 'x', [[A, 'n']]):
-            ep.info({}, 'p', 'vmar.host.exports',
-                    {'host': 'h', 'exports': [], 'holds': bad}, {})
-        self.assertEqual([((A, None), (B, 1))],
-                         [h.holds for h in self.reports.list()])
+        for v, bad in enumerate(([[A, -1]], [['x', 1]], [[A]], 'x',
+                                 [[A, 'n']], [[7, 1]], [[A, 2 ** 64]],
+                                 [[A, True]], [[A, 1.5]], [[A, None, 1]])):
+            self.assertEqual(handled, ep.info(
+                {}, 'p', 'vmar.host.exports',
+                {'host': 'h', 'exports': [[B, v + 1]], 'holds': bad}, {}))
+            # the exports are recorded, what it held before stands
+            self.assertEqual([(((B, v + 1),), ((A, None), (B, 1)))],
+                             [(h.exports, h.holds)
+                              for h in self.reports.list()])
+
+    def test_holdings_skip_what_is_not_vmars(self):
+        root = self.scratch()
+        os.makedirs(os.path.join(root, 'bases', 'lost+found'))
+        with open(os.path.join(root, 'bases', A), 'wb') as f:
+            f.write(bytes(BS))
+        self.assertEqual({A: None}, hostdir.HostDir(root, None).holdings())
 
 
 class TestWeigher(HoldingsTestCase):
@@ -174,8 +189,36 @@ class TestWeigher(HoldingsTestCase):
                          image=objects.ImageMeta())):
             self.assertEqual({0.0}, {w for _h, w in self.weighed(spec)})
 
-    def test_an_unreachable_database_weighs_nothing(self):
+    def test_boots_from_volume_weigh_nothing(self):
+        spec = self.spec()
+        spec.is_bfv = True
+        self.assertEqual({0.0}, {w for _h, w in self.weighed(spec)})
+
+    def test_one_weigher_weighs_each_request_by_its_own_image(self):
+        w = weigher.VmarWeigher()
+        objs = [weights.WeighedHost(h, 0.0) for h in self.hosts]
+        self.assertEqual([0.0, 2 / 3, 1.0], w.weigh_objects(objs,
+                                                            self.spec()))
+        self.assertEqual([0.0, 1.0, 1.0], w.weigh_objects(objs,
+                                                          self.spec(A)))
+
+    def test_an_unreachable_database_weighs_nothing_for_a_while(self):
         self.useFixture(config_fixture.Config(vmar_conf.CONF)).config(
             connection='sqlite:///%s/no/such/dir/x.sqlite' % self.tmp,
             group='vmar_database')
+        w = weigher.VmarWeigher()
+        calls = []
+        real = db_hosts.HostReports.shares
+
+        def counted(reports, image_id):
+            calls.append(image_id)
+            return real(reports, image_id)
+        self.useFixture(fixtures.MockPatchObject(
+            db_hosts.HostReports, 'shares', counted))
+        for _ in range(3):
+            self.assertEqual({}, w.shares(self.spec()))
+        self.assertEqual([B], calls)
+
+    def test_an_unset_database_weighs_nothing(self):
+        vmar_conf.CONF.clear_override('connection', group='vmar_database')
         self.assertEqual({0.0}, {w for _h, w in self.weighed(self.spec())})

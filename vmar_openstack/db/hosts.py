@@ -83,9 +83,10 @@ class HostReports:
         The image's current map says how many blocks it reads from each
         base; a host holding a base whole holds all of them, a host
         holding a mirror of it is taken to hold them in the proportion of
-        the base's data blocks its mirror holds. Hosts holding none of
-        them are left out; empty if the image is unknown, has no map yet
-        or its map predates the per-target counts.
+        the base's canonical blocks (those its own map reads from itself,
+        the only ones any map reads from it) its mirror holds. Hosts
+        holding none of them are left out; empty if the image is unknown,
+        has no map yet or its map predates the per-target counts.
         """
         with db_session.reader(self.conf) as s:
             img = s.execute(sa.select(models.Image).where(
@@ -99,10 +100,7 @@ class HostReports:
             total = sum(need.values())
             if not total:
                 return {}
-            data = {r.image_id: r.n_blocks - r.zero_blocks for r in s.execute(
-                sa.select(models.Image.image_id, models.Image.n_blocks,
-                          models.Image.zero_blocks)
-                .where(models.Image.image_id.in_(list(need)))).all()}
+            data = self._canonical_blocks(s, list(need))
             out = {}
             for r in s.execute(sa.select(
                     models.HostBase.host, models.HostBase.base_id,
@@ -116,6 +114,24 @@ class HostReports:
                     continue    # a mirror of a base the library forgot
                 out[r.host] = out.get(r.host, 0.0) + need[r.base_id] * frac
             return {h: v / total for h, v in out.items()}
+
+    @staticmethod
+    def _canonical_blocks(session, image_ids):
+        """``{image id: blocks its current map reads from itself}``.
+
+        Maps written before the per-target counts: its data blocks.
+        """
+        img, mt = models.Image, models.MapTarget
+        out = {r.image_id: r.n_blocks - r.zero_blocks for r in session.execute(
+            sa.select(img.image_id, img.n_blocks, img.zero_blocks)
+            .where(img.image_id.in_(image_ids))).all()}
+        out.update(session.execute(
+            sa.select(img.image_id, mt.blocks).join(
+                mt, sa.and_(mt.seq == img.seq,
+                            mt.version == img.map_version,
+                            mt.target_id == img.image_id))
+            .where(img.image_id.in_(image_ids))).all())
+        return out
 
     def forget(self, host):
         """Drop a host's report; whether there was one."""

@@ -181,6 +181,8 @@ class HostBase(Base):
     blocks its mirror holds.
     """
     __tablename__ = 'vmar_host_bases'
+    # the weigher looks a base's holders up
+    __table_args__ = (sa.Index('ix_vmar_host_bases_base_id', 'base_id'),)
 
     host = sa.Column(sa.String(255), sa.ForeignKey(
         'vmar_hosts.host', ondelete='CASCADE'), primary_key=True)

@@ -405,6 +405,8 @@ class HostDir:
         """
         out = {}
         for image_id in self.bases():
+            if not names.is_uuid(image_id):
+                continue    # not vmar's (lost+found)
             if not self.is_mirror(image_id):
                 out[image_id] = None
                 continue

@@ -77,9 +77,16 @@ def payload(conf, host_dir):
     with export_state.State(host_dir) as state:
         held = sorted({(e.image_id, e.map_version)
                        for e in state.exports.values()})
-    holds = sorted(hostdir.HostDir(host_dir, None).holdings().items())
-    return {'host': conf.vmar.host, 'exports': [list(e) for e in held],
-            'holds': [list(h) for h in holds]}
+    out = {'host': conf.vmar.host, 'exports': [list(e) for e in held]}
+    try:
+        holds = hostdir.HostDir(host_dir, None).holdings()
+    except OSError as e:
+        # the exports protect map versions: send them anyway; the agent
+        # keeps what the host last said it holds
+        LOG.warning('the bases held are left out of the report: %s', e)
+    else:
+        out['holds'] = [list(h) for h in sorted(holds.items())]
+    return out
 
 
 class Reporter:

@@ -372,11 +372,18 @@ class HostReportEndpoint:
                        for i, v in payload['exports']]
             if not isinstance(host, str) or not host:
                 raise ValueError('no host')
-            holds = _holds(payload.get('holds'))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             LOG.warning('malformed report from %s dropped: %s',
                         publisher_id, e)
             return oslo_messaging.NotificationResult.HANDLED
+        try:
+            holds = _holds(payload.get('holds'))
+        except (TypeError, ValueError) as e:
+            # what it holds only steers placement: keep its exports, which
+            # protect map versions from collection
+            LOG.warning('malformed holds in the report of %s ignored: %s',
+                        host, e)
+            holds = None
         try:
             self.reports.record(host, exports, holds)
         except Exception as e:         # the database away: redeliver
@@ -426,12 +433,17 @@ def _holds(items):
     """
     if items is None:
         return None
+    if not isinstance(items, list):
+        raise TypeError('holds: not a list')
     out = {}
-    for base, blocks in items:
-        if blocks is not None:
-            blocks = int(blocks)
-            if blocks < 0:
-                raise ValueError('%d blocks held' % blocks)
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 2
+                and isinstance(item[0], str)):
+            raise ValueError('holds: %r' % (item,))
+        base, blocks = item
+        if blocks is not None and (
+                type(blocks) is not int or not 0 <= blocks < 2 ** 63):
+            raise ValueError('holds: %r blocks of %s' % (blocks, base))
         out[str(uuid.UUID(base))] = blocks
     return out
 

@@ -18,8 +18,12 @@ Enable it in nova-scheduler's nova.conf::
     connection = <the cluster database vmar-agent writes>
 """
 
+import threading
+import time
+
 from nova.scheduler import utils
 from nova.scheduler import weights
+from oslo_config import cfg
 from oslo_log import log as logging
 from oslo_utils import strutils
 
@@ -30,17 +34,32 @@ from vmar_openstack import names
 CONF = vmar_conf.CONF
 LOG = logging.getLogger(__name__)
 
+# after a failed lookup, weigh every host 0 for this long without asking
+# the database again: an unreachable database must not slow every request
+BACKOFF_SECONDS = 60
+
 
 def image_of(spec):
-    """The image id a vmar server of request ``spec`` boots, or None."""
-    flavor = getattr(spec, 'flavor', None)
-    specs = getattr(flavor, 'extra_specs', None) or {}
+    """The image id a vmar server of request ``spec`` boots, or None.
+
+    None for ordinary flavors and boots from volume (the volume, not the
+    image, is the disk; Nova still names the image in the request).
+    """
+    if not (spec.obj_attr_is_set('flavor') and spec.obj_attr_is_set('image')):
+        return None
+    specs = spec.flavor.extra_specs or {}
     if not strutils.bool_from_string(specs.get(names.SPEC_ENABLED, 'false')):
         return None
-    image = getattr(spec, 'image', None)
-    if image is None or not image.obj_attr_is_set('id'):
-        return None     # boot from volume: no image on the host
-    return image.id
+    if spec.obj_attr_is_set('is_bfv') and spec.is_bfv:
+        return None
+    if not spec.image.obj_attr_is_set('id'):
+        return None
+    return spec.image.id
+
+
+def _configured():
+    loc = CONF.get_location('connection', 'vmar_database')
+    return loc is not None and loc.location != cfg.Locations.opt_default
 
 
 class VmarWeigher(weights.BaseHostWeigher):
@@ -50,7 +69,14 @@ class VmarWeigher(weights.BaseHostWeigher):
     maxval = 1.0
 
     def __init__(self):
-        self._shares = {}
+        # Nova makes one weigher per scheduler and may weigh requests in
+        # several threads at once: no per-request state on the object
+        self._lock = threading.Lock()
+        self._failed_until = 0.0
+        if not _configured():
+            LOG.error('vmar weigher: [vmar_database] connection is not set '
+                      'in nova-scheduler\'s configuration; every host '
+                      'weighs 0')
 
     def weight_multiplier(self, host_state):
         return utils.get_weight_multiplier(
@@ -59,21 +85,34 @@ class VmarWeigher(weights.BaseHostWeigher):
 
     def weigh_objects(self, weighed_obj_list, weight_properties):
         """Look the image's holders up once, then weigh every host."""
-        self._shares = self._lookup(weight_properties)
-        return super().weigh_objects(weighed_obj_list, weight_properties)
+        shares = self.shares(weight_properties)
+        return [shares.get(o.obj.host, 0.0) for o in weighed_obj_list]
 
-    def _lookup(self, spec):
-        image_id = image_of(spec)
-        if image_id is None:
+    def _weigh_object(self, host_state, weight_properties):
+        return self.shares(weight_properties).get(host_state.host, 0.0)
+
+    def shares(self, spec):
+        """``{host: share}`` of the image of request ``spec``."""
+        try:
+            image_id = image_of(spec)
+        except Exception as e:      # an odd request must not fail boots
+            LOG.warning('vmar weigher: cannot tell the image of the '
+                        'request, weighing every host 0: %s', e)
             return {}
+        if image_id is None or not _configured():
+            return {}
+        with self._lock:
+            if time.monotonic() < self._failed_until:
+                return {}
         try:
             shares = db_hosts.HostReports(CONF).shares(image_id)
         except Exception as e:      # the database away: do not fail boots
+            with self._lock:
+                self._failed_until = time.monotonic() + BACKOFF_SECONDS
             LOG.warning('vmar weigher: the hosts holding image %s are '
-                        'unknown, weighing every host 0: %s', image_id, e)
+                        'unknown, weighing every host 0 for %d s: %s',
+                        image_id, BACKOFF_SECONDS, e)
             return {}
-        LOG.debug('vmar weigher: image %s held by %s', image_id, shares)
-        return shares
-
-    def _weigh_object(self, host_state, weight_properties):
-        return self._shares.get(host_state.host, 0.0)
+        LOG.debug('vmar weigher: image %s held by %d hosts', image_id,
+                  len(shares))
+        return {h: min(1.0, max(0.0, v)) for h, v in shares.items()}

@@ -42,3 +42,5 @@ def upgrade():
         sa.Column('base_id', sa.String(36), primary_key=True),
         sa.Column('blocks', sa.BigInteger, nullable=True),
     )
+    op.create_index('ix_vmar_host_bases_base_id', 'vmar_host_bases',
+                    ['base_id'])
