@@ -1,8 +1,8 @@
 """The library on real MariaDB and PostgreSQL servers.
 
-The oracle, scope, collision, lookahead, tier, split and migration tests
-of the unit suite run again here on each server, plus concurrent ingests
-from separate processes.
+The oracle, scope, collision, lookahead, tier, split, migration and host
+holdings tests of the unit suite run again here on each server, plus
+concurrent ingests from separate processes.
 """
 
 import subprocess
@@ -14,6 +14,7 @@ from tests.unit import test_ahead
 from tests.unit import test_clusters
 from tests.unit import test_mapgen
 from tests.unit import test_migrations
+from tests.unit import test_weigher
 from tools.vmarenv import services
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
@@ -86,6 +87,14 @@ class TestMigration0007MariaDB(MariaDB, test_migrations.TestMigration0007):
 
 class TestMigration0007PostgreSQL(PostgreSQL,
                                   test_migrations.TestMigration0007):
+    pass
+
+
+class TestSharesMariaDB(MariaDB, test_weigher.TestShares):
+    pass
+
+
+class TestSharesPostgreSQL(PostgreSQL, test_weigher.TestShares):
     pass
 
 
