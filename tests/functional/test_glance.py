@@ -962,14 +962,16 @@ class TestGlance(GlanceTestCase):
                          m[('vmar_agent_ingested_bytes_total', ())])
         self.assert_consistent()
 
-    def export_host(self, name):
+    def export_host(self, name, **vmar):
         """A compute host: vmar-export serve reading this Glance.
 
         It reports its exports every second. Returns a function running
-        vmar-export commands on that host.
+        vmar-export commands on that host. ``vmar``: more of its [vmar]
+        options.
         """
         d = os.path.join(self.tmp, name)
         os.makedirs(d)
+        os.makedirs('/run/vmar-test', exist_ok=True)
         sock_dir = tempfile.mkdtemp(prefix='gc-', dir='/run/vmar-test')
         self.addCleanup(shutil.rmtree, sock_dir, True)
         conf = os.path.join(d, 'vmar.conf')
@@ -979,7 +981,8 @@ class TestGlance(GlanceTestCase):
                      'map_source': 'glance',
                      'export_socket': os.path.join(sock_dir, 'nbd.sock'),
                      'qemu_storage_daemon':
-                         qemu_env.qemu_bin('qemu-storage-daemon')},
+                         qemu_env.qemu_bin('qemu-storage-daemon'),
+                     **vmar},
             'vmar_glance': {'auth_type': 'none',
                             'endpoint': self.glance.endpoint,
                             'endpoint_override': self.glance.endpoint}})
@@ -1054,6 +1057,34 @@ class TestGlance(GlanceTestCase):
             self.assertTrue(self.map_image_exists(image_id, v))
         self.assert_consistent()
         self.manage('hosts', 'forget', 'gc-host')
+
+    def test_hosts_report_what_they_hold(self):
+        """The channel of the scheduler's vmar weigher, end to end."""
+        for h in json.loads(self.manage('hosts', 'list', '--json').stdout):
+            self.manage('hosts', 'forget', h['host'])
+        a = self.create(self.image('hold-a.raw', list(range(93001, 93065))))
+        # b's first half is a's: its map reads 32 blocks of a, 32 of b
+        b = self.create(self.image('hold-b.raw', list(range(93001, 93033))
+                                   + list(range(94001, 94033))))
+        self.wait_map(a)
+        self.wait_map(b)
+
+        def shares(image_id):
+            out = self.manage('hosts', 'shares', image_id).stdout
+            return dict(ln.split() for ln in out.splitlines()[1:] if ln)
+        export_cli = self.export_host('hold-host', base_fetch='full')
+        export_cli('add', a, '--holder', 'instance-1')
+        # the host holds a whole: all of a, half of b
+        self.wait_until(lambda: shares(b) == {'hold-host': '0.500'},
+                        'shares of %s: %s' % (b, shares(b)))
+        self.assertEqual({'hold-host': '1.000'}, shares(a))
+        hosts = json.loads(self.manage('hosts', 'list', '--json').stdout)
+        self.assertEqual([[[a, None]]], [h['holds'] for h in hosts])
+        # the instance goes, and with it the base
+        export_cli('remove', a, '--holder', 'instance-1')
+        self.wait_until(lambda: not shares(b), 'shares of %s: %s'
+                        % (b, shares(b)))
+        self.manage('hosts', 'forget', 'hold-host')
 
     def test_hostile_uploads(self):
         before = self.library_count()
