@@ -36,6 +36,19 @@ def write_temp(path, data, mode=0o644):
     return tmp
 
 
+def new_temp(path):
+    """A new empty temporary file next to ``path``, for a writer to fill.
+
+    Unique per call (threads of one process included); :func:`install`
+    moves it to ``path``, the caller removes it if it never does.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=directory)
+    os.close(fd)
+    return tmp
+
+
 def install(tmp, path):
     """Rename a file from :func:`write_temp` to ``path``, durably."""
     try:

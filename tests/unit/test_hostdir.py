@@ -1,13 +1,15 @@
-"""Which mirrors a host keeps when no export reads them."""
+"""A host's files: which mirrors it keeps, boot working sets fetched."""
 
 import collections
 import os
+import threading
 import uuid
 
 import fixtures
 import testtools
 
 from vmar_openstack.export import hostdir
+from vmar_openstack.mapformat import bootset
 
 Exp = collections.namedtuple('Exp', 'image_id map_version targets')
 
@@ -50,3 +52,36 @@ class TestMirrorEviction(testtools.TestCase):
 
     def test_referenced_mirrors_stay_above_the_budget(self):
         self.assertEqual([self.ids[0]], self.mirrors(1, [self.ids[0]]))
+
+
+class TestBootsetFetch(testtools.TestCase):
+    """ensure_bootset under a shared hold: exports prepared at once."""
+
+    def test_concurrent_fetches_of_one_set_both_succeed(self):
+        root = self.useFixture(fixtures.TempDir()).path
+        image_id = str(uuid.uuid4())
+        data = bootset.encode(bootset.Bootset(image_id, 8 * 4096, 4096,
+                                              'recorded', ((0, 2),)))
+        both = threading.Barrier(2, timeout=10)
+
+        class Source:
+            def fetch_bootset(self, image_id, dest):
+                both.wait()     # both fetches are under way at once
+                with open(dest, 'wb') as f:
+                    f.write(data)
+
+        files = hostdir.HostDir(root, Source())
+        out = []
+        threads = [threading.Thread(
+            target=lambda: out.append(files.ensure_bootset(image_id)))
+            for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        path = files.bootset_file(image_id)
+        self.assertEqual([path, path], out)
+        with open(path, 'rb') as f:
+            self.assertEqual(data, f.read())
+        self.assertEqual([os.path.basename(path)],
+                         os.listdir(os.path.dirname(path)))

@@ -142,8 +142,9 @@ class HostDir:
         fetch = getattr(self.source, 'fetch_bootset', None)
         if fetch is None:
             return None
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + '.%d.tmp' % os.getpid()
+        # several exports of the image may be prepared at once (the hold
+        # is shared): each fetches into a file of its own
+        tmp = fileutils.new_temp(path)
         try:
             fetch(image_id, tmp)
             bootset_format.read(tmp, image_id)
@@ -366,7 +367,7 @@ class HostDir:
 
         None if the source has none usable (the base is copied whole).
         """
-        tmp = dest + '.%d.tmp' % os.getpid()
+        tmp = fileutils.new_temp(dest)
         try:
             self.source.fetch_digests(target.image_id, tmp)
             hdr, _rows = mirror_format.read_digests(tmp)
