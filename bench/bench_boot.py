@@ -572,6 +572,9 @@ def main():
     p.add_argument('--delay', default='2ms', help='store: nbdkit delay-read=')
     p.add_argument('--validate', type=int, default=0,
                    help='real TCG boots of this many servers per config')
+    p.add_argument('--validation-from', metavar='ROUNDS_JSON',
+                   help='report the validation of an earlier run of this '
+                        'machine (its rounds.json) instead of running it')
     p.add_argument('--timeout', type=int, default=600)
     p.add_argument('--out', default='bench/report',
                    help='rounds.json and the plots')
@@ -619,7 +622,12 @@ def main():
                        | {'reads': len(t['reads'])}
                        for n, t in traces.items()},
                    'rounds': []}
-        if args.validate:
+        if args.validation_from:
+            with open(args.validation_from) as f:
+                earlier = json.load(f)
+            results['validation'] = earlier['validation']
+            results['validation_run'] = earlier['machine']['date']
+        elif args.validate:
             print('== validation: %d real boots per configuration'
                   % args.validate, flush=True)
             results['validation'] = validate(args, work, lib_root, ids,

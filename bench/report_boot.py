@@ -235,8 +235,11 @@ def write(results, out, report=None):
                      'started' % (name, t['reads'], t['booted']))
     lines.append('')
     if results.get('validation'):
-        lines += ['## Replay against real boots', '',
-                  '| config | real boots s | replayed s | difference |',
+        lines += ['## Replay against real boots', '']
+        if results.get('validation_run'):
+            lines += ['From an earlier run of this machine (%s), with its '
+                      'own traces.' % results['validation_run'], '']
+        lines += ['| config | real boots s | replayed s | difference |',
                   '|---|---|---|---|']
         for config, row in results['validation'].items():
             real, rep = np.mean(row['real']), np.mean(row['replay'])
