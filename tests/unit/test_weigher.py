@@ -10,6 +10,7 @@ import os
 import uuid
 
 import fixtures
+import sqlalchemy as sa
 
 from nova import objects
 from nova.scheduler import host_manager
@@ -20,6 +21,8 @@ import oslo_messaging
 from tests import base
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import hosts as db_hosts
+from vmar_openstack.db import models
+from vmar_openstack.db import session as db_session
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import report
 from vmar_openstack.glance_hooks import agent
@@ -222,3 +225,25 @@ class TestWeigher(HoldingsTestCase):
     def test_an_unset_database_weighs_nothing(self):
         vmar_conf.CONF.clear_override('connection', group='vmar_database')
         self.assertEqual({0.0}, {w for _h, w in self.weighed(self.spec())})
+
+
+class TestBackfill(HoldingsTestCase):
+    """Maps written before revision 0010 get their counts from the files."""
+
+    def forget_counts(self):
+        with db_session.locked_writer(self.conf) as s:
+            s.execute(sa.delete(models.MapTarget))
+
+    def test_counts_of_earlier_maps_come_from_their_files(self):
+        self.reports.record('h', [], {A: None})
+        self.forget_counts()
+        self.assertEqual({}, self.reports.shares(B))
+        self.assertEqual((2, []), self.lib.backfill_map_targets())
+        self.assertAlmostEqual(2 / 3, self.reports.shares(B)['h'])
+        # once done, nothing more to do
+        self.assertEqual((0, []), self.lib.backfill_map_targets())
+
+    def test_a_lost_map_file_is_named(self):
+        self.forget_counts()
+        os.unlink(ingest.map_path(self.conf, B, 1))
+        self.assertEqual((1, [(B, 1)]), self.lib.backfill_map_targets())

@@ -51,6 +51,14 @@ def _out(text=''):
 def db_sync():
     migration.upgrade('head')
     _out('database at revision %s' % migration.current())
+    # maps written before the per-target counts (the scheduler weigher's)
+    recorded, missing = ingest.Library(CONF).backfill_map_targets()
+    if recorded:
+        _out('recorded the block counts of %d earlier maps' % recorded)
+    for image_id, version in missing:
+        _out('map v%d of %s: its file is unreadable here, so no block '
+             'counts: the image weighs 0 in the vmar scheduler weigher '
+             'until a new map version is written' % (version, image_id))
 
 
 def db_version():

@@ -172,6 +172,23 @@ class ClusterStore:
         self.session.add(models.MapVersion(
             seq=seq, version=version, size=size, sha256=sha256,
             n_extents=n_extents))
+        self.record_map_targets(seq, version, targets)
+
+    def map_versions_without_targets(self):
+        """``[(seq, image id, version)]`` of current maps lacking counts.
+
+        Maps written before revision 0010 (per-target block counts).
+        """
+        img, mt = models.Image, models.MapTarget
+        has = sa.select(mt.seq).where(mt.seq == img.seq,
+                                      mt.version == img.map_version)
+        return [tuple(r) for r in self.session.execute(
+            sa.select(img.seq, img.image_id, img.map_version)
+            .where(img.map_version > 0, ~has.exists())
+            .order_by(img.seq)).all()]
+
+    def record_map_targets(self, seq, version, targets):
+        """The per-target counts of a map version recorded without them."""
         self.session.add_all(models.MapTarget(
             seq=seq, version=version, target_id=t, blocks=n)
             for t, n in targets if n)

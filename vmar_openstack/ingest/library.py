@@ -204,6 +204,31 @@ class Library:
             img = self._get(store, image_id)
             return self._write_maps(store, {img.seq}, written)[image_id]
 
+    def backfill_map_targets(self):
+        """Record the per-target counts of current maps written without.
+
+        Maps written before the counts existed (revision 0010) are read
+        from their files. Returns ``(recorded, missing)``: how many maps
+        got their counts, and the ``(image id, version)`` whose file is
+        gone or unreadable (``remap`` writes them a new version).
+        """
+        recorded, missing = 0, []
+        with self._mutation() as (store, _written):
+            for seq, image_id, version in \
+                    store.map_versions_without_targets():
+                path = paths.map_path(self.conf, image_id, version)
+                try:
+                    bmap = mapformat.read(path)
+                except (OSError, exception.MapFormatError) as e:
+                    LOG.warning('map v%d of %s: no block counts (%s)',
+                                version, image_id, e)
+                    missing.append((image_id, version))
+                    continue
+                store.record_map_targets(seq, version, mapformat.target_blocks(
+                    bmap.targets, bmap.extents))
+                recorded += 1
+        return recorded, missing
+
     # -- helpers -----------------------------------------------------------
 
     @contextlib.contextmanager
