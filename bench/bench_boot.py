@@ -559,7 +559,7 @@ def main():
     p.add_argument('--rates', default='0.5,1,3',
                    help='arrivals per second: the paper\'s every 10 s, 5 s '
                         'and 1 s, scaled up because its boots took 50-100 s '
-                        'and these traces 35-50 s (TCG on this machine), so '
+                        'and these traces 25-50 s (TCG on this machine), so '
                         'that as many boots overlap or more')
     p.add_argument('--memory', default='none,96M',
                    help='page cache budgets of the host\'s base readers '
