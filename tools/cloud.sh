@@ -4,11 +4,15 @@
 # import plugin), Neutron (API only), Nova (api, conductor, scheduler,
 # vmar-nova-compute with libvirt/TCG), vmar-agent and vmar-export.
 #
-# Usage: tools/cloud.sh up|down [--purge]|status [--state-dir DIR]
+# Usage: tools/cloud.sh up [--computes N]|down [--purge]|status
+#                       [--state-dir DIR]
 #
 #   up      install what is missing (tools/install-deps.sh cloud, the
 #           patched QEMU of qemu/build.sh), then start every service that
-#           is not running; the last line on stdout is an admin openrc
+#           is not running; the last line on stdout is an admin openrc.
+#           --computes N (N > 1, a new cloud only): N compute hosts, each
+#           in mount, UTS and network namespaces of its own with its own
+#           libvirtd, sshd, vmar-export and vmar-nova-compute
 #   status  one line per service: state, pids, endpoint (exit 3 if any
 #           service is down)
 #   down    stop everything up started, destroy its libvirt domains;
@@ -41,7 +45,8 @@ case $cmd in
         exec "$venv/bin/python" -m tools.cloud "$cmd" "$@"
         ;;
     *)
-        echo "usage: $0 up|down [--purge]|status [--state-dir DIR]" >&2
+        echo "usage: $0 up [--computes N]|down [--purge]|status" \
+            "[--state-dir DIR]" >&2
         exit 2
         ;;
 esac

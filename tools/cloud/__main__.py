@@ -16,6 +16,9 @@ def main(argv=None):
                         'or %s' % config.DEFAULT_STATE_DIR)
     parser.add_argument('--qemu-prefix', help='the patched QEMU '
                         '(qemu/build.sh prints it)')
+    parser.add_argument('--computes', type=int, metavar='N',
+                        help='up: a new cloud gets N compute hosts, each '
+                        'in namespaces of its own when N > 1 (default 1)')
     parser.add_argument('--purge', action='store_true',
                         help='down: also remove the state directory')
     args = parser.parse_args(argv)
@@ -28,7 +31,7 @@ def main(argv=None):
     t0 = time.time()
     try:
         if args.command == 'up':
-            openrc = stack.up(cloud, echo)
+            openrc = stack.up(cloud, echo, args.computes)
             echo('cloud up in %.1f s' % (time.time() - t0))
             print(openrc)
         elif args.command == 'down':

@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import sys
 import uuid
 
@@ -23,6 +24,11 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(
 TEMPLATES = os.path.join(TOP, 'etc', 'cloud')
 DEFAULT_STATE_DIR = '/var/lib/vmar-cloud'
 REGION = 'RegionOne'
+# --computes N > 1: the control plane listens on the bridge's address and
+# compute host i (1..N) is NETWORK.(10+i) in a network namespace of its
+# own (tools/cloud/hosts.py)
+NETWORK = '10.254.77'
+BRIDGE = 'vmarbr0'
 
 PORTS = ('mysql', 'rabbit', 'rabbit_dist', 'rabbit_epmd', 'keystone',
          'glance_api', 'placement', 'nova_api', 'neutron')
@@ -51,8 +57,17 @@ FILES = (
     ('ml2_conf.ini.in', 'etc/neutron/plugins/ml2/ml2_conf.ini'),
     ('neutron-uwsgi.ini.in', 'etc/neutron/neutron-uwsgi.ini'),
     ('nova.conf.in', 'etc/nova/nova.conf'),
+    ('nova-scheduler.conf.in', 'etc/nova/nova-scheduler.conf'),
     ('nova-api-uwsgi.ini.in', 'etc/nova/nova-api-uwsgi.ini'),
     ('vmar.conf.in', 'etc/vmar/vmar.conf'),
+    ('libvirtd.conf.in', 'libvirt/etc/libvirtd.conf'),
+    ('qemu.conf.in', 'libvirt/etc/qemu.conf'),
+    ('virtlogd.conf.in', 'libvirt/etc/virtlogd.conf'),
+)
+# per compute host (--computes N > 1), relative to its directory
+# <state_dir>/hosts/<name>
+HOST_FILES = (
+    ('nova-compute-host.conf.in', 'etc/nova-compute.conf'),
     ('libvirtd.conf.in', 'libvirt/etc/libvirtd.conf'),
     ('qemu.conf.in', 'libvirt/etc/qemu.conf'),
     ('virtlogd.conf.in', 'libvirt/etc/virtlogd.conf'),
@@ -63,6 +78,18 @@ PASTE = (
     ('neutron/api-paste.ini', 'etc/neutron/api-paste.ini'),
     ('nova/api-paste.ini', 'etc/nova/api-paste.ini'),
 )
+
+
+def _render(template, variables):
+    """The template's text with its @name@ placeholders filled in."""
+    def substitute(match):
+        key = match.group(1)
+        if key not in variables:
+            raise KeyError('unknown placeholder @%s@ in %s' % (key, template))
+        return str(variables[key])
+
+    with open(os.path.join(TEMPLATES, template)) as f:
+        return re.sub(r'@([a-z0-9_]+)@', substitute, f.read())
 
 
 class Cloud(object):
@@ -90,12 +117,26 @@ class Cloud(object):
 
     # -- settings -------------------------------------------------------
 
-    def load(self, create=False):
-        """Read cloud.json; with ``create``, choose and write it if absent."""
+    def load(self, create=False, computes=None):
+        """Read cloud.json; with ``create``, choose and write it if absent.
+
+        ``computes`` is the number of compute hosts a new cloud gets (one:
+        nova-compute on this machine as it is; more: each in namespaces of
+        its own); an existing cloud keeps the number it was made with.
+        """
         if os.path.exists(self.settings_file):
             with open(self.settings_file) as f:
                 self.settings = json.load(f)
+            made = self.settings.get('computes', 1)
+            if computes is not None and computes != made:
+                raise glance_env.ServiceError(
+                    'the cloud in %s has %d compute host(s), not %d: '
+                    'tools/cloud.sh down --purge first'
+                    % (self.state_dir, made, computes))
         elif create:
+            computes = computes or 1
+            if computes < 1:
+                raise glance_env.ServiceError('--computes must be >= 1')
             os.makedirs(self.state_dir, exist_ok=True)
             os.chmod(self.state_dir, 0o755)  # QEMU (libvirt-qemu) traverses
             ports = glance_env.free_ports(len(PORTS))
@@ -106,6 +147,14 @@ class Cloud(object):
                     + tuple('%s_db' % u for u in DATABASES))},
                 'libvirt_host_uuid': str(uuid.uuid4()),
                 'rabbit_node': 'vmarcloud_%s@localhost' % secrets.token_hex(3),
+                'computes': computes,
+                'address': ('127.0.0.1' if computes == 1
+                            else NETWORK + '.1'),
+                'hosts': [{'name': 'compute-%d' % i,
+                           'address': '%s.%d' % (NETWORK, 10 + i),
+                           'libvirt_host_uuid': str(uuid.uuid4())}
+                          for i in range(1, computes + 1)
+                          if computes > 1],
             }
             if self.qemu_prefix:
                 self.settings['qemu_prefix'] = self.qemu_prefix
@@ -124,6 +173,16 @@ class Cloud(object):
         self.qemu_prefix = self.settings.get('qemu_prefix')
         return True
 
+    @property
+    def address(self):
+        """Where the control plane listens (and this machine reaches it)."""
+        return self.settings.get('address', '127.0.0.1')
+
+    @property
+    def hosts(self):
+        """The compute hosts in namespaces (none: one compute, in place)."""
+        return self.settings.get('hosts', [])
+
     def port(self, name):
         return self.settings['ports'][name]
 
@@ -131,7 +190,7 @@ class Cloud(object):
         return self.settings['passwords'][name]
 
     def url(self, service):
-        return 'http://127.0.0.1:%d' % self.port(service)
+        return 'http://%s:%d' % (self.address, self.port(service))
 
     @property
     def keystone_url(self):
@@ -139,8 +198,8 @@ class Cloud(object):
 
     @property
     def transport_url(self):
-        return 'rabbit://vmar:%s@127.0.0.1:%d/' % (
-            self.password('rabbit'), self.port('rabbit'))
+        return 'rabbit://vmar:%s@%s:%d/' % (
+            self.password('rabbit'), self.address, self.port('rabbit'))
 
     @property
     def export_socket(self):
@@ -152,12 +211,14 @@ class Cloud(object):
             'libvirt', 'run', 'libvirt-sock')
 
     def db_url(self, user, database):
-        return 'mysql+pymysql://%s:%s@127.0.0.1:%d/%s?charset=utf8mb4' % (
-            user, self.password(user + '_db'), self.port('mysql'), database)
+        return 'mysql+pymysql://%s:%s@%s:%d/%s?charset=utf8mb4' % (
+            user, self.password(user + '_db'), self.address,
+            self.port('mysql'), database)
 
     def variables(self):
         v = {
             'state_dir': self.state_dir,
+            'address': self.address,
             'top': TOP,
             'log_dir': self.log_dir,
             'venv': self.venv,
@@ -169,6 +230,11 @@ class Cloud(object):
             'qemu_img': '/usr/bin/qemu-img',
             'qemu_prefix': self.qemu_prefix or '',
             'libvirt_host_uuid': self.settings['libvirt_host_uuid'],
+            # the compute host's own (HOST_FILES): a single compute is
+            # this machine, at the control plane's address
+            'host_name': socket.gethostname(),
+            'host_address': self.address,
+            'host_dir': self.state_dir,
             # Nova's default; the user-path test runs it every few seconds
             'image_cache_interval': os.environ.get(
                 'VMAR_CLOUD_IMAGE_CACHE_INTERVAL', '2400'),
@@ -181,21 +247,35 @@ class Cloud(object):
 
     # -- files ----------------------------------------------------------
 
+    def host_variables(self, host):
+        v = self.variables()
+        v.update({'host_name': host['name'],
+                  'host_address': host['address'],
+                  'host_dir': self.host_path(host),
+                  'libvirt_host_uuid': host['libvirt_host_uuid']})
+        return v
+
+    def host_path(self, host, *parts):
+        return self.path('hosts', host['name'], *parts)
+
     def render(self):
         """Write every configuration file; return the paths written."""
         variables = self.variables()
-        written = []
-
-        def substitute(match):
-            key = match.group(1)
-            if key not in variables:
-                raise KeyError('unknown placeholder @%s@' % key)
-            return str(variables[key])
-
-        for template, dest in FILES:
-            with open(os.path.join(TEMPLATES, template)) as f:
-                text = re.sub(r'@([a-z0-9_]+)@', substitute, f.read())
-            written.append(self._write(dest, text))
+        written = [self._write(dest, _render(template, variables))
+                   for template, dest in FILES]
+        if self.hosts:
+            written.append(self._write('etc/ssh/sshd_config', _render(
+                'sshd_config.in', variables)))
+            written.append(self._write('etc/hosts', ''.join(
+                '%s %s\n' % pair for pair in
+                [('127.0.0.1', 'localhost'), (self.address, 'controller')]
+                + [(h['address'], h['name']) for h in self.hosts])))
+        for host in self.hosts:
+            hv = self.host_variables(host)
+            rel = os.path.relpath(self.host_path(host), self.state_dir)
+            for template, dest in HOST_FILES:
+                written.append(self._write(os.path.join(rel, dest),
+                                           _render(template, hv)))
         for src, dest in PASTE:
             with open(os.path.join(self.venv, 'etc', src)) as f:
                 written.append(self._write(dest, f.read()))

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 from tools.cloud import config
+from tools.cloud import hosts
 from tools.cloud import keystone_setup
 from tools.cloud.services import OsloService
 from tools.cloud.services import OWNER_VAR
@@ -22,7 +23,7 @@ from tools.vmarenv import qemu_env
 def _sql(cloud, database, query, *args):
     import pymysql
     conn = pymysql.connect(
-        host='127.0.0.1', port=cloud.port('mysql'), user='nova',
+        host=cloud.address, port=cloud.port('mysql'), user='nova',
         password=cloud.password('nova_db'), database=database)
     try:
         with conn.cursor() as cur:
@@ -39,13 +40,14 @@ class MariaDB(Service):
         super(MariaDB, self).__init__(cloud, 'mariadb')
         self.cnf = cloud.etc('mysql', 'my.cnf')
         self.datadir = cloud.path('mysql')
-        self.endpoint = '127.0.0.1:%d' % cloud.port('mysql')
+        self.endpoint = '%s:%d' % (cloud.address, cloud.port('mysql'))
 
     def command(self):
         return ['mariadbd', '--defaults-file=' + self.cnf]
 
     def ready(self):
-        return glance_env.port_open(self.cloud.port('mysql'))
+        return glance_env.port_open(self.cloud.port('mysql'),
+                                    self.cloud.address)
 
     def setup(self):
         log = os.path.join(self.cloud.log_dir, 'mariadb.log')
@@ -67,13 +69,14 @@ class MariaDB(Service):
         sql = []
         for user, databases in config.DATABASES.items():
             password = self.cloud.password(user + '_db')
-            sql.append("CREATE USER IF NOT EXISTS '%s'@'127.0.0.1' "
-                       "IDENTIFIED BY '%s'" % (user, password))
+            sql.append("CREATE USER IF NOT EXISTS '%s'@'%s' "
+                       "IDENTIFIED BY '%s'" % (user, self.cloud.address,
+                                               password))
             for db in databases:
                 sql.append('CREATE DATABASE IF NOT EXISTS %s '
                            'CHARACTER SET utf8mb4' % db)
-                sql.append("GRANT ALL ON %s.* TO '%s'@'127.0.0.1'"
-                           % (db, user))
+                sql.append("GRANT ALL ON %s.* TO '%s'@'%s'"
+                           % (db, user, self.cloud.address))
         self.run(['mariadb', '--defaults-file=' + self.cnf, '-uroot',
                   '-e', ';'.join(sql)], 'creating databases')
 
@@ -86,17 +89,18 @@ class RabbitMQ(Service):
 
     def __init__(self, cloud):
         super(RabbitMQ, self).__init__(cloud, 'rabbitmq')
-        self.endpoint = 'amqp://127.0.0.1:%d' % cloud.port('rabbit')
+        self.endpoint = 'amqp://%s:%d' % (cloud.address, cloud.port('rabbit'))
         self.mq = glance_env.RabbitMQ(
             cloud.path('rabbitmq'), user='vmar',
             password=cloud.password('rabbit'),
             ports=(cloud.port('rabbit'), cloud.port('rabbit_dist'),
                    cloud.port('rabbit_epmd')),
             nodename=cloud.settings['rabbit_node'], owner_var=OWNER_VAR,
-            tag=self.tag)
+            tag=self.tag, address=cloud.address)
 
     def ready(self):
-        return glance_env.port_open(self.cloud.port('rabbit'))
+        return glance_env.port_open(self.cloud.port('rabbit'),
+                                    self.cloud.address)
 
     def start(self):
         self.mq.stop()
@@ -259,10 +263,11 @@ exec libvirtd -p /run/libvirt/libvirtd.pid -f /etc/libvirt/libvirtd.conf
     MOUNT_POINTS = ('/etc/libvirt', '/run/libvirt', '/var/lib/libvirt',
                     '/var/cache/libvirt', '/var/log/libvirt')
 
-    def __init__(self, cloud):
-        super(Libvirt, self).__init__(cloud, 'libvirtd')
-        self.root = cloud.path('libvirt')
-        self.endpoint = cloud.libvirt_uri
+    def __init__(self, cloud, name='libvirtd', root=None):
+        super(Libvirt, self).__init__(cloud, name)
+        self.root = root or cloud.path('libvirt')
+        self.socket = os.path.join(self.root, 'run', 'libvirt-sock')
+        self.endpoint = 'qemu:///system?socket=%s' % self.socket
 
     def command(self):
         return ['unshare', '--mount', '--propagation', 'private', '--',
@@ -282,13 +287,12 @@ exec libvirtd -p /run/libvirt/libvirtd.pid -f /etc/libvirt/libvirtd.conf
         qemu_env._kvm_device_as_debian_sets_it()
 
     def virsh(self, *args):
-        return subprocess.run(['virsh', '-c', self.cloud.libvirt_uri]
-                              + list(args), capture_output=True, text=True,
+        return subprocess.run(['virsh', '-c', self.endpoint] + list(args),
+                              capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, timeout=60)
 
     def ready(self):
-        return (os.path.exists(self.cloud.path('libvirt', 'run',
-                                               'libvirt-sock'))
+        return (os.path.exists(self.socket)
                 and self.virsh('version').returncode == 0)
 
     def log_files(self):
@@ -312,11 +316,12 @@ exec libvirtd -p /run/libvirt/libvirtd.pid -f /etc/libvirt/libvirtd.conf
 
 class VmarExport(OsloService):
 
-    def __init__(self, cloud):
+    def __init__(self, cloud, name='vmar-export'):
         super(VmarExport, self).__init__(
-            cloud, 'vmar-export', 'vmar-export',
+            cloud, name, 'vmar-export',
             [cloud.etc('vmar', 'vmar.conf')], args=['serve'])
         self.endpoint = 'nbd+unix:///?socket=%s' % cloud.export_socket
+        self.socket = cloud.export_socket
 
     def setup(self):
         if not self.cloud.qemu_prefix:
@@ -326,7 +331,7 @@ class VmarExport(OsloService):
         os.chmod(self.cloud.path('run'), 0o755)
 
     def ready(self):
-        return (os.path.exists(self.cloud.export_socket)
+        return (os.path.exists(self.socket)
                 and super(VmarExport, self).ready())
 
 
@@ -337,12 +342,13 @@ class NovaCompute(OsloService):
     # domains are gone already (down destroys them first)
     stop_timeout = 5
 
-    def __init__(self, cloud):
+    def __init__(self, cloud, name='nova-compute', conf=(), host_name=None,
+                 libvirt_uri=None):
         super(NovaCompute, self).__init__(
-            cloud, 'nova-compute', 'vmar-nova-compute',
-            [cloud.etc('nova', 'nova.conf')])
-        self.host = socket.gethostname()
-        self.endpoint = cloud.libvirt_uri
+            cloud, name, 'vmar-nova-compute',
+            [cloud.etc('nova', 'nova.conf')] + list(conf))
+        self.host_name = host_name or socket.gethostname()
+        self.endpoint = libvirt_uri or cloud.libvirt_uri
 
     def ready(self):
         if not super(NovaCompute, self).ready():
@@ -350,17 +356,104 @@ class NovaCompute(OsloService):
         try:
             return bool(_sql(
                 self.cloud, 'nova_cell1', 'SELECT id FROM compute_nodes '
-                'WHERE host=%s AND deleted=0', self.host))
+                'WHERE host=%s AND deleted=0', self.host_name))
         except Exception:
             return False
 
     def post(self):
         mapped = _sql(self.cloud, 'nova_api', 'SELECT id FROM host_mappings '
-                      'WHERE host=%s', self.host)
+                      'WHERE host=%s', self.host_name)
         if not mapped:
             self.run([self.cloud.bin('nova-manage'), '--config-file',
                       self.cloud.etc('nova', 'nova.conf'), 'cell_v2',
                       'discover_hosts', '--verbose'])
+
+
+class _OnHost(object):
+    """Mixin: the service runs in its host's namespaces (``self.host``)."""
+
+    def command(self):
+        return self.host.nsenter() + super(_OnHost, self).command()
+
+
+class HostLibvirt(Libvirt):
+    """A compute host's virtlogd and libvirtd, in the host's namespaces."""
+
+    SCRIPT = r'''set -e
+virtlogd -d -p /run/libvirt/virtlogd.pid -f /etc/libvirt/virtlogd.conf
+exec libvirtd --listen -p /run/libvirt/libvirtd.pid \
+    -f /etc/libvirt/libvirtd.conf
+'''
+
+    def __init__(self, cloud, host):
+        super(HostLibvirt, self).__init__(cloud, 'libvirtd@' + host.name,
+                                          host.path('libvirt'))
+        self.host = host
+
+    def command(self):
+        # the host's mount namespace has the bind mounts already
+        return self.host.nsenter() + ['sh', '-c', self.SCRIPT]
+
+    def setup(self):
+        self.host.up()
+        super(HostLibvirt, self).setup()
+
+
+class HostSshd(Service):
+    """A compute host's sshd: Nova copies disks between hosts with scp."""
+
+    def __init__(self, cloud, host):
+        super(HostSshd, self).__init__(cloud, 'sshd@' + host.name)
+        self.host = host
+        self.endpoint = 'ssh://%s' % host.address
+
+    def command(self):
+        return self.host.nsenter() + [
+            '/usr/sbin/sshd', '-D', '-e', '-f', self.cloud.etc(
+                'ssh', 'sshd_config'),
+            '-o', 'ListenAddress=%s' % self.host.address]
+
+    def setup(self):
+        self.host.up()
+
+    def ready(self):
+        return glance_env.port_open(22, self.host.address)
+
+
+class HostExport(_OnHost, VmarExport):
+
+    def __init__(self, cloud, host):
+        self.host = host
+        super(HostExport, self).__init__(cloud, 'vmar-export@' + host.name)
+        # the same path on every host, seen from here in the host's dir
+        self.socket = host.path('run', os.path.basename(cloud.export_socket))
+
+    def setup(self):
+        self.host.up()
+        super(HostExport, self).setup()
+
+
+class HostCompute(_OnHost, NovaCompute):
+
+    def __init__(self, cloud, host):
+        self.host = host
+        super(HostCompute, self).__init__(
+            cloud, 'nova-compute@' + host.name,
+            conf=[host.path('etc', 'nova-compute.conf')],
+            host_name=host.name, libvirt_uri=HostLibvirt(cloud, host).endpoint)
+
+    def setup(self):
+        self.host.up()
+
+
+def host_services(cloud):
+    """Every compute host's services, host by host, in start order."""
+    out = []
+    for spec in cloud.hosts:
+        host = hosts.Host(cloud, spec)
+        out += [HostLibvirt(cloud, host), HostSshd(cloud, host),
+                HostExport(cloud, host), HostCompute(cloud, host)]
+    return out
 
 
 def services(cloud):
@@ -375,22 +468,27 @@ def services(cloud):
         Neutron(cloud),
         NovaAPI(cloud),
         OsloService(cloud, 'nova-conductor', 'nova-conductor', nova_conf),
-        OsloService(cloud, 'nova-scheduler', 'nova-scheduler', nova_conf),
-        Libvirt(cloud),
-        VmarExport(cloud),
+        OsloService(cloud, 'nova-scheduler', 'nova-scheduler', nova_conf + [
+            cloud.etc('nova', 'nova-scheduler.conf')]),
         OsloService(cloud, 'vmar-agent', 'vmar-agent',
                     [cloud.etc('vmar', 'vmar.conf')]),
+    ] + (host_services(cloud) if cloud.hosts else [
+        Libvirt(cloud),
+        VmarExport(cloud),
         NovaCompute(cloud),
-    ]
+    ])
 
 
-def up(cloud, echo=print):
-    cloud.load(create=True)
+def up(cloud, echo=print, computes=None):
+    cloud.load(create=True, computes=computes)
     for d in ('log', 'stamps', 'run', 'tmp', 'cache'):
         os.makedirs(cloud.path(d), exist_ok=True)
     os.chmod(cloud.path('run'), 0o755)
     os.chmod(cloud.path('tmp'), 0o1777)  # MariaDB and QEMU use it too
     cloud.render()
+    if cloud.hosts:
+        # the control plane listens on the hosts' bridge
+        hosts.network_up(cloud)
     for svc in services(cloud):
         if svc.is_up():
             echo('%-15s running' % svc.name)
@@ -476,6 +574,10 @@ def down(cloud, echo=print):
     left = strays(cloud)
     if left:
         raise ServiceError('processes survived down: %s' % left)
+    for spec in cloud.hosts:
+        hosts.Host(cloud, spec).down()
+    if cloud.hosts:
+        hosts.network_down(cloud)
     for sock in (cloud.export_socket,):
         if os.path.exists(sock):
             os.unlink(sock)

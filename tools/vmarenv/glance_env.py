@@ -309,13 +309,15 @@ class RabbitMQ(_Service):
     name = 'rabbitmq'
 
     def __init__(self, work_dir=None, user='vmar', password=None,
-                 timeout=90, ports=None, nodename=None, **tagging):
+                 timeout=90, ports=None, nodename=None, address='127.0.0.1',
+                 **tagging):
         """A node; ports and node name are chosen at start() unless given.
 
-        ``ports``: (AMQP, distribution, epmd); ``tagging``: see
-        :class:`_Service`.
+        ``ports``: (AMQP, distribution, epmd); ``address``: where AMQP
+        listens; ``tagging``: see :class:`_Service`.
         """
         super(RabbitMQ, self).__init__(work_dir, **tagging)
+        self.address = address
         self.user = user
         self.password = password or secrets.token_hex(8)
         self.timeout = timeout
@@ -345,7 +347,7 @@ class RabbitMQ(_Service):
             'RABBITMQ_LOGS': os.path.join(d, 'log', 'rabbit.log'),
             'RABBITMQ_PID_FILE': os.path.join(d, 'rabbitmq.pid'),
             'RABBITMQ_NODENAME': self.nodename,
-            'RABBITMQ_NODE_IP_ADDRESS': '127.0.0.1',
+            'RABBITMQ_NODE_IP_ADDRESS': self.address,
             'RABBITMQ_NODE_PORT': str(self.port),
             'RABBITMQ_DIST_PORT': str(self.dist_port),
             # A private epmd, so we can stop it without touching others'.
@@ -405,7 +407,7 @@ class RabbitMQ(_Service):
         self._spawn([server], self._rabbit_env(),
                     os.path.join(d, 'rabbitmq-server.out'))
         deadline = t0 + self.timeout
-        while not port_open(self.port):
+        while not port_open(self.port, self.address):
             if self.proc.poll() is not None:
                 self._fail('rabbitmq-server exited with %s'
                            % self.proc.returncode)
@@ -418,8 +420,8 @@ class RabbitMQ(_Service):
             self._fail('await_startup failed: %s%s'
                        % (result.stdout, result.stderr))
         self.startup_seconds = time.time() - t0
-        self.transport_url = 'rabbit://%s:%s@127.0.0.1:%d/' % (
-            self.user, self.password, self.port)
+        self.transport_url = 'rabbit://%s:%s@%s:%d/' % (
+            self.user, self.password, self.address, self.port)
         return self
 
     def stop(self):
