@@ -12,18 +12,21 @@ from nova import objects
 from nova.virt.libvirt import config as vconfig
 from nova.virt.libvirt import driver as libvirt_driver
 from nova.virt.libvirt import imagebackend
+from oslo_concurrency import processutils
 from oslo_config import cfg
 from oslo_config import fixture as config_fixture
 import testtools
 
 from vmar_openstack import exception as vmar_exception
 from vmar_openstack import export
+from vmar_openstack import names
 from vmar_openstack.nova_imagebackend import hooks
 from vmar_openstack.nova_imagebackend import image as vimage
 
 objects.register_all()
 
 SOCK = '/run/vmar/nbd.sock'
+KEY = '0123456789abcdef' * 2
 
 
 def instance(specs=None, image_ref=None, sysmeta=None):
@@ -274,54 +277,180 @@ class TestGuestCache(BackendTestCase):
                                                  'all'})).flavor)
 
 
-class TestRefusedOperations(BackendTestCase):
-    """Operations that would rebuild a vmar disk elsewhere are refused."""
+def _patched_original(cls, name, orig):
+    """Register the hooks over ``orig`` standing for Nova's ``name``."""
+    hooks.unregister()
+    patcher = mock.patch.object(cls, name, orig)
+    patcher.start()
+    hooks.register()
+    return patcher
+
+
+class TestMoves(BackendTestCase):
+    """Resize, cold and live migration of a vmar server (doc: multinode)."""
 
     def setUp(self):
         super().setUp()
         self.drv = mock.MagicMock(spec=libvirt_driver.LibvirtDriver)
         self.D = libvirt_driver.LibvirtDriver
+        self.exports = mock.Mock(socket=SOCK, host_dir=self.tmp + '/host')
+        os.makedirs(self.exports.host_dir)
+        open(os.path.join(self.exports.host_dir, 'exports.json'),
+             'w').close()
 
-    def test_live_migration(self):
-        e = self.assertRaises(
-            exception.MigrationPreCheckError,
-            self.D.check_can_live_migrate_source, self.drv, None,
-            instance(VMAR), mock.sentinel.dest_check_data)
-        self.assertIn('VMAR', str(e))
-        self.assertEqual([], self.drv.mock_calls)
+    def original(self, name, **kwargs):
+        orig = mock.Mock(**kwargs)
+        patcher = _patched_original(self.D, name, orig)
+        self.addCleanup(hooks.unregister)
+        self.addCleanup(patcher.stop)
+        return orig
 
-    def test_resize_and_cold_migration(self):
-        e = self.assertRaises(
-            exception.InstanceFaultRollback,
-            self.D.migrate_disk_and_power_off, self.drv, None,
-            instance(VMAR), 'dest', mock.sentinel.flavor, [])
-        self.assertIsInstance(e.inner_exception, exception.ResizeError)
-        self.assertEqual([], self.drv.mock_calls)
+    def overlay(self, inst, size=1 << 20):
+        """A vmar overlay as the source has it (no export behind it)."""
+        uri = names.nbd_uri(names.export(inst.image_ref, 3, KEY), SOCK)
+        path = os.path.join(self.tmp, inst.uuid, 'disk')
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        processutils.execute(
+            'qemu-img', 'create', '-q', '-u', '-f', 'qcow2', '-o',
+            'backing_file=%s,backing_fmt=raw' % uri.replace(',', ',,'),
+            path, str(size))
+        return path, uri
 
-    def test_evacuate(self):
-        self.assertRaises(
-            exception.InstanceEvacuateNotSupported, self.D.rebuild,
-            self.drv, None, instance(VMAR), None, [], 'pw', {}, [], None,
-            None, evacuate=True)
-        self.assertEqual([], self.drv.mock_calls)
+    def test_a_resize_that_switches_the_backend_is_refused(self):
+        for old, new in ((VMAR, {}), ({}, VMAR)):
+            flavor = objects.Flavor(name='other', root_gb=1, extra_specs=new)
+            e = self.assertRaises(
+                exception.InstanceFaultRollback,
+                self.D.migrate_disk_and_power_off, self.drv, None,
+                instance(old), 'dest', flavor, [])
+            self.assertIsInstance(e.inner_exception, exception.ResizeError)
+            self.assertIn('vmar:enabled', str(e.inner_exception))
+            self.assertEqual([], self.drv.mock_calls)
 
-    def test_a_plain_rebuild_falls_back_to_nova(self):
-        # the stock driver has no rebuild: the compute manager's default
-        # (destroy, then spawn on the new image) runs
-        self.assertRaises(
-            NotImplementedError, self.D.rebuild, self.drv, None,
-            instance(VMAR), None, [], 'pw', {}, [], None, None)
+    def test_a_resize_between_vmar_flavors_is_novas(self):
+        orig = self.original('migrate_disk_and_power_off',
+                             return_value='disk info')
+        inst = instance(VMAR)
+        flavor = objects.Flavor(name='big', root_gb=2, extra_specs=VMAR)
+        self.assertEqual('disk info', self.D.migrate_disk_and_power_off(
+            self.drv, None, inst, 'dest', flavor, []))
+        orig.assert_called_once_with(self.drv, None, inst, 'dest', flavor,
+                                     [])
 
-    def test_ordinary_instances_reach_nova(self):
-        self.drv._get_instance_disk_info.side_effect = RuntimeError('nova')
-        e = self.assertRaises(
-            (exception.NovaException, TypeError, AttributeError),
-            self.D.migrate_disk_and_power_off, self.drv, None,
-            instance(), 'dest', objects.Flavor(root_gb=1, ephemeral_gb=0,
-                                               swap=0), [])
-        # stock Nova's code ran (and failed on the mock driver)
-        self.assertNotIsInstance(e, exception.InstanceFaultRollback)
-        self.assertNotIn('VMAR', str(e))
+    def test_confirming_a_move_releases_the_source(self):
+        self.original('confirm_migration')
+        inst = instance(VMAR)
+        with mock.patch.object(vimage, 'release') as release:
+            self.D.confirm_migration(self.drv, None, objects.Migration(
+                source_compute='a', dest_compute='b'), inst, [])
+            release.assert_called_once_with(inst.uuid)
+            release.reset_mock()
+            # a resize on the same host: the overlay there is the new one
+            self.D.confirm_migration(self.drv, None, objects.Migration(
+                source_compute='a', dest_compute='a'), inst, [])
+            self.D.confirm_migration(self.drv, None, objects.Migration(
+                source_compute='a', dest_compute='b'), instance(), [])
+            release.assert_not_called()
+
+    def test_the_disk_info_carries_the_whole_backing(self):
+        inst = instance(VMAR)
+        path, uri = self.overlay(inst)
+        other = os.path.join(self.tmp, 'other.qcow2')
+        self.original('_get_instance_disk_info_from_config', return_value=[
+            {'path': path, 'backing_file': os.path.basename(SOCK),
+             'type': 'qcow2'},
+            {'path': other, 'backing_file': 'abc_1', 'type': 'qcow2'}])
+        disks = self.D._get_instance_disk_info_from_config(
+            self.drv, mock.sentinel.config, None)
+        self.assertEqual(uri, disks[0]['vmar_backing'])
+        self.assertNotIn('vmar_backing', disks[1])
+
+    def test_the_destination_adopts_the_export_and_overlay(self):
+        orig = self.original('_create_images_and_backing')
+        src = instance(VMAR)
+        path, uri = self.overlay(src, size=3 << 20)
+        expected = vimage._qemu_img_info(path)
+        inst_dir = os.path.join(self.tmp, 'dest', src.uuid)
+        swap = {'path': os.path.join(inst_dir, 'disk.swap'),
+                'backing_file': 'swap_1'}
+        exp = export.Export(src.image_ref, 3, 'base', [], [])
+        self.exports.add.return_value = exp
+        self.exports.uri.return_value = uri
+        # the export is not there in a unit test: qemu-img must not open it
+        real = vimage.create_overlay
+
+        def create_overlay(path, uri, size):
+            self.assertTrue(self.exports.add.called)
+            with mock.patch.object(processutils, 'execute',
+                                   lambda *a: real_execute(*(
+                                       a[:2] + ('-u',) + a[2:]))):
+                real(path, uri, size)
+        real_execute = processutils.execute
+        with mock.patch.object(export, 'ExportService',
+                               return_value=self.exports), \
+                mock.patch.object(vimage, 'create_overlay', create_overlay):
+            self.D._create_images_and_backing(
+                self.drv, None, src, inst_dir,
+                [{'path': path, 'backing_file': os.path.basename(SOCK),
+                  'virt_disk_size': 3 << 20, 'vmar_backing': uri}, swap])
+        self.exports.add.assert_called_once_with(
+            src.image_ref, host_cache='base', holder=src.uuid, version=3,
+            key=KEY, whole=False)
+        made = vimage._qemu_img_info(os.path.join(inst_dir, 'disk'))
+        for key in ('backing-filename', 'backing-filename-format',
+                    'virtual-size'):
+            self.assertEqual(expected[key], made[key])
+        # the other disks are Nova's
+        orig.assert_called_once_with(self.drv, None, src, inst_dir, [swap],
+                                     fallback_from_host=None)
+
+    def test_a_destination_with_another_socket_refuses(self):
+        self.original('_create_images_and_backing')
+        src = instance(VMAR)
+        path, uri = self.overlay(src)
+        with mock.patch.object(export, 'ExportService',
+                               return_value=self.exports):
+            e = self.assertRaises(
+                exception.MigrationPreCheckError,
+                self.D._create_images_and_backing, self.drv, None, src,
+                os.path.join(self.tmp, 'dest'),
+                [{'path': path, 'virt_disk_size': 1 << 20,
+                  'vmar_backing': uri.replace(SOCK, '/elsewhere.sock')}])
+        self.assertIn('export_socket', str(e))
+        self.exports.add.assert_not_called()
+
+    def test_a_rolled_back_live_migration_releases_the_destination(self):
+        self.original('rollback_live_migration_at_destination',
+                      side_effect=OSError('libvirt'))
+        self.cfg.config(host='dest')
+        inst = instance(VMAR)
+        inst.host = 'source'
+        with mock.patch.object(vimage, 'release') as release:
+            self.assertRaises(
+                OSError, self.D.rollback_live_migration_at_destination,
+                self.drv, None, inst, [], None)
+        release.assert_called_once_with(inst.uuid)
+
+    def test_a_copied_overlay_grows_with_the_flavor(self):
+        inst = instance(VMAR)
+        path, uri = self.overlay(inst, size=1 << 20)
+        disk = vimage.VmarImage(instance=inst, disk_name='disk',
+                                exports=self.exports)
+        self.exports.add.return_value = export.Export(inst.image_ref, 3,
+                                                      'base', [], [])
+        # qemu-img resize opens the export, which a unit test lacks
+        with mock.patch.object(vimage.disk_api, 'extend') as extend:
+            disk.cache(fetch_func=mock.Mock(), filename='x', size=4 << 20)
+            extend.assert_called_once_with(mock.ANY, 4 << 20)
+            self.assertEqual(path, extend.call_args.args[0].path)
+            extend.reset_mock()
+            # the same size (a cold migration, a reboot): nothing to grow
+            disk.cache(fetch_func=mock.Mock(), filename='x', size=1 << 20)
+            extend.assert_not_called()
+        self.assertEqual(uri, vimage._qemu_img_info(path)['backing-filename'])
+        self.exports.add.assert_called_with(
+            inst.image_ref, host_cache='base', holder=inst.uuid, version=3,
+            key=KEY, whole=False)
 
 
 class TestDelete(BackendTestCase):

@@ -15,9 +15,18 @@ process only:
 * ``LibvirtDriver.init_host``: guests that paused on an I/O error of
   their vmar disk are resumed once the export is back
   (:mod:`~vmar_openstack.nova_imagebackend.resume`);
-* operations that would rebuild a vmar disk from the original image on
-  another host (resize, cold and live migration, evacuation) are refused
-  before anything is touched.
+* moves (doc/source/multinode.rst): a cold migration or resize copies
+  the overlay, whose header names its export, and the destination adds
+  that export (``VmarImage.create_image``); a live migration carries the
+  overlay's backing in the source's disk info (``vmar_backing``) and the
+  destination adds the same export and an empty overlay with the same
+  header before the guest's data is mirrored into it
+  (``_create_images_and_backing``); the source drops its references when
+  a resize is confirmed (``confirm_migration``), after a live migration
+  (``delete_instance_files``), and the destination when a live migration
+  rolls back. Evacuation and unshelve boot a new overlay, as Nova does
+  with any disk on storage that is not shared. A resize that would turn
+  the vmar backend on or off is refused before anything is touched.
 
 Each wrapper only acts for vmar instances and calls the original otherwise.
 """
@@ -42,9 +51,10 @@ LOG = logging.getLogger(__name__)
 
 _ORIGINALS = {}
 
-REFUSED = ('%s of instance %s is not supported: its root disk is a VMAR '
-           'overlay (flavor %s) and would be rebuilt from the original '
-           'image. Snapshot the instance and boot the snapshot instead.')
+SWITCH_REFUSED = ('Resizing instance %s from flavor %s to %s would %s the '
+                  'VMAR backend of its root disk, which has no conversion. '
+                  'Resize to a flavor with the same %s, or snapshot the '
+                  'instance and boot the snapshot with the new flavor.')
 
 
 def _is_vmar(instance):
@@ -54,8 +64,18 @@ def _is_vmar(instance):
         return True
 
 
-def _refusal(what, instance):
-    return REFUSED % (what, instance.uuid, instance.flavor.name)
+def _flavor_is_vmar(flavor):
+    try:
+        return vimage.flavor_policy(flavor) is not None
+    except exception.InvalidInput:
+        return True
+
+
+def _switch_refusal(instance, flavor):
+    return SWITCH_REFUSED % (
+        instance.uuid, instance.flavor.name, flavor.name,
+        'turn off' if _is_vmar(instance) else 'turn on',
+        vimage.SPEC_ENABLED)
 
 
 def _wrap(cls, name):
@@ -126,28 +146,68 @@ def register():
         return live_snapshot(self, instance, guest, disk_path, out_path,
                              image_format)
 
-    @_wrap(D, 'check_can_live_migrate_source')
-    def check_can_live_migrate_source(original, self, context, instance,
-                                      *args, **kwargs):
-        if _is_vmar(instance):
-            raise exception.MigrationPreCheckError(
-                reason=_refusal('Live migration', instance))
-        return original(self, context, instance, *args, **kwargs)
+    @_wrap(D, '_get_instance_disk_info_from_config')
+    def _get_instance_disk_info_from_config(original, self, guest_config,
+                                            block_device_info):
+        disks = original(self, guest_config, block_device_info)
+        socket = os.path.basename(vmar_conf.CONF.vmar.export_socket)
+        for info in disks:
+            if (vimage.is_root_disk(info['path'])
+                    and info.get('backing_file') == socket):
+                # Nova keeps only the backing file's base name; the
+                # destination of a live migration needs all of it
+                backing = vimage.backing_of(info['path'])
+                if backing:
+                    info['vmar_backing'] = backing
+        return disks
+
+    @_wrap(D, '_create_images_and_backing')
+    def _create_images_and_backing(original, self, context, instance,
+                                   instance_dir, disk_info,
+                                   fallback_from_host=None):
+        rest = []
+        for info in disk_info or []:
+            if info.get('vmar_backing') and vimage.is_root_disk(
+                    info['path']) and _is_vmar(instance):
+                vimage.VmarImage(
+                    instance=instance,
+                    path=os.path.join(instance_dir, 'disk')).adopt(
+                        info['vmar_backing'], info['virt_disk_size'])
+            else:
+                rest.append(info)
+        return original(self, context, instance, instance_dir, rest,
+                        fallback_from_host=fallback_from_host)
+
+    @_wrap(D, 'rollback_live_migration_at_destination')
+    def rollback_live_migration_at_destination(original, self, context,
+                                               instance, *args, **kwargs):
+        try:
+            return original(self, context, instance, *args, **kwargs)
+        finally:
+            # Nova removes the instance directory itself, past
+            # delete_instance_files; the guest still runs on the source
+            if _is_vmar(instance) and instance.host != vmar_conf.CONF.host:
+                vimage.release(instance.uuid)
 
     @_wrap(D, 'migrate_disk_and_power_off')
-    def migrate_disk_and_power_off(original, self, context, instance,
-                                   *args, **kwargs):
-        if _is_vmar(instance):
+    def migrate_disk_and_power_off(original, self, context, instance, dest,
+                                   flavor, *args, **kwargs):
+        if _is_vmar(instance) != _flavor_is_vmar(flavor):
             raise exception.InstanceFaultRollback(exception.ResizeError(
-                reason=_refusal('Resize or cold migration', instance)))
-        return original(self, context, instance, *args, **kwargs)
+                reason=_switch_refusal(instance, flavor)))
+        return original(self, context, instance, dest, flavor, *args,
+                        **kwargs)
 
-    @_wrap(D, 'rebuild')
-    def rebuild(original, self, context, instance, *args, **kwargs):
-        if kwargs.get('evacuate') and _is_vmar(instance):
-            raise exception.InstanceEvacuateNotSupported(
-                _refusal('Evacuation', instance))
-        return original(self, context, instance, *args, **kwargs)
+    @_wrap(D, 'confirm_migration')
+    def confirm_migration(original, self, context, migration, instance,
+                          network_info):
+        result = original(self, context, migration, instance, network_info)
+        if (migration.source_compute != migration.dest_compute
+                and _is_vmar(instance)):
+            # the overlay went with the instance; this host's references
+            # on its export go now (a same-host resize keeps them)
+            vimage.release(instance.uuid)
+        return result
 
     LOG.info('vmar image backend registered for flavors with %s=true',
              vimage.SPEC_ENABLED)

@@ -173,12 +173,16 @@ class VmarImage(imagebackend.Image):
         @lockutils.synchronized('vmar-' + holder, external=True,
                                 lock_path=self.lock_path)
         def _provision():
-            pin = self.pinned()
-            if pin is not None:
-                # a reboot, a host restart: the version it booted with,
-                # under the name its overlay gives
+            if os.path.exists(self.path):
+                # a reboot, a host restart, the overlay copied here by a
+                # cold migration or resize: the version it booted with,
+                # under the name its overlay gives; a resize to a larger
+                # flavor grows it, as Nova grows its own disks
+                pin, virtual_size = self.inspect()
                 self._add(pin.image_id, host_cache, holder,
                           version=pin.version, key=pin.key)
+                if size and size > virtual_size:
+                    self.resize_image(size)
                 return
             exp = self._add(image_id, host_cache, holder,
                             whole=self._deleted_after_spawn(image_id))
@@ -188,6 +192,45 @@ class VmarImage(imagebackend.Image):
                 self._release(holder)
                 raise
         _provision()
+
+    def adopt(self, backing_uri, size):
+        """The overlay a live migration copies into, on the destination.
+
+        ``backing_uri`` and ``size`` are the source's overlay's (its
+        ``vmar_backing`` in the disk info): the export is added with the
+        same map version and key, and the overlay made empty with the same
+        header, before the guest's own data is mirrored into it. An
+        existing overlay (a hard reboot takes the same path) is kept.
+        """
+        pin = parse_backing(backing_uri, self.exports.socket)
+        if pin is None:
+            raise exception.MigrationPreCheckError(
+                reason='the vmar overlay of %s reads %r, not an export on '
+                'this host\'s %s: the hosts\' [vmar] export_socket differ'
+                % (self.instance.uuid, backing_uri, self.exports.socket))
+        holder = self.instance.uuid
+
+        @lockutils.synchronized('vmar-' + holder, external=True,
+                                lock_path=self.lock_path)
+        def _adopt():
+            exp = self._add(pin.image_id, self.policy['host_cache'], holder,
+                            version=pin.version, key=pin.key)
+            if os.path.exists(self.path):
+                return
+            uri = self.exports.uri(exp, holder)
+            if uri != backing_uri:
+                self._release(holder)
+                raise exception.MigrationPreCheckError(
+                    reason='the export of %s here would be %r, not the '
+                    'source\'s %r' % (holder, uri, backing_uri))
+            try:
+                create_overlay(self.path, uri, size)
+            except Exception:
+                self._release(holder)
+                raise
+            LOG.info('created %s on map v%d of %s for a live migration',
+                     self.path, exp.map_version, exp.image_id)
+        _adopt()
 
     def _deleted_after_spawn(self, image_id):
         """Whether Nova deletes the image once the server has spawned.
@@ -271,6 +314,17 @@ def release(holder, exports=None):
         LOG.warning('could not release the exports of %s: %s; run '
                     '"vmar-export release %s"', holder, e, holder)
         return []
+
+
+def backing_of(path):
+    """The full backing URI of a vmar overlay, or None for another disk.
+
+    Nova's disk info keeps only the base name of a backing file (for a
+    vmar overlay, the export socket's); moves need all of it.
+    """
+    uri = _qemu_img_info(path).get('backing-filename')
+    socket = CONF.vmar.export_socket
+    return uri if parse_backing(uri, socket) is not None else None
 
 
 def create_overlay(path, backing_uri, size):
