@@ -7,6 +7,7 @@ import uuid
 import fixtures
 from lxml import etree
 from nova.api.validation.extra_specs import validators
+from nova.compute import api as compute_api
 from nova import exception
 from nova import objects
 from nova.virt.libvirt import config as vconfig
@@ -541,3 +542,44 @@ class TestUnshelve(BackendTestCase):
             flavor=objects.Flavor(name='m1.vmar', root_gb=1,
                                   extra_specs=VMAR))
         self.assertFalse(self.provision(inst)['whole'])
+
+
+class TestApiChecks(testtools.TestCase):
+    """nova-api refuses a resize that switches the backend, up front."""
+
+    def setUp(self):
+        super().setUp()
+        from vmar_openstack.nova_api import checks
+        self.orig = mock.Mock(return_value='accepted')
+        checks.unregister()
+        patcher = mock.patch.object(compute_api.API, 'resize', self.orig)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        checks.register()
+        self.addCleanup(checks.unregister)
+        self.flavors = {
+            'vmar2': objects.Flavor(name='vmar2', extra_specs=VMAR),
+            'plain2': objects.Flavor(name='plain2', extra_specs={})}
+        get = mock.patch.object(
+            objects.Flavor, 'get_by_flavor_id',
+            side_effect=lambda ctx, fid, read_deleted: self.flavors[fid])
+        get.start()
+        self.addCleanup(get.stop)
+
+    def test_switching_the_backend_is_refused_before_nova(self):
+        for inst, to in ((instance(VMAR), 'plain2'), (instance(), 'vmar2')):
+            e = self.assertRaises(exception.CannotResizeDisk,
+                                  compute_api.API.resize, mock.sentinel.api,
+                                  None, inst, to)
+            self.assertIn('vmar:enabled', str(e))
+        self.orig.assert_not_called()
+
+    def test_other_resizes_and_migrations_are_novas(self):
+        api = mock.sentinel.api
+        inst = instance(VMAR)
+        self.assertEqual('accepted', compute_api.API.resize(
+            api, None, inst, 'vmar2'))
+        # a cold migration is a resize without a flavor
+        self.assertEqual('accepted', compute_api.API.resize(
+            api, None, inst, host_name='b'))
+        self.assertEqual(2, self.orig.call_count)

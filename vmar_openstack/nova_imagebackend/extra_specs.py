@@ -6,8 +6,40 @@ refused with HTTP 400 (at microversion 2.86 and later).
 """
 
 from nova.api.validation.extra_specs import base
+from oslo_utils import strutils
 
 from vmar_openstack import names
+
+
+def enabled(flavor):
+    """Whether ``flavor`` boots its root disk from a VMAR view."""
+    specs = getattr(flavor, 'extra_specs', None) or {}
+    return strutils.bool_from_string(specs.get(names.SPEC_ENABLED, 'false'))
+
+
+SWITCH_REFUSED = ('resizing from flavor %(old)s to %(new)s would %(what)s '
+                  'the VMAR backend of the root disk, which has no '
+                  'conversion: resize to a flavor with the same %(spec)s, or '
+                  'snapshot the server and boot the snapshot with the new '
+                  'flavor')
+
+
+def switch_refusal(old_flavor, new_flavor):
+    """Why a resize between the two flavors cannot be done, or None.
+
+    The one move that cannot be done safely: the root disk would change
+    backend (a qcow2 overlay on an NBD export, or Nova's image cache) and
+    neither converts into the other. nova-api refuses it up front
+    (:mod:`vmar_openstack.nova_api`), the compute host again.
+    """
+    old = enabled(old_flavor)
+    if old == enabled(new_flavor):
+        return None
+    return SWITCH_REFUSED % {
+        'old': old_flavor.name, 'new': new_flavor.name,
+        'what': 'turn off' if old else 'turn on',
+        'spec': names.SPEC_ENABLED}
+
 
 EXTRA_SPEC_VALIDATORS = [
     base.ExtraSpecValidator(

@@ -43,6 +43,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import export
+from vmar_openstack.nova_imagebackend import extra_specs
 from vmar_openstack.nova_imagebackend import guest_cache
 from vmar_openstack.nova_imagebackend import image as vimage
 from vmar_openstack.nova_imagebackend import resume
@@ -51,31 +52,12 @@ LOG = logging.getLogger(__name__)
 
 _ORIGINALS = {}
 
-SWITCH_REFUSED = ('Resizing instance %s from flavor %s to %s would %s the '
-                  'VMAR backend of its root disk, which has no conversion. '
-                  'Resize to a flavor with the same %s, or snapshot the '
-                  'instance and boot the snapshot with the new flavor.')
-
 
 def _is_vmar(instance):
     try:
         return vimage.instance_policy(instance) is not None
     except exception.InvalidInput:
         return True
-
-
-def _flavor_is_vmar(flavor):
-    try:
-        return vimage.flavor_policy(flavor) is not None
-    except exception.InvalidInput:
-        return True
-
-
-def _switch_refusal(instance, flavor):
-    return SWITCH_REFUSED % (
-        instance.uuid, instance.flavor.name, flavor.name,
-        'turn off' if _is_vmar(instance) else 'turn on',
-        vimage.SPEC_ENABLED)
 
 
 def _wrap(cls, name):
@@ -192,9 +174,10 @@ def register():
     @_wrap(D, 'migrate_disk_and_power_off')
     def migrate_disk_and_power_off(original, self, context, instance, dest,
                                    flavor, *args, **kwargs):
-        if _is_vmar(instance) != _flavor_is_vmar(flavor):
+        reason = extra_specs.switch_refusal(instance.flavor, flavor)
+        if reason:
             raise exception.InstanceFaultRollback(exception.ResizeError(
-                reason=_switch_refusal(instance, flavor)))
+                reason=reason))
         return original(self, context, instance, dest, flavor, *args,
                         **kwargs)
 

@@ -23,7 +23,6 @@ from nova.virt.libvirt import utils as libvirt_utils
 from oslo_concurrency import lockutils
 from oslo_concurrency import processutils
 from oslo_log import log as logging
-from oslo_utils import strutils
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception as vmar_exception
@@ -32,6 +31,7 @@ from vmar_openstack.export import state as export_state
 from vmar_openstack import fingerprint
 from vmar_openstack import mapformat
 from vmar_openstack import names
+from vmar_openstack.nova_imagebackend import extra_specs
 from vmar_openstack.nova_imagebackend import guest_cache
 
 LOG = logging.getLogger(__name__)
@@ -44,9 +44,9 @@ SPEC_GUEST_CACHE = names.SPEC_GUEST_CACHE
 
 def flavor_policy(flavor):
     """The vmar settings of a flavor, or None for an ordinary flavor."""
-    specs = getattr(flavor, 'extra_specs', None) or {}
-    if not strutils.bool_from_string(specs.get(SPEC_ENABLED, 'false')):
+    if not extra_specs.enabled(flavor):
         return None
+    specs = flavor.extra_specs
     host_cache = specs.get(SPEC_HOST_CACHE, 'base')
     if host_cache not in export.HOST_CACHE:
         # the API validator refuses this; a flavor made before it was
