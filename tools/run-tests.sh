@@ -7,8 +7,12 @@
 # the fresh-machine stage: the README's demo command in a pristine Debian 12
 # root (tools/fresh-root.sh).
 #
-# Usage: tools/run-tests.sh [--no-fresh-root]
+# Usage: tools/run-tests.sh [--no-fresh-root] [--multinode]
 #   --no-fresh-root  skip the fresh-machine stage (CI always runs it)
+#   --multinode      also the moves between three compute hosts
+#                    (tests/functional/test_multinode.py: tools/cloud.sh up
+#                    --computes 3; about 20 minutes on two cores, so not in
+#                    CI's run)
 #
 # Servers the tests start (MariaDB, PostgreSQL, libvirtd, virtlogd) are
 # stopped when the run ends; servers that were already running are left
@@ -18,11 +22,14 @@ set -euo pipefail
 TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"
 FRESH_ROOT=1
-case ${1:-} in
-    --no-fresh-root) FRESH_ROOT=0 ;;
-    "") ;;
-    *) echo "usage: $0 [--no-fresh-root]" >&2; exit 2 ;;
-esac
+MULTINODE=0
+for arg in "$@"; do
+    case $arg in
+        --no-fresh-root) FRESH_ROOT=0 ;;
+        --multinode) MULTINODE=1 ;;
+        *) echo "usage: $0 [--no-fresh-root] [--multinode]" >&2; exit 2 ;;
+    esac
+done
 if [ "$FRESH_ROOT" = 0 ] && [ -n "${CI:-}" ]; then
     echo "CI runs the fresh-machine stage; ignoring --no-fresh-root" >&2
     FRESH_ROOT=1
@@ -80,6 +87,11 @@ stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, Ceph, cloud
 mkdir -p bench/out
 tests_status=0
 stestr --test-path=./tests/functional run --concurrency=1 || tests_status=$?
+if [ "$MULTINODE" = 1 ]; then
+    stage "multinode: every move between three compute hosts"
+    VMAR_MULTINODE=1 stestr --test-path=./tests/functional run \
+        --concurrency=1 test_multinode || tests_status=$?
+fi
 stop_started
 
 # The paper's experiment, reduced (bench/bench_boot.py --reduced: every

@@ -29,7 +29,9 @@ cold-migration copies; vmar-export; vmar-nova-compute) are in
 
 import hashlib
 import os
+import signal
 import subprocess
+import time
 
 from tools.cloud import config
 from tools.cloud.services import ServiceError
@@ -166,6 +168,41 @@ class Host(object):
             os.makedirs(self.cloud.path(part), exist_ok=True)
         os.makedirs('/root/.ssh', mode=0o700, exist_ok=True)
         ssh_keys(self.cloud)
+
+    def pids(self):
+        """Every process in the host's mount namespace."""
+        path = os.path.join(self.ns_dir, 'mnt')
+        if not _mounted(path):
+            return []
+        want = 'mnt:[%d]' % os.stat(path).st_ino
+        found = []
+        for entry in os.listdir('/proc'):
+            if entry.isdigit():
+                try:
+                    if os.readlink('/proc/%s/ns/mnt' % entry) == want:
+                        found.append(int(entry))
+                except OSError:
+                    pass
+        return found
+
+    def kill(self):
+        """Kill the host: SIGKILL every process on it, guests included.
+
+        What a power cut leaves: libvirt's domain definitions, Nova's
+        instance directories and the export state on the host's disk.
+        """
+        for _ in range(10):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
+        raise ServiceError('%s: processes survived SIGKILL: %s'
+                           % (self.name, self.pids()))
 
     def down(self):
         """Remove the namespaces (after every process in them is gone)."""

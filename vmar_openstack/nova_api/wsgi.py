@@ -3,10 +3,14 @@
 Run it where Nova's is run, e.g. uWSGI's
 ``module = vmar_openstack.nova_api.wsgi:application`` instead of
 ``nova.wsgi.osapi_compute:application``.
+
+Nova's module comes first: it chooses the concurrency mode before anything
+imports eventlet. The checks wrap a class method, which the API's
+controllers look up on every call.
 """
+
+from nova.wsgi.osapi_compute import application  # noqa: F401
 
 from vmar_openstack.nova_api import checks
 
 checks.register()
-
-from nova.wsgi.osapi_compute import application  # noqa: E402,F401,H306

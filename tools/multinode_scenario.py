@@ -1,0 +1,403 @@
+"""Every move of a vmar server between compute hosts, with the openstack CLI.
+
+Runs against a cloud of ``tools/cloud.sh up --computes 3`` (issue 17):
+live migration, cold migration, resize to another host and to the same
+host, a resize nova-api must refuse, shelve and unshelve onto another host,
+and evacuation after a host is killed.
+
+The guest is the test guest of ``tools/build-test-guest.sh`` booted by Nova
+from Glance (``kernel_id``/``ramdisk_id`` images): with ``vmar.write`` it
+writes a marker block into its disk (private data, in the overlay) and with
+``vmar.loop`` it reads its whole disk again and again, printing
+``VMAR-SHA256`` of it on the console. After every move the guest's next
+checksum must be that of the image with the marker, zero padded to the
+flavor's disk: the whole disk, base and private data, read on the
+destination.
+
+Each server boots its own image (random data, so no host has seen it), on
+a host chosen with ``--host``. After each move the scenario checks:
+
+* the server is ACTIVE on the expected host;
+* the guest's whole-disk checksum;
+* the destination serves the image from a lazy mirror, not a whole
+  download (unshelve is the exception: Nova deletes the shelved snapshot
+  once the server has spawned, so that one is copied whole);
+* the source holds no export reference of the server any more.
+
+Usage: python -m tools.multinode_scenario [--state-dir DIR] [--steps ...]
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+from tools.cloud import config
+from tools.cloud import hosts
+from tools.cloud import stack
+from tools.cloud_scenario import check
+from tools.cloud_scenario import CLI
+from tools.cloud_scenario import ScenarioError
+from tools.vmarenv import qemu_env
+
+SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
+TIMEOUT = 600
+MARKER_OFFSET = 32 << 20
+IMAGE_SIZE = 64 << 20
+GIB = 1 << 30
+# flavor -> root disk bytes (0: the image's size)
+FLAVORS = {'vmar.check': 0, 'vmar.check1': 1, 'vmar.check1b': 1,
+           'plain.check': 0}
+# Nova 34 inspects kernel images when a live migration fetches them
+# (pre_live_migration), not when a server spawns: the format inspector
+# reads the legacy boot stub of a bzImage as an MBR whose partition
+# entries (0x1be..0x1ee, 0xff padding of the stub) have an invalid boot
+# flag, and refuses it. Direct kernel boot never runs the stub: zero them.
+KERNEL_STUB = (0x1be, 0x1ef)
+
+
+def disk_image(path, seed):
+    """A raw image: 8 MiB random, 8 MiB zero, 4 MiB repeated, zero tail."""
+    data = hashlib.sha256(seed.encode()).digest()
+    rand = bytearray()
+    while len(rand) < 8 << 20:
+        data = hashlib.sha256(data).digest()
+        rand += data * 128     # 4 KiB blocks, distinct from each other
+    with open(path, 'wb') as f:
+        f.write(rand)
+        f.write(bytes(8 << 20))
+        f.write(rand[:4 << 20])
+        f.truncate(IMAGE_SIZE)
+
+
+def expected_sha(path, size):
+    """The checksum the guest prints: the image, its marker, zeros."""
+    with open(path, 'rb') as f:
+        data = bytearray(f.read())
+    marker = b'vmar-marker-%d' % MARKER_OFFSET
+    data[MARKER_OFFSET:MARKER_OFFSET + 4096] = marker.ljust(4096, b'\0')
+    h = hashlib.sha256(data)
+    zeros = bytes(1 << 20)
+    left = max(size, len(data)) - len(data)
+    while left:
+        n = min(left, len(zeros))
+        h.update(zeros[:n])
+        left -= n
+    return h.hexdigest()
+
+
+class Moves(object):
+    """The steps, on one cloud with three compute hosts."""
+
+    STEPS = ('assets', 'live', 'cold', 'resize', 'refuse', 'shelve',
+             'evacuate')
+
+    def __init__(self, state_dir, openrc, guest_dir, echo=print):
+        self.cloud = config.Cloud(state_dir)
+        self.cloud.load()
+        if len(self.cloud.hosts) < 3:
+            raise ScenarioError('the moves need tools/cloud.sh up '
+                                '--computes 3 (this cloud has %d)'
+                                % len(self.cloud.hosts))
+        self.hosts = {h['name']: hosts.Host(self.cloud, h)
+                      for h in self.cloud.hosts}
+        self.names = sorted(self.hosts)
+        self.os = CLI(openrc)
+        self.guest_dir = guest_dir
+        self.work = self.cloud.path('moves')
+        os.makedirs(self.work, exist_ok=True)
+        self.echo = echo
+        self.figures = {}
+        self.images = {}            # server -> (image id, raw file)
+
+    # -- helpers ----------------------------------------------------------
+
+    def nova(self, version, *args, **kwargs):
+        return self.os.run('--os-compute-api-version', version, *args,
+                           **kwargs)
+
+    def wait(self, what, probe, timeout=TIMEOUT, interval=2):
+        deadline = time.monotonic() + timeout
+        while True:
+            result = probe()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise ScenarioError('timed out after %d s waiting for %s'
+                                    % (timeout, what))
+            time.sleep(interval)
+
+    def server(self, name):
+        return self.os.json('server', 'show', name)
+
+    def wait_status(self, name, status):
+        def probe():
+            s = self.server(name)
+            if s['status'] == 'ERROR':
+                raise ScenarioError('server %s went to ERROR: %s'
+                                    % (name, s.get('fault')))
+            return (s['status'] == status
+                    and not s.get('OS-EXT-STS:task_state')) and s
+        return self.wait('server %s %s' % (name, status), probe)
+
+    def console(self, name):
+        r = self.os.run('console', 'log', 'show', name, check_rc=False)
+        return r.stdout if r.returncode == 0 else ''
+
+    def wait_sha(self, name, size, since=''):
+        """The guest's next whole-disk checksum after ``since``."""
+        image = self.images[name][1]
+
+        def probe():
+            log = self.console(name)
+            if since and log.startswith(since):
+                log = log[len(since):]
+            return SHA.search(log)
+        found = self.wait('VMAR-SHA256 on %s' % name, probe).group(1)
+        want = expected_sha(image, size)
+        check(found == want, '%s: the guest read %s of its %d-byte disk, '
+              'not %s', name, found, size, want)
+        return found
+
+    def status(self, host):
+        """vmar-export status --json on ``host``."""
+        out = subprocess.run(
+            self.hosts[host].nsenter() + [
+                self.cloud.bin('vmar-export'), '--config-file',
+                self.cloud.etc('vmar', 'vmar.conf'), 'status', '--json'],
+            capture_output=True, text=True, stdin=subprocess.DEVNULL,
+            timeout=120, check=True).stdout
+        return json.loads(out)
+
+    def holders(self, host):
+        return {h for e in self.status(host)['exports']
+                for h in e['holders']}
+
+    def host_of(self, name):
+        return self.server(name)['OS-EXT-SRV-ATTR:host']
+
+    # -- checks after a move ----------------------------------------------
+
+    def moved(self, name, source, dest, size, since='', lazy=True):
+        s = self.wait_status(name, 'ACTIVE')
+        uuid = s['id']
+        check(s['OS-EXT-SRV-ATTR:host'] == dest, '%s is on %s, not %s',
+              name, s['OS-EXT-SRV-ATTR:host'], dest)
+        self.wait_sha(name, size, since)
+        image_id = self.images[name][0]
+        if lazy:
+            base = [b for b in self.status(dest)['bases']
+                    if b['image_id'] == image_id]
+            check(base and base[0]['mirror_bytes'] is not None
+                  and base[0]['mirror_bytes'] < base[0]['size'],
+                  '%s serves %s from no lazy mirror: %s', dest, name, base)
+        self.wait('%s to drop the references of %s' % (source, name),
+                  lambda: uuid not in self.holders(source), timeout=120)
+        check(uuid in self.holders(dest), '%s holds no export of %s',
+              dest, name)
+        self.echo('  %s: %s -> %s, whole disk read back, %s released it'
+                  % (name, source, dest, source))
+
+    def boot(self, name, host, flavor='vmar.check'):
+        """A server of a new image (no host has seen it) on ``host``."""
+        raw = os.path.join(self.work, name + '.raw')
+        disk_image(raw, name + str(time.time()))
+        image_id = self.os.json(
+            'image', 'create', '--disk-format', 'raw', '--container-format',
+            'bare', '--file', raw, '--property',
+            'kernel_id=%s' % self.kernel, '--property',
+            'ramdisk_id=%s' % self.ramdisk, '--property',
+            'os_command_line=console=ttyS0 vmar.write=%d vmar.loop=1'
+            % MARKER_OFFSET, 'check-' + name)['id']
+        self.images[name] = (image_id, raw)
+        for h in self.names:
+            check(not any(b['image_id'] == image_id
+                          for b in self.status(h)['bases']),
+                  '%s has image %s before any server', h, image_id)
+        self.wait('the map of %s' % name, lambda: any(
+            i['Name'].startswith('vmar-map-%s' % image_id)
+            for i in self.os.json('image', 'list', '--hidden')))
+        self.nova('2.74', 'server', 'create', '--flavor', flavor, '--image',
+                  image_id, '--nic', 'none', '--host', host, name)
+        self.wait_status(name, 'ACTIVE')
+        check(self.host_of(name) == host, '%s did not boot on %s', name,
+              host)
+        self.wait_sha(name, IMAGE_SIZE)
+
+    # -- the steps --------------------------------------------------------
+
+    def assets(self):
+        """The test guest's kernel and initramfs in Glance, the flavors."""
+        kernel = os.path.join(self.work, 'vmlinuz')
+        with open(os.path.join(self.guest_dir, 'vmlinuz'), 'rb') as f:
+            data = bytearray(f.read())
+        a, b = KERNEL_STUB
+        data[a:b] = bytes(b - a)
+        with open(kernel, 'wb') as f:
+            f.write(data)
+        self.kernel = self.os.json(
+            'image', 'create', '--disk-format', 'aki', '--container-format',
+            'aki', '--file', kernel, 'check-kernel')['id']
+        self.ramdisk = self.os.json(
+            'image', 'create', '--disk-format', 'ari', '--container-format',
+            'ari', '--file', os.path.join(self.guest_dir, 'initramfs'),
+            'check-ramdisk')['id']
+        for name, disk in FLAVORS.items():
+            args = ['flavor', 'create', '--vcpus', '1', '--ram',
+                    '384' if name.endswith('b') else '256', '--disk',
+                    str(disk)]
+            if name.startswith('vmar'):
+                args += ['--property', 'vmar:enabled=true']
+            self.os.run(*args + [name])
+
+    def live(self):
+        """Live migration (block migration of the overlay)."""
+        a, b = self.names[0], self.names[1]
+        self.boot('live', a)
+        before = self.console('live')
+        t0 = time.monotonic()
+        self.nova('2.30', 'server', 'migrate', '--live-migration',
+                  '--host', b, '--wait', 'live')
+        self.figures['live_migration_s'] = time.monotonic() - t0
+        self.moved('live', a, b, IMAGE_SIZE, since=before)
+
+    def _confirm(self, name):
+        self.wait_status(name, 'VERIFY_RESIZE')
+        self.os.run('server', 'resize', 'confirm', name)
+
+    def cold(self):
+        """Cold migration to a named host, confirmed."""
+        a, b = self.names[1], self.names[2]
+        self.boot('cold', a)
+        t0 = time.monotonic()
+        self.nova('2.56', 'server', 'migrate', '--host', b, 'cold')
+        self._confirm('cold')
+        self.figures['cold_migration_s'] = time.monotonic() - t0
+        self.moved('cold', a, b, IMAGE_SIZE)
+
+    def _only(self, keep, func):
+        """Run ``func`` with every compute host but ``keep`` disabled."""
+        others = [h for h in self.names if h != keep]
+        for h in others:
+            self.os.run('compute', 'service', 'set', '--disable', h,
+                        'nova-compute')
+        try:
+            return func()
+        finally:
+            for h in others:
+                self.os.run('compute', 'service', 'set', '--enable', h,
+                            'nova-compute')
+
+    def resize(self):
+        """Resize up to another host, then to the same host."""
+        a, b = self.names[2], self.names[0]
+        self.boot('resize', a)
+        self._only(b, lambda: self.os.run(
+            'server', 'resize', '--flavor', 'vmar.check1', 'resize'))
+        self._confirm('resize')
+        self.moved('resize', a, b, GIB)
+        before = self.console('resize')
+        self._only(b, lambda: self.os.run(
+            'server', 'resize', '--flavor', 'vmar.check1b', 'resize'))
+        self._confirm('resize')
+        s = self.wait_status('resize', 'ACTIVE')
+        check(s['OS-EXT-SRV-ATTR:host'] == b and
+              s['flavor']['name'] == 'vmar.check1b',
+              'the same-host resize ended on %s with %s',
+              s['OS-EXT-SRV-ATTR:host'], s['flavor'])
+        self.wait_sha('resize', GIB, since=before)
+        check(s['id'] in self.holders(b), 'the same-host resize dropped '
+              'the export of its server')
+        self.echo('  resize: %s -> %s (vmar.check1), then on %s '
+                  '(vmar.check1b), whole disk read back' % (a, b, b))
+
+    def refuse(self):
+        """nova-api refuses a resize that would switch the backend."""
+        migrations = self.os.json('server', 'migration', 'list',
+                                  '--server', 'resize')
+        r = self.os.run('server', 'resize', '--flavor', 'plain.check',
+                        'resize', check_rc=False)
+        check(r.returncode != 0 and '400' in r.stderr
+              and 'vmar:enabled' in r.stderr,
+              'resize to an ordinary flavor was not refused with a '
+              'reason: %s%s', r.stdout, r.stderr)
+        s = self.server('resize')
+        check(s['status'] == 'ACTIVE' and s['flavor']['name'] ==
+              'vmar.check1b', 'the refused resize changed the server: %s', s)
+        check(self.os.json('server', 'migration', 'list', '--server',
+                           'resize') == migrations,
+              'the refused resize left a migration record')
+        self.echo('  refused: %s' % r.stderr.strip().splitlines()[-1])
+
+    def shelve(self):
+        """Shelve (offloaded), unshelve onto another host."""
+        a, b = self.names[0], self.names[2]
+        self.boot('shelve', a)
+        self.os.run('server', 'shelve', '--wait', 'shelve')
+        self.wait_status('shelve', 'SHELVED_OFFLOADED')
+        self.nova('2.91', 'server', 'unshelve', '--host', b, 'shelve')
+        # the shelved snapshot is deleted once the server spawned: the
+        # destination copies it whole, so no lazy mirror here
+        self.moved('shelve', a, b, IMAGE_SIZE, lazy=False)
+
+    def evacuate(self):
+        """Evacuate after a host is killed; its restart releases."""
+        a, b = self.names[1], self.names[0]
+        self.boot('evacuate', a)
+        uuid = self.server('evacuate')['id']
+        self.hosts[a].kill()
+        self.nova('2.11', 'compute', 'service', 'set', '--down', a,
+                  'nova-compute')
+        try:
+            self.nova('2.29', 'server', 'evacuate', '--host', b, 'evacuate')
+            # a new overlay on the image (Nova's evacuation of a disk on
+            # storage that is not shared): the same checksum
+            s = self.wait_status('evacuate', 'ACTIVE')
+            check(s['OS-EXT-SRV-ATTR:host'] == b, 'evacuated to %s, not %s',
+                  s['OS-EXT-SRV-ATTR:host'], b)
+            self.wait_sha('evacuate', IMAGE_SIZE)
+            check(uuid in self.holders(b), '%s holds no export of the '
+                  'evacuated server', b)
+            stack.up(self.cloud, echo=lambda text: None)
+        finally:
+            self.nova('2.11', 'compute', 'service', 'set', '--up', a,
+                      'nova-compute')
+        self.wait('%s, back, to drop the evacuated server' % a,
+                  lambda: uuid not in self.holders(a), timeout=300)
+        self.echo('  evacuate: %s killed, server on %s, %s released it '
+                  'when it came back' % (a, b, a))
+
+    def run(self, steps=STEPS):
+        for step in steps:
+            t0 = time.monotonic()
+            self.echo('== %s' % getattr(self, step).__doc__.split('\n')[0])
+            getattr(self, step)()
+            self.figures['step_%s_s' % step] = time.monotonic() - t0
+        return self.figures
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m tools.multinode_scenario')
+    parser.add_argument('--state-dir')
+    parser.add_argument('--openrc')
+    parser.add_argument('--steps', nargs='*', default=Moves.STEPS)
+    args = parser.parse_args(argv)
+    cloud = config.Cloud(args.state_dir)
+    moves = Moves(cloud.state_dir, args.openrc or cloud.path('openrc'),
+                  qemu_env.test_guest(),
+                  echo=lambda text: print(text, flush=True))
+    try:
+        figures = moves.run(args.steps)
+    except ScenarioError as e:
+        print('FAILED: %s' % e, file=sys.stderr)
+        return 1
+    print(json.dumps(figures, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
