@@ -108,6 +108,14 @@ class Host(object):
                 '--uts=%s' % os.path.join(self.ns_dir, 'uts'),
                 '--net=/run/netns/%s' % self.netns, '--']
 
+    def vmar_export(self, *args):
+        """``vmar-export ARGS`` on this host (its output)."""
+        return subprocess.run(
+            self.nsenter() + [self.cloud.bin('vmar-export'), '--config-file',
+                              self.cloud.etc('vmar', 'vmar.conf')]
+            + list(args), capture_output=True, text=True,
+            stdin=subprocess.DEVNULL, timeout=120, check=True).stdout
+
     def is_up(self):
         return (_mounted(os.path.join(self.ns_dir, 'mnt'))
                 and os.path.exists('/run/netns/%s' % self.netns))

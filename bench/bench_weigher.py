@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""The similarity weigher on three compute hosts (issue 17).
+
+30 servers of 6 images over the 3 hosts of ``tools/cloud.sh up --computes
+3``, placed by the real nova-scheduler with the vmar weigher and without
+it, alternately (``--rounds``). Without: the same cloud, with an aggregate
+of all hosts whose ``vmar_weight_multiplier`` is 0 (Nova's own weighers
+only; the option doc/source/scheduling.rst gives operators). Each run
+uploads 6 new images of the same make, so no host holds any of them.
+
+The images are two families of three: every image has the same 16 MiB
+(an OS every image shares), its family's 8 MiB, and 8 MiB of its own, in
+a 64 MiB disk. The guest is the test guest (tools/build-test-guest.sh)
+booted by Nova from ``kernel_id``/``ramdisk_id`` images: it reads its
+whole disk once (its checksum on the console) and powers off, so every
+server reads every block of its image.
+
+Figures, each run against the other run of its round:
+
+* **bytes fetched from the store**: what the hosts' exports fetched
+  (``vmar-export status``: ``fetched``), with the weigher / without (goal
+  <= 0.6);
+* **boot time**: ``server create`` to the guest's checksum, median and
+  maximum;
+* where the servers went (servers and images per host).
+
+Usage: bench/bench_weigher.py [--state-dir DIR] [--rounds N]
+       [--interval S] [--json FILE]
+(the cloud must be up with three compute hosts)
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, TOP)
+
+import openstack  # noqa: E402
+
+from tools.cloud import config  # noqa: E402
+from tools.cloud import hosts  # noqa: E402
+from tools import multinode_scenario  # noqa: E402
+from tools.vmarenv import qemu_env  # noqa: E402
+
+SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
+MIB = 1 << 20
+IMAGE_SIZE = 64 * MIB
+IMAGES = 6
+SERVERS = 30
+FLAVOR = 'vmar.weigher'
+AGGREGATE = 'vmar-bench-weigher'
+
+
+def blocks(seed, mib):
+    """``mib`` MiB of distinct 4 KiB blocks derived from ``seed``."""
+    out = bytearray()
+    h = hashlib.sha256(seed.encode()).digest()
+    while len(out) < mib * MIB:
+        h = hashlib.sha256(h).digest()
+        out += h * 128
+    return bytes(out)
+
+
+def make_images(work, tag):
+    """Six raw images: shared OS, a family's part, their own part."""
+    os_part = blocks('os-' + tag, 16)
+    paths = []
+    for i in range(IMAGES):
+        family = blocks('family-%d-%s' % (i // 3, tag), 8)
+        own = blocks('own-%d-%s' % (i, tag), 8)
+        path = os.path.join(work, 'weigher-%s-%d.raw' % (tag, i))
+        with open(path, 'wb') as f:
+            f.write(os_part + family + own)
+            f.truncate(IMAGE_SIZE)
+        paths.append(path)
+    return paths
+
+
+class Bench(object):
+
+    def __init__(self, state_dir, interval, echo=print):
+        self.cloud = config.Cloud(state_dir)
+        self.cloud.load()
+        if len(self.cloud.hosts) != 3:
+            raise SystemExit('bench_weigher needs tools/cloud.sh up '
+                             '--computes 3')
+        self.hosts = [hosts.Host(self.cloud, h) for h in self.cloud.hosts]
+        env = {}
+        with open(self.cloud.path('openrc')) as f:
+            for line in f:
+                k, v = line.replace('export ', '', 1).strip().split('=', 1)
+                env[k] = v
+        self.conn = openstack.connect(
+            auth_url=env['OS_AUTH_URL'], username=env['OS_USERNAME'],
+            password=env['OS_PASSWORD'], project_name=env['OS_PROJECT_NAME'],
+            user_domain_name='Default', project_domain_name='Default',
+            region_name=env['OS_REGION_NAME'], compute_api_version='2.74')
+        self.interval = interval
+        self.echo = echo
+        self.work = self.cloud.path('bench-weigher')
+        os.makedirs(self.work, exist_ok=True)
+        self.guest = qemu_env.test_guest()
+
+    def fetched(self):
+        return sum(json.loads(h.vmar_export('status', '--json'))
+                   ['fetched']['bytes'] for h in self.hosts)
+
+    def setup(self):
+        c = self.conn
+        kernel = os.path.join(self.work, 'vmlinuz')
+        with open(os.path.join(self.guest, 'vmlinuz'), 'rb') as f:
+            data = bytearray(f.read())
+        a, b = multinode_scenario.KERNEL_STUB
+        data[a:b] = bytes(b - a)
+        with open(kernel, 'wb') as f:
+            f.write(data)
+        self.kernel = c.image.create_image(
+            'weigher-kernel', filename=kernel, disk_format='aki',
+            container_format='aki', wait=True).id
+        self.ramdisk = c.image.create_image(
+            'weigher-ramdisk', filename=os.path.join(self.guest,
+                                                     'initramfs'),
+            disk_format='ari', container_format='ari', wait=True).id
+        if not c.compute.find_flavor(FLAVOR):
+            f = c.compute.create_flavor(name=FLAVOR, ram=192, vcpus=1,
+                                        disk=0)
+            c.compute.create_flavor_extra_specs(f, {'vmar:enabled': 'true'})
+        agg = c.compute.find_aggregate(AGGREGATE)
+        if agg is None:
+            agg = c.compute.create_aggregate(name=AGGREGATE)
+            for h in self.hosts:
+                c.compute.add_host_to_aggregate(agg, h.name)
+        self.aggregate = agg
+
+    def weigher(self, on):
+        self.conn.compute.set_aggregate_metadata(
+            self.aggregate, {'vmar_weight_multiplier': '5.0' if on
+                             else '0.0'})
+
+    def images(self, tag):
+        ids = []
+        for path in make_images(self.work, tag):
+            img = self.conn.image.create_image(
+                os.path.basename(path), filename=path, disk_format='raw',
+                container_format='bare', wait=True,
+                kernel_id=self.kernel, ramdisk_id=self.ramdisk,
+                os_command_line='console=ttyS0')
+            ids.append(img.id)
+        deadline = time.monotonic() + 600
+        while True:
+            names = {i.name for i in self.conn.image.images(
+                visibility='all', is_hidden=True)}
+            if all(any(n.startswith('vmar-map-%s' % i) for n in names)
+                   for i in ids):
+                return ids
+            if time.monotonic() > deadline:
+                raise SystemExit('no map for some of %s' % ids)
+            time.sleep(2)
+
+    def run(self, on, tag, order):
+        self.weigher(on)
+        ids = self.images(tag)
+        flavor = self.conn.compute.find_flavor(FLAVOR)
+        before = self.fetched()
+        servers = {}
+        t_start = time.monotonic()
+        for n, i in enumerate(order):
+            due = t_start + n * self.interval
+            time.sleep(max(0, due - time.monotonic()))
+            s = self.conn.compute.create_server(
+                name='w-%s-%d' % (tag, n), image_id=ids[i],
+                flavor_id=flavor.id, networks='none')
+            servers[s.id] = {'image': i, 't0': time.monotonic()}
+        pending = set(servers)
+        deadline = time.monotonic() + 1800
+        while pending:
+            for sid in sorted(pending):
+                s = self.conn.compute.get_server(sid)
+                if s.status == 'ERROR':
+                    raise SystemExit('server %s: %s' % (s.name, s.fault))
+                try:
+                    out = self.conn.compute.get_server_console_output(
+                        sid)['output']
+                except openstack.exceptions.SDKException:
+                    continue
+                if SHA.search(out or ''):
+                    servers[sid]['seconds'] = (time.monotonic()
+                                               - servers[sid]['t0'])
+                    servers[sid]['host'] = s.compute_host
+                    pending.discard(sid)
+            if time.monotonic() > deadline:
+                raise SystemExit('servers never read their disks: %s'
+                                 % pending)
+            time.sleep(3)
+        fetched = self.fetched() - before
+        for sid in servers:
+            self.conn.compute.delete_server(sid)
+        for sid in servers:
+            self.conn.compute.wait_for_delete(
+                self.conn.compute.get_server(sid), wait=300)
+        for i in ids:
+            self.conn.image.delete_image(i)
+        secs = [s['seconds'] for s in servers.values()]
+        per_host = {}
+        for s in servers.values():
+            h = per_host.setdefault(s['host'], {'servers': 0,
+                                                'images': set()})
+            h['servers'] += 1
+            h['images'].add(s['image'])
+        result = {
+            'weigher': on, 'fetched_bytes': fetched,
+            'boot_median_s': statistics.median(secs),
+            'boot_max_s': max(secs),
+            'hosts': {k: {'servers': v['servers'],
+                          'images': sorted(v['images'])}
+                      for k, v in sorted(per_host.items())},
+        }
+        self.echo('  weigher %-3s: fetched %6.1f MiB, boot median %5.1f s, '
+                  'max %5.1f s; %s' % (
+                      'on' if on else 'off', fetched / MIB,
+                      result['boot_median_s'], result['boot_max_s'],
+                      ', '.join('%s %d servers/%d images' % (
+                          k, v['servers'], len(v['images']))
+                          for k, v in result['hosts'].items())))
+        return result
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog='bench/bench_weigher.py')
+    p.add_argument('--state-dir')
+    p.add_argument('--rounds', type=int, default=1)
+    p.add_argument('--interval', type=float, default=2.0,
+                   help='seconds between server creates (default 2)')
+    p.add_argument('--seed', type=int, default=17)
+    p.add_argument('--json')
+    args = p.parse_args(argv)
+    bench = Bench(args.state_dir, args.interval,
+                  echo=lambda t: print(t, flush=True))
+    bench.setup()
+    rng = random.Random(args.seed)
+    rounds = []
+    for r in range(args.rounds):
+        order = [i for i in range(IMAGES) for _ in range(SERVERS // IMAGES)]
+        rng.shuffle(order)
+        print('round %d: %d servers of %d images, one every %.1f s'
+              % (r + 1, SERVERS, IMAGES, args.interval), flush=True)
+        # alternate which configuration goes first
+        first = r % 2 == 0
+        runs = {}
+        for on in (first, not first):
+            runs[on] = bench.run(on, '%d%s' % (r, 'on' if on else 'off'),
+                                 order)
+        ratio = runs[True]['fetched_bytes'] / max(1, runs[False][
+            'fetched_bytes'])
+        print('round %d: bytes fetched with the weigher / without: %.2f '
+              '(goal <= 0.60); boot median %.2f x' % (
+                  r + 1, ratio, runs[True]['boot_median_s']
+                  / runs[False]['boot_median_s']), flush=True)
+        rounds.append({'with': runs[True], 'without': runs[False],
+                       'fetched_ratio': ratio})
+    bench.weigher(True)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(rounds, f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
