@@ -171,7 +171,10 @@ class Host(object):
             os.makedirs(self.path('nova', part), exist_ok=True)
         os.chmod(self.dir, 0o755)
         os.chmod(self.path('run'), 0o755)
-        # the mount points in the host's namespace
+        # the mount points in the host's namespace (/run is a tmpfs:
+        # /run/libvirt is not there on a machine whose libvirtd never ran)
+        for _, target in LIBVIRT_DIRS:
+            os.makedirs(target, exist_ok=True)
         for part in OWN_DIRS:
             os.makedirs(self.cloud.path(part), exist_ok=True)
         os.makedirs('/root/.ssh', mode=0o700, exist_ok=True)
