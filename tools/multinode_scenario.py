@@ -175,19 +175,23 @@ class Moves(object):
 
     # -- checks after a move ----------------------------------------------
 
+    def lazy(self, host, name):
+        """``host`` serves the image of ``name`` from a lazy mirror."""
+        image_id = self.images[name][0]
+        base = [b for b in self.status(host)['bases']
+                if b['image_id'] == image_id]
+        check(base and base[0]['mirror_bytes'] is not None
+              and base[0]['mirror_bytes'] < base[0]['size'],
+              '%s serves %s from no lazy mirror: %s', host, name, base)
+
     def moved(self, name, source, dest, size, since='', lazy=True):
         s = self.wait_status(name, 'ACTIVE')
         uuid = s['id']
         check(s['OS-EXT-SRV-ATTR:host'] == dest, '%s is on %s, not %s',
               name, s['OS-EXT-SRV-ATTR:host'], dest)
         self.wait_sha(name, size, since)
-        image_id = self.images[name][0]
         if lazy:
-            base = [b for b in self.status(dest)['bases']
-                    if b['image_id'] == image_id]
-            check(base and base[0]['mirror_bytes'] is not None
-                  and base[0]['mirror_bytes'] < base[0]['size'],
-                  '%s serves %s from no lazy mirror: %s', dest, name, base)
+            self.lazy(dest, name)
         self.wait('%s to drop the references of %s' % (source, name),
                   lambda: uuid not in self.holders(source), timeout=120)
         check(uuid in self.holders(dest), '%s holds no export of %s',
@@ -362,6 +366,7 @@ class Moves(object):
             self.wait_sha('evacuate', IMAGE_SIZE)
             check(uuid in self.holders(b), '%s holds no export of the '
                   'evacuated server', b)
+            self.lazy(b, 'evacuate')
             # the host comes back: its services start again
             stack.up(self.cloud, echo=lambda text: None)
         finally:
