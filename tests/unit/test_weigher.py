@@ -77,6 +77,25 @@ class TestShares(HoldingsTestCase):
         # A reads only itself
         self.assertAlmostEqual(0.5, self.reports.shares(A)['half-a'])
 
+    def test_hosts_exporting_a_map_will_hold_what_it_reads(self):
+        # before any guest has read a block: the report of a spawn
+        self.reports.record('serves-b', [(B, 1)], {})
+        self.reports.record('serves-a', [(A, 1)], {A: 1})
+        self.reports.record('old-b', [(B, 99)], {})  # no such version
+        shares = self.reports.shares(B)
+        self.assertEqual({'serves-b', 'serves-a'}, set(shares))
+        # the image itself: every block it reads
+        self.assertAlmostEqual(1.0, shares['serves-b'])
+        # A's export reads all of A: B's 2 blocks of A, not B's own
+        self.assertAlmostEqual(2 / 3, shares['serves-a'])
+        # B's export reads 2 of A's 4 canonical blocks; a mirror holding
+        # more counts for more, never less
+        self.assertAlmostEqual(0.5, self.reports.shares(A)['serves-b'])
+        self.reports.record('serves-b', [(B, 1)], {A: 3})
+        self.assertAlmostEqual(0.75, self.reports.shares(A)['serves-b'])
+        self.reports.record('serves-b', [], {})
+        self.assertNotIn('serves-b', self.reports.shares(A))
+
     def test_unknown_images_and_forgotten_hosts(self):
         self.reports.record('h', [], {A: None})
         self.assertEqual({}, self.reports.shares(C))

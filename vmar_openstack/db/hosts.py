@@ -84,9 +84,16 @@ class HostReports:
         base; a host holding a base whole holds all of them, a host
         holding a mirror of it is taken to hold them in the proportion of
         the base's canonical blocks (those its own map reads from itself,
-        the only ones any map reads from it) its mirror holds. Hosts
-        holding none of them are left out; empty if the image is unknown,
-        has no map yet or its map predates the per-target counts.
+        the only ones any map reads from it) its mirror holds.
+
+        A host that exports a map version is taken to hold what that map
+        reads, in the same proportion (all of it for the image itself),
+        even before its guests have read it: a report sent as a server
+        spawns says where its image will be, long before its mirror holds
+        the blocks, so a burst of servers of one image goes together.
+
+        Hosts holding none of them are left out; empty if the image is
+        unknown, has no map yet or its map predates the per-target counts.
         """
         with db_session.reader(self.conf) as s:
             img = s.execute(sa.select(models.Image).where(
@@ -101,18 +108,34 @@ class HostReports:
             if not total:
                 return {}
             data = self._canonical_blocks(s, list(need))
-            out = {}
+            held = {}           # (host, base) -> the fraction it holds
+
+            def hold(host, base, frac):
+                held[host, base] = max(held.get((host, base), 0.0), frac)
             for r in s.execute(sa.select(
                     models.HostBase.host, models.HostBase.base_id,
                     models.HostBase.blocks).where(
                     models.HostBase.base_id.in_(list(need)))).all():
                 if r.blocks is None:
-                    frac = 1.0
-                elif data.get(r.base_id):
-                    frac = min(1.0, r.blocks / data[r.base_id])
-                else:
-                    continue    # a mirror of a base the library forgot
-                out[r.host] = out.get(r.host, 0.0) + need[r.base_id] * frac
+                    hold(r.host, r.base_id, 1.0)
+                elif data.get(r.base_id):   # else a base the library forgot
+                    hold(r.host, r.base_id,
+                         min(1.0, r.blocks / data[r.base_id]))
+            he, mt = models.HostExport, models.MapTarget
+            for r in s.execute(sa.select(
+                    he.host, he.image_id, mt.target_id, mt.blocks)
+                    .join(models.Image, models.Image.image_id == he.image_id)
+                    .join(mt, sa.and_(mt.seq == models.Image.seq,
+                                      mt.version == he.map_version))
+                    .where(mt.target_id.in_(list(need)))).all():
+                if r.image_id == image_id:
+                    hold(r.host, r.target_id, 1.0)
+                elif data.get(r.target_id):
+                    hold(r.host, r.target_id,
+                         min(1.0, r.blocks / data[r.target_id]))
+            out = {}
+            for (host, base), frac in held.items():
+                out[host] = out.get(host, 0.0) + need[base] * frac
             return {h: v / total for h, v in out.items()}
 
     @staticmethod
