@@ -2,7 +2,8 @@
 
 Runs against a cloud of ``tools/cloud.sh up --computes 3`` (issue 17):
 live migration, cold migration, resize to another host and to the same
-host, a resize nova-api must refuse, shelve and unshelve onto another host,
+host, a resize nova-api must refuse, the moves nova-api must refuse for a
+server whose image was deleted, shelve and unshelve onto another host,
 and evacuation after a host is killed.
 
 The guest is the test guest of ``tools/build-test-guest.sh`` booted by Nova
@@ -92,8 +93,8 @@ def expected_sha(path, size):
 class Moves(object):
     """The steps, on one cloud with three compute hosts."""
 
-    STEPS = ('assets', 'live', 'cold', 'resize', 'refuse', 'shelve',
-             'evacuate')
+    STEPS = ('assets', 'live', 'cold', 'resize', 'refuse', 'gone',
+             'shelve', 'evacuate')
 
     def __init__(self, state_dir, openrc, guest_dir, echo=print):
         self.cloud = config.Cloud(state_dir)
@@ -336,6 +337,31 @@ class Moves(object):
                            'resize') == migrations,
               'the refused resize left a migration record')
         self.echo('  refused: %s' % r.stderr.strip().splitlines()[-1])
+
+    def gone(self):
+        """nova-api refuses to move a server whose image was deleted."""
+        a = self.names[1]
+        self.boot('gone', a)
+        migrations = self.os.json('server', 'migration', 'list',
+                                  '--server', 'gone')
+        self.os.run('image', 'delete', self.images['gone'][0])
+        for args in (('2.30', 'server', 'migrate', '--live-migration'),
+                     ('2.56', 'server', 'migrate'),
+                     ('2.29', 'server', 'evacuate')):
+            r = self.nova(*args + ('gone',), check_rc=False)
+            check(r.returncode != 0 and '400' in r.stderr
+                  and 'deleted in Glance' in r.stderr,
+                  '%s of a server whose image is deleted was not refused '
+                  'with a reason: %s%s', ' '.join(args[1:]), r.stdout,
+                  r.stderr)
+        s = self.wait_status('gone', 'ACTIVE')
+        check(s['OS-EXT-SRV-ATTR:host'] == a, 'the refused moves moved '
+              'the server to %s', s['OS-EXT-SRV-ATTR:host'])
+        check(self.os.json('server', 'migration', 'list', '--server',
+                           'gone') == migrations,
+              'the refused moves left a migration record')
+        self.echo('  gone: %s' % r.stderr.strip().splitlines()[-1])
+        self.os.run('server', 'delete', '--wait', 'gone')
 
     def shelve(self):
         """Shelve (offloaded), unshelve onto another host."""

@@ -8,7 +8,9 @@ import fixtures
 from lxml import etree
 from nova.api.validation.extra_specs import validators
 from nova.compute import api as compute_api
+from nova.compute import utils as compute_utils
 from nova import exception
+from nova.image import glance
 from nova import objects
 from nova.virt.libvirt import config as vconfig
 from nova.virt.libvirt import driver as libvirt_driver
@@ -298,6 +300,9 @@ class TestMoves(BackendTestCase):
         os.makedirs(self.exports.host_dir)
         open(os.path.join(self.exports.host_dir, 'exports.json'),
              'w').close()
+        self.bfv = self.useFixture(fixtures.MockPatchObject(
+            compute_utils, 'is_volume_backed_instance',
+            return_value=False)).mock
 
     def original(self, name, **kwargs):
         orig = mock.Mock(**kwargs)
@@ -327,6 +332,16 @@ class TestMoves(BackendTestCase):
             self.assertIsInstance(e.inner_exception, exception.ResizeError)
             self.assertIn('vmar:enabled', str(e.inner_exception))
             self.assertEqual([], self.drv.mock_calls)
+
+    def test_a_volume_backed_server_may_switch(self):
+        # its root disk is the volume: the flavor's backend is not used
+        orig = self.original('migrate_disk_and_power_off',
+                             return_value='disk info')
+        self.bfv.return_value = True
+        flavor = objects.Flavor(name='plain', root_gb=1, extra_specs={})
+        self.assertEqual('disk info', self.D.migrate_disk_and_power_off(
+            self.drv, None, instance(VMAR), 'dest', flavor, []))
+        orig.assert_called_once()
 
     def test_a_resize_between_vmar_flavors_is_novas(self):
         orig = self.original('migrate_disk_and_power_off',
@@ -545,41 +560,99 @@ class TestUnshelve(BackendTestCase):
 
 
 class TestApiChecks(testtools.TestCase):
-    """nova-api refuses a resize that switches the backend, up front."""
+    """nova-api refuses the moves that cannot be done safely, up front."""
 
     def setUp(self):
         super().setUp()
         from vmar_openstack.nova_api import checks
-        self.orig = mock.Mock(return_value='accepted')
+        self.checks = checks
         checks.unregister()
-        patcher = mock.patch.object(compute_api.API, 'resize', self.orig)
-        patcher.start()
-        self.addCleanup(patcher.stop)
+        self.orig = {}
+        for name in ('resize', 'live_migrate', 'evacuate'):
+            self.orig[name] = self.useFixture(fixtures.MockPatchObject(
+                compute_api.API, name,
+                mock.Mock(return_value='accepted'))).mock
         checks.register()
         self.addCleanup(checks.unregister)
         self.flavors = {
             'vmar2': objects.Flavor(name='vmar2', extra_specs=VMAR),
             'plain2': objects.Flavor(name='plain2', extra_specs={})}
-        get = mock.patch.object(
+        self.useFixture(fixtures.MockPatchObject(
             objects.Flavor, 'get_by_flavor_id',
-            side_effect=lambda ctx, fid, read_deleted: self.flavors[fid])
-        get.start()
-        self.addCleanup(get.stop)
+            side_effect=lambda ctx, fid, read_deleted: self.flavors[fid]))
+        self.bfv = self.useFixture(fixtures.MockPatchObject(
+            compute_utils, 'is_volume_backed_instance',
+            return_value=False)).mock
+        self.images = {}
+        self.useFixture(fixtures.MockPatchObject(
+            glance.API, 'get', side_effect=self._image))
+
+    def _image(self, context, image_id):
+        if image_id not in self.images:
+            raise exception.ImageNotFound(image_id=image_id)
+        return {'id': image_id, 'status': self.images[image_id]}
+
+    def vmar_server(self, status='active'):
+        inst = instance(VMAR)
+        if status is not None:
+            self.images[inst.image_ref] = status
+        return inst
+
+    def moves(self, inst):
+        """Every move nova-api can be asked for, and its original."""
+        api = mock.sentinel.api
+        return [
+            ('resize', lambda: compute_api.API.resize(api, None, inst,
+                                                      'vmar2')),
+            ('resize', lambda: compute_api.API.resize(api, None, inst,
+                                                      host_name='b')),
+            ('live_migrate', lambda: compute_api.API.live_migrate(
+                api, None, inst, 'auto', False, 'b', async_=True)),
+            ('evacuate', lambda: compute_api.API.evacuate(
+                api, None, inst, 'b', False)),
+        ]
 
     def test_switching_the_backend_is_refused_before_nova(self):
-        for inst, to in ((instance(VMAR), 'plain2'), (instance(), 'vmar2')):
+        for inst, to in ((self.vmar_server(), 'plain2'),
+                         (instance(), 'vmar2')):
             e = self.assertRaises(exception.CannotResizeDisk,
                                   compute_api.API.resize, mock.sentinel.api,
                                   None, inst, to)
             self.assertIn('vmar:enabled', str(e))
-        self.orig.assert_not_called()
+        self.orig['resize'].assert_not_called()
+
+    def test_a_volume_backed_server_may_switch(self):
+        self.bfv.return_value = True
+        self.assertEqual('accepted', compute_api.API.resize(
+            mock.sentinel.api, None, instance(VMAR), 'plain2'))
 
     def test_other_resizes_and_migrations_are_novas(self):
-        api = mock.sentinel.api
-        inst = instance(VMAR)
-        self.assertEqual('accepted', compute_api.API.resize(
-            api, None, inst, 'vmar2'))
-        # a cold migration is a resize without a flavor
-        self.assertEqual('accepted', compute_api.API.resize(
-            api, None, inst, host_name='b'))
-        self.assertEqual(2, self.orig.call_count)
+        inst = self.vmar_server()
+        for name, call in self.moves(inst):
+            self.assertEqual('accepted', call())
+        self.assertEqual(2, self.orig['resize'].call_count)
+        self.orig['live_migrate'].assert_called_once_with(
+            mock.sentinel.api, None, inst, 'auto', False, 'b', async_=True)
+        self.orig['evacuate'].assert_called_once_with(
+            mock.sentinel.api, None, inst, 'b', False)
+
+    def test_no_move_of_a_server_whose_image_is_gone(self):
+        for status, said in ((None, 'deleted'),
+                             ('deactivated', 'deactivated')):
+            inst = self.vmar_server(status)
+            for name, call in self.moves(inst):
+                e = self.assertRaises(self.checks.MoveRefused, call)
+                self.assertEqual(400, e.code)
+                self.assertIn(inst.uuid, str(e))
+                self.assertIn('is %s in Glance' % said, str(e))
+        for orig in self.orig.values():
+            orig.assert_not_called()
+
+    def test_servers_not_on_vmar_move_without_their_image(self):
+        # ordinary flavors, and vmar flavors booted from volume
+        plain = instance()
+        for name, call in self.moves(plain)[1:]:
+            self.assertEqual('accepted', call())
+        self.bfv.return_value = True
+        for name, call in self.moves(self.vmar_server(None))[1:]:
+            self.assertEqual('accepted', call())

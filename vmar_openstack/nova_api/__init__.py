@@ -5,7 +5,8 @@
 * :mod:`.wsgi`: nova-api's WSGI application with the checks installed,
   which uWSGI runs instead of ``nova.wsgi.osapi_compute``.
 
-A move the compute hosts would refuse anyway is refused here first, with
-its reason in the HTTP answer, before any state changes
+A move that cannot be done safely (a resize that switches the vmar
+backend, a move of a server whose image is gone from Glance) is refused
+here, with its reason in the HTTP answer, before any state changes
 (doc/source/multinode.rst).
 """

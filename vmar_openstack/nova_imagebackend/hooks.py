@@ -35,6 +35,7 @@ import functools
 import os
 import time
 
+from nova.compute import utils as compute_utils
 from nova import exception
 from nova.virt.libvirt import driver as libvirt_driver
 from nova.virt.libvirt import imagebackend
@@ -175,7 +176,8 @@ def register():
     def migrate_disk_and_power_off(original, self, context, instance, dest,
                                    flavor, *args, **kwargs):
         reason = extra_specs.switch_refusal(instance.flavor, flavor)
-        if reason:
+        if reason and not compute_utils.is_volume_backed_instance(
+                context, instance):
             raise exception.InstanceFaultRollback(exception.ResizeError(
                 reason=reason))
         return original(self, context, instance, dest, flavor, *args,
