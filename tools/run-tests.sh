@@ -11,7 +11,7 @@
 #   --no-fresh-root  skip the fresh-machine stage (CI always runs it)
 #   --multinode      also the moves between three compute hosts
 #                    (tests/functional/test_multinode.py: tools/cloud.sh up
-#                    --computes 3; about 20 minutes on two cores, so not in
+#                    --computes 3; about 15 minutes on two cores, so not in
 #                    CI's run)
 #
 # Servers the tests start (MariaDB, PostgreSQL, libvirtd, virtlogd) are

@@ -3,11 +3,11 @@
 ``tools/cloud.sh up --computes 3`` (three hosts in namespaces of their own,
 doc/source/multinode.rst), then tools/multinode_scenario.py: live and cold
 migration, resize to another host and to the same one, the resize nova-api
-refuses, shelve and unshelve onto another host, evacuation of a killed
-host. Then ``down``: nothing of the hosts (process, namespace, interface,
+refuses, the moves it refuses for a server whose image was deleted, shelve
+and unshelve onto another host, evacuation of a killed host. Then ``down``: nothing of the hosts (process, namespace, interface,
 mount) is left.
 
-The stage takes about 20 minutes on two cores under TCG: it runs with
+The stage takes about 15 minutes on two cores under TCG: it runs with
 ``tools/run-tests.sh --multinode`` (``VMAR_MULTINODE=1``), not by default.
 """
 
