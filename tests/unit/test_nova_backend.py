@@ -1,5 +1,6 @@
 """The vmar image backend against the real Nova 34 classes."""
 
+import json
 import os
 from unittest import mock
 import uuid
@@ -372,14 +373,17 @@ class TestMoves(BackendTestCase):
         inst = instance(VMAR)
         path, uri = self.overlay(inst)
         other = os.path.join(self.tmp, 'other.qcow2')
-        self.original('_get_instance_disk_info_from_config', return_value=[
+        self.original('get_instance_disk_info', return_value=json.dumps([
             {'path': path, 'backing_file': os.path.basename(SOCK),
              'type': 'qcow2'},
-            {'path': other, 'backing_file': 'abc_1', 'type': 'qcow2'}])
-        disks = self.D._get_instance_disk_info_from_config(
-            self.drv, mock.sentinel.config, None)
+            {'path': other, 'backing_file': 'abc_1', 'type': 'qcow2'}]))
+        disks = json.loads(self.D.get_instance_disk_info(self.drv, inst))
         self.assertEqual(uri, disks[0]['vmar_backing'])
         self.assertNotIn('vmar_backing', disks[1])
+        # the resource periodic's private method is Nova's own
+        self.assertNotIn(
+            (self.D, '_get_instance_disk_info_from_config'),
+            hooks._ORIGINALS)
 
     def test_the_destination_adopts_the_export_and_overlay(self):
         orig = self.original('_create_images_and_backing')

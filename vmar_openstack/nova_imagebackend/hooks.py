@@ -41,6 +41,7 @@ from nova.virt.libvirt import driver as libvirt_driver
 from nova.virt.libvirt import imagebackend
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_log import log as logging
+from oslo_serialization import jsonutils
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import export
@@ -129,20 +130,23 @@ def register():
         return live_snapshot(self, instance, guest, disk_path, out_path,
                              image_format)
 
-    @_wrap(D, '_get_instance_disk_info_from_config')
-    def _get_instance_disk_info_from_config(original, self, guest_config,
-                                            block_device_info):
-        disks = original(self, guest_config, block_device_info)
+    @_wrap(D, 'get_instance_disk_info')
+    def get_instance_disk_info(original, self, instance,
+                               block_device_info=None):
+        # what the source of a block migration sends the destination
+        # (Nova's resource periodic reads the private method, not this)
+        disks = jsonutils.loads(original(self, instance, block_device_info))
         socket = os.path.basename(vmar_conf.CONF.vmar.export_socket)
         for info in disks:
             if (vimage.is_root_disk(info['path'])
-                    and info.get('backing_file') == socket):
+                    and info.get('backing_file') == socket
+                    and _is_vmar(instance)):
                 # Nova keeps only the backing file's base name; the
                 # destination of a live migration needs all of it
                 backing = vimage.backing_of(info['path'])
                 if backing:
                     info['vmar_backing'] = backing
-        return disks
+        return jsonutils.dumps(disks)
 
     @_wrap(D, '_create_images_and_backing')
     def _create_images_and_backing(original, self, context, instance,
