@@ -4,8 +4,9 @@
 doc/source/multinode.rst), then tools/multinode_scenario.py: live and cold
 migration, resize to another host and to the same one, the resize nova-api
 refuses, the moves it refuses for a server whose image was deleted, shelve
-and unshelve onto another host, evacuation of a killed host. Then ``down``: nothing of the hosts (process, namespace, interface,
-mount) is left.
+and unshelve onto another host, evacuation of a killed host. Then
+``down``: nothing of the hosts (process, namespace, interface, mount) is
+left.
 
 The stage takes about 15 minutes on two cores under TCG: it runs with
 ``tools/run-tests.sh --multinode`` (``VMAR_MULTINODE=1``), not by default.
