@@ -83,36 +83,33 @@ class CLI(object):
         return self.run(*(args + ('-f', 'value'))).stdout.strip()
 
 
-class UserPath(object):
-    """The steps, sharing one cloud (``state_dir``) and its CLI."""
+class Scenario(object):
+    """What every scenario on a cloud of tools/cloud.sh waits for."""
 
-    def __init__(self, state_dir, openrc, images, echo=print):
+    TIMEOUT = BOOT_TIMEOUT
+
+    def __init__(self, state_dir, openrc, echo=print):
         self.cloud = config.Cloud(state_dir)
         self.cloud.load()
         self.os = CLI(openrc)
-        self.images = images            # library name -> raw file
         self.echo = echo
-        self.ids = {}                   # Glance name -> id
         self.figures = {}
-        self.host_dir = self.cloud.path('vmar', 'host')
 
-    # -- helpers ----------------------------------------------------------
-
-    def wait(self, what, probe, timeout=BOOT_TIMEOUT, interval=2):
-        deadline = time.monotonic() + timeout
+    def wait(self, what, probe, timeout=None, interval=2):
+        deadline = time.monotonic() + (timeout or self.TIMEOUT)
         while True:
             result = probe()
             if result:
                 return result
             if time.monotonic() > deadline:
                 raise ScenarioError('timed out after %d s waiting for %s'
-                                    % (timeout, what))
+                                    % (timeout or self.TIMEOUT, what))
             time.sleep(interval)
 
     def server(self, name):
         return self.os.json('server', 'show', name)
 
-    def wait_status(self, name, status, timeout=BOOT_TIMEOUT):
+    def wait_status(self, name, status, timeout=None):
         def probe():
             s = self.server(name)
             if s['status'] == 'ERROR':
@@ -132,6 +129,18 @@ class UserPath(object):
             raise ScenarioError('console log show %s: %s' % (name,
                                                              r.stderr))
         return r.stdout
+
+
+class UserPath(Scenario):
+    """The steps, sharing one cloud (``state_dir``) and its CLI."""
+
+    def __init__(self, state_dir, openrc, images, echo=print):
+        super().__init__(state_dir, openrc, echo)
+        self.images = images            # library name -> raw file
+        self.ids = {}                   # Glance name -> id
+        self.host_dir = self.cloud.path('vmar', 'host')
+
+    # -- helpers ----------------------------------------------------------
 
     def wait_booted(self, name, image, since=''):
         """Wait for a VMAR-BOOTED that ``since`` (a console log) lacks.

@@ -40,12 +40,11 @@ from tools.cloud import config
 from tools.cloud import hosts
 from tools.cloud import stack
 from tools.cloud_scenario import check
-from tools.cloud_scenario import CLI
+from tools.cloud_scenario import Scenario
 from tools.cloud_scenario import ScenarioError
 from tools.vmarenv import qemu_env
 
 SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
-TIMEOUT = 600
 MARKER_OFFSET = 32 << 20
 IMAGE_SIZE = 64 << 20
 GIB = 1 << 30
@@ -90,15 +89,14 @@ def expected_sha(path, size):
     return h.hexdigest()
 
 
-class Moves(object):
+class Moves(Scenario):
     """The steps, on one cloud with three compute hosts."""
 
     STEPS = ('assets', 'live', 'cold', 'resize', 'refuse', 'gone',
              'shelve', 'evacuate')
 
     def __init__(self, state_dir, openrc, guest_dir, echo=print):
-        self.cloud = config.Cloud(state_dir)
-        self.cloud.load()
+        super().__init__(state_dir, openrc, echo)
         if len(self.cloud.hosts) < 3:
             raise ScenarioError('the moves need tools/cloud.sh up '
                                 '--computes 3 (this cloud has %d)'
@@ -106,12 +104,9 @@ class Moves(object):
         self.hosts = {h['name']: hosts.Host(self.cloud, h)
                       for h in self.cloud.hosts}
         self.names = sorted(self.hosts)
-        self.os = CLI(openrc)
         self.guest_dir = guest_dir
         self.work = self.cloud.path('moves')
         os.makedirs(self.work, exist_ok=True)
-        self.echo = echo
-        self.figures = {}
         self.images = {}            # server -> (image id, raw file)
 
     # -- helpers ----------------------------------------------------------
@@ -119,34 +114,6 @@ class Moves(object):
     def nova(self, version, *args, **kwargs):
         return self.os.run('--os-compute-api-version', version, *args,
                            **kwargs)
-
-    def wait(self, what, probe, timeout=TIMEOUT, interval=2):
-        deadline = time.monotonic() + timeout
-        while True:
-            result = probe()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise ScenarioError('timed out after %d s waiting for %s'
-                                    % (timeout, what))
-            time.sleep(interval)
-
-    def server(self, name):
-        return self.os.json('server', 'show', name)
-
-    def wait_status(self, name, status):
-        def probe():
-            s = self.server(name)
-            if s['status'] == 'ERROR':
-                raise ScenarioError('server %s went to ERROR: %s'
-                                    % (name, s.get('fault')))
-            return (s['status'] == status
-                    and not s.get('OS-EXT-STS:task_state')) and s
-        return self.wait('server %s %s' % (name, status), probe)
-
-    def console(self, name):
-        r = self.os.run('console', 'log', 'show', name, check_rc=False)
-        return r.stdout if r.returncode == 0 else ''
 
     def wait_sha(self, name, size, since=''):
         """The guest's next whole-disk checksum after ``since``."""
