@@ -308,8 +308,10 @@ class TestMoves(BackendTestCase):
     def original(self, name, **kwargs):
         orig = mock.Mock(**kwargs)
         patcher = _patched_original(self.D, name, orig)
-        self.addCleanup(hooks.unregister)
+        # last in, first out: the hooks go (putting the mock back on the
+        # class), then the patch (putting Nova's method back)
         self.addCleanup(patcher.stop)
+        self.addCleanup(hooks.unregister)
         return orig
 
     def overlay(self, inst, size=1 << 20):
