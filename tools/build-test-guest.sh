@@ -8,7 +8,8 @@
 # "vmar-marker-<offset>" (zero padded) at that byte offset and reads it back,
 # printing VMAR-WROTE <ok|bad>. With vmar.readback=<offset> it prints
 # VMAR-READBACK <ok|bad> for a marker written by an earlier boot.
-# With vmar.loop=1 it keeps re-reading the disk, printing each checksum.
+# With vmar.loop=1 it keeps re-reading the disk, printing each checksum,
+# and with vmar.pause=<seconds> it idles that long after each one.
 #
 # Usage: tools/build-test-guest.sh [OUTDIR]
 # Prints the output directory (holding vmlinuz and initramfs) last.

@@ -46,6 +46,8 @@ from tools.vmarenv import qemu_env
 
 SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
 MARKER_OFFSET = 32 << 20
+# seconds the live step's guest idles after each pass over its disk
+LIVE_PAUSE = 40
 IMAGE_SIZE = 64 << 20
 GIB = 1 << 30
 # flavor -> root disk bytes (0: the image's size)
@@ -167,7 +169,7 @@ class Moves(Scenario):
         self.echo('  %s: %s -> %s, whole disk read back, %s released it'
                   % (name, source, dest, source))
 
-    def boot(self, name, host, flavor='vmar.check'):
+    def boot(self, name, host, flavor='vmar.check', cmdline=''):
         """A server of a new image (no host has seen it) on ``host``."""
         raw = os.path.join(self.work, name + '.raw')
         disk_image(raw, name + str(time.time()))
@@ -177,7 +179,7 @@ class Moves(Scenario):
             'kernel_id=%s' % self.kernel, '--property',
             'ramdisk_id=%s' % self.ramdisk, '--property',
             'os_command_line=console=ttyS0 no_timer_check vmar.write=%d '
-            'vmar.loop=1' % MARKER_OFFSET,
+            'vmar.loop=1 %s' % (MARKER_OFFSET, cmdline),
             # busybox's init ignores ACPI: do not wait Nova's 60 s for it
             '--property', 'os_shutdown_timeout=3', 'check-' + name)['id']
         self.images[name] = (image_id, raw)
@@ -229,7 +231,12 @@ class Moves(Scenario):
     def live(self):
         """Live migration (block migration of the overlay)."""
         a, b = self.names[0], self.names[1]
-        self.boot('live', a)
+        # Migrated while it reads its disk, a TCG guest of this machine's
+        # QEMU 7.2 breaks now and then (kernel BUG in its block layer
+        # after the switch), with Nova's own disks as with vmar's: seen
+        # on plain.check servers too. The guest idles between passes and
+        # the migration starts right after a pass.
+        self.boot('live', a, cmdline='vmar.pause=%d' % LIVE_PAUSE)
         before = self.console('live')
         t0 = time.monotonic()
         self.nova('2.30', 'server', 'migrate', '--live-migration',
