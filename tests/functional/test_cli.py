@@ -89,14 +89,17 @@ class TestManage(base.LibraryTestCase):
         self.conf.set_override('connection', 'sqlite:///%s/cli.sqlite'
                                % self.tmp, group='vmar_database')
         reports = db_hosts.HostReports(self.conf)
-        reports.record('h1', [(B, 1)], {A: None})
+        reports.record('h1', [(A, 1)], {A: None})
         reports.record('h2', [], {A: None, B: None})
+        # serves B, holds nothing yet: it will hold all B reads
+        reports.record('h3', [(B, 1)], {})
         hosts = json.loads(self.manage('hosts', 'list', '--json').stdout)
-        self.assertEqual([[[A, None]], [[A, None], [B, None]]],
+        self.assertEqual([[[A, None]], [[A, None], [B, None]], []],
                          [h['holds'] for h in hosts])
         rows = [ln.split() for ln in self.manage(
             'hosts', 'shares', B).stdout.splitlines()]
         self.assertIn(['h2', '1.000'], rows)
+        self.assertIn(['h3', '1.000'], rows)
         self.assertIn(['h1', '0.667'], rows)
         self.assertLess(rows.index(['h2', '1.000']),
                         rows.index(['h1', '0.667']))
