@@ -84,8 +84,13 @@ class CLI(object):
 
 
 class Scenario(object):
-    """What every scenario on a cloud of tools/cloud.sh waits for."""
+    """What every scenario on a cloud of tools/cloud.sh waits for.
 
+    A scenario is its ``STEPS``, methods run in order by :meth:`run`, each
+    named on the output by the first line of its docstring.
+    """
+
+    STEPS = ()
     TIMEOUT = BOOT_TIMEOUT
 
     def __init__(self, state_dir, openrc, echo=print):
@@ -129,6 +134,38 @@ class Scenario(object):
             raise ScenarioError('console log show %s: %s' % (name,
                                                              r.stderr))
         return r.stdout
+
+    def run(self, steps=None):
+        """Run ``steps`` (default: all), timing each; the figures."""
+        for step in steps or self.STEPS:
+            t0 = time.monotonic()
+            self.echo('== %s' % getattr(self, step).__doc__.split('\n')[0])
+            getattr(self, step)()
+            self.figures['step_' + step] = time.monotonic() - t0
+        return self.figures
+
+    @classmethod
+    def main(cls, argv, prog, args=tuple):
+        """The command line of a scenario: ``cls(state, openrc, *args())``.
+
+        ``args`` is called once the command line is parsed (it may build
+        what the scenario needs).
+        """
+        parser = argparse.ArgumentParser(prog=prog)
+        parser.add_argument('--state-dir')
+        parser.add_argument('--openrc')
+        parser.add_argument('--steps', nargs='*', default=cls.STEPS)
+        opts = parser.parse_args(argv)
+        cloud = config.Cloud(opts.state_dir)
+        scenario = cls(cloud.state_dir, opts.openrc or cloud.path('openrc'),
+                       *args(), echo=lambda text: print(text, flush=True))
+        try:
+            figures = scenario.run(opts.steps)
+        except ScenarioError as e:
+            print('FAILED: %s' % e, file=sys.stderr)
+            return 1
+        print(json.dumps(figures, indent=1, sort_keys=True))
+        return 0
 
 
 class UserPath(Scenario):
@@ -618,35 +655,16 @@ class UserPath(Scenario):
              'restart_compute',
              'kill_export_daemon', 'delete_canonical', 'delete_all')
 
-    def run(self, steps=STEPS):
+    def run(self, steps=None):
         # (a run that starts at a later step finds the images by name)
         self.ids.update({i['Name']: i['ID']
                          for i in self.os.json('image', 'list')})
-        for step in steps:
-            t0 = time.monotonic()
-            self.echo('== %s' % getattr(self, step).__doc__.split('\n')[0])
-            getattr(self, step)()
-            self.figures['step_' + step] = time.monotonic() - t0
-        return self.figures
+        return super().run(steps)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='python -m tools.cloud_scenario')
-    parser.add_argument('--state-dir')
-    parser.add_argument('--openrc')
-    parser.add_argument('--steps', nargs='*', default=UserPath.STEPS)
-    args = parser.parse_args(argv)
-    cloud = config.Cloud(args.state_dir)
-    openrc = args.openrc or cloud.path('openrc')
-    path = UserPath(cloud.state_dir, openrc, qemu_env.image_library(),
-                    echo=lambda text: print(text, flush=True))
-    try:
-        figures = path.run(args.steps)
-    except ScenarioError as e:
-        print('FAILED: %s' % e, file=sys.stderr)
-        return 1
-    print(json.dumps(figures, indent=1, sort_keys=True))
-    return 0
+    return UserPath.main(argv, 'python -m tools.cloud_scenario',
+                         lambda: (qemu_env.image_library(),))
 
 
 if __name__ == '__main__':

@@ -28,7 +28,6 @@ a host chosen with ``--host``. After each move the scenario checks:
 Usage: python -m tools.multinode_scenario [--state-dir DIR] [--steps ...]
 """
 
-import argparse
 import hashlib
 import json
 import os
@@ -36,7 +35,6 @@ import re
 import sys
 import time
 
-from tools.cloud import config
 from tools.cloud import hosts
 from tools.cloud import stack
 from tools.cloud_scenario import check
@@ -380,32 +378,10 @@ class Moves(Scenario):
         self.echo('  evacuate: %s killed, server on %s, %s released it '
                   'when it came back' % (a, b, a))
 
-    def run(self, steps=STEPS):
-        for step in steps:
-            t0 = time.monotonic()
-            self.echo('== %s' % getattr(self, step).__doc__.split('\n')[0])
-            getattr(self, step)()
-            self.figures['step_%s_s' % step] = time.monotonic() - t0
-        return self.figures
-
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='python -m tools.multinode_scenario')
-    parser.add_argument('--state-dir')
-    parser.add_argument('--openrc')
-    parser.add_argument('--steps', nargs='*', default=Moves.STEPS)
-    args = parser.parse_args(argv)
-    cloud = config.Cloud(args.state_dir)
-    moves = Moves(cloud.state_dir, args.openrc or cloud.path('openrc'),
-                  qemu_env.test_guest(),
-                  echo=lambda text: print(text, flush=True))
-    try:
-        figures = moves.run(args.steps)
-    except ScenarioError as e:
-        print('FAILED: %s' % e, file=sys.stderr)
-        return 1
-    print(json.dumps(figures, indent=1, sort_keys=True))
-    return 0
+    return Moves.main(argv, 'python -m tools.multinode_scenario',
+                      lambda: (qemu_env.test_guest(),))
 
 
 if __name__ == '__main__':
