@@ -25,11 +25,10 @@ from nova.scheduler import utils
 from nova.scheduler import weights
 from oslo_config import cfg
 from oslo_log import log as logging
-from oslo_utils import strutils
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import hosts as db_hosts
-from vmar_openstack import names
+from vmar_openstack.nova_imagebackend import extra_specs
 
 CONF = vmar_conf.CONF
 LOG = logging.getLogger(__name__)
@@ -47,8 +46,7 @@ def image_of(spec):
     """
     if not (spec.obj_attr_is_set('flavor') and spec.obj_attr_is_set('image')):
         return None
-    specs = spec.flavor.extra_specs or {}
-    if not strutils.bool_from_string(specs.get(names.SPEC_ENABLED, 'false')):
+    if not extra_specs.enabled(spec.flavor):
         return None
     if spec.obj_attr_is_set('is_bfv') and spec.is_bfv:
         return None
