@@ -66,7 +66,8 @@ CGROUP = 'vmar-bench-guestcache'    # under memcg.ROOT
 IMAGES = ('minbase', 'python3', 'nginx', 'postgresql', 'apache2',
           'mariadb')
 CONFIGS = ('ON+ON', 'ON+OFF', 'I', 'P+I')
-LOOP = re.compile(r'VMAR-WORKLOAD-LOOP (\d+) (\d+) (\d+)')
+LOOP = re.compile(r'VMAR-WORKLOAD-LOOP (\d+) (\d+) (\d+)'
+                  r'(?: private_cached=(\d+))?')
 MARKER = re.compile(r'VMAR-BOOTED ')
 MiB = 1 << 20
 
@@ -126,8 +127,8 @@ class Guest:
         return lines[-1] if lines else ''
 
     def loops(self):
-        """[(loop number, bytes read, its duration in ns)]"""
-        return [tuple(int(x) for x in m.groups())
+        """[(loop, bytes read, ns it took, private bytes cached after)]"""
+        return [tuple(int(x or 0) for x in m.groups())
                 for m in LOOP.finditer(self.text())]
 
     def stop(self):
@@ -165,11 +166,18 @@ def measure_window(guests, seconds):
         # after it began ended inside the window but may have started
         # before, so it is left out
         new = g.loops()[before[g.name] + 1:]
-        nbytes = sum(b for _n, b, _ns in new)
-        ns = sum(ns for _n, _b, ns in new)
+        nbytes = sum(b for _n, b, _ns, _p in new)
+        ns = sum(ns for _n, _b, ns, _p in new)
         out[g.name] = {'loops': len(new), 'bytes': nbytes,
-                       'MB_s': nbytes / (ns / 1e9) / 1e6 if ns else 0.0}
+                       'MB_s': nbytes / (ns / 1e9) / 1e6 if ns else 0.0,
+                       'private_cached': [p for _n, _b, _ns, p in new]}
     return out
+
+
+def private_cached_share(per, args):
+    """Mean share of the private file the guests had cached after a loop."""
+    seen = [p for g in per.values() for p in g['private_cached']]
+    return sum(seen) / len(seen) / (args.private * MiB) if seen else None
 
 
 def run_config(config, args, work, images, host_uris, anon_ref, group):
@@ -214,12 +222,15 @@ def run_config(config, args, work, images, host_uris, anon_ref, group):
                 'limit': limit,
                 'guests': per,
                 'MB_s': sum(p['MB_s'] for p in per.values()) / len(per),
+                'private_cached': private_cached_share(per, args),
                 'rss_anon': {g.name: rss_anon(g.proc.pid) for g in guests},
                 'cgroup_cache': group.cache_bytes(),
                 'failcnt': int(group.read('memory.failcnt'))}
-            print('  %-6s budget %4d MiB: %6.2f MB/s per guest, guests '
-                  'RssAnon %4d MiB, cgroup cache %4d MiB' % (
+            print('  %-6s budget %4d MiB: %6.2f MB/s per guest, private '
+                  'data cached in the guest %s, guests RssAnon %4d MiB, '
+                  'cgroup cache %4d MiB' % (
                       config, budget, res['budgets'][budget]['MB_s'],
+                      _share(res['budgets'][budget]['private_cached']),
                       sum(res['budgets'][budget]['rss_anon'].values())
                       // MiB,
                       res['budgets'][budget]['cgroup_cache'] // MiB),
@@ -235,6 +246,10 @@ def run_config(config, args, work, images, host_uris, anon_ref, group):
     finally:
         for g in guests:
             g.stop()
+
+
+def _share(x):
+    return '-' if x is None else '%.0f %%' % (100 * x)
 
 
 def main():
@@ -325,6 +340,11 @@ def report(results, configs, args):
                              '%.2f (%.2fx)' % (v, v / ref) if ref else
                              '%.2f' % v)
         print(row)
+    print('private data cached in the guests after a loop (mean share):')
+    for b in args.budgets:
+        print('%-8s' % ('%d MiB' % b) + ''.join(
+            '%18s' % _share(results[c]['budgets'][b].get('private_cached'))
+            for c in configs))
     print('guests\' RssAnon (MiB, sum) at each budget:')
     for b in args.budgets:
         print('%-8s' % ('%d MiB' % b) + ''.join(

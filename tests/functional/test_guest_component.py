@@ -69,7 +69,9 @@ class TestVmarGuest(testtools.TestCase):
                     pass
 
     def start(self, *args):
-        status = os.path.join(self.dir, 'status')
+        # not under --root: reading it must not count as reading base data
+        status = os.path.join(
+            self.useFixture(fixtures.TempDir()).path, 'status')
         boot = int(time.time()) + 2     # files so far are "before boot"
         proc = subprocess.Popen(
             [self.binary, '--mode', 'private', '--root', self.dir,
@@ -112,6 +114,32 @@ class TestVmarGuest(testtools.TestCase):
         self.assertGreaterEqual(self.cached(private), KEPT * 8 * MIB)
         self.assertGreaterEqual(self.status(status)['events'], 2)
 
+    def test_a_closed_base_file_goes_a_grace_after_its_close(self):
+        base = self.write('base', 8 * MIB)
+        pagecache.evict(base)
+        status = self.start('--grace', '0.5', '--hold', '600',
+                            '--linger', '600')
+        self.read(base)
+        self.wait_for('base data dropped', lambda: self.cached(base) == 0,
+                      timeout=10)
+        self.wait_for('its counters', lambda: self.status(status)[
+            'close_drops'] >= 1)
+        self.assertGreaterEqual(self.status(status)['closes'], 1)
+
+    def test_an_open_base_file_goes_after_the_hold(self):
+        base = self.write('base', 8 * MIB)
+        pagecache.evict(base)
+        status = self.start('--grace', '600', '--hold', '2',
+                            '--linger', '600')
+        with open(base, 'rb') as f:
+            while f.read(MIB):
+                pass
+            self.wait_for('base data dropped', lambda: self.cached(
+                base) == 0, timeout=15)
+            s = self.status(status)
+            self.assertEqual(0, s['close_drops'])
+            self.assertGreaterEqual(s['drops'], 1)
+
     def test_what_was_cached_before_it_started_goes_too(self):
         base = self.write('base', 4 * MIB)
         self.read(base)
@@ -143,7 +171,8 @@ class TestVmarGuest(testtools.TestCase):
 
     def test_bad_options_are_refused(self):
         for args in (['--grace', '-1'], ['--mode', 'always'],
-                     ['--interval', '0'], ['stray']):
+                     ['--interval', '0'], ['--hold', '1x'],
+                     ['--grace', '200', '--linger', '100'], ['stray']):
             r = subprocess.run([self.binary, *args], capture_output=True,
                                text=True)
             self.assertEqual(2, r.returncode, args)

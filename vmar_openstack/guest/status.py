@@ -2,15 +2,16 @@
 
 After each pass vmar-guest (vmar-guest.c, ``write_status``) replaces its
 status file with one line of ``key=value`` counters, cumulative since it
-started: ``passes tracked events walks walked_files drops dropped_bytes
-mincores syscalls table_full cpu_user_s cpu_sys_s``. The test probe prints
+started: ``passes tracked events closes walks walked_files drops
+close_drops dropped_bytes mincores syscalls table_full cpu_user_s
+cpu_sys_s``. The test probe prints
 the same line on the console.
 """
 
 PATH = '/run/vmar-guest.status'
-COUNTERS = ('passes', 'tracked', 'events', 'walks', 'walked_files', 'drops',
-            'dropped_bytes', 'mincores', 'syscalls', 'table_full',
-            'cpu_user_s', 'cpu_sys_s')
+COUNTERS = ('passes', 'tracked', 'events', 'closes', 'walks',
+            'walked_files', 'drops', 'close_drops', 'dropped_bytes',
+            'mincores', 'syscalls', 'table_full', 'cpu_user_s', 'cpu_sys_s')
 
 
 def parse(text):

@@ -5,21 +5,23 @@
  * data once, and each guest caches only its private data.  The rule is the
  * one of the P policy of "functional partitioning": data of files not
  * modified since boot is base data, files written after boot are private.
- * Base data that has stayed in the guest's page cache for --grace seconds
- * (counted from the first open that brought a file into view, then from
- * each drop) is dropped (posix_fadvise POSIX_FADV_DONTNEED); private files are never
- * touched.  The base data is still in the host's page cache, so a later
- * read costs a virtio round trip, not a disk read, and the memory the guest
- * frees goes back to the host through the balloon's free page reporting.
+ * Base data is dropped (posix_fadvise POSIX_FADV_DONTNEED) --grace seconds
+ * after the last close of its file, the nearest a program can come to the
+ * paper's O_DIRECT reads; while a base file stays open its data is dropped
+ * every --hold seconds.  Private files are never touched.  The base data is
+ * still in the host's page cache, so a later read costs a virtio round
+ * trip, not a disk read, and the memory the guest frees goes back to the
+ * host through the balloon's free page reporting.
  *
  * How it finds the files (doc/source/guest.rst has the measurements):
  *  - at start, and every --rescan seconds, a walk of the root filesystem
  *    (never crossing mounts) picks up base files with cached pages;
- *  - in between, fanotify (FAN_MARK_FILESYSTEM, FAN_OPEN) reports every
- *    file opened on that filesystem, with an fd; the base ones are tracked
- *    until --linger seconds after their last open.
- * Every --interval seconds, each tracked file whose grace period is over is
- * checked with mincore and dropped if it has cached pages.
+ *  - in between, fanotify (FAN_MARK_FILESYSTEM, FAN_OPEN and
+ *    FAN_CLOSE_NOWRITE) reports every file opened and closed on that
+ *    filesystem, with an fd; the base ones are tracked until --linger
+ *    seconds after their last open.
+ * A close arms the file's drop; every --interval seconds a pass drops what
+ * has been held past --hold.  mincore counts what each drop frees.
  *
  * The host says whether a server is guest-private: Nova's vmar backend puts
  * "vmar:guest_cache=private" into the SMBIOS OEM strings (type 11).  With
@@ -55,38 +57,60 @@
 #define TABLE_BITS  14                  /* tracked files: up to 16384 */
 #define TABLE_SIZE  (1u << TABLE_BITS)
 #define BATCH_MS    100                 /* fanotify reads at most 10/s */
+#define MS          1000LL
 #define OEM_KEY     "vmar:guest_cache="
 #define DMI_OEM     "/sys/firmware/dmi/entries/11-%d/raw"
 
-/* A tracked base file: an fd on it, and its times */
+/* A tracked base file: an fd on it, and its times (monotonic ms) */
 typedef struct Tracked {
     dev_t dev;
     ino_t ino;
     int fd;                             /* -1: free slot */
-    time_t since;                       /* its grace period started */
-    time_t opened;                      /* last opened */
+    int64_t since;                      /* held since (came into view, or
+                                           its last drop) */
+    int64_t opened;                     /* last opened */
+    int64_t due;                        /* drop armed by a close, or 0 */
 } Tracked;
+
+/* Files whose drop a close armed, in the order they were armed */
+typedef struct Closed {
+    dev_t dev;
+    ino_t ino;
+    int64_t due;                        /* as armed */
+} Closed;
 
 typedef struct Options {
     const char *root, *status, *mode;
-    long interval, grace, linger, rescan;
+    int64_t interval, grace, hold, linger, rescan;    /* ms */
     bool once;
     time_t boot_time;
 } Options;
 
 static Options opt = {
     .root = "/", .status = "/run/vmar-guest.status", .mode = "auto",
-    .interval = 5, .grace = 10, .linger = 120, .rescan = 600,
+    .interval = 5 * MS, .grace = 1 * MS, .hold = 10 * MS,
+    .linger = 120 * MS, .rescan = 600 * MS,
 };
 
 static Tracked table[TABLE_SIZE];
 static unsigned tracked;
+static Closed closed[TABLE_SIZE];
+static unsigned closed_head, closed_len;
 static long page_size;
-static time_t now;
+static int64_t now;
+static pid_t self;
+
+static int64_t clock_ms(void)
+{
+    struct timespec t;
+
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * MS + t.tv_nsec / 1000000;
+}
 
 static struct {
-    uint64_t passes, events, walks, walked_files, drops, dropped_bytes,
-             mincores, syscalls, full;
+    uint64_t passes, events, closes, walks, walked_files, drops,
+             close_drops, dropped_bytes, mincores, syscalls, full;
 } stats;
 
 static volatile sig_atomic_t stopping;
@@ -145,7 +169,7 @@ static Tracked *offer(int fd, const struct stat *st)
     Tracked *t = slot(st->st_dev, st->st_ino);
 
     if (t && t->fd < 0 && is_base(st) && tracked < TABLE_SIZE * 3 / 4) {
-        *t = (Tracked){ st->st_dev, st->st_ino, fd, now, now };
+        *t = (Tracked){ st->st_dev, st->st_ino, fd, now, now, 0 };
         tracked++;
         return t;
     }
@@ -189,36 +213,97 @@ static uint64_t cached_bytes(int fd, off_t size)
     return n * page_size;
 }
 
-/* Drop what has stayed past the grace period; forget what went quiet */
+/*
+ * Drop @t's cached data if it is still base data; false if it is not (the
+ * caller untracks it).  Counts what it frees.
+ */
+static bool drop(Tracked *t, bool *dropped)
+{
+    struct stat st;
+    uint64_t bytes;
+
+    *dropped = false;
+    stats.syscalls++;
+    if (fstat(t->fd, &st) < 0 || !is_base(&st)) {
+        return false;
+    }
+    bytes = cached_bytes(t->fd, st.st_size);
+    if (bytes) {
+        posix_fadvise(t->fd, 0, 0, POSIX_FADV_DONTNEED);
+        stats.syscalls++;
+        stats.drops++;
+        stats.dropped_bytes += bytes;
+        t->since = now;                 /* what is read again gets its own */
+        *dropped = true;
+    }
+    return true;
+}
+
+/* Drop what has been held past --hold; forget what went quiet */
 static void pass(void)
 {
     stats.passes++;
     for (uint32_t i = 0; i < TABLE_SIZE; i++) {
         Tracked *t = &table[i];
-        struct stat st;
-        uint64_t bytes;
+        bool dropped;
 
-        if (t->fd < 0 || now - t->since < opt.grace) {
+        if (t->fd < 0 || now - t->since < opt.hold) {
             continue;
         }
-        stats.syscalls++;
-        if (fstat(t->fd, &st) < 0 || !is_base(&st)) {
+        if (!drop(t, &dropped) ||
+            (!dropped && !t->due && now - t->opened >= opt.linger)) {
             untrack(t);
             i--;                        /* the slot may hold a moved one */
-            continue;
-        }
-        bytes = cached_bytes(t->fd, st.st_size);
-        if (bytes) {
-            posix_fadvise(t->fd, 0, 0, POSIX_FADV_DONTNEED);
-            stats.syscalls++;
-            stats.drops++;
-            stats.dropped_bytes += bytes;
-            t->since = now;             /* what is read again gets its own */
-        } else if (now - t->opened >= opt.linger) {
-            untrack(t);
-            i--;
         }
     }
+}
+
+/*
+ * A tracked file was closed: drop its data --grace from now.  Closes while
+ * a drop is armed do not put it off, so a file reopened all the time is
+ * still dropped every --grace.
+ */
+static void arm(Tracked *t)
+{
+    if (t->due) {
+        return;
+    }
+    if (closed_len == TABLE_SIZE) {
+        return;                         /* the pass sees to it */
+    }
+    t->due = now + opt.grace;
+    closed[(closed_head + closed_len++) % TABLE_SIZE] =
+        (Closed){ t->dev, t->ino, t->due };
+}
+
+/*
+ * Drop the files whose drop a close armed and that are due now; returns
+ * the ms until the next one falls due, or -1 if none is armed.
+ */
+static int64_t drop_closed(void)
+{
+    while (closed_len) {
+        Closed c = closed[closed_head];
+        Tracked *t;
+        bool dropped;
+
+        if (c.due > now) {
+            return c.due - now;
+        }
+        closed_head = (closed_head + 1) % TABLE_SIZE;
+        closed_len--;
+        t = slot(c.dev, c.ino);
+        if (!t || t->fd < 0 || t->due != c.due) {
+            continue;                   /* forgotten since */
+        }
+        t->due = 0;
+        if (!drop(t, &dropped)) {
+            untrack(t);
+        } else if (dropped) {
+            stats.close_drops++;
+        }
+    }
+    return -1;
 }
 
 static int visit(const char *path, const struct stat *st, int flag,
@@ -252,7 +337,7 @@ static int visit(const char *path, const struct stat *st, int flag,
         t = offer(fd, st);
         if (t) {
             /* Cached before we looked: its grace period is long over */
-            t->since = now - opt.grace;
+            t->since = now - opt.hold;
         }
     } else {
         close(fd);
@@ -309,10 +394,11 @@ static int drain(int fan)
         if (len < 0) {
             return errno == EAGAIN || errno == EINTR ? 0 : -1;
         }
-        now = time(NULL);
+        now = clock_ms();
         for (ev = (void *)buf; FAN_EVENT_OK(ev, len);
              ev = FAN_EVENT_NEXT(ev, len)) {
             struct stat st;
+            Tracked *t;
 
             if (ev->vers != FANOTIFY_METADATA_VERSION) {
                 errno = EPROTO;
@@ -321,40 +407,54 @@ static int drain(int fan)
             if (ev->fd < 0) {           /* FAN_Q_OVERFLOW: the walk */
                 continue;               /* catches what we missed */
             }
+            if (ev->pid == self) {      /* the walk's own opens */
+                close(ev->fd);
+                stats.syscalls++;
+                continue;
+            }
             stats.events++;
             stats.syscalls++;
             if (fstat(ev->fd, &st) < 0 || !under_root(ev->fd)) {
                 close(ev->fd);
                 continue;
             }
-            offer(ev->fd, &st);
+            t = offer(ev->fd, &st);
+            if (t && (ev->mask & FAN_CLOSE_NOWRITE)) {
+                stats.closes++;
+                arm(t);
+            }
         }
     }
 }
 
-/* Until the next pass: take events as they come, or just sleep */
+/*
+ * Until the next pass: take events as they come and drop what closes
+ * armed, or just sleep.
+ */
 static int wait_events(int fan)
 {
-    struct timespec t, end;
+    int64_t end = clock_ms() + opt.interval;
 
-    clock_gettime(CLOCK_MONOTONIC, &end);
-    end.tv_sec += opt.interval;
     for (;;) {
         struct pollfd p = { fan, POLLIN, 0 };
-        long ms;
+        int64_t ms, due;
 
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        ms = (end.tv_sec - t.tv_sec) * 1000 +
-            (end.tv_nsec - t.tv_nsec) / 1000000;
+        now = clock_ms();
+        due = drop_closed();
+        ms = end - now;
         if (ms <= 0 || stopping) {
             return 0;
         }
+        if (due >= 0 && due < ms) {
+            ms = due;
+        }
         if (fan < 0) {
-            sleep((ms + 999) / 1000);
+            nanosleep(&(struct timespec){ ms / MS, ms % MS * 1000000L },
+                      NULL);
             continue;
         }
         stats.syscalls++;
-        if (poll(&p, 1, ms) > 0) {
+        if (poll(&p, 1, (int)ms) > 0) {
             if (drain(fan) < 0) {
                 return -1;
             }
@@ -426,14 +526,16 @@ static void write_status(void)
         return;
     }
     fprintf(f, "passes=%" PRIu64 " tracked=%u events=%" PRIu64
-            " walks=%" PRIu64
+            " closes=%" PRIu64 " walks=%" PRIu64
             " walked_files=%" PRIu64 " drops=%" PRIu64
+            " close_drops=%" PRIu64
             " dropped_bytes=%" PRIu64 " mincores=%" PRIu64
             " syscalls=%" PRIu64 " table_full=%" PRIu64
             " cpu_user_s=%ld.%06ld cpu_sys_s=%ld.%06ld\n",
-            stats.passes, tracked, stats.events, stats.walks,
+            stats.passes, tracked, stats.events, stats.closes, stats.walks,
             stats.walked_files,
-            stats.drops, stats.dropped_bytes, stats.mincores,
+            stats.drops, stats.close_drops, stats.dropped_bytes,
+            stats.mincores,
             stats.syscalls, stats.full,
             (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
             (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec);
@@ -444,9 +546,25 @@ static void write_status(void)
 static int usage(const char *argv0)
 {
     fprintf(stderr, "usage: %s [--mode auto|private] [--root DIR] "
-            "[--interval S] [--grace S] [--linger S] [--rescan S] "
-            "[--once] [--status FILE] [--boot-time EPOCH]\n", argv0);
+            "[--grace S] [--hold S] [--interval S] [--linger S] "
+            "[--rescan S] [--once] [--status FILE] [--boot-time EPOCH]\n"
+            "(S: seconds, fractions allowed)\n", argv0);
     return 2;
+}
+
+/* Seconds (a fraction allowed) as ms; false unless a number >= 0 */
+static bool seconds(const char *arg, int64_t *ms)
+{
+    char *end;
+    double v;
+
+    errno = 0;
+    v = strtod(arg, &end);
+    if (errno || end == arg || *end || !(v >= 0 && v < 1e9)) {
+        return false;
+    }
+    *ms = (int64_t)(v * MS + 0.5);
+    return true;
 }
 
 static int parse_options(int argc, char **argv)
@@ -456,6 +574,7 @@ static int parse_options(int argc, char **argv)
         {"root", required_argument, NULL, 'r'},
         {"interval", required_argument, NULL, 'i'},
         {"grace", required_argument, NULL, 'g'},
+        {"hold", required_argument, NULL, 'h'},
         {"linger", required_argument, NULL, 'l'},
         {"rescan", required_argument, NULL, 'R'},
         {"once", no_argument, NULL, 'o'},
@@ -463,24 +582,26 @@ static int parse_options(int argc, char **argv)
         {"boot-time", required_argument, NULL, 'b'},
         {NULL, 0, NULL, 0},
     };
+    bool ok = true;
     int c;
 
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': opt.mode = optarg; break;
         case 'r': opt.root = optarg; break;
-        case 'i': opt.interval = atol(optarg); break;
-        case 'g': opt.grace = atol(optarg); break;
-        case 'l': opt.linger = atol(optarg); break;
-        case 'R': opt.rescan = atol(optarg); break;
+        case 'i': ok &= seconds(optarg, &opt.interval); break;
+        case 'g': ok &= seconds(optarg, &opt.grace); break;
+        case 'h': ok &= seconds(optarg, &opt.hold); break;
+        case 'l': ok &= seconds(optarg, &opt.linger); break;
+        case 'R': ok &= seconds(optarg, &opt.rescan); break;
         case 'o': opt.once = true; break;
         case 's': opt.status = optarg; break;
         case 'b': opt.boot_time = (time_t)atoll(optarg); break;
         default: return usage(argv[0]);
         }
     }
-    if (optind != argc || opt.interval < 1 || opt.grace < 0 ||
-        opt.linger < opt.grace || opt.rescan < 0 ||
+    if (!ok || optind != argc || opt.interval < 100 ||
+        opt.linger < opt.hold || opt.linger < opt.grace ||
         (strcmp(opt.mode, "auto") && strcmp(opt.mode, "private"))) {
         return usage(argv[0]);
     }
@@ -490,7 +611,7 @@ static int parse_options(int argc, char **argv)
 int main(int argc, char **argv)
 {
     struct rlimit nofile = { TABLE_SIZE + 256, TABLE_SIZE + 256 };
-    time_t last_walk;
+    int64_t last_walk;
     int fan = -1;
 
     if (parse_options(argc, argv)) {
@@ -502,6 +623,7 @@ int main(int argc, char **argv)
         return 0;
     }
     page_size = sysconf(_SC_PAGESIZE);
+    self = getpid();
     if (!opt.boot_time) {
         opt.boot_time = read_boot_time();
     }
@@ -520,29 +642,30 @@ int main(int argc, char **argv)
         fan = fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK,
                             O_RDONLY | O_LARGEFILE | O_CLOEXEC | O_NOATIME);
         if (fan < 0 ||
-            fanotify_mark(fan, FAN_MARK_ADD | FAN_MARK_FILESYSTEM, FAN_OPEN,
-                          AT_FDCWD, opt.root) < 0) {
+            fanotify_mark(fan, FAN_MARK_ADD | FAN_MARK_FILESYSTEM,
+                          FAN_OPEN | FAN_CLOSE_NOWRITE, AT_FDCWD,
+                          opt.root) < 0) {
             fprintf(stderr, "vmar-guest: fanotify on %s: %s; walking every "
-                    "%ld s instead\n", opt.root, strerror(errno),
-                    opt.interval);
+                    "%.1f s instead\n", opt.root, strerror(errno),
+                    opt.interval / 1e3);
             if (fan >= 0) {
                 close(fan);
             }
             fan = -1;
         }
     }
-    printf("vmar-guest: guest-private caching of %s: grace %ld s, "
-           "%s\n", opt.root, opt.grace,
-           fan >= 0 ? "fanotify" : "walks only");
+    printf("vmar-guest: guest-private caching of %s: grace %.1f s after "
+           "close, hold %.1f s, %s\n", opt.root, opt.grace / 1e3,
+           opt.hold / 1e3, fan >= 0 ? "fanotify" : "walks only");
     fflush(stdout);
 
-    now = time(NULL);
+    now = clock_ms();
     if (walk() < 0) {
         return 1;
     }
     last_walk = now;
     while (!stopping) {
-        now = time(NULL);
+        now = clock_ms();
         pass();
         write_status();
         if (opt.once) {
@@ -552,7 +675,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "vmar-guest: fanotify: %s\n", strerror(errno));
             return 1;
         }
-        now = time(NULL);
+        now = clock_ms();
         if (fan < 0 || (opt.rescan && now - last_walk >= opt.rescan)) {
             if (walk() < 0) {
                 return 1;
