@@ -30,12 +30,19 @@ time; then each figure as a ratio to ON+ON at the same budget.
 The host's memory controller is cgroup v1 here (the machine binds memory
 to v1; doc/source/guest.rst), so the limit is memory.limit_in_bytes.
 
+Seed 003's host had one 7200 RPM disk, where a host cache miss costs ten
+times a hit; this machine's disk is much faster. --disk-read-iops and
+--disk-read-mbps throttle the reads that reach the disk (the kernel's
+blkio throttle, bench/blkcg.py; page cache hits are not slowed), for a
+disk like the paper's.
+
 Needs root, the patched QEMU (qemu/build.sh) and the image library
 (tools/build-image-library.sh). Usage:
 
     bench_guestcache.py --qemu-prefix DIR --library DIR [--guests 3]
         [--memory 256] [--base 96] [--private 96] [--budgets 512,160,64]
-        [--settle 20] [--window 60] [--json OUT]
+        [--settle 20] [--window 60] [--disk-read-iops N]
+        [--disk-read-mbps N] [--json OUT]
 """
 
 import argparse
@@ -53,6 +60,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_export  # noqa: E402
+import blkcg  # noqa: E402
 import memcg  # noqa: E402
 
 from vmar_openstack import export  # noqa: E402
@@ -68,6 +76,7 @@ IMAGES = ('minbase', 'python3', 'nginx', 'postgresql', 'apache2',
 CONFIGS = ('ON+ON', 'ON+OFF', 'I', 'P+I')
 LOOP = re.compile(r'VMAR-WORKLOAD-LOOP (\d+) (\d+) (\d+)'
                   r'(?: private_cached=(\d+))?')
+LOOP_FIELDS = ('loop', 'bytes', 'ns', 'private_cached', 'guest_cpu_s')
 MARKER = re.compile(r'VMAR-BOOTED ')
 MiB = 1 << 20
 
@@ -121,15 +130,15 @@ class Guest:
         except FileNotFoundError:
             return ''
 
-    def last_loop_line(self):
-        lines = [line for line in self.text().splitlines()
-                 if line.startswith('VMAR-WORKLOAD-LOOP ')]
-        return lines[-1] if lines else ''
-
     def loops(self):
-        """[(loop, bytes read, ns it took, private bytes cached after)]"""
-        return [tuple(int(x or 0) for x in m.groups())
-                for m in LOOP.finditer(self.text())]
+        """The workload's loop lines, as tuples of LOOP_FIELDS."""
+        out = []
+        for line in self.text().splitlines():
+            m = LOOP.match(line)
+            if m:
+                out.append(tuple(int(x or 0) for x in m.groups()) + (
+                    guest_status.cpu_seconds(guest_status.parse(line)),))
+        return out
 
     def stop(self):
         if self.proc.poll() is None:
@@ -157,20 +166,28 @@ def drop_caches():
 
 
 def measure_window(guests, seconds):
-    """Per guest: MB/s of the loops that ran wholly in the next window."""
+    """Per guest: MB/s of the loops that ran wholly in the next window.
+
+    Also the private data cached after each, and vmar-guest's share of
+    the guest's CPU over them.
+    """
     before = {g.name: len(g.loops()) for g in guests}
     time.sleep(seconds)
     out = {}
     for g in guests:
         # loops that started after the window opened: the first loop line
         # after it began ended inside the window but may have started
-        # before, so it is left out
-        new = g.loops()[before[g.name] + 1:]
-        nbytes = sum(b for _n, b, _ns, _p in new)
-        ns = sum(ns for _n, _b, ns, _p in new)
+        # before, so it is left out (and is where the CPU count starts)
+        loops = [dict(zip(LOOP_FIELDS, x)) for x in g.loops()]
+        new = loops[before[g.name] + 1:]
+        nbytes = sum(x['bytes'] for x in new)
+        ns = sum(x['ns'] for x in new)
+        cpu = (new[-1]['guest_cpu_s'] - loops[before[g.name]]['guest_cpu_s']
+               if new else 0.0)
         out[g.name] = {'loops': len(new), 'bytes': nbytes,
                        'MB_s': nbytes / (ns / 1e9) / 1e6 if ns else 0.0,
-                       'private_cached': [p for _n, _b, _ns, p in new]}
+                       'private_cached': [x['private_cached'] for x in new],
+                       'guest_cpu_share': cpu / (ns / 1e9) if ns else None}
     return out
 
 
@@ -237,11 +254,6 @@ def run_config(config, args, work, images, host_uris, anon_ref, group):
                   flush=True)
         group.set_limit(-1)
         # the status vmar-guest wrote before each guest's last loop line
-        res['vmar_guest_cpu_s'] = [
-            guest_status.cpu_seconds(guest_status.parse(g.last_loop_line()))
-            for g in guests]
-        res['elapsed_guest_s'] = args.settle + len(args.budgets) * (
-            args.settle + args.window)
         return res, anon_ref
     finally:
         for g in guests:
@@ -249,7 +261,7 @@ def run_config(config, args, work, images, host_uris, anon_ref, group):
 
 
 def _share(x):
-    return '-' if x is None else '%.0f %%' % (100 * x)
+    return '-' if x is None else '%.1f %%' % (100 * x)
 
 
 def main():
@@ -267,6 +279,12 @@ def main():
     p.add_argument('--window', type=int, default=60)
     p.add_argument('--boot-timeout', type=int, default=900)
     p.add_argument('--configs', default=','.join(CONFIGS))
+    p.add_argument('--disk-read-iops', type=int, default=0,
+                   help='throttle the disk\'s reads to this many a second '
+                   '(blkio; 0: not throttled)')
+    p.add_argument('--disk-read-mbps', type=int, default=0,
+                   help='throttle the disk\'s reads to this many MB/s '
+                   '(blkio; 0: not throttled)')
     p.add_argument('--json')
     args = p.parse_args()
     args.budgets = [int(b) for b in args.budgets.split(',')]
@@ -281,6 +299,12 @@ def main():
     group = memcg.MemoryCgroup(CGROUP)
     group.set_limit(-1)
     group.add(os.getpid())    # children inherit it
+    disk = None
+    if args.disk_read_iops or args.disk_read_mbps:
+        disk = blkcg.ReadThrottle(CGROUP, (work, args.library),
+                                  args.disk_read_iops,
+                                  args.disk_read_mbps * 1000 * 1000)
+        disk.add(os.getpid())
     sock = os.path.join(work, 'nbd.sock')
     conf = bench_export.make_conf(os.path.join(work, 'state'),
                                   args.qemu_prefix, sock)
@@ -303,9 +327,11 @@ def main():
             uris[n] = svc.uri(exp, 'bench-' + n)
         anon_ref = None
         print('%d guests x %d MiB, base %d MiB, private %d MiB; budgets %s '
-              'MiB over the guests\' memory' % (
+              'MiB over the guests\' memory; disk reads %s' % (
                   args.guests, args.memory, args.base, args.private,
-                  args.budgets), flush=True)
+                  args.budgets, 'throttled to %d/s and %d MB/s (0: no '
+                  'bound)' % (args.disk_read_iops, args.disk_read_mbps)
+                  if disk else 'not throttled'), flush=True)
         for config in configs:
             drop_caches()
             results[config], anon_ref = run_config(
@@ -317,6 +343,8 @@ def main():
             daemon.wait()
         with contextlib.suppress(OSError):
             group.set_limit(-1)
+        if disk is not None:
+            disk.remove()
         shutil.rmtree(work, ignore_errors=True)
     report(results, configs, args)
     if args.json:
@@ -351,13 +379,12 @@ def report(results, configs, args):
             '%18s' % (sum(results[c]['budgets'][b].get(
                 'rss_anon', {}).values()) // MiB) for c in configs))
     if 'P+I' in results:
-        cpu = results['P+I']['vmar_guest_cpu_s']
-        if cpu:
-            print('vmar-guest CPU (P+I): %s s over %d s of workload, %.2f %%'
-                  ' of one guest CPU at most' % (
-                      ', '.join('%.2f' % c for c in cpu),
-                      results['P+I']['elapsed_guest_s'],
-                      100 * max(cpu) / results['P+I']['elapsed_guest_s']))
+        print('vmar-guest\'s share of its guest\'s CPU over the measured '
+              'loops (P+I; each guest):')
+        for b in args.budgets:
+            per = results['P+I']['budgets'][b].get('guests', {})
+            print('%-8s' % ('%d MiB' % b) + '  ' + ', '.join(
+                _share(g['guest_cpu_share']) for g in per.values()))
 
 
 def _terminate(signum, frame):
