@@ -8,8 +8,12 @@ scratch directory of the root filesystem holding --files small files:
    then with it running (--mode private, tracking every file, a grace
    period longer than the run so nothing is dropped): the ratio is what
    each open costs the guest's programs, the component's CPU time and
-   system calls per event what it costs itself;
-2. one walk (--once) over the same files: CPU time and system calls per
+   system calls per event (an open or a close) what it costs itself;
+2. the same reads with every file dropped at its close (--grace 0, what
+   a guest does): the component's CPU time and system calls per file,
+   drops included (the reads come from the disk then, so their times
+   say nothing of the component);
+3. one walk (--once) over the same files: CPU time and system calls per
    file, the cost of the start-up and --rescan walks.
 
 Usage: bench_guest_component.py [--files 20000] [--rounds 5] [--json OUT]
@@ -47,6 +51,29 @@ def status(path):
     return guest_status.read(path)
 
 
+def watch(binary, data, work, boot, paths, rounds, grace):
+    """Run vmar-guest over ``rounds`` reads of ``paths``.
+
+    Returns the reads' times and vmar-guest's counters over them.
+    """
+    st_path = os.path.join(work, 'status-%s' % grace)
+    proc = subprocess.Popen(
+        [binary, '--mode', 'private', '--root', data, '--grace', grace,
+         '--hold', '36000', '--linger', '36000', '--interval', '1',
+         '--status', st_path, '--boot-time', str(boot)],
+        stdout=subprocess.DEVNULL)
+    try:
+        st0 = status(st_path)
+        times = [read_all(paths) for _ in range(rounds)]
+        # every event read and offered: the counters of a later pass
+        time.sleep(2.5)
+        st1 = status(st_path)
+    finally:
+        proc.terminate()
+        proc.wait()
+    return times, {k: st1[k] - st0[k] for k in st1}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--files', type=int, default=20000)
@@ -69,25 +96,11 @@ def main():
         boot = int(time.time()) + 2     # the files are "before boot"
         read_all(paths)
         without = [read_all(paths) for _ in range(args.rounds)]
-        st_path = os.path.join(work, 'status')
-        proc = subprocess.Popen(
-            [binary, '--mode', 'private', '--root', data, '--grace',
-             '36000', '--linger', '36000', '--interval', '1', '--status',
-             st_path, '--boot-time', str(boot)],
-            stdout=subprocess.DEVNULL)
-        try:
-            st0 = status(st_path)
-            with_ = [read_all(paths) for _ in range(args.rounds)]
-            # every event read and offered: the counters of a later pass
-            time.sleep(2.5)
-            st1 = status(st_path)
-        finally:
-            proc.terminate()
-            proc.wait()
-        events = st1['events'] - st0['events']
-        cpu = (st1['cpu_user_s'] + st1['cpu_sys_s']
-               - st0['cpu_user_s'] - st0['cpu_sys_s'])
-        calls = st1['syscalls'] - st0['syscalls']
+        # tracking only: a grace far past the run, so nothing is dropped
+        tracking = watch(binary, data, work, boot, paths, args.rounds,
+                         '36000')
+        # and dropping each file at its close, as in a guest
+        dropping = watch(binary, data, work, boot, paths, args.rounds, '0')
         walk_st = os.path.join(work, 'walk-status')
         read_all(paths)                 # cached, so the walk drops them
         subprocess.run([binary, '--mode', 'private', '--root', data,
@@ -98,13 +111,23 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     opens = args.files * args.rounds
+    with_, counted = tracking
+    events = counted['events']
+    cpu = guest_status.cpu_seconds(counted)
+    _, dropped = dropping
     res = {
         'files': args.files, 'rounds': args.rounds,
         'open_read_us_without': statistics.median(without) / args.files * 1e6,
         'open_read_us_with': statistics.median(with_) / args.files * 1e6,
         'events': events, 'opens': opens,
         'cpu_us_per_event': cpu / events * 1e6 if events else None,
-        'syscalls_per_event': calls / events if events else None,
+        'syscalls_per_event': counted['syscalls'] / events if events
+        else None,
+        'cpu_us_per_opened_file': cpu / opens * 1e6,
+        'drop_cpu_us_per_file': guest_status.cpu_seconds(dropped)
+        / opens * 1e6,
+        'drop_syscalls_per_file': dropped['syscalls'] / opens,
+        'close_drops': dropped['close_drops'],
         'walk_files': walk['walked_files'],
         'walk_cpu_us_per_file': guest_status.cpu_seconds(walk)
         / walk['walked_files'] * 1e6,
@@ -117,9 +140,14 @@ def main():
               res['open_read_us_without'], res['open_read_us_with'],
               res['open_ratio']))
     print('vmar-guest per fanotify event: %.2f us CPU, %.2f system calls '
-          '(%d events for %d opens)' % (
-              res['cpu_us_per_event'] or 0, res['syscalls_per_event'] or 0,
-              events, opens))
+          '(%d events, opens and closes, for %d files opened): %.2f us per '
+          'file' % (res['cpu_us_per_event'] or 0,
+                    res['syscalls_per_event'] or 0, events, opens,
+                    res['cpu_us_per_opened_file']))
+    print('dropping each file at its close: %.2f us CPU and %.2f system '
+          'calls per file opened (%d drops)' % (
+              res['drop_cpu_us_per_file'], res['drop_syscalls_per_file'],
+              res['close_drops']))
     print('walk: %d files, %.2f us CPU and %.2f system calls per file; '
           'dropped %d bytes' % (res['walk_files'],
                                 res['walk_cpu_us_per_file'],

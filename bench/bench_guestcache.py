@@ -165,14 +165,22 @@ def drop_caches():
         f.write('3')
 
 
-def measure_window(guests, seconds):
+def measure_window(guests, seconds, min_loops=2):
     """Per guest: MB/s of the loops that ran wholly in the next window.
 
-    Also the private data cached after each, and vmar-guest's share of
-    the guest's CPU over them.
+    The window is ``seconds`` long, or longer (up to four times) until
+    every guest finished ``min_loops`` loops in it: a configuration whose
+    loops take longer than the window still gets a figure. Also the
+    private data cached after each loop, and vmar-guest's share of the
+    guest's CPU over them.
     """
     before = {g.name: len(g.loops()) for g in guests}
+    start = time.monotonic()
     time.sleep(seconds)
+    while (time.monotonic() - start < 4 * seconds and
+           any(len(g.loops()) - before[g.name] - 1 < min_loops
+               for g in guests)):
+        time.sleep(1)
     out = {}
     for g in guests:
         # loops that started after the window opened: the first loop line
@@ -185,10 +193,16 @@ def measure_window(guests, seconds):
         cpu = (new[-1]['guest_cpu_s'] - loops[before[g.name]]['guest_cpu_s']
                if new else 0.0)
         out[g.name] = {'loops': len(new), 'bytes': nbytes,
-                       'MB_s': nbytes / (ns / 1e9) / 1e6 if ns else 0.0,
+                       'MB_s': nbytes / (ns / 1e9) / 1e6 if ns else None,
                        'private_cached': [x['private_cached'] for x in new],
                        'guest_cpu_share': cpu / (ns / 1e9) if ns else None}
     return out
+
+
+def mean(values):
+    """Mean of the values that are not None; None if none is."""
+    seen = [v for v in values if v is not None]
+    return sum(seen) / len(seen) if seen else None
 
 
 def private_cached_share(per, args):
@@ -238,26 +252,29 @@ def run_config(config, args, work, images, host_uris, anon_ref, group):
             res['budgets'][budget] = {
                 'limit': limit,
                 'guests': per,
-                'MB_s': sum(p['MB_s'] for p in per.values()) / len(per),
+                'MB_s': mean([p['MB_s'] for p in per.values()]),
                 'private_cached': private_cached_share(per, args),
                 'rss_anon': {g.name: rss_anon(g.proc.pid) for g in guests},
                 'cgroup_cache': group.cache_bytes(),
                 'failcnt': int(group.read('memory.failcnt'))}
-            print('  %-6s budget %4d MiB: %6.2f MB/s per guest, private '
+            print('  %-6s budget %4d MiB: %s MB/s per guest, private '
                   'data cached in the guest %s, guests RssAnon %4d MiB, '
                   'cgroup cache %4d MiB' % (
-                      config, budget, res['budgets'][budget]['MB_s'],
+                      config, budget, _mbs(res['budgets'][budget]['MB_s']),
                       _share(res['budgets'][budget]['private_cached']),
                       sum(res['budgets'][budget]['rss_anon'].values())
                       // MiB,
                       res['budgets'][budget]['cgroup_cache'] // MiB),
                   flush=True)
         group.set_limit(-1)
-        # the status vmar-guest wrote before each guest's last loop line
         return res, anon_ref
     finally:
         for g in guests:
             g.stop()
+
+
+def _mbs(x):
+    return '     -' if x is None else '%6.2f' % x
 
 
 def _share(x):
