@@ -65,7 +65,6 @@ import memcg  # noqa: E402
 
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.export import supervisor  # noqa: E402
-from vmar_openstack.guest import status as guest_status  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 
 QEMU = '/usr/bin/qemu-system-x86_64'
@@ -76,6 +75,9 @@ IMAGES = ('minbase', 'python3', 'nginx', 'postgresql', 'apache2',
 CONFIGS = ('ON+ON', 'ON+OFF', 'I', 'P+I')
 LOOP = re.compile(r'VMAR-WORKLOAD-LOOP (\d+) (\d+) (\d+)'
                   r'(?: private_cached=(\d+))?')
+# vmar-guest's CPU on a loop line; a kernel message printed into the
+# middle of the line can garble it, and then the line has none
+CPU = re.compile(r'cpu_user_s=(\d+\.\d+) cpu_sys_s=(\d+\.\d+)(?:\s|$)')
 LOOP_FIELDS = ('loop', 'bytes', 'ns', 'private_cached', 'guest_cpu_s')
 MARKER = re.compile(r'VMAR-BOOTED ')
 MiB = 1 << 20
@@ -136,8 +138,9 @@ class Guest:
         for line in self.text().splitlines():
             m = LOOP.match(line)
             if m:
+                cpu = CPU.findall(line)
                 out.append(tuple(int(x or 0) for x in m.groups()) + (
-                    guest_status.cpu_seconds(guest_status.parse(line)),))
+                    sum(float(x) for x in cpu[0]) if cpu else None,))
         return out
 
     def stop(self):
@@ -190,13 +193,27 @@ def measure_window(guests, seconds, min_loops=2):
         new = loops[before[g.name] + 1:]
         nbytes = sum(x['bytes'] for x in new)
         ns = sum(x['ns'] for x in new)
-        cpu = (new[-1]['guest_cpu_s'] - loops[before[g.name]]['guest_cpu_s']
-               if new else 0.0)
         out[g.name] = {'loops': len(new), 'bytes': nbytes,
                        'MB_s': nbytes / (ns / 1e9) / 1e6 if ns else None,
                        'private_cached': [x['private_cached'] for x in new],
-                       'guest_cpu_share': cpu / (ns / 1e9) if ns else None}
+                       'guest_cpu_share': cpu_share(
+                           loops[before[g.name]:before[g.name] + 1 + len(
+                               new)])}
     return out
+
+
+def cpu_share(loops):
+    """vmar-guest's CPU over the loops after the first, as a share.
+
+    From the first to the last loop line whose counters are whole.
+    """
+    whole = [i for i, x in enumerate(loops) if x['guest_cpu_s'] is not None]
+    if len(whole) < 2:
+        return None
+    first, last = whole[0], whole[-1]
+    ns = sum(x['ns'] for x in loops[first + 1:last + 1])
+    return ((loops[last]['guest_cpu_s'] - loops[first]['guest_cpu_s'])
+            / (ns / 1e9) if ns else None)
 
 
 def mean(values):

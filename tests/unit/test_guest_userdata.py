@@ -79,6 +79,18 @@ class TestStatus(testtools.TestCase):
         self.assertEqual(1.75, guest_status.cpu_seconds(c))
         self.assertEqual(0, c['walks'])
 
+    def test_close_counters(self):
+        c = guest_status.parse('passes=3 closes=20 close_drops=4')
+        self.assertEqual((20, 4), (c['closes'], c['close_drops']))
+
+    def test_a_garbled_value_is_zero_not_an_error(self):
+        # a kernel message printed into the middle of a console line
+        c = guest_status.parse(
+            'passes=7 drops=5 cpu_user_s=0.25[   12.345678] virtio_blk '
+            'cpu_sys_s=1.500000')
+        self.assertEqual((0, 1.5, 5), (c['cpu_user_s'], c['cpu_sys_s'],
+                                       c['drops']))
+
     def test_no_status_yet_is_all_zero(self):
         path = os.path.join(self.useFixture(fixtures.TempDir()).path, 'st')
         self.assertEqual(set(guest_status.COUNTERS),

@@ -18,10 +18,20 @@ def parse(text):
     """{counter: float} of the ``key=value`` words in ``text``.
 
     Words that are not counters (a console line around the status) are
-    ignored; a counter missing from ``text`` is 0, as before the first pass.
+    ignored; a counter missing from ``text`` is 0, as before the first pass,
+    and so is one whose value is not a number (a kernel message printed
+    into the middle of a console line).
     """
     found = dict(w.split('=', 1) for w in text.split() if '=' in w)
-    return {k: float(found.get(k, 0)) for k in COUNTERS}
+    return {k: _number(found.get(k, 0)) for k in COUNTERS}
+
+
+def _number(value):
+    """A counter's value; 0 if a console line garbled it."""
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0
 
 
 def read(path=PATH):
