@@ -24,8 +24,10 @@ P+I     I with vmar:guest_cache=private: a virtio balloon with free page
 Reports per configuration and budget: read throughput per guest (MB/s,
 mean of the guests, from loops that ran wholly inside the measuring
 window), the guests' resident memory on the host (RssAnon: what free page
-reporting gives back), the cgroup's page cache, and vmar-guest's CPU
-time; then each figure as a ratio to ON+ON at the same budget.
+reporting gives back), the cgroup's page cache, what reached the disk in
+the window (when it is throttled), the share of the private data the
+guests kept cached, and vmar-guest's CPU time; then each figure as a
+ratio to ON+ON at the same budget.
 
 The host's memory controller is cgroup v1 here (the machine binds memory
 to v1; doc/source/guest.rst), so the limit is memory.limit_in_bytes.
@@ -228,7 +230,8 @@ def private_cached_share(per, args):
     return sum(seen) / len(seen) / (args.private * MiB) if seen else None
 
 
-def run_config(config, args, work, images, host_uris, anon_ref, group):
+def run_config(config, args, work, images, host_uris, anon_ref, group,
+               disk):
     private = config == 'P+I'
     vmar = config in ('I', 'P+I')
     cache = 'writeback' if config == 'ON+ON' else 'none'
@@ -265,6 +268,7 @@ def run_config(config, args, work, images, host_uris, anon_ref, group):
                                           'unreachable': str(e)}
                 continue
             time.sleep(args.settle)
+            read0 = disk.read_bytes() if disk else None
             per = measure_window(guests, args.window)
             res['budgets'][budget] = {
                 'limit': limit,
@@ -273,15 +277,19 @@ def run_config(config, args, work, images, host_uris, anon_ref, group):
                 'private_cached': private_cached_share(per, args),
                 'rss_anon': {g.name: rss_anon(g.proc.pid) for g in guests},
                 'cgroup_cache': group.cache_bytes(),
-                'failcnt': int(group.read('memory.failcnt'))}
+                'failcnt': int(group.read('memory.failcnt')),
+                # what reached the (throttled) disk during the window
+                'disk_read': disk.read_bytes() - read0 if disk else None}
             print('  %-6s budget %4d MiB: %s MB/s per guest, private '
                   'data cached in the guest %s, guests RssAnon %4d MiB, '
-                  'cgroup cache %4d MiB' % (
+                  'cgroup cache %4d MiB, disk reads %s MiB' % (
                       config, budget, _mbs(res['budgets'][budget]['MB_s']),
                       _share(res['budgets'][budget]['private_cached']),
                       sum(res['budgets'][budget]['rss_anon'].values())
                       // MiB,
-                      res['budgets'][budget]['cgroup_cache'] // MiB),
+                      res['budgets'][budget]['cgroup_cache'] // MiB,
+                      '-' if disk is None else
+                      res['budgets'][budget]['disk_read'] // MiB),
                   flush=True)
         group.set_limit(-1)
         return res, anon_ref
@@ -369,7 +377,7 @@ def main():
         for config in configs:
             drop_caches()
             results[config], anon_ref = run_config(
-                config, args, work, names, uris, anon_ref, group)
+                config, args, work, names, uris, anon_ref, group, disk)
         results['anon_ref'] = anon_ref
     finally:
         if daemon is not None:

@@ -47,6 +47,14 @@ class ReadThrottle:
             with open(os.path.join(self.path, name), 'w') as f:
                 f.write('%s %d\n' % (disk, value))
 
+    def read_bytes(self):
+        """Bytes the group's processes have read from its disks so far."""
+        with open(os.path.join(
+                self.path, 'blkio.throttle.io_service_bytes')) as f:
+            return sum(int(w[2]) for w in (ln.split() for ln in f)
+                       if len(w) == 3 and w[0] in self.disks
+                       and w[1] == 'Read')
+
     def add(self, pid):
         """Move ``pid`` into the group; its children are born in it."""
         with open(os.path.join(self.path, 'cgroup.procs'), 'w') as f:
