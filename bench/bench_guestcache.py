@@ -36,7 +36,11 @@ Seed 003's host had one 7200 RPM disk, where a host cache miss costs ten
 times a hit; this machine's disk is much faster. --disk-read-iops and
 --disk-read-mbps throttle the reads that reach the disk (the kernel's
 blkio throttle, bench/blkcg.py; page cache hits are not slowed), for a
-disk like the paper's.
+disk like the paper's. The throttle bounds requests, not seeks: what a
+request costs depends on its size, which the host's read-ahead sets
+(8 MiB on this machine's virtio disk, 128 KiB by the kernel's default and
+on seed 003's host); --disk-read-ahead-kb sets it for the run
+(machine-wide, restored at the end).
 
 Needs root, the patched QEMU (qemu/build.sh) and the image library
 (tools/build-image-library.sh). Usage:
@@ -44,7 +48,7 @@ Needs root, the patched QEMU (qemu/build.sh) and the image library
     bench_guestcache.py --qemu-prefix DIR --library DIR [--guests 3]
         [--memory 256] [--base 96] [--private 96] [--budgets 512,160,64]
         [--settle 20] [--window 60] [--disk-read-iops N]
-        [--disk-read-mbps N] [--json OUT]
+        [--disk-read-mbps N] [--disk-read-ahead-kb N] [--json OUT]
 """
 
 import argparse
@@ -268,7 +272,8 @@ def run_config(config, args, work, images, host_uris, anon_ref, group,
                                           'unreachable': str(e)}
                 continue
             time.sleep(args.settle)
-            read0 = disk.read_bytes() if disk else None
+            read0 = (disk.read_bytes(), disk.read_requests()) if disk \
+                else None
             per = measure_window(guests, args.window)
             res['budgets'][budget] = {
                 'limit': limit,
@@ -279,17 +284,18 @@ def run_config(config, args, work, images, host_uris, anon_ref, group,
                 'cgroup_cache': group.cache_bytes(),
                 'failcnt': int(group.read('memory.failcnt')),
                 # what reached the (throttled) disk during the window
-                'disk_read': disk.read_bytes() - read0 if disk else None}
+                'disk_read': disk.read_bytes() - read0[0] if disk else None,
+                'disk_requests': (disk.read_requests() - read0[1]
+                                  if disk else None)}
             print('  %-6s budget %4d MiB: %s MB/s per guest, private '
                   'data cached in the guest %s, guests RssAnon %4d MiB, '
-                  'cgroup cache %4d MiB, disk reads %s MiB' % (
+                  'cgroup cache %4d MiB, disk reads %s' % (
                       config, budget, _mbs(res['budgets'][budget]['MB_s']),
                       _share(res['budgets'][budget]['private_cached']),
                       sum(res['budgets'][budget]['rss_anon'].values())
                       // MiB,
                       res['budgets'][budget]['cgroup_cache'] // MiB,
-                      '-' if disk is None else
-                      res['budgets'][budget]['disk_read'] // MiB),
+                      _disk(res['budgets'][budget])),
                   flush=True)
         group.set_limit(-1)
         return res, anon_ref
@@ -300,6 +306,24 @@ def run_config(config, args, work, images, host_uris, anon_ref, group,
 
 def _mbs(x):
     return '     -' if x is None else '%6.2f' % x
+
+
+def _disk(res):
+    """Disk reads of a window: MiB in how many requests of what size."""
+    nbytes, requests = res['disk_read'], res['disk_requests']
+    if nbytes is None:
+        return '-'
+    return '%d MiB in %d requests (%d KiB each)' % (
+        nbytes // MiB, requests, nbytes // 1024 // requests if requests
+        else 0)
+
+
+def _disk_short(res):
+    nbytes, requests = res.get('disk_read'), res.get('disk_requests')
+    if nbytes is None:
+        return '-'
+    return '%d / %d' % (nbytes // MiB, nbytes // 1024 // requests
+                        if requests else 0)
 
 
 def _share(x):
@@ -327,6 +351,9 @@ def main():
     p.add_argument('--disk-read-mbps', type=int, default=0,
                    help='throttle the disk\'s reads to this many MB/s '
                    '(blkio; 0: not throttled)')
+    p.add_argument('--disk-read-ahead-kb', type=int,
+                   help='the disk\'s read-ahead during the run (KiB; '
+                   'machine-wide, restored at the end; default: as it is)')
     p.add_argument('--json')
     args = p.parse_args()
     args.budgets = [int(b) for b in args.budgets.split(',')]
@@ -342,10 +369,12 @@ def main():
     group.set_limit(-1)
     group.add(os.getpid())    # children inherit it
     disk = None
-    if args.disk_read_iops or args.disk_read_mbps:
+    if (args.disk_read_iops or args.disk_read_mbps or
+            args.disk_read_ahead_kb is not None):
         disk = blkcg.ReadThrottle(CGROUP, (work, args.library),
                                   args.disk_read_iops,
-                                  args.disk_read_mbps * 1000 * 1000)
+                                  args.disk_read_mbps * 1000 * 1000,
+                                  args.disk_read_ahead_kb)
         disk.add(os.getpid())
     sock = os.path.join(work, 'nbd.sock')
     conf = bench_export.make_conf(os.path.join(work, 'state'),
@@ -369,11 +398,15 @@ def main():
             uris[n] = svc.uri(exp, 'bench-' + n)
         anon_ref = None
         print('%d guests x %d MiB, base %d MiB, private %d MiB; budgets %s '
-              'MiB over the guests\' memory; disk reads %s' % (
+              'MiB over the guests\' memory; disk reads %s; read-ahead '
+              '%s KiB' % (
                   args.guests, args.memory, args.base, args.private,
                   args.budgets, 'throttled to %d/s and %d MB/s (0: no '
                   'bound)' % (args.disk_read_iops, args.disk_read_mbps)
-                  if disk else 'not throttled'), flush=True)
+                  if disk else 'not throttled',
+                  ', '.join(str(blkcg.read_ahead(d)) for d in (
+                      disk.disks if disk else [blkcg.disk_of(work)]))),
+              flush=True)
         for config in configs:
             drop_caches()
             results[config], anon_ref = run_config(
@@ -420,6 +453,13 @@ def report(results, configs, args):
         print('%-8s' % ('%d MiB' % b) + ''.join(
             '%18s' % (sum(results[c]['budgets'][b].get(
                 'rss_anon', {}).values()) // MiB) for c in configs))
+    if args.disk_read_iops or args.disk_read_mbps or \
+            args.disk_read_ahead_kb is not None:
+        print('read from the disk in the windows (MiB / KiB a request):')
+        for b in args.budgets:
+            print('%-8s' % ('%d MiB' % b) + ''.join(
+                '%18s' % _disk_short(results[c]['budgets'][b])
+                for c in configs))
     if 'P+I' in results:
         print('vmar-guest\'s share of its guest\'s CPU over the measured '
               'loops (P+I; each guest):')
