@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 from tools.cloud import config
 from tools.cloud import stack
@@ -481,10 +482,27 @@ class UserPath(Scenario):
         op('unshelve', name)
 
     def restart_compute(self):
-        """Restart nova-compute under the image cache manager."""
+        """Restart nova-compute under the image cache manager.
+
+        A reference on an export left by an instance that is not on the
+        host (as a compute service killed between a delete and its
+        release leaves one) is dropped when the service starts; the
+        running servers keep theirs.
+        """
         before = self._vmar_files()
         svc = {s.name: s for s in stack.services(self.cloud)}
         compute = svc['nova-compute']
+        held = self._holders()
+        servers = {s['ID'] for s in self.os.json('server', 'list')}
+        check(held, 'no export is held on the host')
+        image_id = min(min(images) for images in held.values())
+        left = str(uuid.uuid4())
+        subprocess.run([self.cloud.bin('vmar-export'), '--config-file',
+                        self.cloud.etc('vmar', 'vmar.conf'), 'add', image_id,
+                        '--holder', left], check=True, capture_output=True,
+                       stdin=subprocess.DEVNULL, timeout=120)
+        check(left in self._holders(), 'vmar-export add --holder %s did not '
+              'record the holder', left)
         size = self.compute_log()
         compute.stop()
         stack.up(self.cloud, echo=lambda *a: None)
@@ -506,8 +524,26 @@ class UserPath(Scenario):
               sorted(before - after))
         for name in self.running():
             self.wait_status(name, 'ACTIVE')
+        now = self._holders()
+        check(left not in now, 'the reference of %s, an instance that is '
+              'not on the host, survived the restart: %s', left, now)
+        kept = {h for h in held if h in servers}
+        check(kept <= set(now), 'servers lost their references: %s',
+              sorted(kept - set(now)))
         self.echo('  nova-compute restarted; the cache manager ran twice; '
-                  '%d vmar files, none gone' % len(before))
+                  '%d vmar files, none gone; a left-over reference on %s '
+                  'dropped, %d servers kept theirs'
+                  % (len(before), image_id, len(kept)))
+
+    def _holders(self):
+        """holder -> the images whose exports it holds on the host."""
+        from vmar_openstack.export import state as export_state
+        out = {}
+        with export_state.State(self.host_dir) as state:
+            for exp in state.exports.values():
+                for h in exp.holders:
+                    out.setdefault(h, set()).add(exp.image_id)
+        return out
 
     def _base_file(self, image_id):
         """A base on the host: its whole copy, else its mirror."""

@@ -8,6 +8,8 @@ view:
   (provisioning of the export and the overlay, the libvirt disk config);
 * :mod:`.hooks`: how it is plugged into stock Nova (per-flavor backend
   choice, export release on delete, live snapshots, refused operations);
+* :mod:`.reconcile`: at start, the export references of instances that
+  left the host while the service was down are dropped;
 * :mod:`.extra_specs`: the ``nova.api.extra_spec_validators`` plugin for the
   ``vmar:`` flavor extra specs.
 

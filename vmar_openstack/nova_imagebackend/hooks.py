@@ -12,9 +12,11 @@ process only:
   reference on its export (the export, and then files nobody reads, go);
 * ``LibvirtDriver._live_snapshot``: the delta of a live snapshot gets the
   same pinned NBD backing as the disk, then is flattened onto the view;
-* ``LibvirtDriver.init_host``: guests that paused on an I/O error of
-  their vmar disk are resumed once the export is back
-  (:mod:`~vmar_openstack.nova_imagebackend.resume`);
+* ``LibvirtDriver.init_host``: export references of instances that left
+  the host while the service was down are dropped
+  (:mod:`~vmar_openstack.nova_imagebackend.reconcile`), and guests that
+  paused on an I/O error of their vmar disk are resumed once the export
+  is back (:mod:`~vmar_openstack.nova_imagebackend.resume`);
 * moves (doc/source/multinode.rst): a cold migration or resize copies
   the overlay, whose header names its export, and the destination adds
   that export (``VmarImage.create_image``); a live migration carries the
@@ -36,6 +38,7 @@ import os
 import time
 
 from nova.compute import utils as compute_utils
+import nova.conf as nova_conf
 from nova import exception
 from nova.virt.libvirt import driver as libvirt_driver
 from nova.virt.libvirt import imagebackend
@@ -48,6 +51,7 @@ from vmar_openstack import export
 from vmar_openstack.nova_imagebackend import extra_specs
 from vmar_openstack.nova_imagebackend import guest_cache
 from vmar_openstack.nova_imagebackend import image as vimage
+from vmar_openstack.nova_imagebackend import reconcile
 from vmar_openstack.nova_imagebackend import resume
 
 LOG = logging.getLogger(__name__)
@@ -101,8 +105,11 @@ def register():
     def init_host(original, self, host):
         result = original(self, host)
         conf = vmar_conf.CONF
-        self._vmar_resumer = resume.start(
-            self, export.ExportService(conf), conf.vmar.resume_interval)
+        exports = export.ExportService(conf)
+        reconcile.release_stale(exports, nova_conf.CONF.instances_path,
+                                self.list_instance_uuids())
+        self._vmar_resumer = resume.start(self, exports,
+                                          conf.vmar.resume_interval)
         return result
 
     @_wrap(D, '_get_guest_config')
