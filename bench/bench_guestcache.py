@@ -27,7 +27,11 @@ window), the guests' resident memory on the host (RssAnon: what free page
 reporting gives back), the cgroup's page cache, what reached the disk in
 the window (when it is throttled), the share of the private data the
 guests kept cached, and vmar-guest's CPU time; then each figure as a
-ratio to ON+ON at the same budget.
+ratio to ON+ON at the same budget. With --idle, then each configuration's
+guests once more, without a limit, for a workload of that many seconds:
+the memory they give back once they stop reading (under pressure a
+guest's freed pages are refilled at once, so that is where free page
+reporting can return any).
 
 The host's memory controller is cgroup v1 here (the machine binds memory
 to v1; doc/source/guest.rst), so the limit is memory.limit_in_bytes.
@@ -48,7 +52,8 @@ Needs root, the patched QEMU (qemu/build.sh) and the image library
     bench_guestcache.py --qemu-prefix DIR --library DIR [--guests 3]
         [--memory 256] [--base 96] [--private 96] [--budgets 512,160,64]
         [--settle 20] [--window 60] [--disk-read-iops N]
-        [--disk-read-mbps N] [--disk-read-ahead-kb N] [--json OUT]
+        [--disk-read-mbps N] [--disk-read-ahead-kb N]
+        [--idle SECONDS [--idle-watch 60]] [--json OUT]
 """
 
 import argparse
@@ -100,14 +105,14 @@ def rss_anon(pid):
 class Guest:
     """One QEMU (TCG) on a qcow2 overlay, its console in a file."""
 
-    def __init__(self, work, name, backing, cache, private, args):
+    def __init__(self, work, name, backing, cache, private, args, seconds):
         self.name = name
         self.console = os.path.join(work, name + '.console')
         self.overlay = os.path.join(work, name + '.qcow2')
         subprocess.run([QEMU_IMG, 'create', '-q', '-f', 'qcow2', '-F', 'raw',
                         '-b', backing, self.overlay], check=True)
         workload = 'vmar-test:workload=%d,%d,%d' % (
-            args.seconds, args.base, args.private)
+            seconds, args.base, args.private)
         cmd = [QEMU, '-machine', 'q35', '-accel', 'tcg,tb-size=64',
                '-m', str(args.memory), '-smp', '1', '-nographic',
                '-monitor', 'none', '-no-reboot',
@@ -148,6 +153,10 @@ class Guest:
                 out.append(tuple(int(x or 0) for x in m.groups()) + (
                     sum(float(x) for x in cpu[0]) if cpu else None,))
         return out
+
+    def ended(self):
+        """Whether the workload printed its end."""
+        return 'VMAR-WORKLOAD-END' in self.text()
 
     def stop(self):
         if self.proc.poll() is None:
@@ -234,18 +243,24 @@ def private_cached_share(per, args):
     return sum(seen) / len(seen) / (args.private * MiB) if seen else None
 
 
-def run_config(config, args, work, images, host_uris, anon_ref, group,
-               disk):
+def start_guests(config, args, work, images, host_uris, seconds, guests):
+    """Boot ``config``'s guests into ``guests``; the workload's length."""
     private = config == 'P+I'
     vmar = config in ('I', 'P+I')
     cache = 'writeback' if config == 'ON+ON' else 'none'
+    for i, name in enumerate(images[:args.guests]):
+        backing = host_uris[name] if vmar else args.images[name]
+        guests.append(Guest(work, '%s-%d-%s' % (
+            config.replace('+', ''), i, name), backing, cache, private,
+            args, seconds))
+
+
+def run_config(config, args, work, images, host_uris, anon_ref, group,
+               disk):
     guests = []
     try:
-        for i, name in enumerate(images[:args.guests]):
-            backing = host_uris[name] if vmar else args.images[name]
-            guests.append(Guest(work, '%s-%d-%s' % (
-                config.replace('+', ''), i, name), backing, cache, private,
-                args))
+        start_guests(config, args, work, images, host_uris, args.seconds,
+                     guests)
 
         def running():
             for g in guests:
@@ -304,6 +319,45 @@ def run_config(config, args, work, images, host_uris, anon_ref, group,
             g.stop()
 
 
+def run_idle(config, args, work, images, host_uris):
+    """Memory the guests give back to the host once their workload ends.
+
+    Without a memory limit: each guest runs the workload for --idle
+    seconds and stops reading; the guests' RssAnon at its highest while
+    they read against where it settles over the next --idle-watch
+    seconds is what free page reporting returned.
+    """
+    guests = []
+    try:
+        start_guests(config, args, work, images, host_uris, args.idle,
+                     guests)
+        peak = {g.name: 0 for g in guests}
+
+        def ended():
+            for g in guests:
+                g.check()
+                peak[g.name] = max(peak[g.name], rss_anon(g.proc.pid))
+            return all(g.ended() for g in guests)
+        wait_for('%s: the workload to end on every guest' % config, ended,
+                 args.boot_timeout + args.idle)
+        after = {g.name: [] for g in guests}
+        for _ in range(max(1, args.idle_watch // 5)):
+            time.sleep(5)
+            for g in guests:
+                after[g.name].append(rss_anon(g.proc.pid))
+        res = {'peak': peak, 'after': after,
+               'returned': sum(peak[n] - min(after[n]) for n in peak)}
+        print('  %-6s idle: guests RssAnon %d MiB at the peak, %d MiB '
+              '%d s after the workload ended: %d MiB returned' % (
+                  config, sum(peak.values()) // MiB,
+                  sum(a[-1] for a in after.values()) // MiB,
+                  args.idle_watch, res['returned'] // MiB), flush=True)
+        return res
+    finally:
+        for g in guests:
+            g.stop()
+
+
 def _mbs(x):
     return '     -' if x is None else '%6.2f' % x
 
@@ -340,7 +394,8 @@ def main():
     p.add_argument('--private', type=int, default=96,
                    help='MiB of private data per guest')
     p.add_argument('--budgets', default='512,160,64',
-                   help='host cache budgets in MiB, low pressure first')
+                   help='host cache budgets in MiB, low pressure first '
+                   '(empty: none, with --idle)')
     p.add_argument('--settle', type=int, default=20)
     p.add_argument('--window', type=int, default=60)
     p.add_argument('--boot-timeout', type=int, default=900)
@@ -354,9 +409,17 @@ def main():
     p.add_argument('--disk-read-ahead-kb', type=int,
                    help='the disk\'s read-ahead during the run (KiB; '
                    'machine-wide, restored at the end; default: as it is)')
+    p.add_argument('--idle', type=int, default=0,
+                   help='then, per configuration without a memory limit, '
+                   'run the workload this many seconds and measure the '
+                   'memory the guests give back once it ends (0: not)')
+    p.add_argument('--idle-watch', type=int, default=60,
+                   help='seconds to watch the guests\' memory after it')
     p.add_argument('--json')
     args = p.parse_args()
-    args.budgets = [int(b) for b in args.budgets.split(',')]
+    args.budgets = [int(b) for b in args.budgets.split(',') if b]
+    if not args.budgets and not args.idle:
+        p.error('nothing to measure: no --budgets and no --idle')
     configs = args.configs.split(',')
     if configs[0] != 'ON+ON' and 'ON+ON' in configs:
         p.error('ON+ON goes first: its guests measure the memory reference')
@@ -407,11 +470,15 @@ def main():
                   ', '.join(str(blkcg.read_ahead(d)) for d in (
                       disk.disks if disk else [blkcg.disk_of(work)]))),
               flush=True)
-        for config in configs:
+        for config in configs if args.budgets else ():
             drop_caches()
             results[config], anon_ref = run_config(
                 config, args, work, names, uris, anon_ref, group, disk)
         results['anon_ref'] = anon_ref
+        for config in configs if args.idle else ():
+            drop_caches()
+            results.setdefault(config, {'budgets': {}})['idle'] = run_idle(
+                config, args, work, names, uris)
     finally:
         if daemon is not None:
             daemon.kill()
@@ -460,6 +527,12 @@ def report(results, configs, args):
             print('%-8s' % ('%d MiB' % b) + ''.join(
                 '%18s' % _disk_short(results[c]['budgets'][b])
                 for c in configs))
+    if args.idle:
+        print('memory the guests gave back once their workload ended '
+              '(MiB, sum):')
+        print('%-8s' % '' + ''.join(
+            '%18s' % (results[c]['idle']['returned'] // MiB)
+            for c in configs))
     if 'P+I' in results:
         print('vmar-guest\'s share of its guest\'s CPU over the measured '
               'loops (P+I; each guest):')
