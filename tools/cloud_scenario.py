@@ -428,7 +428,33 @@ class UserPath(Scenario):
               'vm-p dropped its private data: %s', r)
         check('vmar-guest: the host did not ask' in self.console('vm-a'),
               'vmar-guest on vm-a (not guest-private) did not stand down')
+        features = self._balloon(self.domain('vm-p'))
+        check('VIRTIO_BALLOON_F_REPORTING' in features,
+              'vm-p\'s balloon driver did not take free page reporting: '
+              '%s', features)
+        self.echo('  vm-p: the guest\'s balloon driver is ready with %s'
+                  % ', '.join(sorted(features)))
         self.os.run('server', 'delete', '--wait', 'vm-p')
+
+    def _balloon(self, domain):
+        """The features a domain's guest driver took of its virtio balloon.
+
+        Empty if no driver is ready (QMP x-query-virtio-status).
+        """
+        def qmp(command, **arguments):
+            return json.loads(self.virsh(
+                'qemu-monitor-command', domain, json.dumps(
+                    dict(execute=command, arguments=arguments)
+                    if arguments else dict(execute=command))))['return']
+        paths = [d['path'] for d in qmp('x-query-virtio')
+                 if d['name'] == 'virtio-balloon']
+        check(paths, 'no virtio balloon in QEMU of %s', domain)
+        status = qmp('x-query-virtio-status', path=paths[0])
+        if not any(s.startswith('VIRTIO_CONFIG_S_DRIVER_OK')
+                   for s in status['status']['statuses']):
+            return set()
+        return {f.split(':')[0]
+                for f in status['guest-features']['dev-features']}
 
     def lifecycle(self, name='vm-a', image='minbase'):
         """Every lifecycle operation on a vmar server."""
