@@ -9,13 +9,10 @@ slow disk sits in the stack. Reads are charged to the process that issues
 them (QEMU, the export daemon); writeback is not throttled.
 
 The throttle bounds requests and bytes, not seeks. What a request costs
-an HDD depends on how large it is, and that is the host's read-ahead:
-this machine's virtio disk advertises 8 MiB (against the kernel's
-default of 128 KiB, what seed 003's 2.6.32 host had), so a guest's
-sequential reads reach the disk as few large requests and a request
-limit never binds. ``read_ahead_kb`` sets the disks' read-ahead for the
-group's lifetime (machine-wide: the setting belongs to the disk, not the
-group) and ``remove()`` puts it back.
+an HDD depends on how large it is, and that is the host's read-ahead
+(``vmar_openstack.pagecache.readahead`` sets it for a measurement): this
+machine's virtio disk advertises 8 MiB, against the kernel's default of
+128 KiB, what seed 003's 2.6.32 host had.
 """
 
 import os
@@ -38,24 +35,18 @@ class ReadThrottle:
     """A group whose reads of the disks under ``paths`` are throttled.
 
     To ``iops`` requests and ``bps`` bytes a second per disk (0: that
-    bound off); ``read_ahead_kb`` (None: left alone) is the disks'
-    read-ahead meanwhile.
+    bound off).
     """
 
     LIMITS = ('blkio.throttle.read_iops_device',
               'blkio.throttle.read_bps_device')
 
-    def __init__(self, name, paths, iops, bps, read_ahead_kb=None):
+    def __init__(self, name, paths, iops, bps):
         self.path = os.path.join(ROOT, name)
         self.disks = sorted({disk_of(p) for p in paths})
-        self.saved_read_ahead = {}
         os.makedirs(self.path, exist_ok=True)
         for limit, value in zip(self.LIMITS, (iops, bps)):
             self._write(limit, value)
-        if read_ahead_kb is not None:
-            for disk in self.disks:
-                self.saved_read_ahead[disk] = read_ahead(disk)
-                read_ahead(disk, read_ahead_kb)
 
     def _write(self, name, value):
         for disk in self.disks:
@@ -82,26 +73,12 @@ class ReadThrottle:
             f.write('%d\n' % pid)
 
     def remove(self):
-        """Lift the throttle, restore read-ahead, leave, remove."""
+        """Lift the throttle, leave the group and remove it."""
         for limit in self.LIMITS:
             self._write(limit, 0)
-        for disk, kb in self.saved_read_ahead.items():
-            read_ahead(disk, kb)
-        self.saved_read_ahead = {}
         with open(os.path.join(ROOT, 'cgroup.procs'), 'w') as f:
             f.write('%d\n' % os.getpid())
         try:
             os.rmdir(self.path)
         except OSError:
             pass                        # a process is still in it
-
-
-def read_ahead(disk, kb=None):
-    """The read-ahead of ``disk`` ('major:minor') in KiB; set if ``kb``."""
-    path = '/sys/dev/block/%s/queue/read_ahead_kb' % disk
-    if kb is None:
-        with open(path) as f:
-            return int(f.read())
-    with open(path, 'w') as f:
-        f.write('%d\n' % kb)
-    return kb
