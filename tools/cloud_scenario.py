@@ -521,12 +521,17 @@ class UserPath(Scenario):
         held = self._holders()
         servers = {s['ID'] for s in self.os.json('server', 'list')}
         check(held, 'no export is held on the host')
-        image_id = min(min(images) for images in held.values())
+        # a reference on an export the host has already, as it is
+        image_id, version, host_cache = min(min(e) for e in held.values())
         left = str(uuid.uuid4())
-        subprocess.run([self.cloud.bin('vmar-export'), '--config-file',
-                        self.cloud.etc('vmar', 'vmar.conf'), 'add', image_id,
-                        '--holder', left], check=True, capture_output=True,
-                       stdin=subprocess.DEVNULL, timeout=120)
+        out = subprocess.run(
+            [self.cloud.bin('vmar-export'), '--config-file',
+             self.cloud.etc('vmar', 'vmar.conf'), 'add', image_id,
+             '--map-version', str(version), '--host-cache', host_cache,
+             '--holder', left], capture_output=True, text=True,
+            stdin=subprocess.DEVNULL, timeout=120)
+        check(out.returncode == 0, 'vmar-export add failed: %s%s',
+              out.stdout, out.stderr)
         check(left in self._holders(), 'vmar-export add --holder %s did not '
               'record the holder', left)
         size = self.compute_log()
@@ -562,13 +567,14 @@ class UserPath(Scenario):
                   % (len(before), image_id, len(kept)))
 
     def _holders(self):
-        """holder -> the images whose exports it holds on the host."""
+        """holder -> (image, map version, host cache) of what it holds."""
         from vmar_openstack.export import state as export_state
         out = {}
         with export_state.State(self.host_dir) as state:
             for exp in state.exports.values():
                 for h in exp.holders:
-                    out.setdefault(h, set()).add(exp.image_id)
+                    out.setdefault(h, set()).add(
+                        (exp.image_id, exp.map_version, exp.host_cache))
         return out
 
     def _base_file(self, image_id):
