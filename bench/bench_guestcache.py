@@ -363,22 +363,23 @@ def _mbs(x):
     return '     -' if x is None else '%6.2f' % x
 
 
-def _disk(res):
-    """Disk reads of a window: MiB in how many requests of what size."""
-    nbytes, requests = res['disk_read'], res['disk_requests']
+def _disk_reads(res):
+    """A window's disk reads: (MiB, requests, KiB a request), or None."""
+    nbytes, requests = res.get('disk_read'), res.get('disk_requests')
     if nbytes is None:
-        return '-'
-    return '%d MiB in %d requests (%d KiB each)' % (
-        nbytes // MiB, requests, nbytes // 1024 // requests if requests
-        else 0)
+        return None
+    return (nbytes // MiB, requests,
+            nbytes // 1024 // requests if requests else 0)
+
+
+def _disk(res):
+    reads = _disk_reads(res)
+    return '%d MiB in %d requests (%d KiB each)' % reads if reads else '-'
 
 
 def _disk_short(res):
-    nbytes, requests = res.get('disk_read'), res.get('disk_requests')
-    if nbytes is None:
-        return '-'
-    return '%d / %d' % (nbytes // MiB, nbytes // 1024 // requests
-                        if requests else 0)
+    reads = _disk_reads(res)
+    return '%d / %d' % (reads[0], reads[2]) if reads else '-'
 
 
 def _share(x):
