@@ -101,6 +101,26 @@ class ExportDaemonDown(ExportError):
                '"vmar-export serve"')
 
 
+class HostApiError(ExportError):
+    """The host API's conversation failed.
+
+    A malformed message, a cut connection, a reply that did not come in
+    time.
+    """
+    message = 'the export daemon\'s API failed: %(reason)s'
+
+
+class HostApiDenied(HostApiError):
+    """The export daemon refused the caller (not root, not in its group)."""
+    message = ('the export daemon refused the caller: %(reason)s')
+
+
+class UnsupportedVersion(HostApiError):
+    """The client speaks a host API version the daemon does not."""
+    message = ('the export daemon does not speak host API version '
+               '%(version)s (it speaks %(supported)s)')
+
+
 class PublishError(VmarException, RuntimeError):
     """A map could not be published (Glance refused or is unreachable)."""
     message = 'cannot publish the map of %(image_id)s: %(reason)s'

@@ -58,6 +58,9 @@ def bootset_file(image_id):
 # vmar_openstack.nova_imagebackend.extra_specs)
 SPEC_ENABLED = 'vmar:enabled'
 SPEC_HOST_CACHE = 'vmar:host_cache'
+# the values of SPEC_HOST_CACHE, and of an export's host_cache: 'base' once
+# in the host page cache (shared by every reader), 'none' O_DIRECT
+HOST_CACHE = ('base', 'none')
 SPEC_GUEST_CACHE = 'vmar:guest_cache'
 
 # notifications of compute hosts to vmar-agent (vmar_openstack.export.report)

@@ -437,9 +437,9 @@ class TestPrivateExports(ExportTestCase):
             time.sleep(0.5)
         self.assertEqual(0, self.read(uris['vm3']).returncode)
         self.assertNotEqual(0, self.read(uris['vm1']).returncode)
-        # a holder goes while the daemon is down, another one keeps the
-        # node: the record forgets it, and the daemon, started again, does
-        # not serve its name
+        # with its owner down, nobody changes the host's exports: a
+        # removal is refused, clearly, and the daemon, started again,
+        # serves every name it had; the removal then goes through
         r = self.export_cli('add', a, '--holder', 'vm5')
         self.assertEqual(0, r.returncode, r.stderr)
         uris['vm5'] = self.uri(a, 'vm5')
@@ -448,13 +448,18 @@ class TestPrivateExports(ExportTestCase):
         serve.wait()
         os.kill(qsd, signal.SIGKILL)
         r = self.export_cli('remove', a, '--holder', 'vm5')
-        self.assertEqual(0, r.returncode, r.stderr)
+        self.assertEqual(1, r.returncode, r.stderr)
+        self.assertIn('start "vmar-export serve"', r.stderr)
         self.serve()
         deadline = time.time() + 60
         while self.read(uris['vm2']).returncode:
             self.assertLess(time.time(), deadline)
             time.sleep(0.5)
+        self.assertEqual(0, self.read(uris['vm5']).returncode)
+        r = self.export_cli('remove', a, '--holder', 'vm5')
+        self.assertEqual(0, r.returncode, r.stderr)
         self.assertIn('export not available', self.read(uris['vm5']).stderr)
+        self.assertEqual(0, self.read(uris['vm2']).returncode)
 
 
 class LazyExportTestCase(ExportTestCase):

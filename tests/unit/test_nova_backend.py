@@ -22,7 +22,7 @@ from oslo_config import fixture as config_fixture
 import testtools
 
 from vmar_openstack import exception as vmar_exception
-from vmar_openstack import export
+from vmar_openstack import hostapi
 from vmar_openstack import names
 from vmar_openstack.nova_imagebackend import hooks
 from vmar_openstack.nova_imagebackend import image as vimage
@@ -38,6 +38,15 @@ def instance(specs=None, image_ref=None, sysmeta=None):
     return objects.Instance(uuid=str(uuid.uuid4()), flavor=flavor,
                             image_ref=image_ref or str(uuid.uuid4()),
                             system_metadata=sysmeta or {})
+
+
+def added(image_id, version, uri=None, virtual_size=1 << 20):
+    """The host API's reply to ``add``, as far as the backend reads it."""
+    return {'image_id': image_id, 'map_version': version,
+            'host_cache': 'base', 'holders': [], 'targets': [],
+            'uri': uri or names.nbd_uri(names.export(image_id, version, KEY),
+                                        SOCK),
+            'virtual_size': virtual_size}
 
 
 VMAR = {'vmar:enabled': 'true'}
@@ -297,10 +306,7 @@ class TestMoves(BackendTestCase):
         super().setUp()
         self.drv = mock.MagicMock(spec=libvirt_driver.LibvirtDriver)
         self.D = libvirt_driver.LibvirtDriver
-        self.exports = mock.Mock(socket=SOCK, host_dir=self.tmp + '/host')
-        os.makedirs(self.exports.host_dir)
-        open(os.path.join(self.exports.host_dir, 'exports.json'),
-             'w').close()
+        self.exports = mock.Mock(spec=hostapi.Client)
         self.bfv = self.useFixture(fixtures.MockPatchObject(
             compute_utils, 'is_volume_backed_instance',
             return_value=False)).mock
@@ -395,9 +401,7 @@ class TestMoves(BackendTestCase):
         inst_dir = os.path.join(self.tmp, 'dest', src.uuid)
         swap = {'path': os.path.join(inst_dir, 'disk.swap'),
                 'backing_file': 'swap_1'}
-        exp = export.Export(src.image_ref, 3, 'base', [], [])
-        self.exports.add.return_value = exp
-        self.exports.uri.return_value = uri
+        self.exports.add.return_value = added(src.image_ref, 3, uri)
         # the export is not there in a unit test: qemu-img must not open it
         real = vimage.create_overlay
 
@@ -408,7 +412,7 @@ class TestMoves(BackendTestCase):
                                        a[:2] + ('-u',) + a[2:]))):
                 real(path, uri, size)
         real_execute = processutils.execute
-        with mock.patch.object(export, 'ExportService',
+        with mock.patch.object(hostapi.Client, 'from_conf',
                                return_value=self.exports), \
                 mock.patch.object(vimage, 'create_overlay', create_overlay):
             self.D._create_images_and_backing(
@@ -430,7 +434,7 @@ class TestMoves(BackendTestCase):
         self.original('_create_images_and_backing')
         src = instance(VMAR)
         path, uri = self.overlay(src)
-        with mock.patch.object(export, 'ExportService',
+        with mock.patch.object(hostapi.Client, 'from_conf',
                                return_value=self.exports):
             e = self.assertRaises(
                 exception.MigrationPreCheckError,
@@ -458,8 +462,7 @@ class TestMoves(BackendTestCase):
         path, uri = self.overlay(inst, size=1 << 20)
         disk = vimage.VmarImage(instance=inst, disk_name='disk',
                                 exports=self.exports)
-        self.exports.add.return_value = export.Export(inst.image_ref, 3,
-                                                      'base', [], [])
+        self.exports.add.return_value = added(inst.image_ref, 3, uri)
         # qemu-img resize opens the export, which a unit test lacks
         with mock.patch.object(vimage.disk_api, 'extend') as extend:
             disk.cache(fetch_func=mock.Mock(), filename='x', size=4 << 20)
@@ -503,7 +506,7 @@ class TestProvisioningErrors(BackendTestCase):
     """An image without a map (an unshelved snapshot nobody ingested)."""
 
     def test_no_map_is_refused_before_any_disk_is_made(self):
-        exports = mock.Mock(socket=SOCK)
+        exports = mock.Mock(spec=hostapi.Client)
         exports.add.side_effect = vmar_exception.ExportError(
             'no map of image X')
         inst = instance(VMAR)
@@ -519,18 +522,16 @@ class TestProvisioningErrors(BackendTestCase):
             version=None, key=None, whole=False)
 
     def test_a_failed_overlay_releases_the_export(self):
-        exports = mock.Mock(socket=SOCK, host_dir=self.tmp + '/host')
-        exports.add.return_value = export.Export(
-            str(uuid.uuid4()), 1, 'base', [], [])
-        exports.map_file.return_value = '/nonexistent/map'
+        exports = mock.Mock(spec=hostapi.Client)
+        exports.add.return_value = added(str(uuid.uuid4()), 1)
         inst = instance(VMAR)
         disk = vimage.VmarImage(instance=inst, disk_name='disk',
                                 disk_info_mapping=MAPPING, exports=exports)
-        os.makedirs(exports.host_dir)
-        open(os.path.join(exports.host_dir, 'exports.json'), 'w').close()
-        self.assertRaises((OSError, vmar_exception.MapFormatError), disk.cache,
-                          fetch_func=mock.Mock(),
-                          filename='x', image_id=inst.image_ref, size=None)
+        failed = processutils.ProcessExecutionError('qemu-img: no space')
+        with mock.patch.object(processutils, 'execute', side_effect=failed):
+            self.assertRaises(processutils.ProcessExecutionError, disk.cache,
+                              fetch_func=mock.Mock(), filename='x',
+                              image_id=inst.image_ref, size=None)
         exports.release.assert_called_once_with(inst.uuid)
         self.assertFalse(os.path.exists(disk.path))
 

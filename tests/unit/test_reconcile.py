@@ -16,14 +16,16 @@ GONE_TOO = '55555555-2222-3333-4444-555555555555'
 
 
 class Exports(object):
-    """The holders side of ExportService over a dict (no daemon needed)."""
+    """The holders calls of the host API's client, over a dict."""
 
-    def __init__(self, host_dir, held, failing=()):
-        self.host_dir = host_dir
+    def __init__(self, held, failing=(), down=False):
         self.held = dict(held)
         self.failing = set(failing)
+        self.down = down
 
     def holders(self):
+        if self.down:
+            raise exception.ExportDaemonDown(reason='no API socket')
         return {h: list(n) for h, n in self.held.items()}
 
     def release(self, holder):
@@ -63,40 +65,33 @@ class TestReleaseStale(testtools.TestCase):
     def setUp(self):
         super().setUp()
         self.path = self.useFixture(fixtures.TempDir()).path
-        self.host_dir = self.useFixture(fixtures.TempDir()).path
         os.mkdir(os.path.join(self.path, HERE))
         self.log = self.useFixture(fixtures.FakeLogger())
 
-    def _saved(self):
-        with open(os.path.join(self.host_dir, 'exports.json'), 'w') as f:
-            f.write('{}')
-
     def test_releases_what_left_and_keeps_the_rest(self):
-        self._saved()
-        exports = Exports(self.host_dir, {HERE: ['a.1'], GONE: ['a.1'],
-                                          'cli': ['b.1']})
+        exports = Exports({HERE: ['a.1'], GONE: ['a.1'], 'cli': ['b.1']})
         self.assertEqual([GONE], reconcile.release_stale(
             exports, self.path, [DOMAIN_ONLY]))
         self.assertEqual({HERE: ['a.1'], 'cli': ['b.1']}, exports.holders())
         self.assertIn(GONE, self.log.output)
 
     def test_a_failed_release_is_kept_and_others_go_on(self):
-        self._saved()
-        exports = Exports(self.host_dir, {GONE: ['a.1'], GONE_TOO: ['c.2']},
+        exports = Exports({GONE: ['a.1'], GONE_TOO: ['c.2']},
                           failing={GONE})
         self.assertEqual([GONE_TOO], reconcile.release_stale(
             exports, self.path, []))
         self.assertEqual({GONE: ['a.1']}, exports.holders())
         self.assertIn('vmar-export release %s' % GONE, self.log.output)
 
-    def test_a_host_that_never_exported_is_left_alone(self):
-        exports = Exports(self.host_dir, {GONE: ['a.1']})
+    def test_a_host_whose_daemon_is_down_is_left_alone(self):
+        exports = Exports({GONE: ['a.1']}, down=True)
         self.assertEqual([], reconcile.release_stale(exports, self.path, []))
+        exports.down = False
         self.assertEqual({GONE: ['a.1']}, exports.holders())
+        self.assertIn('no export references reconciled', self.log.output)
 
     def test_unreadable_holders_do_not_stop_the_start(self):
-        self._saved()
-        exports = Exports(self.host_dir, {})
+        exports = Exports({})
 
         def broken():
             raise exception.ExportError(reason='exports.json: bad JSON')

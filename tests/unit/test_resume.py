@@ -73,18 +73,18 @@ class Conn(object):
 
 
 class Exports(object):
-
-    socket = SOCK
+    """The health call of the host API's client, over a set."""
 
     def __init__(self, live):
         self.live = live
         self.calls = 0
 
-    def list(self):
+    def health(self, names=()):
         self.calls += 1
         if isinstance(self.live, Exception):
             raise self.live
-        return {}, self.live
+        return {'daemon_up': self.live is not None,
+                'served': sorted(set(names) & (self.live or set()))}
 
 
 class TestVmarExports(testtools.TestCase):
@@ -101,7 +101,7 @@ class TestResumer(testtools.TestCase):
 
     def run_once(self, domains, live):
         exports = Exports(live)
-        r = resume.Resumer(exports, FakeLibvirt)
+        r = resume.Resumer(exports, FakeLibvirt, SOCK)
         return r.run_once(Conn(domains)), exports
 
     def test_resumes_io_error_pause_once_export_is_served(self):
@@ -133,4 +133,4 @@ class TestResumer(testtools.TestCase):
         self.assertEqual(['i-good'], self.run_once([bad, good], {A})[0])
 
     def test_interval_zero_disables(self):
-        self.assertIsNone(resume.start(object(), Exports({A}), 0))
+        self.assertIsNone(resume.start(object(), Exports({A}), 0, SOCK))

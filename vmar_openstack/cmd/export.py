@@ -1,8 +1,9 @@
 """``vmar-export``: the per-host NBD export service of VMAR views.
 
-Sub-commands: ``serve`` (run and supervise the patched
-qemu-storage-daemon), ``add UUID``, ``remove UUID``, ``release HOLDER``,
-``list`` and ``status``.
+``serve`` runs the daemon: it supervises the patched qemu-storage-daemon
+and owns the host's exports. ``add UUID``, ``remove UUID``, ``release
+HOLDER``, ``list`` and ``status`` ask it over its host API
+(:mod:`vmar_openstack.hostapi`); they change nothing themselves.
 """
 
 import json
@@ -15,52 +16,52 @@ from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
 from vmar_openstack import export
-from vmar_openstack.export import status as export_status
+from vmar_openstack import hostapi
 
 CONF = vmar_conf.CONF
 LOG = logging.getLogger(__name__)
 
 
-def _service():
-    return export.ExportService(CONF)
+def _client():
+    return hostapi.Client.from_conf(CONF)
 
 
 def serve():
-    _service().serve()
+    export.ExportService(CONF).serve()
 
 
 def add():
     a = CONF.category
-    svc = _service()
-    exp = svc.add(a.id, host_cache=a.host_cache, holder=a.holder,
-                  version=a.map_version)
+    exp = _client().add(a.id, host_cache=a.host_cache, holder=a.holder,
+                        version=a.map_version)
     print('exported %s map v%d (host_cache=%s) for %s: %s'
-          % (exp.image_id, exp.map_version, exp.host_cache, a.holder,
-             svc.uri(exp, a.holder)))
+          % (exp['image_id'], exp['map_version'], exp['host_cache'],
+             a.holder, exp['uri']))
 
 
 def remove():
     a = CONF.category
-    left = _service().remove(a.id, holder=a.holder, version=a.map_version)
+    left = _client().remove(a.id, holder=a.holder, version=a.map_version)
     for exp in left:
-        print('export %s kept for %s' % (exp.name, ', '.join(exp.holders)))
+        print('export %s kept for %s' % (exp['name'],
+                                         ', '.join(exp['holders'])))
     if not left:
         print('removed %s\'s exports of %s' % (a.holder, a.id))
 
 
 def release():
-    names = _service().release(CONF.category.holder)
+    names = _client().release(CONF.category.holder)
     print('released %d exports' % len(names))
 
 
 def list_exports():
-    exports, live = _service().list()
+    listing = _client().list()
     cmd.print_table(
         ('image', 'map', 'host_cache', 'state', 'holders'),
-        [(exp.image_id, exp.map_version, exp.host_cache,
-          'down' if live is None else 'up' if exp.served(live)
-          else 'MISSING', ','.join(exp.holders))
-         for _name, exp in sorted(exports.items())])
+        [(exp['image_id'], exp['map_version'], exp['host_cache'],
+          'MISSING' if exp['state'] == 'missing' else exp['state'],
+          ','.join(exp['holders']))
+         for exp in listing['exports']])
 
 
 def _size(n):
@@ -71,36 +72,36 @@ def _size(n):
 
 
 def status():
-    st = export_status.collect(_service())
+    st = _client().status()
     if CONF.category.json:
-        print(json.dumps(st.as_dict(), indent=2, sort_keys=True))
+        print(json.dumps(st, indent=2, sort_keys=True))
         return
-    print('daemon: %s, socket %s' % ('up' if st.daemon_up else 'DOWN',
-                                     st.socket))
-    f = st.fetched
+    print('daemon: %s, socket %s' % ('up' if st['daemon_up'] else 'DOWN',
+                                     st['socket']))
+    f = st['fetched']
     print('fetched since the first export: %d base files, %s in %.1f s'
-          % (f.count, _size(f.bytes), f.seconds))
+          % (f['count'], _size(f['bytes']), f['seconds']))
     print()
     cmd.print_table(
         ('base', 'size', 'mirror', 'page cache', 'exports', 'holders'),
-        [(b.image_id, _size(b.size), _size(b.mirror_bytes),
-          _size(b.cached_bytes), len(b.exports), len(b.holders))
-         for b in st.bases])
+        [(b['image_id'], _size(b['size']), _size(b['mirror_bytes']),
+          _size(b['cached_bytes']), len(b['exports']), len(b['holders']))
+         for b in st['bases']])
     print()
     cmd.print_table(
         ('export', 'state', 'host_cache', 'holders', 'reads', 'bytes',
          'errors', 'fetches', 'queued'),
-        [(e.name, e.state, e.host_cache, len(e.holders), e.requests,
-          _size(e.bytes_read + e.bytes_zero), e.errors, e.fetches,
-          _queued(e)) for e in st.exports])
+        [(e['name'], e['state'], e['host_cache'], len(e['holders']),
+          e['requests'], _size(e['bytes_read'] + e['bytes_zero']),
+          e['errors'], e['fetches'], _queued(e)) for e in st['exports']])
 
 
 def _queued(e):
     """An export's background work still to do, for the status table."""
-    out = ['prefetch'] if e.prefetch_queued else []
-    if e.fill_due is not None:
-        out.append('fill %s' % time.strftime('%H:%M:%S',
-                                             time.localtime(e.fill_due)))
+    out = ['prefetch'] if e['prefetch_queued'] else []
+    if e['fill_due'] is not None:
+        out.append('fill %s' % time.strftime(
+            '%H:%M:%S', time.localtime(e['fill_due'])))
     return ','.join(out) or '-'
 
 

@@ -99,6 +99,33 @@ host_opts = [
     cfg.StrOpt('export_socket_group',
                help='Group that owns the export socket (mode 0660), for '
                     'example the group QEMU runs as. Unset: root\'s group.'),
+    cfg.StrOpt('api_socket',
+               sample_default='<directory of export_socket>/api.sock',
+               help='Unix socket of the host API of vmar-export serve, '
+                    'the one process that changes the host\'s exports: '
+                    'vmar-export add/remove/release/list/status and '
+                    'vmar-nova-compute call it.\n\n'
+                    'Possible values: a path; unset, api.sock in the '
+                    'directory of export_socket.\n\n'
+                    'Related options: export_socket, api_socket_group, '
+                    'api_timeout.'),
+    cfg.StrOpt('api_socket_group',
+               help='Group that owns the host API socket (mode 0660): '
+                    'the user vmar-nova-compute runs as must be in it, or '
+                    'be root. Callers outside it, and not root, are '
+                    'refused. A member can export any image of the host, '
+                    'so never give it the group QEMU runs as.\n\n'
+                    'Possible values: a group name; unset, root alone may '
+                    'call the API.\n\n'
+                    'Related options: api_socket, export_socket_group.'),
+    cfg.IntOpt('api_timeout', default=360, min=1,
+               help='Seconds a call of the host API may take, the '
+                    'daemon\'s own work included: an add whose map or '
+                    'digest list is still on its way waits for it in the '
+                    'daemon, up to [vmar_glance] map_wait there.\n\n'
+                    'Possible values: seconds; keep it above the daemon\'s '
+                    'map_wait.\n\n'
+                    'Related options: api_socket.'),
     cfg.StrOpt('qemu_storage_daemon', default='qemu-storage-daemon',
                help='The patched qemu-storage-daemon with the vmar driver, '
                     'as built by qemu/build.sh (its prefix/bin).'),

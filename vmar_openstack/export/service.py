@@ -10,12 +10,14 @@ import contextlib
 import functools
 import grp
 import os
+import threading
 import uuid
 
 import numpy as np
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack.export import api
 from vmar_openstack.export import graph
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import metrics as export_metrics
@@ -47,6 +49,8 @@ class ExportService:
                                      c.mirror_cache_gb << 30)
         # exports the last restore could not re-create (tried again)
         self.unrestored = 0
+        # set while the daemon runs with every export it could restore
+        self.ready = threading.Event()
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
                 == os.path.realpath(c.host_dir)):
             # host_dir is pruned of unreferenced files: never the library
@@ -185,6 +189,22 @@ class ExportService:
             yield (exp.image_id, data,
                    functools.partial(self.files.mark_bootset_sent,
                                      exp.image_id))
+
+    def wait_ready(self, timeout=60):
+        """Wait until the daemon is up with its exports restored.
+
+        :raises ExportDaemonDown: not within ``timeout`` seconds (the
+            daemon keeps failing to start: see its log).
+        """
+        if not self.ready.wait(timeout):
+            raise exception.ExportDaemonDown(
+                reason='qemu-storage-daemon not restored within %d s; see '
+                '%s/qsd.log' % (timeout, self.host_dir))
+
+    def virtual_size(self, exp):
+        """The virtual size of an exported image, from its map."""
+        return mapformat.read(self.map_file(exp.image_id,
+                                            exp.map_version)).virtual_size
 
     # public operations
     def uri(self, exp, holder='cli'):
@@ -444,9 +464,11 @@ class ExportService:
                       export_metrics.registry(self))
         reporter = export_report.start(self.conf, self.host_dir,
                                        self.recorded_bootsets)
+        server = api.ApiServer(self).start()
         try:
             supervisor.Supervisor(self).serve(stop_event, max_backoff)
         finally:
+            server.stop()
             if reporter:
                 reporter.stop()
 

@@ -13,9 +13,8 @@ import os
 from vmar_openstack import fileutils
 from vmar_openstack import names
 
-# How an export's base files are cached on the host: 'base' once in the host
-# page cache (shared by every reader), 'none' O_DIRECT.
-HOST_CACHE = ('base', 'none')
+# How an export's base files are cached on the host (names.HOST_CACHE)
+HOST_CACHE = names.HOST_CACHE
 
 _FILE = 'exports.json'
 _LOCK = 'exports.lock'
@@ -75,11 +74,6 @@ class Fetched:
             self.count += 1
             self.bytes += f.size
             self.seconds += f.seconds
-
-
-def saved(host_dir):
-    """Whether ``host_dir`` has ever recorded an export."""
-    return os.path.exists(os.path.join(host_dir, _FILE))
 
 
 class State:

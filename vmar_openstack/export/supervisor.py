@@ -172,9 +172,11 @@ class Supervisor:
                 time.sleep(backoff)
                 backoff = min(max_backoff, backoff * 2)
                 continue
+            self.service.ready.set()
             retry_at, retry_backoff = time.monotonic() + 0.5, 0.5
             while proc.poll() is None:
                 if stopping or (stop_event and stop_event.is_set()):
+                    self.service.ready.clear()
                     self.quit(proc)
                     break
                 self.prefetcher.poll()
@@ -197,6 +199,7 @@ class Supervisor:
                         backoff = min(max_backoff, backoff * 2)
                 time.sleep(0.1)
             else:
+                self.service.ready.clear()
                 LOG.error('qemu-storage-daemon exited with %d; restarting',
                           proc.returncode)
                 if time.monotonic() - started > 30:

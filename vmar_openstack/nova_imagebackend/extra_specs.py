@@ -58,7 +58,7 @@ EXTRA_SPEC_VALIDATORS = [
             'page cache, shared by every instance that reads the same '
             'block; ``none`` opens them O_DIRECT (a baseline, or tenants '
             'who must not share a cache).'),
-        value={'type': str, 'enum': ['base', 'none'],
+        value={'type': str, 'enum': list(names.HOST_CACHE),
                'description': 'The host cache policy of the base data.'},
     ),
     base.ExtraSpecValidator(

@@ -47,7 +47,7 @@ from oslo_log import log as logging
 from oslo_serialization import jsonutils
 
 from vmar_openstack import conf as vmar_conf
-from vmar_openstack import export
+from vmar_openstack import hostapi
 from vmar_openstack.nova_imagebackend import extra_specs
 from vmar_openstack.nova_imagebackend import guest_cache
 from vmar_openstack.nova_imagebackend import image as vimage
@@ -105,11 +105,12 @@ def register():
     def init_host(original, self, host):
         result = original(self, host)
         conf = vmar_conf.CONF
-        exports = export.ExportService(conf)
+        exports = hostapi.Client.from_conf(conf)
         reconcile.release_stale(exports, nova_conf.CONF.instances_path,
                                 self.list_instance_uuids())
         self._vmar_resumer = resume.start(self, exports,
-                                          conf.vmar.resume_interval)
+                                          conf.vmar.resume_interval,
+                                          conf.vmar.export_socket)
         return result
 
     @_wrap(D, '_get_guest_config')
@@ -123,7 +124,7 @@ def register():
     @_wrap(D, 'delete_instance_files')
     def delete_instance_files(original, self, instance):
         done = original(self, instance)
-        if done:
+        if done and _is_vmar(instance):
             vimage.release(instance.uuid)
         return done
 

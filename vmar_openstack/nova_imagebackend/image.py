@@ -26,10 +26,8 @@ from oslo_log import log as logging
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception as vmar_exception
-from vmar_openstack import export
-from vmar_openstack.export import state as export_state
 from vmar_openstack import fingerprint
-from vmar_openstack import mapformat
+from vmar_openstack import hostapi
 from vmar_openstack import names
 from vmar_openstack.nova_imagebackend import extra_specs
 from vmar_openstack.nova_imagebackend import guest_cache
@@ -48,12 +46,12 @@ def flavor_policy(flavor):
         return None
     specs = flavor.extra_specs
     host_cache = specs.get(SPEC_HOST_CACHE, 'base')
-    if host_cache not in export.HOST_CACHE:
+    if host_cache not in names.HOST_CACHE:
         # the API validator refuses this; a flavor made before it was
         # installed can still carry it
         raise exception.InvalidInput(
             reason='%s=%s: must be one of %s'
-            % (SPEC_HOST_CACHE, host_cache, ', '.join(export.HOST_CACHE)))
+            % (SPEC_HOST_CACHE, host_cache, ', '.join(names.HOST_CACHE)))
     guest = specs.get(SPEC_GUEST_CACHE, guest_cache.DEFAULT)
     if guest not in guest_cache.MODES:
         raise exception.InvalidInput(
@@ -125,8 +123,9 @@ class VmarImage(imagebackend.Image):
 
     @property
     def exports(self):
+        """The host API client of this host's export daemon."""
         if self._exports is None:
-            self._exports = export.ExportService(CONF)
+            self._exports = hostapi.Client.from_conf(CONF)
         return self._exports
 
     @property
@@ -145,12 +144,12 @@ class VmarImage(imagebackend.Image):
         """((image id, map version), virtual size) of the overlay."""
         info = _qemu_img_info(self.path)
         pin = parse_backing(info.get('backing-filename'),
-                            self.exports.socket)
+                            CONF.vmar.export_socket)
         if pin is None or info.get('backing-filename-format') != 'raw':
             raise exception.InvalidDiskInfo(
                 reason='%s is not backed by a vmar export on %s (backing '
                 '%r); refusing to touch it'
-                % (self.path, self.exports.socket,
+                % (self.path, CONF.vmar.export_socket,
                    info.get('backing-filename')))
         return pin, info['virtual-size']
 
@@ -202,12 +201,13 @@ class VmarImage(imagebackend.Image):
         header, before the guest's own data is mirrored into it. An
         existing overlay (a hard reboot takes the same path) is kept.
         """
-        pin = parse_backing(backing_uri, self.exports.socket)
+        pin = parse_backing(backing_uri, CONF.vmar.export_socket)
         if pin is None:
             raise exception.MigrationPreCheckError(
                 reason='the vmar overlay of %s reads %r, not an export on '
                 'this host\'s %s: the hosts\' [vmar] export_socket differ'
-                % (self.instance.uuid, backing_uri, self.exports.socket))
+                % (self.instance.uuid, backing_uri,
+                   CONF.vmar.export_socket))
         holder = self.instance.uuid
 
         @lockutils.synchronized('vmar-' + holder, external=True,
@@ -217,7 +217,7 @@ class VmarImage(imagebackend.Image):
                             version=pin.version, key=pin.key)
             if os.path.exists(self.path):
                 return
-            uri = self.exports.uri(exp, holder)
+            uri = exp['uri']
             if uri != backing_uri:
                 self._release(holder)
                 raise exception.MigrationPreCheckError(
@@ -229,7 +229,7 @@ class VmarImage(imagebackend.Image):
                 self._release(holder)
                 raise
             LOG.info('created %s on map v%d of %s for a live migration',
-                     self.path, exp.map_version, exp.image_id)
+                     self.path, exp['map_version'], exp['image_id'])
         _adopt()
 
     def _deleted_after_spawn(self, image_id):
@@ -247,6 +247,7 @@ class VmarImage(imagebackend.Image):
 
     def _add(self, image_id, host_cache, holder, version=None, key=None,
              whole=False):
+        """The export (the host API's ``add`` reply), served on return."""
         try:
             return self.exports.add(image_id, host_cache=host_cache,
                                     holder=holder, version=version, key=key,
@@ -260,18 +261,16 @@ class VmarImage(imagebackend.Image):
         return release(holder, self.exports)
 
     def uri_of(self, pin):
-        return names.nbd_uri(names.export(*pin), self.exports.socket)
+        return names.nbd_uri(names.export(*pin), CONF.vmar.export_socket)
 
     def _create_overlay(self, exp, holder, size):
-        bmap = mapformat.read(self.exports.map_file(exp.image_id,
-                                                    exp.map_version))
-        if size and size < bmap.virtual_size:
+        virtual_size = exp['virtual_size']
+        if size and size < virtual_size:
             raise exception.FlavorDiskSmallerThanImage(
-                flavor_size=size, image_size=bmap.virtual_size)
-        create_overlay(self.path, self.exports.uri(exp, holder),
-                       size or bmap.virtual_size)
-        LOG.info('created %s on map v%d of %s', self.path, exp.map_version,
-                 exp.image_id)
+                flavor_size=size, image_size=virtual_size)
+        create_overlay(self.path, exp['uri'], size or virtual_size)
+        LOG.info('created %s on map v%d of %s', self.path,
+                 exp['map_version'], exp['image_id'])
 
     # -- the Image API ----------------------------------------------------
 
@@ -305,9 +304,7 @@ class VmarImage(imagebackend.Image):
 
 def release(holder, exports=None):
     """Drop every export reference of ``holder`` (a deleted instance)."""
-    exports = exports or export.ExportService(CONF)
-    if not export_state.saved(exports.host_dir):
-        return []
+    exports = exports or hostapi.Client.from_conf(CONF)
     try:
         return exports.release(holder)
     except vmar_exception.ExportError as e:

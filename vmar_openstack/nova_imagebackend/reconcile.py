@@ -22,7 +22,6 @@ import uuid
 from oslo_log import log as logging
 
 from vmar_openstack import exception as vmar_exception
-from vmar_openstack.export import state as export_state
 
 LOG = logging.getLogger(__name__)
 
@@ -59,14 +58,15 @@ def stale(holders, instances_path, domains):
 def release_stale(exports, instances_path, domains):
     """Release the references of :func:`stale` holders; their names.
 
-    Never raises for the export service's sake: a host whose export state
-    cannot be read or whose daemon is down keeps its references, and the
-    next start tries again.
+    ``exports`` is the host API's client. Never raises for the export
+    daemon's sake: a host whose daemon is down or cannot read its state
+    keeps its references, and the next start tries again.
     """
-    if not export_state.saved(exports.host_dir):
-        return []
     try:
         gone = stale(exports.holders(), instances_path, set(domains))
+    except vmar_exception.ExportDaemonDown as e:
+        LOG.info('no export references reconciled: %s', e)
+        return []
     except (vmar_exception.VmarException, OSError) as e:
         LOG.warning('could not read the export holders: %s', e)
         return []

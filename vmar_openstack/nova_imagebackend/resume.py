@@ -42,17 +42,19 @@ def vmar_exports(domain_xml, socket):
 class Resumer(object):
     """One pass over the host's paused domains (:meth:`run_once`)."""
 
-    def __init__(self, exports, libvirt_module):
-        self.exports = exports
+    def __init__(self, exports, libvirt_module, socket):
+        self.exports = exports        # the host API's client
         self.libvirt = libvirt_module
+        self.socket = socket          # [vmar] export_socket
 
-    def _live_exports(self):
+    def _live_exports(self, names):
+        """Which of ``names`` the daemon serves now; None if it is down."""
         try:
-            _saved, live = self.exports.list()
+            health = self.exports.health(names)
         except vmar_exception.VmarException as e:
             LOG.debug('export service not answering: %s', e)
             return None
-        return live
+        return set(health['served']) if health['daemon_up'] else None
 
     def _paused_on_io_error(self, domain):
         state, reason = domain.state()
@@ -66,12 +68,13 @@ class Resumer(object):
                 self.libvirt.VIR_CONNECT_LIST_DOMAINS_PAUSED):
             if not self._paused_on_io_error(domain):
                 continue
-            wanted = vmar_exports(domain.XMLDesc(0), self.exports.socket)
+            wanted = vmar_exports(domain.XMLDesc(0), self.socket)
             if wanted:
                 candidates.append((domain, wanted))
         if not candidates:
             return []
-        live = self._live_exports()
+        live = self._live_exports(set().union(*(w for _d, w
+                                                in candidates)))
         resumed = []
         for domain, wanted in candidates:
             missing = wanted - (live or set())
@@ -91,16 +94,18 @@ class Resumer(object):
         return resumed
 
 
-def start(driver, exports, interval):
+def start(driver, exports, interval, socket):
     """Run :meth:`Resumer.run_once` every ``interval`` s in this process.
 
     ``driver`` is the compute host's LibvirtDriver (its libvirt connection
-    is used). Returns the looping call, or None when ``interval`` is 0.
+    is used), ``exports`` the host API's client, ``socket`` the NBD socket
+    of the exports. Returns the looping call, or None when ``interval`` is
+    0.
     """
     if not interval:
         return None
     import libvirt
-    resumer = Resumer(exports, libvirt)
+    resumer = Resumer(exports, libvirt, socket)
 
     def _pass():
         try:
