@@ -1241,12 +1241,13 @@ class LazyGuestsTestCase(GlanceTestCase):
         """The Nova backend's resumer, every second, in a thread."""
         import libvirt
 
-        from vmar_openstack import export
+        from vmar_openstack import hostapi
         from vmar_openstack.nova_imagebackend import resume
         conf = cfg.ConfigOpts()
         vmar_conf.register_opts(conf)
         conf(['--config-file', self.lazy_conf_file], project='vmar')
-        resumer = resume.Resumer(export.ExportService(conf), libvirt)
+        resumer = resume.Resumer(hostapi.Client.from_conf(conf), libvirt,
+                                 conf.vmar.export_socket)
         conn = libvirt.open('qemu:///system')
         stop = threading.Event()
 
