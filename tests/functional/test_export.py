@@ -25,8 +25,8 @@ from tools.vmarenv import qemu_env
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack import export
+from vmar_openstack.export import graph
 from vmar_openstack.export import prefetch
-from vmar_openstack.export import status
 from vmar_openstack import ingest
 from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
@@ -325,8 +325,10 @@ class TestHostStatus(ExportTestCase):
         st, bases, exports = self.status()
         size = 64 * 4096
         self.assertTrue(st['daemon_up'])
-        self.assertEqual({'count': 2, 'bytes': 2 * size},
-                         {k: st['fetched'][k] for k in ('count', 'bytes')})
+        self.assertEqual({'count': 2, 'bytes': 2 * size,
+                          'copy_bytes': 2 * size, 'fill_bytes': 0},
+                         {k: st['fetched'][k] for k in (
+                             'count', 'bytes', 'copy_bytes', 'fill_bytes')})
         self.assertEqual(sorted([a, b]), sorted(bases))
         self.assertEqual(['vm1', 'vm2', 'vm3'], bases[a]['holders'])
         self.assertEqual(2, len(bases[a]['exports']))
@@ -341,7 +343,10 @@ class TestHostStatus(ExportTestCase):
         self.assertEqual(('up', 65536, 0), (e['state'], e['bytes_read']
                                             + e['bytes_zero'], e['errors']))
         self.assertGreaterEqual(e['requests'], 1)
-        self.assertEqual((1, size), (e['fetches'], e['fetched_bytes']))
+        # b's export copied b whole, and reads a's base too
+        self.assertEqual((1, 2 * size), (e['fetches'], e['fetched_bytes']))
+        self.assertEqual((size, size), (bases[a]['fetched_bytes'],
+                                        bases[b]['fetched_bytes']))
         # whole bases: nothing left to prefetch or fill
         self.assertEqual((False, None), (e['prefetch_queued'],
                                          e['fill_due']))
@@ -519,12 +524,23 @@ class TestLazyExports(LazyExportTestCase):
             self.assertLessEqual(c['bytes-fetched'],
                                  c['present-blocks'] * 4096, node)
             self.assertEqual(0, c['digest-mismatches'] + c['fetch-errors'])
-        st = status.collect(self.svc)
-        self.assertEqual(0, st.fetched.count)
+        st, bases, exports = self.status()
+        self.assertEqual(0, st['fetched']['count'])
+        # status tells every byte the mirrors fetched, per base and in all
+        fetched = {graph.image_of(node): c['bytes-fetched']
+                   for node, c in counters.items()}
+        self.assertGreater(sum(fetched.values()), 0)
+        self.assertEqual(sum(fetched.values()), st['fetched']['bytes'])
+        self.assertEqual(sum(fetched.values()), st['fetched']['fill_bytes'])
+        self.assertEqual(fetched, {b: bases[b]['fetched_bytes']
+                                   for b in fetched})
+        for e in exports.values():
+            self.assertEqual(sum(fetched[t] for t, _s in e['targets']),
+                             e['fetched_bytes'])
         # their fills wait fill_delay (600 s) after the adds
-        self.assertEqual(2, len(st.exports))
-        for e in st.exports:
-            self.assertGreater(e.fill_due, time.time() + 500, e)
+        self.assertEqual(2, len(st['exports']))
+        for e in st['exports']:
+            self.assertGreater(e['fill_due'], time.time() + 500, e)
         self.assertIn('fill ', self.export_cli('status').stdout)
         # the mirrors hold no more than the library's data blocks
         with db_session.reader(self.conf) as s:
@@ -542,6 +558,7 @@ class TestLazyExports(LazyExportTestCase):
         fetched = sum(c['bytes-fetched']
                       for c in self.mirror_counters().values())
         self.assertGreater(fetched, 0)
+        self.assertEqual(fetched, self.status()[0]['fetched']['bytes'])
         # a killed daemon comes back with what its mirrors recorded: bits
         # follow their data to disk (fdatasync first), so the last second
         # or so of fetches may be fetched again, and nothing else
@@ -575,6 +592,12 @@ class TestLazyExports(LazyExportTestCase):
                         for c in self.mirror_counters().values())
         self.assertLessEqual(refetched, unrecorded)
         self.assertGreater(recorded, 0)
+        # the count survives the daemon, and goes on from zero counters
+        self.assertEqual(fetched + refetched,
+                         self.status()[0]['fetched']['bytes'])
+        self.compare('nginx')   # all there: nothing more to count
+        self.assertEqual(fetched + refetched,
+                         self.status()[0]['fetched']['bytes'])
         r = self.export_cli('remove', _id('nginx'))
         self.assertEqual(0, r.returncode, r.stderr)
         self.assertEqual({}, self.mirror_counters())
@@ -586,6 +609,8 @@ class TestLazyExports(LazyExportTestCase):
         self.compare('nginx')
         self.assertEqual(0, sum(c['bytes-fetched']
                                 for c in self.mirror_counters().values()))
+        self.assertEqual(fetched + refetched,
+                         self.status()[0]['fetched']['bytes'])
 
 
 def _parse_qemu_io_dumps(out):

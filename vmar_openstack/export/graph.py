@@ -52,6 +52,12 @@ def b64id(image_id):
         uuid.UUID(image_id).bytes).decode().rstrip('=')
 
 
+def image_of(node):
+    """The image id of a node named by :func:`base_node` and its kin."""
+    b64 = node[2:24]
+    return str(uuid.UUID(bytes=base64.urlsafe_b64decode(b64 + '==')))
+
+
 def base_prefix(host_cache):
     return _BUFFERED if host_cache == 'base' else _DIRECT
 
@@ -120,6 +126,16 @@ def read_counters(mon):
         if n.get('drv') == 'vmar' and spec.get('type') == 'vmar':
             out[n['node-name']] = {k.replace('-', '_'): v
                                    for k, v in spec['data'].items()}
+    return out
+
+
+def mirror_fetched(mon):
+    """Image id -> bytes its ``vmar-mirror`` node fetched since it opened."""
+    out = {}
+    for n in mon.execute('query-named-block-nodes', {'flat': True}):
+        spec = (n.get('image') or {}).get('format-specific') or {}
+        if n.get('drv') == 'vmar-mirror' and spec.get('type') == 'vmar-mirror':
+            out[image_of(n['node-name'])] = spec['data']['bytes-fetched']
     return out
 
 

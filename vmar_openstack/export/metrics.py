@@ -59,7 +59,11 @@ class ExportCollector(prom_registry.Collector):
              lambda b: b.mirror_bytes),
             (core.GaugeMetricFamily, 'base_cached_bytes',
              'Bytes of a base file in the host page cache.', st.bases,
-             base_labels, lambda b: b.cached_bytes))
+             base_labels, lambda b: b.cached_bytes),
+            (core.CounterMetricFamily, 'base_fetched_bytes',
+             'Bytes of a base fetched from the store, whole copies and '
+             'mirror fills.', st.bases, base_labels,
+             lambda b: b.fetched_bytes))
         for family, name, doc, items, (labels, of), value in labelled:
             m = family('vmar_export_' + name, doc, labels=labels)
             for x in items:
@@ -67,8 +71,15 @@ class ExportCollector(prom_registry.Collector):
             yield m
         f = st.fetched
         yield core.CounterMetricFamily(
-            'vmar_export_fetched_bytes', 'Bytes of base files fetched.',
-            value=f.bytes)
+            'vmar_export_fetched_bytes', 'Bytes of base data fetched from '
+            'the store: whole copies and mirror fills.', value=f.bytes)
+        fetched = core.CounterMetricFamily(
+            'vmar_export_fetched_by_kind_bytes', 'Bytes of base data '
+            'fetched from the store, by kind (copy, fill).',
+            labels=['kind'])
+        fetched.add_metric(['copy'], f.copy_bytes)
+        fetched.add_metric(['fill'], f.fill_bytes)
+        yield fetched
         yield core.SummaryMetricFamily(
             'vmar_export_fetch_seconds', 'Time to fetch a base file.',
             count_value=f.count, sum_value=f.seconds)

@@ -51,6 +51,8 @@ class ExportService:
         self.unrestored = 0
         # set while the daemon runs with every export it could restore
         self.ready = threading.Event()
+        # base id -> bytes_fetched of its mirror node when last counted
+        self._fills_seen = {}
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
                 == os.path.realpath(c.host_dir)):
             # host_dir is pruned of unreferenced files: never the library
@@ -135,6 +137,10 @@ class ExportService:
         return out
 
     def _add_nodes(self, mon, exp, have):
+        for tid, _size in exp.targets:
+            if graph.base_node(tid, exp.host_cache) not in have:
+                # a new node's counters start at zero
+                self._fills_seen.pop(tid, None)
         graph.add_nodes(mon, exp, have, self.map_file, self.base_spec,
                         self.conf.vmar.read_gather_gap, self.fetch_nodes,
                         self._record_window)
@@ -315,6 +321,34 @@ class ExportService:
                     out.setdefault(h, []).append(e.name)
             return out
 
+    def _count_fills(self, state, mon):
+        """Add what mirror nodes fetched since the last count to ``state``.
+
+        Returns whether anything was added (the caller saves). What a node
+        fetched after the last count is lost if the daemon dies before
+        the next one: the supervisor counts every few seconds.
+        """
+        added = False
+        for base_id, n in graph.mirror_fetched(mon).items():
+            seen = self._fills_seen.get(base_id, 0)
+            if n < seen:        # reopened since: its counter started anew
+                seen = 0
+            if n > seen:
+                state.fetched.add_fill(base_id, n - seen)
+                added = True
+            self._fills_seen[base_id] = n
+        return added
+
+    def count_fills(self):
+        """Count mirror fills into the record (the supervisor's loop)."""
+        with export_state.State(self.host_dir) as state:
+            try:
+                with self.monitor(timeout=5) as mon:
+                    if self._count_fills(state, mon):
+                        state.save()
+            except exception.ExportDaemonDown:
+                pass
+
     def _drop(self, state, exports, holder):
         stale, gone = [], []
         for exp in exports:
@@ -327,6 +361,7 @@ class ExportService:
                 gone.append(exp)
         if gone:
             with self.monitor() as mon:
+                self._count_fills(state, mon)   # before nodes go
                 graph.del_names(mon, stale)
                 for exp in gone:
                     del state.exports[exp.name]
@@ -368,6 +403,8 @@ class ExportService:
                 with self.monitor(timeout=5) as mon:
                     live = graph.exported(mon)
                     counters = graph.read_counters(mon)
+                    if self._count_fills(state, mon):
+                        state.save()
             except exception.ExportDaemonDown:
                 live = counters = None
         if counters is not None:

@@ -63,17 +63,47 @@ class Export:
 
 @dataclasses.dataclass
 class Fetched:
-    """Every base file this host fetched, since its first export."""
+    """Every byte of base data this host fetched, since its first export.
+
+    Whole copies (``count`` of them, in ``seconds``) and mirror fills
+    alike: ``bytes`` is their sum, ``bases`` the bytes of each base
+    (image id -> bytes), which stay counted after the base is evicted.
+    """
     count: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    copy_bytes: int = 0
+    fill_bytes: int = 0
+    bases: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, raw):
+        """From ``exports.json``.
+
+        A record of before fills were counted holds copies alone.
+        """
+        fields = {f.name for f in dataclasses.fields(cls)}
+        out = cls(**{k: v for k, v in raw.items() if k in fields})
+        if 'copy_bytes' not in raw:
+            out.copy_bytes = out.bytes
+        return out
+
+    def _count(self, image_id, n):
+        self.bytes += n
+        self.bases[image_id] = self.bases.get(image_id, 0) + n
 
     def add(self, fetches):
         """Count :class:`vmar_openstack.export.hostdir.Fetch` records."""
         for f in fetches:
             self.count += 1
-            self.bytes += f.size
             self.seconds += f.seconds
+            self.copy_bytes += f.size
+            self._count(f.image_id, f.size)
+
+    def add_fill(self, image_id, n):
+        """Count ``n`` bytes a mirror of ``image_id`` fetched."""
+        self.fill_bytes += n
+        self._count(image_id, n)
 
 
 class State:
@@ -100,7 +130,7 @@ class State:
                                  targets=[tuple(t) for t in v['targets']]))
                    for v in raw['exports'].values()]
         self.exports = {e.name: e for e in exports}
-        self.fetched = Fetched(**raw.get('fetched', {}))
+        self.fetched = Fetched.from_record(raw.get('fetched', {}))
         return self
 
     def save(self):

@@ -2,9 +2,11 @@
 
 Per base file: its size, the bytes it takes on disk (its mirror), the bytes
 of it in the host page cache (``mincore``, through util-linux
-``fincore``), and the exports and holders that read it. Per export: its
-holders, whether the daemon serves it, and its read counters (the vmar
-driver's, since the daemon started), the base files fetched for it, and
+``fincore``), the bytes of it fetched from the store (whole copies and
+mirror fills, since the host's first export) and the exports and holders
+that read it. Per export: its holders, whether the daemon serves it, and
+its read counters (the vmar driver's, since the daemon started), the base
+files copied whole for it, the bytes fetched of the bases it reads, and
 whether its prefetch or its fill (:mod:`.prefetch`) is still queued.
 """
 
@@ -22,6 +24,7 @@ class BaseStatus:
     size: int
     mirror_bytes: int          # allocated on disk
     cached_bytes: int          # in the host page cache
+    fetched_bytes: int         # fetched from the store, copies and fills
     exports: list
     holders: list
 
@@ -39,8 +42,9 @@ class ExportStatus:
     bytes_zero: int
     target_reads: int
     errors: int
-    fetches: int
-    fetched_bytes: int
+    fetches: int               # base files copied whole for it
+    fetched_bytes: int         # fetched of the bases it reads (a base
+    #                            read by several exports counts in each)
     prefetch_queued: bool
     fill_due: object           # seconds since the epoch; None: none queued
 
@@ -86,7 +90,8 @@ def collect(service):
         out.append(ExportStatus(
             name, e.image_id, e.map_version, e.host_cache, list(e.holders),
             state, **{k: (c or {}).get(k, 0) for k in _COUNTERS},
-            fetches=e.fetches, fetched_bytes=e.fetched_bytes,
+            fetches=e.fetches,
+            fetched_bytes=sum(fetched.bases.get(t, 0) for t, _s in e.targets),
             prefetch_queued=name in prefetches, fill_due=fills.get(name)))
     paths = {b: service.base_file(b) for b in service.files.bases()}
     cached = _resident(list(paths.values()))
@@ -100,6 +105,7 @@ def collect(service):
                    if b in {t for t, _s in e.targets}]
         bases.append(BaseStatus(
             b, st.st_size, st.st_blocks * 512, cached.get(path, 0),
+            fetched.bases.get(b, 0),
             sorted(e.name for e in readers),
             sorted({h for e in readers for h in e.holders})))
     return HostStatus(service.socket, counters is not None, bases, out,

@@ -20,6 +20,10 @@ from vmar_openstack.export import prefetch
 
 LOG = logging.getLogger(__name__)
 
+# seconds between two counts of what the mirrors fetched (the bytes a
+# daemon that dies fetched since the last count go uncounted)
+FILL_COUNT_INTERVAL = 5
+
 
 class _Adopted:
     """A daemon this process did not start: poll it through /proc."""
@@ -174,7 +178,11 @@ class Supervisor:
                 continue
             self.service.ready.set()
             retry_at, retry_backoff = time.monotonic() + 0.5, 0.5
+            count_at = time.monotonic() + FILL_COUNT_INTERVAL
             while proc.poll() is None:
+                if time.monotonic() >= count_at:
+                    self.service.count_fills()
+                    count_at = time.monotonic() + FILL_COUNT_INTERVAL
                 if stopping or (stop_event and stop_event.is_set()):
                     self.service.ready.clear()
                     self.quit(proc)
