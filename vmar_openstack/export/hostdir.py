@@ -19,7 +19,6 @@ data is gone from the source; the image then has a ``.reader`` too.
 
 import collections
 import contextlib
-import fcntl
 import glob
 import json
 import os
@@ -28,6 +27,7 @@ import time
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack.export import locks
 from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate as alt_format
@@ -37,11 +37,10 @@ from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
-_MAPS, _BASES, _MIRRORS, _LOCKS = 'maps', 'bases', 'mirrors', 'locks'
+_MAPS, _BASES, _MIRRORS = 'maps', 'bases', 'mirrors'
 _BOOTSETS, _SENT = 'bootsets', '.sent'
-# per image: held exclusively while its base is fetched or its mirror made;
-# held shared by each export being prepared, exclusively while pruned
-_FETCH_LOCK, _USE_LOCK = '.fetch', '.use'
+# the lock files of releases before the host API (nothing takes them now)
+_OLD_LOCKS = 'locks'
 # the files of a mirror, in the order they are created; deleted in reverse
 _PRESENT, _READER, _DIGESTS = '.present', '.reader', '.digests'
 _ALT = '.alt.'
@@ -61,27 +60,23 @@ class HostDir:
         self.root = root
         self.source = source
         self.mirror_cache_bytes = mirror_cache_bytes
+        # per image: held while its base is fetched or its mirror made
+        self._fetch_locks = locks.Keyed()
+        # per image: held by each export being prepared, claimed by prune
+        self._uses = locks.Holds()
 
     def map_file(self, image_id, version):
         return os.path.join(self.root, _MAPS,
                             names.map_file(image_id, version))
 
     # locks: no host-wide lock is held across the map source's I/O
-    def _lock_file(self, image_id, kind):
-        d = os.path.join(self.root, _LOCKS)
-        os.makedirs(d, exist_ok=True)
-        return open(os.path.join(d, image_id + kind), 'a')
-
-    @contextlib.contextmanager
     def _fetching(self, image_id):
-        """While this process fetches a base or makes its mirror files.
+        """While this thread fetches a base or makes its mirror files.
 
         Concurrent misses of one base wait here for the first one's fetch,
         then find the files made.
         """
-        with self._lock_file(image_id, _FETCH_LOCK) as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            yield
+        return self._fetch_locks(image_id)
 
     def hold(self, image_id, stack):
         """Keep an image's map and base files until ``stack`` is closed.
@@ -89,24 +84,23 @@ class HostDir:
         :meth:`prune` leaves them alone meanwhile: an export being
         prepared outside the state lock holds the files it will read.
         """
-        fcntl.flock(stack.enter_context(self._lock_file(image_id,
-                                                        _USE_LOCK)),
-                    fcntl.LOCK_SH)
+        self._uses.hold(image_id, stack)
 
-    @contextlib.contextmanager
     def _claimed(self, image_id):
         """Whether the caller may delete an image's files now.
 
         True (held exclusively until the block ends) unless an export being
         prepared :meth:`hold` s them.
         """
-        with self._lock_file(image_id, _USE_LOCK) as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-            else:
-                yield True
+        return self._uses.claimed(image_id)
+
+    def drop_old_locks(self):
+        """Remove the lock files of releases before the host API."""
+        d = os.path.join(self.root, _OLD_LOCKS)
+        for name in os.listdir(d) if os.path.isdir(d) else ():
+            fileutils.unlink(os.path.join(d, name))
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
 
     def bootset_file(self, image_id):
         return os.path.join(self.root, _BOOTSETS,

@@ -2,8 +2,11 @@
 
 :class:`ExportService` keeps the record (:mod:`.state`), the files
 (:mod:`.hostdir`) and the daemon (:mod:`.graph`, over :mod:`.qmp`) in step.
-Each public operation runs under the state lock, so ``vmar-export`` and
-every ``vmar-nova-compute`` worker of a host can call it at once.
+It lives in ``vmar-export serve``, the one process that changes the
+host's exports; the host API (:mod:`.api`) calls it from a thread per
+connection. Each public operation runs under the state's in-process lock,
+and the map source's I/O for one image outside it, so many callers can be
+served at once.
 """
 
 import contextlib
@@ -26,6 +29,7 @@ from vmar_openstack.export import qmp
 from vmar_openstack.export import report as export_report
 from vmar_openstack.export import state as export_state
 from vmar_openstack.export import supervisor
+from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack import mapsource
@@ -501,6 +505,9 @@ class ExportService:
                       export_metrics.registry(self))
         reporter = export_report.start(self.conf, self.host_dir,
                                        self.recorded_bootsets)
+        # nobody takes the lock files of before the host API any more
+        self.files.drop_old_locks()
+        fileutils.unlink(os.path.join(self.host_dir, export_state.OLD_LOCK))
         server = api.ApiServer(self).start()
         try:
             supervisor.Supervisor(self).serve(stop_event, max_backoff)

@@ -1,15 +1,19 @@
 """The exports of a host, as recorded in ``<host_dir>/exports.json``.
 
 The file is the service's memory across daemon restarts: ``vmar-export
-serve`` restores every export it lists. It is rewritten whole (atomically)
-and only read or written under the exclusive lock ``exports.lock``.
+serve`` restores every export it lists. Only that daemon writes it
+(:mod:`vmar_openstack.hostapi`), whole and atomically, and its threads
+read and write it under one in-process lock per host directory; anyone
+else may read it and finds the last complete version.
 """
 
+import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 
+from vmar_openstack import exception
+from vmar_openstack.export import locks
 from vmar_openstack import fileutils
 from vmar_openstack import names
 
@@ -17,7 +21,10 @@ from vmar_openstack import names
 HOST_CACHE = names.HOST_CACHE
 
 _FILE = 'exports.json'
-_LOCK = 'exports.lock'
+# the lock file of releases before the host API (nothing takes it now)
+OLD_LOCK = 'exports.lock'
+# the daemon's threads take turns at a host directory's record
+_TURNS = locks.Keyed()
 
 
 @dataclasses.dataclass
@@ -107,31 +114,41 @@ class Fetched:
 
 
 class State:
-    """``exports.json`` under an exclusive lock while in use."""
+    """``exports.json``, this thread's alone while in use."""
 
     def __init__(self, host_dir):
         self.host_dir = host_dir
         self.path = os.path.join(host_dir, _FILE)
         self.exports = {}
         self.fetched = Fetched()
-        self._lockf = None
+        self._turn = None
 
     def __enter__(self):
         os.makedirs(self.host_dir, exist_ok=True)
-        self._lockf = open(os.path.join(self.host_dir, _LOCK), 'a')
-        fcntl.flock(self._lockf, fcntl.LOCK_EX)
+        self._turn = contextlib.ExitStack()
+        self._turn.enter_context(_TURNS(os.path.realpath(self.host_dir)))
+        try:
+            self._load()
+        except BaseException:
+            self._turn.close()
+            raise
+        return self
+
+    def _load(self):
         try:
             with open(self.path) as f:
                 raw = json.load(f)
         except FileNotFoundError:
             raw = {'exports': {}}
+        except ValueError as e:
+            raise exception.ExportError('%s is not JSON (%s): restore it '
+                                        'from a backup' % (self.path, e))
         fields = {f.name for f in dataclasses.fields(Export)}
         exports = [Export(**dict({k: x for k, x in v.items() if k in fields},
                                  targets=[tuple(t) for t in v['targets']]))
                    for v in raw['exports'].values()]
         self.exports = {e.name: e for e in exports}
         self.fetched = Fetched.from_record(raw.get('fetched', {}))
-        return self
 
     def save(self):
         data = {'exports': {k: dataclasses.asdict(v)
@@ -142,5 +159,4 @@ class State:
             data, indent=1, sort_keys=True).encode(), mode=0o600)
 
     def __exit__(self, *exc):
-        fcntl.flock(self._lockf, fcntl.LOCK_UN)
-        self._lockf.close()
+        self._turn.close()

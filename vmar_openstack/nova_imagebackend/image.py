@@ -169,8 +169,9 @@ class VmarImage(imagebackend.Image):
         holder = self.instance.uuid
         host_cache = self.policy['host_cache']
 
-        @lockutils.synchronized('vmar-' + holder, external=True,
-                                lock_path=self.lock_path)
+        # one nova-compute process per host: its threads take turns at an
+        # instance's overlay; the daemon keeps the exports consistent
+        @lockutils.synchronized('vmar-' + holder)
         def _provision():
             if os.path.exists(self.path):
                 # a reboot, a host restart, the overlay copied here by a
@@ -210,8 +211,7 @@ class VmarImage(imagebackend.Image):
                    CONF.vmar.export_socket))
         holder = self.instance.uuid
 
-        @lockutils.synchronized('vmar-' + holder, external=True,
-                                lock_path=self.lock_path)
+        @lockutils.synchronized('vmar-' + holder)
         def _adopt():
             exp = self._add(pin.image_id, self.policy['host_cache'], holder,
                             version=pin.version, key=pin.key)
