@@ -467,6 +467,80 @@ class TestPrivateExports(ExportTestCase):
         self.assertEqual(0, self.read(uris['vm2']).returncode)
 
 
+# one nova-compute worker: spawns and deletes for its own holders,
+# through the host API, as vmar-nova-compute does
+_WORKER = """
+import json, sys
+from oslo_config import cfg
+from vmar_openstack import conf as vmar_conf, hostapi
+conf = cfg.ConfigOpts()
+vmar_conf.register_opts(conf)
+conf(['--config-file', sys.argv[1]], project='vmar')
+client = hostapi.Client.from_conf(conf)
+worker, images = sys.argv[2], sys.argv[3:]
+kept = {}
+for i in range(24):
+    holder = '%s-%02d' % (worker, i)
+    exp = client.add(images[i % len(images)], holder=holder)
+    if i % 3:
+        client.release(holder)
+    else:
+        kept[holder] = exp['uri']
+print(json.dumps(kept))
+"""
+
+
+class TestConcurrentCallers(ExportTestCase):
+    """Many spawns and deletes at once, from several processes."""
+
+    def test_the_daemon_keeps_its_exports_consistent(self):
+        ids = [_id('many-%d' % n) for n in range(3)]
+        for n, image_id in enumerate(ids):
+            # each shares half its blocks with the one before
+            seeds = list(range(100 * n, 100 * n + 32)) + list(
+                range(100 * n + 1032, 100 * n + 1064))
+            self.lib.add(image_id, self.image('m%d.raw' % n, seeds),
+                         visibility='public')
+        self.serve()
+        workers = [subprocess.Popen(
+            [sys.executable, '-c', _WORKER, self.conf_file, 'w%d' % w]
+            + ids, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True) for w in range(6)]
+        kept = {}
+        for w in workers:
+            out, err = w.communicate(timeout=600)
+            self.assertEqual(0, w.returncode, err)
+            kept.update(json.loads(out))
+        self.assertEqual(6 * 8, len(kept))
+        # the record and the daemon agree, holder by holder
+        st, _bases, exports = self.status()
+        self.assertEqual(sorted(kept), sorted(
+            h for e in st['exports'] for h in e['holders']))
+        self.assertEqual(['up'] * 3, [e['state'] for e in st['exports']])
+        self.assertEqual(sorted(ids), sorted(exports))
+        # every kept holder reads its image through its own name
+        for holder, uri in sorted(kept.items())[::7]:
+            n = int(holder.split('-')[1]) % 3
+            r = subprocess.run(
+                [qemu_env.qemu_bin('qemu-img'), 'compare', '-f', 'raw',
+                 '-F', 'raw', uri, os.path.join(self.images, 'm%d.raw' % n)],
+                capture_output=True, text=True)
+            self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        # all released at once: nothing left, in the record or the daemon
+        releases = [subprocess.Popen(
+            [sys.executable, '-m', 'vmar_openstack.cmd.export',
+             '--config-file', self.conf_file, 'release', holder],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for holder in kept]
+        for r in releases:
+            self.assertEqual(0, r.wait(timeout=300), r.stderr.read())
+        st, bases, exports = self.status()
+        self.assertEqual(({}, {}), (bases, exports))
+        with self.svc.monitor() as mon:
+            self.assertEqual(set(), graph.exported(mon))
+            self.assertEqual(set(), graph.nodes(mon))
+
+
 class LazyExportTestCase(ExportTestCase):
     """base_fetch=lazy: bases are mirrors filled by what reads need."""
 
