@@ -60,7 +60,6 @@ def main():
     sock = os.path.join(work, 'nbd.sock')
     conf = bench_export.make_conf(os.path.join(work, 'state'),
                                   args.qemu_prefix, sock)
-    conf.set_override('map_source_dir', conf.vmar.state_dir, group='vmar')
     image_id = str(uuid.uuid4())
     ingest.Library(conf).add(image_id, args.image, visibility='public')
     svc = export.ExportService(conf)

@@ -311,11 +311,11 @@ class Host:
             sock = os.path.join(work, 'nbd.sock')
             conf = bench_coldhost.make_conf(os.path.join(work, 'host'),
                                             args.qemu_prefix, sock, 0)
-            conf.set_override('map_source_dir', lib_root, group='vmar')
+            conf.set_override('map_source_dir', lib_root, group='vmar_host')
             conf.set_override('base_fetch', 'full' if config == 'vmar-full'
-                              else 'lazy', group='vmar')
+                              else 'lazy', group='vmar_host')
             conf.set_override('prefetch', config == 'vmar-lazy-pf',
-                              group='vmar')
+                              group='vmar_host')
             self.svc = export.ExportService(
                 conf, source=StoreSource(lib_root, self.store, cgroup))
             self.sup = supervisor.Supervisor(self.svc)

@@ -27,7 +27,7 @@ blocks the boots read (``lazy-0`` fetches exactly the distinct blocks read,
 so its bytes are that limit); seconds from the start (stock: the copy;
 lazy: ``export add``) to ``VMAR-BOOTED``, against stock's.
 
-* ``lazy-pf-<R>``: ``lazy-<R>`` with ``[vmar] prefetch`` on: when an
+* ``lazy-pf-<R>``: ``lazy-<R>`` with ``[vmar_host] prefetch`` on: when an
   image's export is added, the boot working set the library found in the
   image at ingest (introspected) is read into the mirrors in large sorted
   reads (a thread here does what ``vmar-export serve`` does), beside the
@@ -187,8 +187,8 @@ class RbdStore:
         pconf = cfg.ConfigOpts()
         vmar_conf.register_opts(pconf)
         pconf(['--config-file', self.conf_file], project='vmar')
-        pconf.set_override('base_fetch', 'lazy', group='vmar')
-        pconf.set_override('host_dir', host_dir, group='vmar')
+        pconf.set_override('base_fetch', 'lazy', group='vmar_host')
+        pconf.set_override('host_dir', host_dir, group='vmar_host')
         os.makedirs(host_dir, exist_ok=True)
         cmd, sock, env = gsource.GlanceSource(pconf).fetcher_command()
         log = open(os.path.join(host_dir, 'fetch.log'), 'ab')
@@ -231,8 +231,8 @@ def _stats_bytes(line):
 def make_conf(state, prefix, sock, readahead):
     """bench_export's configuration, with lazy mirrors."""
     conf = bench_export.make_conf(state, prefix, sock)
-    conf.set_override('base_fetch', 'lazy', group='vmar')
-    conf.set_override('mirror_readahead', readahead, group='vmar')
+    conf.set_override('base_fetch', 'lazy', group='vmar_host')
+    conf.set_override('mirror_readahead', readahead, group='vmar_host')
     return conf
 
 
@@ -307,12 +307,12 @@ def run_lazy(args, work, lib_root, ids, readahead, fmt='raw',
     host = os.path.join(work, 'host')
     sock = os.path.join(work, 'nbd.sock')
     conf = make_conf(host, args.qemu_prefix, sock, readahead)
-    conf.set_override('map_source_dir', lib_root, group='vmar')
-    conf.set_override('prefetch', prefetch, group='vmar')
+    conf.set_override('map_source_dir', lib_root, group='vmar_host')
+    conf.set_override('prefetch', prefetch, group='vmar_host')
     conf.set_override('bootset_record_window', 3600 if record else 0,
-                      group='vmar')
+                      group='vmar_host')
     if args.prefetch_gap is not None:
-        conf.set_override('prefetch_gap', args.prefetch_gap, group='vmar')
+        conf.set_override('prefetch_gap', args.prefetch_gap, group='vmar_host')
     if rbd_store is None:
         store_dir = os.path.join(lib_root, 'bases' if fmt == 'raw' else fmt)
         store = Store(work, store_dir, args.rate, args.delay)
@@ -377,7 +377,7 @@ def main():
                    help='also lazy with prefetch, with these read-aheads '
                         '("" for none)')
     p.add_argument('--prefetch-gap', type=int,
-                   help='[vmar] prefetch_gap of the prefetching configs '
+                   help='[vmar_host] prefetch_gap of the prefetching configs '
                         '(default: the option\'s default)')
     p.add_argument('--record-readaheads', default='65536',
                    help='also record each boot\'s working set, then boot '

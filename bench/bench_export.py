@@ -54,19 +54,23 @@ def make_conf(state, prefix, sock):
     vmar_conf.register_opts(conf)
     conf([], project='vmar', default_config_files=[])
     conf.set_override('state_dir', state, group='vmar')
-    conf.set_override('export_socket', sock, group='vmar')
+    # the bench's own host, reading its own library
+    conf.set_override('host_dir', os.path.join(state, 'host'),
+                      group='vmar_host')
+    conf.set_override('map_source_dir', state, group='vmar_host')
+    conf.set_override('export_socket', sock, group='vmar_host')
     conf.set_override('qemu_storage_daemon',
                       os.path.join(prefix, 'bin', 'qemu-storage-daemon'),
-                      group='vmar')
+                      group='vmar_host')
     conf.set_override('connection', 'sqlite:///%s/vmar.sqlite' % state,
                       group='vmar_database')
     # the driver against whole local bases: no mirrors, nothing fetched or
     # recorded (bench_coldhost.py measures those)
-    conf.set_override('base_fetch', 'full', group='vmar')
-    conf.set_override('prefetch', False, group='vmar')
-    conf.set_override('bootset_record_window', 0, group='vmar')
+    conf.set_override('base_fetch', 'full', group='vmar_host')
+    conf.set_override('prefetch', False, group='vmar_host')
+    conf.set_override('bootset_record_window', 0, group='vmar_host')
     # and no background fill: a bench measures what its reads fetch
-    conf.set_override('fill', False, group='vmar')
+    conf.set_override('fill', False, group='vmar_host')
     migration.upgrade('head', conf=conf)
     return conf
 
@@ -119,9 +123,8 @@ def main():
     stats = os.path.join(work, 'stats.jsonl')
     os.environ['VMAR_STATS_FILE'] = stats
     conf = make_conf(os.path.join(work, 'state'), args.qemu_prefix, sock)
-    conf.set_override('map_source_dir', conf.vmar.state_dir, group='vmar')
-    conf.set_override('base_aio', args.aio, group='vmar')
-    conf.set_override('read_gather_gap', args.gather_gap, group='vmar')
+    conf.set_override('base_aio', args.aio, group='vmar_host')
+    conf.set_override('read_gather_gap', args.gather_gap, group='vmar_host')
     knob = pagecache.readahead_knob(work)
     with pagecache.readahead(knob, args.readahead_kb) as machine_ra:
         return run(args, work, conf, sock, stats, machine_ra)
@@ -219,7 +222,7 @@ def run(args, work, conf, sock, stats, machine_ra):
     map_path = svc.map_file(second, 1)
     spec = json.dumps({'driver': 'vmar', 'file': {
         'driver': 'file', 'filename': map_path},
-        'base-dir': os.path.join(conf.vmar.host_dir, 'bases')})
+        'base-dir': os.path.join(conf.vmar_host.host_dir, 'bases')})
     for _ in range(2):
         inproc_v = qemu_img_bench(args.qemu_prefix, 'json:' + spec, size)
         inproc_r = qemu_img_bench(args.qemu_prefix, svc.base_file(second),

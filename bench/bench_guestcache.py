@@ -452,7 +452,6 @@ def main():
         sock = os.path.join(work, 'nbd.sock')
         conf = bench_export.make_conf(os.path.join(work, 'state'),
                                       args.qemu_prefix, sock)
-        conf.set_override('map_source_dir', conf.vmar.state_dir, group='vmar')
         lib = ingest.Library(conf)
         ids = {}
         for n in names:

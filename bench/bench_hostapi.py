@@ -94,7 +94,6 @@ def main():
 def run(args, work):
     sock = os.path.join(work, 'nbd.sock')
     conf = make_conf(os.path.join(work, 'state'), args.qemu_prefix, sock)
-    conf.set_override('map_source_dir', conf.vmar.state_dir, group='vmar')
     image_id = str(uuid.uuid4())
     ingest.Library(conf).add(image_id, args.image, visibility='public')
     svc = export.ExportService(conf)

@@ -53,6 +53,11 @@ class LibraryTestCase(testtools.TestCase):
         self.conf([], project='vmar', default_config_files=[])
         self.conf.set_override('state_dir', self.tmp, group='vmar')
         self.conf.set_override('hash_workers', 2, group='vmar')
+        # a host of the test's own, reading this library
+        self.conf.set_override('host_dir', os.path.join(self.tmp, 'host'),
+                               group='vmar_host')
+        self.conf.set_override('map_source_dir', self.tmp,
+                               group='vmar_host')
         self.conf.set_override('connection', self.database_url(),
                                group='vmar_database')
         migration.upgrade('head', conf=self.conf)
@@ -62,15 +67,22 @@ class LibraryTestCase(testtools.TestCase):
         self.images = os.path.join(self.tmp, 'src')
         os.makedirs(self.images)
 
-    def write_conf_file(self, vmar_extra='', connection=None):
-        """A config file for the console scripts, naming this library."""
+    def write_conf_file(self, vmar_extra='', connection=None,
+                        host_extra=''):
+        """A config file for the console scripts, naming this library.
+
+        Its host (``[vmar_host]``) is the test's own, reading the library.
+        """
         path = os.path.join(self.tmp, 'vmar.conf')
         with open(path, 'w') as f:
             f.write('[DEFAULT]\nlog_file = %s/cli.log\n'
                     '[vmar]\nstate_dir = %s\n%s'
                     '[vmar_database]\nconnection = %s\n'
+                    '[vmar_host]\nhost_dir = %s\nmap_source_dir = %s\n%s'
                     % (self.tmp, self.tmp, vmar_extra,
-                       connection or self.conf.vmar_database.connection))
+                       connection or self.conf.vmar_database.connection,
+                       self.conf.vmar_host.host_dir,
+                       self.conf.vmar_host.map_source_dir, host_extra))
         return path
 
     def image(self, name, seeds, tail=b''):

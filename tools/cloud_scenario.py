@@ -526,7 +526,7 @@ class UserPath(Scenario):
         left = str(uuid.uuid4())
         out = subprocess.run(
             [self.cloud.bin('vmar-export'), '--config-file',
-             self.cloud.etc('vmar', 'vmar.conf'), 'add', image_id,
+             self.cloud.etc('vmar', 'vmar-export.conf'), 'add', image_id,
              '--map-version', str(version), '--host-cache', host_cache,
              '--holder', left], capture_output=True, text=True,
             stdin=subprocess.DEVNULL, timeout=120)
@@ -705,7 +705,7 @@ class UserPath(Scenario):
         def clean():
             left = [f for d in library if os.path.isdir(d)
                     for f in os.listdir(d)]
-            # mirrors stay, unreferenced, up to [vmar] mirror_cache_gb
+            # mirrors stay, unreferenced, up to [vmar_host] mirror_cache_gb
             return (not self.map_images() and not left
                     and not self._vmar_files(('maps', 'bases', 'bootsets')))
         self.wait('maps and bases to go', clean, timeout=300)

@@ -4,7 +4,7 @@
 ``run`` takes a library that ``vmar-manage`` has ingested (its config file)
 and the patched QEMU (``qemu/build.sh`` prints its prefix), and:
 
-1. writes ``vmar-host.conf`` into the library's state dir (``[vmar]
+1. writes ``vmar-host.conf`` into the library's state dir (``[vmar_host]
    host_dir = <state>/host``, emptied first; ``map_source = dir`` reading
    the library, ``base_fetch = full``; ``export_socket``;
    ``qemu_storage_daemon`` from the prefix) and starts ``vmar-export
@@ -247,7 +247,7 @@ class HostSide:
         os.makedirs(self.host_dir, exist_ok=True)
         with open(self.conf_file, 'w') as f:
             f.write('[DEFAULT]\nlog_file = %s\n\n'
-                    '[vmar]\nhost_dir = %s\nexport_socket = %s\n'
+                    '[vmar_host]\nhost_dir = %s\nexport_socket = %s\n'
                     'qemu_storage_daemon = %s\n'
                     'map_source = dir\nmap_source_dir = %s\n'
                     # the library is on this disk: whole bases, whose page

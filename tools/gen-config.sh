@@ -6,6 +6,7 @@ TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"
 status=0
 for gen in etc/vmar/vmar-config-generator.conf \
+        etc/vmar/vmar-export-generator.conf \
         etc/vmar/nova-vmar-generator.conf \
         etc/vmar/vmar-agent-generator.conf \
         etc/vmar/nova-scheduler-vmar-generator.conf \

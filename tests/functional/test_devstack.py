@@ -70,8 +70,8 @@ ignore_user_roles = admin
 
 
 def map_source():
-    """The plugin's map source, while [vmar] map_source lacks "glance"."""
-    opt = [o for o in vmar_conf.vmar.ALL_OPTS if o.name == 'map_source'][0]
+    """The plugin's map source, while [vmar_host] map_source lacks "glance"."""
+    opt = [o for o in vmar_conf.host.ALL_OPTS if o.name == 'map_source'][0]
     return 'glance' if 'glance' in opt.type.choices else 'dir'
 
 
@@ -124,6 +124,8 @@ class DevstackTestCase(testtools.TestCase):
         self.records = os.path.join(self.root, 'shim')
         self.vmar_conf_dir = os.path.join(etc, 'vmar')
         self.vmar_conf = os.path.join(self.vmar_conf_dir, 'vmar.conf')
+        self.export_conf = os.path.join(self.vmar_conf_dir,
+                                        'vmar-export.conf')
         self.state_dir = os.path.join(self.dest, 'data', 'vmar')
         self.host_dir = os.path.join(self.state_dir, 'host')
         self.db_file = os.path.join(self.root, 'databases', 'vmar.sqlite')
@@ -315,30 +317,43 @@ class TestDevstackPlugin(DevstackTestCase):
             'region_name': 'RegionOne',
         }
         host = {
-            'state_dir': self.state_dir,
             'host_dir': self.host_dir,
             'export_socket': self.sock,
+            'export_socket_group': SOCKET_GROUP,
             'map_source': map_source(),
+            'map_source_dir': self.state_dir,
             'qemu_storage_daemon': qsd,
         }
 
+        # the library's file: vmar-agent and vmar-manage
         conf = ini(self.vmar_conf)
         self.assertEqual(rabbit, conf['DEFAULT']['transport_url'])
         self.assertEqual(rabbit,
                          conf['oslo_messaging_notifications']['transport_url'])
-        self.assertEqual(dict(host, export_socket_group=SOCKET_GROUP),
-                         dict(conf['vmar']))
+        self.assertEqual({'state_dir': self.state_dir}, dict(conf['vmar']))
         self.assertEqual(db_url, conf['vmar_database']['connection'])
         self.assertEqual(glance_auth, dict(conf['vmar_glance']))
+        self.assertNotIn('vmar_host', conf.sections())
+        # the export daemon's own: the host, and its Glance access
+        export_conf = ini(self.export_conf)
+        self.assertEqual(rabbit, export_conf['DEFAULT']['transport_url'])
+        self.assertEqual(host, dict(export_conf['vmar_host']))
+        self.assertEqual(glance_auth, dict(export_conf['vmar_glance']))
+        self.assertEqual({'DEFAULT', 'vmar_host', 'vmar_glance'},
+                         set(export_conf.sections()))
         self.assertTrue(os.access(qsd, os.X_OK))
 
-        # oslo.config reads it, with the project's own options
+        # oslo.config reads them, with the project's own options
+        cfg_conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(cfg_conf)
+        cfg_conf(['--config-file', self.export_conf], project='vmar',
+                 default_config_files=[])
+        self.assertEqual(self.sock, cfg_conf.vmar_host.export_socket)
+        self.assertEqual(map_source(), cfg_conf.vmar_host.map_source)
         cfg_conf = cfg.ConfigOpts()
         vmar_conf.register_opts(cfg_conf)
         cfg_conf(['--config-file', self.vmar_conf], project='vmar',
                  default_config_files=[])
-        self.assertEqual(self.sock, cfg_conf.vmar.export_socket)
-        self.assertEqual(map_source(), cfg_conf.vmar.map_source)
         self.assertEqual(db_url, cfg_conf.vmar_database.connection)
 
         # the database: every table of the models, at a known revision
@@ -369,10 +384,13 @@ class TestDevstackPlugin(DevstackTestCase):
         self.assertEqual('admin', imp['inject_metadata_properties'][
             'ignore_user_roles'])
 
-        # Nova: NOVA_CONF only
+        # Nova: NOVA_CONF only, and no credentials of vmar's in it
         nova = ini(self.nova_conf)
-        self.assertEqual(host, dict(nova['vmar']))
-        self.assertEqual(glance_auth, dict(nova['vmar_glance']))
+        self.assertEqual({'api_socket': os.path.join(self.sock_dir,
+                                                     'api.sock')},
+                         dict(nova['vmar_compute']))
+        self.assertNotIn('vmar', nova.sections())
+        self.assertNotIn('vmar_glance', nova.sections())
         self.assertEqual('qemu', nova['libvirt']['virt_type'])
         self.assertEqual(NOVA_CPU_CONF, read(self.nova_cpu_conf))
 
@@ -392,7 +410,7 @@ class TestDevstackPlugin(DevstackTestCase):
         self.assertEqual('0', uid)
         self.assertEqual(
             {'command': '%s/vmar-export --config-file %s serve'
-                        % (BIN_DIR, self.vmar_conf),
+                        % (BIN_DIR, self.export_conf),
              'group': '', 'user': 'root', 'env': ''},
             self.service_cmd('vmar-export'))
         self.assertTrue(alive(int(read(os.path.join(self.host_dir,
@@ -498,8 +516,9 @@ class TestDevstackPlugin(DevstackTestCase):
         controller_db_intact()
         conf = ini(os.path.join(env['VMAR_CONF_DIR'], 'vmar.conf'))
         self.assertNotIn('vmar_database', conf.sections())
-        self.assertEqual(host_dir, conf['vmar']['host_dir'])
-        self.assertEqual(host_dir, ini(env['NOVA_CONF'])['vmar']['host_dir'])
+        conf = ini(os.path.join(env['VMAR_CONF_DIR'], 'vmar-export.conf'))
+        self.assertEqual(host_dir, conf['vmar_host']['host_dir'])
+        self.assertNotIn('vmar_host', ini(env['NOVA_CONF']).sections())
         status = os.path.join(root, 'opt', 'stack', 'status')
         self.assertFalse(os.path.exists(os.path.join(status,
                                                      'vmar-agent.cmd')))

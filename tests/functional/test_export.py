@@ -57,17 +57,18 @@ class ExportTestCase(base.LibraryTestCase):
         os.chmod('/run/vmar-test', 0o755)
         os.chmod(self.sock_dir, 0o755)
         self.sock = os.path.join(self.sock_dir, 'nbd.sock')
-        self.conf_file = self.write_conf_file(
+        self.conf_file = self.write_conf_file(host_extra=(
             'export_socket = %s\nqemu_storage_daemon = %s\nbase_fetch = %s\n'
             'prefetch = false\n%s'
             % (self.sock, qemu_env.qemu_bin('qemu-storage-daemon'),
-               self.base_fetch, self.extra_conf()))
-        self.conf.set_override('base_fetch', self.base_fetch, group='vmar')
-        self.conf.set_override('prefetch', False, group='vmar')
-        self.conf.set_override('export_socket', self.sock, group='vmar')
+               self.base_fetch, self.extra_conf())))
+        self.conf.set_override('base_fetch', self.base_fetch,
+                               group='vmar_host')
+        self.conf.set_override('prefetch', False, group='vmar_host')
+        self.conf.set_override('export_socket', self.sock, group='vmar_host')
         self.conf.set_override('qemu_storage_daemon',
                                qemu_env.qemu_bin('qemu-storage-daemon'),
-                               group='vmar')
+                               group='vmar_host')
         self.svc = export.ExportService(self.conf)
 
     def extra_conf(self):
@@ -100,7 +101,7 @@ class ExportTestCase(base.LibraryTestCase):
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-        pid_file = os.path.join(self.conf.vmar.host_dir, 'qsd.pid')
+        pid_file = os.path.join(self.conf.vmar_host.host_dir, 'qsd.pid')
         try:
             with open(pid_file) as f:
                 os.kill(int(f.read()), signal.SIGKILL)
@@ -122,7 +123,7 @@ class ExportTestCase(base.LibraryTestCase):
         return vnames.nbd_uri(mine[0].holder_name(holder), self.sock)
 
     def qsd_pid(self):
-        with open(os.path.join(self.conf.vmar.host_dir, 'qsd.pid')) as f:
+        with open(os.path.join(self.conf.vmar_host.host_dir, 'qsd.pid')) as f:
             return int(f.read())
 
 
@@ -285,7 +286,7 @@ class TestHostStatus(ExportTestCase):
 
     def extra_conf(self):
         self.metrics_port = glance_env.free_port()
-        return '[vmar_metrics]\nexport_port = %d\n' % self.metrics_port
+        return 'metrics_port = %d\n' % self.metrics_port
 
     def status(self):
         r = self.export_cli('status', '--json')
@@ -427,7 +428,8 @@ class TestPrivateExports(ExportTestCase):
         self.assertEqual(0, r.returncode, r.stderr)
         self.assertIn('exports available: 0', r.stdout)
         # the keys are secrets: the record is root's alone
-        st = os.stat(os.path.join(self.conf.vmar.host_dir, 'exports.json'))
+        st = os.stat(os.path.join(self.conf.vmar_host.host_dir,
+                                  'exports.json'))
         self.assertEqual(0o600, st.st_mode & 0o777)
         # vm1 goes: its name with it; vm2 still reads
         r = self.export_cli('remove', a, '--holder', 'vm1')
@@ -580,7 +582,7 @@ class TestLazyExports(LazyExportTestCase):
                    for t, _s in e.targets}
         self.assertEqual({_id(n) for n in ('minbase', 'python3', 'nginx')},
                          targets)
-        host = self.conf.vmar.host_dir
+        host = self.conf.vmar_host.host_dir
         # nothing was copied whole; every base is an empty mirror
         self.assertEqual([], os.listdir(os.path.join(host, 'bases'))
                          if os.path.isdir(os.path.join(host, 'bases'))
@@ -721,7 +723,7 @@ class TestFill(LazyExportTestCase):
         self.serve()
         r = self.export_cli('add', _id('nginx'))
         self.assertEqual(0, r.returncode, r.stderr)
-        queue = prefetch.fill_dir(self.conf.vmar.host_dir)
+        queue = prefetch.fill_dir(self.conf.vmar_host.host_dir)
         deadline = time.monotonic() + 300
         while os.listdir(queue):
             self.assertLess(time.monotonic(), deadline, 'the fill')

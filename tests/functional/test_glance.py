@@ -156,7 +156,7 @@ class GlanceTestCase(testtools.TestCase):
         return ()
 
     def host_config(self):
-        """Sections of a lazy host's configuration besides [vmar]."""
+        """Sections of a lazy host's configuration besides [vmar_host]."""
         return {}
 
     @classmethod
@@ -324,12 +324,12 @@ class GlanceTestCase(testtools.TestCase):
                   if report else {})
         glance_env.write_conf(conf_file, {
             'DEFAULT': {'debug': 'true', **notify},
-            'vmar': {'host_dir': host, 'map_source': 'glance',
-                     'report_interval': '1' if report else '0',
-                     'base_fetch': 'lazy', 'mirror_readahead': '0',
-                     'fetch_retries': '1', 'export_socket': sock,
-                     'qemu_storage_daemon': qemu_env.qemu_bin(
-                         'qemu-storage-daemon'), **vmar_opts},
+            'vmar_host': {'host_dir': host, 'map_source': 'glance',
+                          'report_interval': '1' if report else '0',
+                          'base_fetch': 'lazy', 'mirror_readahead': '0',
+                          'fetch_retries': '1', 'export_socket': sock,
+                          'qemu_storage_daemon': qemu_env.qemu_bin(
+                              'qemu-storage-daemon'), **vmar_opts},
             'vmar_glance': {'auth_type': 'none', 'endpoint': proxy.url,
                             'endpoint_override': proxy.url},
             **self.host_config()})
@@ -966,8 +966,8 @@ class TestGlance(GlanceTestCase):
         """A compute host: vmar-export serve reading this Glance.
 
         It reports its exports every second. Returns a function running
-        vmar-export commands on that host. ``vmar``: more of its [vmar]
-        options.
+        vmar-export commands on that host. ``vmar``: more of its
+        [vmar_host] options.
         """
         d = os.path.join(self.tmp, name)
         os.makedirs(d)
@@ -977,12 +977,13 @@ class TestGlance(GlanceTestCase):
         conf = os.path.join(d, 'vmar.conf')
         glance_env.write_conf(conf, {
             'DEFAULT': {'transport_url': self.rabbit.transport_url},
-            'vmar': {'state_dir': d, 'host': name, 'report_interval': '1',
-                     'map_source': 'glance',
-                     'export_socket': os.path.join(sock_dir, 'nbd.sock'),
-                     'qemu_storage_daemon':
-                         qemu_env.qemu_bin('qemu-storage-daemon'),
-                     **vmar},
+            'vmar_host': {'host_dir': os.path.join(d, 'host'), 'host': name,
+                          'report_interval': '1', 'map_source': 'glance',
+                          'export_socket': os.path.join(sock_dir,
+                                                        'nbd.sock'),
+                          'qemu_storage_daemon':
+                              qemu_env.qemu_bin('qemu-storage-daemon'),
+                          **vmar},
             'vmar_glance': {'auth_type': 'none',
                             'endpoint': self.glance.endpoint,
                             'endpoint_override': self.glance.endpoint}})
@@ -1228,7 +1229,7 @@ class LazyGuestsTestCase(GlanceTestCase):
         for i in (self.ia, self.ib):
             self.wait_digests(i)
         self.host, cmd, self.proxy = self.lazy_host(
-            export_socket_group='libvirt-qemu', resume_interval='1')
+            export_socket_group='libvirt-qemu')
         self.uri = self.lazy_add(cmd, self.ib, vb)
         self.overlay = os.path.join(self.tmp, 'disk.qcow2')
         subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'create', '-q', '-f',
@@ -1246,8 +1247,8 @@ class LazyGuestsTestCase(GlanceTestCase):
         conf = cfg.ConfigOpts()
         vmar_conf.register_opts(conf)
         conf(['--config-file', self.lazy_conf_file], project='vmar')
-        resumer = resume.Resumer(hostapi.Client.from_conf(conf), libvirt,
-                                 conf.vmar.export_socket)
+        resumer = resume.Resumer(hostapi.Client.from_host_conf(conf),
+                                 libvirt)
         conn = libvirt.open('qemu:///system')
         stop = threading.Event()
 

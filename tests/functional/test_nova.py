@@ -60,12 +60,9 @@ class NovaTestCase(test_export.ExportTestCase):
         self.instances = os.path.join(self.tmp, 'instances')
         fx.config(instances_path=self.instances)
         fx.config(virt_type='qemu', group='libvirt')
-        c = self.conf.vmar
-        fx.config(host_dir=c.host_dir, map_source_dir=c.map_source_dir,
-                  export_socket=self.sock, qemu_img=qemu_env.SYSTEM_QEMU_IMG,
-                  export_socket_group='libvirt-qemu',
-                  base_fetch=c.base_fetch, prefetch=c.prefetch,
-                  group='vmar')
+        # nova-compute's own: the API socket of this test's daemon
+        fx.config(api_socket=os.path.join(self.sock_dir, 'api.sock'),
+                  qemu_img=qemu_env.SYSTEM_QEMU_IMG, group='vmar_compute')
         hooks.register()
         self.addCleanup(hooks.unregister)
         self.backend = imagebackend.Backend(use_cow=True)
@@ -213,7 +210,7 @@ class TestNovaBackend(NovaTestCase):
         # the canonical image goes (Glance delete): B's map is regenerated
         self.lib.delete(self.a)
         self.assertFalse(os.path.exists(os.path.join(
-            self.conf.vmar.map_source_dir, 'bases', self.a)))
+            self.conf.vmar_host.map_source_dir, 'bases', self.a)))
         # a new instance of B gets the new map, next to the old one
         inst2 = self.instance(self.b)
         self.provision(inst2)

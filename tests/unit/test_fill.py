@@ -23,7 +23,7 @@ class TestFillQueue(testtools.TestCase):
     def setUp(self):
         super().setUp()
         self.host = self.useFixture(fixtures.TempDir()).path
-        self.conf = types.SimpleNamespace(vmar=types.SimpleNamespace(
+        self.conf = types.SimpleNamespace(vmar_host=types.SimpleNamespace(
             fill=True, fill_delay=0))
         self.svc = types.SimpleNamespace(conf=self.conf, host_dir=self.host)
         self.pf = prefetch.Prefetcher(self.svc)
@@ -79,7 +79,7 @@ class TestFillQueue(testtools.TestCase):
 
     def test_no_fill_starts_while_fill_is_off(self):
         self.pf.fill = self.fill
-        self.conf.vmar.fill = False
+        self.conf.vmar_host.fill = False
         prefetch.request_fill(self.host, self.name, 0)
         path = os.path.join(prefetch.fill_dir(self.host), self.name)
         os.utime(path, (time.time() - 1, time.time() - 1))

@@ -91,12 +91,13 @@ class ApiTestCase(testtools.TestCase):
         vmar_conf.register_opts(self.conf)
         self.conf([], project='vmar')
         self.conf.set_override('export_socket',
-                               os.path.join(self.tmp, 'nbd.sock'), 'vmar')
-        self.conf.set_override('api_socket_group', self.group, 'vmar')
-        self.service = Service(self.conf, self.conf.vmar.export_socket)
+                               os.path.join(self.tmp, 'nbd.sock'),
+                               'vmar_host')
+        self.conf.set_override('api_socket_group', self.group, 'vmar_host')
+        self.service = Service(self.conf, self.conf.vmar_host.export_socket)
         self.server = api.ApiServer(self.service).start()
         self.addCleanup(self.server.stop)
-        self.client = hostapi.Client.from_conf(self.conf)
+        self.client = hostapi.Client.from_host_conf(self.conf)
 
 
 class TestCalls(ApiTestCase):
@@ -110,7 +111,8 @@ class TestCalls(ApiTestCase):
     def test_hello_names_the_versions_and_the_nbd_socket(self):
         hello = self.client.hello()
         self.assertEqual([1], hello['versions'])
-        self.assertEqual(self.conf.vmar.export_socket, hello['nbd_socket'])
+        self.assertEqual(self.conf.vmar_host.export_socket,
+                         hello['nbd_socket'])
         self.assertEqual(os.getpid(), hello['pid'])
 
     def test_add_returns_the_holders_uri_and_no_other_key(self):
@@ -118,7 +120,7 @@ class TestCalls(ApiTestCase):
         exp = self.client.add(IMAGE, holder=HOLDER, version=1,
                               key='e' * 32)
         self.assertEqual('nbd+unix:///%s.1.%s?socket=%s' % (
-            IMAGE, 'e' * 32, self.conf.vmar.export_socket), exp['uri'])
+            IMAGE, 'e' * 32, self.conf.vmar_host.export_socket), exp['uri'])
         self.assertEqual(1 << 30, exp['virtual_size'])
         self.assertEqual(['other', HOLDER], exp['holders'])
         # the keys are secrets of their holders: never listed

@@ -94,7 +94,7 @@ class TestBaseReader(testtools.TestCase):
             self.reads.append((image_id, offset, length))
             return self.head[offset:offset + length]
         conf = types.SimpleNamespace(
-            vmar=types.SimpleNamespace(host_dir='/h'),
+            vmar_host=types.SimpleNamespace(host_dir='/h'),
             vmar_rbd=types.SimpleNamespace(ceph_conf=None))
         self.source = gsource.GlanceSource(conf, glance=types.SimpleNamespace(
             images=types.SimpleNamespace(get=lambda i: dict(self.meta))))

@@ -104,7 +104,7 @@ class TestBaseReaderChoosesRbd(testtools.TestCase):
                      'size': 8192,
                      'direct_url': 'rbd://%s/images/%s/snap' % (FSID, ID)}
         self.conf = types.SimpleNamespace(
-            vmar=types.SimpleNamespace(host_dir='/h'),
+            vmar_host=types.SimpleNamespace(host_dir='/h'),
             vmar_rbd=types.SimpleNamespace(ceph_conf=self.ceph_conf))
         self.source = gsource.GlanceSource(
             self.conf, glance=types.SimpleNamespace(

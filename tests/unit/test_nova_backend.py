@@ -49,6 +49,13 @@ def added(image_id, version, uri=None, virtual_size=1 << 20):
             'virtual_size': virtual_size}
 
 
+def client():
+    """A host API client that answers only what a test tells it."""
+    exports = mock.Mock(spec=hostapi.Client)
+    exports.nbd_socket.return_value = SOCK
+    return exports
+
+
 VMAR = {'vmar:enabled': 'true'}
 MAPPING = {'bus': 'virtio', 'dev': 'vda', 'type': 'disk'}
 
@@ -60,8 +67,9 @@ class BackendTestCase(testtools.TestCase):
         self.tmp = self.useFixture(fixtures.TempDir()).path
         self.cfg = self.useFixture(config_fixture.Config(cfg.CONF))
         self.cfg.config(instances_path=self.tmp)
-        self.cfg.config(export_socket=SOCK, host_dir=self.tmp + '/host',
-                        map_source_dir=self.tmp + '/lib', group='vmar')
+        # the daemon's NBD socket, as its hello would name it
+        self.useFixture(fixtures.MockPatchObject(
+            hostapi.Client, 'nbd_socket', return_value=SOCK))
         hooks.register()
         self.addCleanup(hooks.unregister)
         self.backend = imagebackend.Backend(use_cow=True)
@@ -306,7 +314,7 @@ class TestMoves(BackendTestCase):
         super().setUp()
         self.drv = mock.MagicMock(spec=libvirt_driver.LibvirtDriver)
         self.D = libvirt_driver.LibvirtDriver
-        self.exports = mock.Mock(spec=hostapi.Client)
+        self.exports = client()
         self.bfv = self.useFixture(fixtures.MockPatchObject(
             compute_utils, 'is_volume_backed_instance',
             return_value=False)).mock
@@ -412,8 +420,7 @@ class TestMoves(BackendTestCase):
                                        a[:2] + ('-u',) + a[2:]))):
                 real(path, uri, size)
         real_execute = processutils.execute
-        with mock.patch.object(hostapi.Client, 'from_conf',
-                               return_value=self.exports), \
+        with mock.patch.object(vimage, 'host', return_value=self.exports), \
                 mock.patch.object(vimage, 'create_overlay', create_overlay):
             self.D._create_images_and_backing(
                 self.drv, None, src, inst_dir,
@@ -434,8 +441,7 @@ class TestMoves(BackendTestCase):
         self.original('_create_images_and_backing')
         src = instance(VMAR)
         path, uri = self.overlay(src)
-        with mock.patch.object(hostapi.Client, 'from_conf',
-                               return_value=self.exports):
+        with mock.patch.object(vimage, 'host', return_value=self.exports):
             e = self.assertRaises(
                 exception.MigrationPreCheckError,
                 self.D._create_images_and_backing, self.drv, None, src,
@@ -506,7 +512,7 @@ class TestProvisioningErrors(BackendTestCase):
     """An image without a map (an unshelved snapshot nobody ingested)."""
 
     def test_no_map_is_refused_before_any_disk_is_made(self):
-        exports = mock.Mock(spec=hostapi.Client)
+        exports = client()
         exports.add.side_effect = vmar_exception.ExportError(
             'no map of image X')
         inst = instance(VMAR)
@@ -522,7 +528,7 @@ class TestProvisioningErrors(BackendTestCase):
             version=None, key=None, whole=False)
 
     def test_a_failed_overlay_releases_the_export(self):
-        exports = mock.Mock(spec=hostapi.Client)
+        exports = client()
         exports.add.return_value = added(str(uuid.uuid4()), 1)
         inst = instance(VMAR)
         disk = vimage.VmarImage(instance=inst, disk_name='disk',

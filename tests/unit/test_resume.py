@@ -79,6 +79,11 @@ class Exports(object):
         self.live = live
         self.calls = 0
 
+    def nbd_socket(self):
+        if isinstance(self.live, Exception):
+            raise self.live
+        return SOCK
+
     def health(self, names=()):
         self.calls += 1
         if isinstance(self.live, Exception):
@@ -101,7 +106,7 @@ class TestResumer(testtools.TestCase):
 
     def run_once(self, domains, live):
         exports = Exports(live)
-        r = resume.Resumer(exports, FakeLibvirt, SOCK)
+        r = resume.Resumer(exports, FakeLibvirt)
         return r.run_once(Conn(domains)), exports
 
     def test_resumes_io_error_pause_once_export_is_served(self):
@@ -133,4 +138,4 @@ class TestResumer(testtools.TestCase):
         self.assertEqual(['i-good'], self.run_once([bad, good], {A})[0])
 
     def test_interval_zero_disables(self):
-        self.assertIsNone(resume.start(object(), Exports({A}), 0, SOCK))
+        self.assertIsNone(resume.start(object(), Exports({A}), 0))

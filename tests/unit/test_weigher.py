@@ -138,7 +138,7 @@ class TestHostSide(HoldingsTestCase):
         # a mirror still being made: no present file yet
         open(files.mirror(C).data, 'wb').close()
         self.assertEqual({A: None, B: 2}, files.holdings())
-        self.conf.set_override('host', 'h1', group='vmar')
+        self.conf.set_override('host', 'h1', group='vmar_host')
         self.assertEqual([[A, None], [B, 2]],
                          report.payload(self.conf, root)['holds'])
 

@@ -60,6 +60,7 @@ FILES = (
     ('nova-scheduler.conf.in', 'etc/nova/nova-scheduler.conf'),
     ('nova-api-uwsgi.ini.in', 'etc/nova/nova-api-uwsgi.ini'),
     ('vmar.conf.in', 'etc/vmar/vmar.conf'),
+    ('vmar-export.conf.in', 'etc/vmar/vmar-export.conf'),
     ('libvirtd.conf.in', 'libvirt/etc/libvirtd.conf'),
     ('qemu.conf.in', 'libvirt/etc/qemu.conf'),
     ('virtlogd.conf.in', 'libvirt/etc/virtlogd.conf'),
@@ -206,6 +207,11 @@ class Cloud(object):
         return self.path('run', 'vmar-nbd.sock')
 
     @property
+    def api_socket(self):
+        """The export daemon's host API: beside its NBD socket."""
+        return self.path('run', 'api.sock')
+
+    @property
     def libvirt_uri(self):
         return 'qemu:///system?socket=%s' % self.path(
             'libvirt', 'run', 'libvirt-sock')
@@ -227,6 +233,7 @@ class Cloud(object):
             'transport_url': self.transport_url,
             'vmar_state_dir': self.path('vmar'),
             'export_socket': self.export_socket,
+            'api_socket': self.api_socket,
             'qemu_img': '/usr/bin/qemu-img',
             'qemu_prefix': self.qemu_prefix or '',
             'libvirt_host_uuid': self.settings['libvirt_host_uuid'],

@@ -112,7 +112,7 @@ class Host(object):
         """``vmar-export ARGS`` on this host (its output)."""
         return subprocess.run(
             self.nsenter() + [self.cloud.bin('vmar-export'), '--config-file',
-                              self.cloud.etc('vmar', 'vmar.conf')]
+                              self.cloud.etc('vmar', 'vmar-export.conf')]
             + list(args), capture_output=True, text=True,
             stdin=subprocess.DEVNULL, timeout=120, check=True).stdout
 

@@ -319,7 +319,7 @@ class VmarExport(OsloService):
     def __init__(self, cloud, name='vmar-export'):
         super(VmarExport, self).__init__(
             cloud, name, 'vmar-export',
-            [cloud.etc('vmar', 'vmar.conf')], args=['serve'])
+            [cloud.etc('vmar', 'vmar-export.conf')], args=['serve'])
         self.endpoint = 'nbd+unix:///?socket=%s' % cloud.export_socket
         self.socket = cloud.export_socket
 

@@ -39,7 +39,7 @@ def main(argv=None):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _signal)
     try:
-        metrics.serve(CONF, CONF.vmar_metrics.agent_port,
+        metrics.serve(CONF, CONF.vmar_agent.metrics_port,
                       agent_metrics.registry(CONF))
         handler = agent.Handler(CONF, gsource.client(CONF))
         clean = agent.run(CONF, handler, stop, started)

@@ -23,7 +23,7 @@ LOG = logging.getLogger(__name__)
 
 
 def _client():
-    return hostapi.Client.from_conf(CONF)
+    return hostapi.Client.from_host_conf(CONF)
 
 
 def serve():

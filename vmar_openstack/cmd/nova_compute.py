@@ -2,9 +2,11 @@
 
 Stock Nova has no plugin hook for libvirt image backends, so this console
 script registers the vmar backend (see
-:mod:`vmar_openstack.nova_imagebackend.hooks`) and the ``[vmar]`` options,
-then runs ``nova.cmd.compute.main()`` unchanged: same arguments, same
-configuration files, same service binary name (``nova-compute``).
+:mod:`vmar_openstack.nova_imagebackend.hooks`) and its one option group,
+``[vmar_compute]``, then runs ``nova.cmd.compute.main()`` unchanged: same
+arguments, same configuration files, same service binary name
+(``nova-compute``). nova-compute reads no other vmar option: the host's
+export daemon holds the rest, Glance credentials included.
 """
 
 import sys
@@ -13,11 +15,12 @@ import sys
 from nova.cmd import compute  # noqa: I202
 
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack.conf import compute as compute_conf
 from vmar_openstack.nova_imagebackend import hooks
 
 
 def main():
-    vmar_conf.register_opts()
+    vmar_conf.register_opts(groups=(compute_conf,))
     hooks.register()
     return compute.main()
 

@@ -4,36 +4,53 @@ Each group module defines ``GROUP`` and ``ALL_OPTS`` (and, if it needs
 more than its options, ``register_extra(conf)``); this package registers
 them.
 
-``[vmar]`` (:mod:`.vmar`), ``[vmar_database]`` (:mod:`.database`),
-``[vmar_glance]`` (:mod:`.glance`), ``[vmar_rbd]`` (:mod:`.rbd`),
-``[vmar_agent]`` (:mod:`.agent`), ``[vmar_metrics]`` (:mod:`.metrics`)
-and ``[vmar_scheduler]`` (:mod:`.scheduler`); :mod:`.opts` lists them for
-``oslo-config-generator``. Every option is registered on ``CONF``.
+Groups by audience:
+
+* the library: ``[vmar]`` (:mod:`.vmar`), ``[vmar_database]``
+  (:mod:`.database`); the Glance import plugin adds ``[vmar_import]``
+  (:mod:`.glance_import`), vmar-agent ``[vmar_agent]`` (:mod:`.agent`);
+* a compute host's export daemon: ``[vmar_host]`` (:mod:`.host`), with
+  ``[vmar_glance]`` (:mod:`.glance`) or ``[vmar_rbd]`` (:mod:`.rbd`) for
+  its store;
+* vmar-nova-compute: ``[vmar_compute]`` (:mod:`.compute`) alone;
+* nova-scheduler's weigher: ``[vmar_scheduler]`` (:mod:`.scheduler`);
+* shared: ``[vmar_reports]`` (:mod:`.reports`: hosts send, the agent
+  listens), ``[vmar_metrics]`` (:mod:`.metrics`: the address of the
+  endpoints).
+
+:mod:`.opts` lists each audience's groups for ``oslo-config-generator``.
+Every option is registered on ``CONF`` unless a caller names the groups
+(``vmar-nova-compute`` registers ``[vmar_compute]`` alone).
 """
 
 from oslo_config import cfg
 
 from vmar_openstack.conf import agent
+from vmar_openstack.conf import compute
 from vmar_openstack.conf import database
 from vmar_openstack.conf import glance
+from vmar_openstack.conf import glance_import
+from vmar_openstack.conf import host
 from vmar_openstack.conf import metrics
 from vmar_openstack.conf import rbd
+from vmar_openstack.conf import reports
 from vmar_openstack.conf import scheduler
 from vmar_openstack.conf import vmar
 
 CONF = cfg.CONF
 
-GROUPS = (vmar, database, glance, rbd, agent, metrics, scheduler)
+GROUPS = (vmar, database, glance_import, agent, host, glance, rbd, compute,
+          scheduler, reports, metrics)
 
 
-def register_opts(conf=CONF):
-    """Register every group's options on ``conf``.
+def register_opts(conf=CONF, groups=GROUPS):
+    """Register ``groups`` (every group's options) on ``conf``.
 
     Each ConfigOpts gets its own OptGroup objects: an OptGroup holds the
     per-option state (overrides included), so sharing one between two
     ConfigOpts would leak overrides from one into the other.
     """
-    for module in GROUPS:
+    for module in groups:
         group = module.GROUP
         conf.register_group(cfg.OptGroup(group.name, title=group.title,
                                          help=group.help))

@@ -7,6 +7,11 @@ GROUP = cfg.OptGroup(
     help='The Glance notification agent.')
 
 agent_opts = [
+    cfg.PortOpt('metrics_port', default=0, deprecated_name='agent_port',
+                deprecated_group='vmar_metrics',
+                help='Port of vmar-agent\'s Prometheus /metrics.\n\n'
+                     'Possible values: a port; 0, no endpoint.\n\n'
+                     'Related options: [vmar_metrics] bind_host.'),
     cfg.StrOpt('exchange', default='glance',
                help='Exchange Glance notifications are sent to.'),
     cfg.ListOpt('topics', default=['notifications'],
@@ -37,7 +42,7 @@ agent_opts = [
     cfg.IntOpt('map_gc_min_age', default=86400, min=0,
                help='Seconds a map version stays after a newer one '
                     'replaced it, whatever the hosts report. Keep it well '
-                    'above the hosts\' [vmar] report_interval.'),
+                    'above the hosts\' [vmar_host] report_interval.'),
 ]
 
 ALL_OPTS = agent_opts

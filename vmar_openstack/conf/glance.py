@@ -18,8 +18,6 @@ glance_opts = [
                     '(the agent\'s project). Hosts ignore map images owned by '
                     'anyone else. Unset: the project of these credentials, '
                     'as Glance reports it.'),
-    cfg.IntOpt('chunk_size', default=4 * 1024 * 1024, min=65536,
-               help='Bytes per read when streaming images from Glance.'),
     cfg.IntOpt('map_wait', default=300, min=0,
                help='Compute hosts: seconds to wait for vmar-agent to '
                     'publish the map of an image that is active in Glance '
@@ -30,7 +28,7 @@ glance_opts = [
 ALL_OPTS = glance_opts
 
 
-def keystoneauth_opts():
+def sample_extra():
     """keystoneauth's options of the group, for the sample files."""
     return (ks_loading.get_session_conf_options()
             + ks_loading.get_auth_common_conf_options()

@@ -1,4 +1,8 @@
-"""``[vmar_metrics]``: the Prometheus endpoints of the services."""
+"""``[vmar_metrics]``: where the Prometheus endpoints of the services listen.
+
+Each service's port is in its own group (``[vmar_host] metrics_port``,
+``[vmar_agent] metrics_port``); the address they share is here.
+"""
 
 from oslo_config import cfg
 
@@ -11,11 +15,9 @@ metrics_opts = [
     cfg.HostAddressOpt('bind_host', default='127.0.0.1',
                        help='Address the metrics endpoints listen on. The '
                             'metrics name images: keep them off tenant '
-                            'networks.'),
-    cfg.PortOpt('export_port', default=0,
-                help='Port of vmar-export\'s /metrics. 0: no endpoint.'),
-    cfg.PortOpt('agent_port', default=0,
-                help='Port of vmar-agent\'s /metrics. 0: no endpoint.'),
+                            'networks.\n\nRelated options: '
+                            '[vmar_host] metrics_port, [vmar_agent] '
+                            'metrics_port.'),
 ]
 
 ALL_OPTS = metrics_opts

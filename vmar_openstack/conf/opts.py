@@ -1,60 +1,60 @@
 """The option lists of ``oslo-config-generator`` (``oslo.config.opts``).
 
-``list_opts``: every option (``etc/vmar/vmar.conf.sample``).
-``list_compute_opts``: what ``vmar-nova-compute`` reads from nova.conf
-(``etc/vmar/nova.conf.vmar.sample``). ``list_agent_opts``: what
-``vmar-agent`` reads besides oslo.messaging's and oslo.log's options
-(``etc/vmar/vmar-agent.conf.sample``). ``list_scheduler_opts``: what the
-``vmar`` weigher reads from nova-scheduler's nova.conf
-(``etc/vmar/nova-scheduler.conf.vmar.sample``).
+One list per audience, each of whole groups:
+
+``list_opts``
+    the library's file, /etc/vmar/vmar.conf (``vmar-manage``):
+    ``etc/vmar/vmar.conf.sample``.
+``list_host_opts``
+    a compute host's export daemon, /etc/vmar/vmar-export.conf
+    (``vmar-export``): ``etc/vmar/vmar-export.conf.sample``.
+``list_compute_opts``
+    what ``vmar-nova-compute`` reads from nova.conf:
+    ``etc/vmar/nova.conf.vmar.sample``.
+``list_agent_opts``
+    ``vmar-agent`` (besides oslo.messaging's and oslo.log's options):
+    ``etc/vmar/vmar-agent.conf.sample``.
+``list_scheduler_opts``
+    the ``vmar`` weigher in nova-scheduler's nova.conf:
+    ``etc/vmar/nova-scheduler.conf.vmar.sample``.
+
+The Glance import plugin's list is
+:func:`vmar_openstack.glance_hooks.opts.list_import_opts`.
 """
 
 from vmar_openstack.conf import agent
+from vmar_openstack.conf import compute
 from vmar_openstack.conf import database
 from vmar_openstack.conf import glance
+from vmar_openstack.conf import host
 from vmar_openstack.conf import metrics
 from vmar_openstack.conf import rbd
+from vmar_openstack.conf import reports
 from vmar_openstack.conf import scheduler
 from vmar_openstack.conf import vmar
 
-# [vmar] options a compute host reads besides host_opts
-_HOST_EXTRA = ('state_dir', 'work_dir', 'qemu_img')
 
-
-def _glance():
-    return glance.ALL_OPTS + glance.keystoneauth_opts()
+def _listed(*modules):
+    return [(m.GROUP, m.ALL_OPTS + (m.sample_extra()
+                                    if hasattr(m, 'sample_extra') else []))
+            for m in modules]
 
 
 def list_opts():
-    return [(vmar.GROUP, vmar.ALL_OPTS),
-            (database.GROUP, database.ALL_OPTS),
-            (glance.GROUP, _glance()),
-            (rbd.GROUP, rbd.ALL_OPTS),
-            (agent.GROUP, agent.ALL_OPTS),
-            (metrics.GROUP, metrics.ALL_OPTS),
-            (scheduler.GROUP, scheduler.ALL_OPTS)]
+    return _listed(vmar, database)
+
+
+def list_host_opts():
+    return _listed(host, reports, glance, rbd, metrics)
 
 
 def list_compute_opts():
-    host = [o for o in vmar.library_opts if o.name in _HOST_EXTRA]
-    return [(vmar.GROUP, host + vmar.host_opts),
-            (glance.GROUP, _glance()),
-            (rbd.GROUP, rbd.ALL_OPTS)]
+    return _listed(compute)
 
 
 def list_agent_opts():
-    topic = [o for o in vmar.host_opts if o.name == 'report_topic']
-    return [(vmar.GROUP, vmar.library_opts + topic),
-            (database.GROUP, database.ALL_OPTS),
-            (glance.GROUP, _glance()),
-            (agent.GROUP, agent.ALL_OPTS),
-            (metrics.GROUP, [o for o in metrics.ALL_OPTS
-                             if o.name != 'export_port'])]
+    return _listed(vmar, database, agent, reports, glance, metrics)
 
 
 def list_scheduler_opts():
-    # [vmar] state_dir: the default database URL is under it
-    state = [o for o in vmar.library_opts if o.name == 'state_dir']
-    return [(vmar.GROUP, state),
-            (database.GROUP, database.ALL_OPTS),
-            (scheduler.GROUP, scheduler.ALL_OPTS)]
+    return _listed(database, scheduler)

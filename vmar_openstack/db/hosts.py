@@ -1,6 +1,6 @@
 """The reports of compute hosts: what each one exports and holds.
 
-``vmar-export serve`` sends its host's exports every ``[vmar]
+``vmar-export serve`` sends its host's exports every ``[vmar_host]
 report_interval`` seconds; ``vmar-agent`` records the last report of each
 host here (``vmar_hosts``, ``vmar_host_exports``, ``vmar_host_bases``),
 stamped with the time the agent received it. A host's last report stands

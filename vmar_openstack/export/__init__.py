@@ -2,10 +2,11 @@
 
 It owns one patched ``qemu-storage-daemon`` per host and keeps in it, for
 every export, the image's map and base files as read-only block nodes and
-one NBD export on the unix socket ``[vmar] export_socket``. Maps and base
-files come from the configured map source (:mod:`vmar_openstack.mapsource`)
-and are copied into ``[vmar] host_dir``, a vmar-owned directory that Nova's
-image cache manager never touches.
+one NBD export on the unix socket ``[vmar_host] export_socket``. Maps and
+base files come from the configured map source
+(:mod:`vmar_openstack.mapsource`) and are copied into ``[vmar_host]
+host_dir``, a vmar-owned directory that Nova's image cache manager never
+touches.
 
 * :mod:`.state`: the exports of the host (``exports.json``) and the
   :class:`Export` record;

@@ -6,7 +6,7 @@ operation is an :class:`~.service.ExportService` call, and the service is
 the daemon's own: nobody else changes the host's state.
 
 The socket is made under a temporary name, given to root and
-``[vmar] api_socket_group`` with mode 0660, then renamed into place.
+``[vmar_host] api_socket_group`` with mode 0660, then renamed into place.
 Each connection's peer is checked again from its credentials
 (``SO_PEERCRED``): root, the daemon's own user, or a member of the group;
 anybody else is answered ``HostApiDenied`` and hung up on (the mode is
@@ -180,7 +180,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             return None
         return ('uid %d is neither root nor in the socket\'s group' % uid
                 if self.gid is not None else
-                'uid %d is not root (no [vmar] api_socket_group set)' % uid)
+                'uid %d is not root (no [vmar_host] api_socket_group set)'
+                % uid)
 
     def dispatch(self, req):
         version = req.get('api')
@@ -209,7 +210,7 @@ class ApiServer:
     def __init__(self, service):
         self.service = service
         self.path = client.socket_path(service.conf)
-        group = service.conf.vmar.api_socket_group
+        group = service.conf.vmar_host.api_socket_group
         self.gid = grp.getgrnam(group).gr_gid if group else None
         self._server = None
         self._thread = None

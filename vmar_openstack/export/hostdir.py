@@ -1,11 +1,11 @@
-"""The maps and base files of a host, under ``[vmar] host_dir``.
+"""The maps and base files of a host, under ``[vmar_host] host_dir``.
 
 ``maps/<image id>.<version>.vmap`` and ``bases/<image id>``, copied from the
 map source (:mod:`vmar_openstack.mapsource`) when an export first needs
 them and deleted when the last export reading them goes. ``host_dir`` is
 vmar's own directory: Nova's image cache manager never touches it.
 
-With ``[vmar] base_fetch = lazy`` a base is a mirror instead, in
+With ``[vmar_host] base_fetch = lazy`` a base is a mirror instead, in
 ``mirrors/``: ``<image id>`` (sparse, filled by the export daemon's
 ``vmar-mirror`` node), ``<image id>.digests`` (the library's digest list),
 ``<image id>.reader`` (the QEMU node, as JSON, that fetches its missing

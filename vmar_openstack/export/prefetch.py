@@ -1,6 +1,6 @@
 """Prefetch of an image's boot working set into the host's mirrors.
 
-When an image's first export on a lazy host is added and ``[vmar]
+When an image's first export on a lazy host is added and ``[vmar_host]
 prefetch`` is on, :meth:`.service.ExportService.add` queues a request
 (``host_dir/prefetch/<export name>``) once the image's boot working set
 (:mod:`vmar_openstack.mapformat.bootset`) is on the host. ``vmar-export
@@ -23,7 +23,7 @@ of a base cuts off a prefetch reading it. A prefetch that fails (the
 store away) is logged and not tried again: the guest's own reads fetch
 what it needs.
 
-The *fill* of an export (``[vmar] fill``) reads every block its map
+The *fill* of an export (``[vmar_host] fill``) reads every block its map
 reads that its mirrors miss (their present bits): queued
 (``host_dir/fill/<export name>``, due ``fill_delay`` seconds after the
 image's first export was added, the file's mtime), one at a time, base by
@@ -116,7 +116,7 @@ def pending(host_dir):
 
 def qemu_io(conf):
     """The patched build's qemu-io, next to its qemu-storage-daemon."""
-    return os.path.join(os.path.dirname(conf.vmar.qemu_storage_daemon),
+    return os.path.join(os.path.dirname(conf.vmar_host.qemu_storage_daemon),
                         'qemu-io')
 
 
@@ -175,7 +175,7 @@ class Prefetcher:
             if not t.is_alive():
                 del self.running[key]
         self._start(self.dir, _WORKERS, self._run)
-        if self.conf.vmar.fill:
+        if self.conf.vmar_host.fill:
             self._start(self.fill_dir, _FILL_WORKERS, self._run_fill,
                         due=time.time())
 
@@ -216,7 +216,7 @@ class Prefetcher:
             if not self._exported(name):    # removed while it ran
                 LOG.info('fill of %s stopped: no longer exported', name)
             else:
-                delay = max(_FILL_RETRY, self.conf.vmar.fill_delay)
+                delay = max(_FILL_RETRY, self.conf.vmar_host.fill_delay)
                 LOG.warning('fill of %s failed (%s); queued again in %d s',
                             name, e, delay)
                 with contextlib.suppress(FileNotFoundError):
@@ -240,7 +240,7 @@ class Prefetcher:
             return 0
         files = self.service.files
         bmap = mapformat.read(files.map_file(image_id, version))
-        c = self.conf.vmar
+        c = self.conf.vmar_host
         start, total = time.monotonic(), 0
         for i, t in enumerate(bmap.targets):
             if not files.is_mirror(t.image_id):
@@ -269,7 +269,7 @@ class Prefetcher:
                 exception.MapFormatError) as e:
             LOG.info('no prefetch of %s: %s', name, e)
             return 0
-        c = self.conf.vmar
+        c = self.conf.vmar_host
         start, total, reads = time.monotonic(), 0, 0
         for base_id, ranges in sorted(base_ranges(
                 bmap, bset, c.prefetch_gap, c.prefetch_request).items()):

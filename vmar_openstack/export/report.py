@@ -1,8 +1,8 @@
 """Reports of a host's exports to vmar-agent.
 
-Every ``[vmar] report_interval`` seconds, ``vmar-export serve`` sends the
+Every ``[vmar_host] report_interval`` seconds, ``vmar-export serve`` sends the
 map versions its host exports as an oslo.messaging notification,
-``vmar.host.exports`` on ``[vmar] report_topic``::
+``vmar.host.exports`` on ``[vmar_reports] report_topic``::
 
     {"host": "<[vmar] host>", "exports": [["<image id>", <version>], ...],
      "holds": [["<base image id>", <blocks or null>], ...]}
@@ -47,10 +47,10 @@ def start(conf, host_dir, bootsets=None):
 
     ``bootsets()``, if given, yields the recorded boot working sets not
     sent yet, as ``(image id, file bytes, done)``: ``done()`` once sent.
-    None when ``[vmar] report_interval`` is 0 or no transport is
+    None when ``[vmar_host] report_interval`` is 0 or no transport is
     configured.
     """
-    if not conf.vmar.report_interval:
+    if not conf.vmar_host.report_interval:
         return None
     # imported here: oslo.messaging brings eventlet, whose deprecation
     # warning every vmar-export sub-command would print
@@ -68,8 +68,8 @@ def start(conf, host_dir, bootsets=None):
     # retry=1: a report RabbitMQ cannot take is dropped, the next one
     # tries again (by default the thread would wait for RabbitMQ forever)
     notifier = oslo_messaging.Notifier(
-        transport, publisher_id='vmar-export.%s' % conf.vmar.host,
-        driver='messagingv2', topics=[conf.vmar.report_topic], retry=1)
+        transport, publisher_id='vmar-export.%s' % conf.vmar_host.host,
+        driver='messagingv2', topics=[conf.vmar_reports.report_topic], retry=1)
     return Reporter(conf, host_dir, notifier, bootsets).start()
 
 
@@ -77,7 +77,7 @@ def payload(conf, host_dir):
     with export_state.State(host_dir) as state:
         held = sorted({(e.image_id, e.map_version)
                        for e in state.exports.values()})
-    out = {'host': conf.vmar.host, 'exports': [list(e) for e in held]}
+    out = {'host': conf.vmar_host.host, 'exports': [list(e) for e in held]}
     try:
         holds = hostdir.HostDir(host_dir, None).holdings()
     except OSError as e:
@@ -116,7 +116,7 @@ class Reporter:
         for image_id, data, done in (self.bootsets() if self.bootsets
                                      else ()):
             self.notifier.info({}, names.HOST_BOOTSET_EVENT, {
-                'host': self.conf.vmar.host, 'image_id': image_id,
+                'host': self.conf.vmar_host.host, 'image_id': image_id,
                 'bootset': data.decode()})
             done()
             LOG.info('reported the boot working set recorded for %s',
@@ -128,5 +128,5 @@ class Reporter:
                 self.send()
             except Exception as e:     # never let the thread die
                 LOG.warning('report of the exports failed: %s', e)
-            if self._stop.wait(self.conf.vmar.report_interval):
+            if self._stop.wait(self.conf.vmar_host.report_interval):
                 return

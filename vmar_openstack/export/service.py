@@ -43,7 +43,7 @@ class ExportService:
 
     def __init__(self, conf, source=None):
         self.conf = conf
-        c = conf.vmar
+        c = conf.vmar_host
         self.host_dir = c.host_dir
         self.socket = c.export_socket
         self.qmp_socket = os.path.join(c.host_dir, 'qsd-qmp.sock')
@@ -61,7 +61,7 @@ class ExportService:
                 == os.path.realpath(c.host_dir)):
             # host_dir is pruned of unreferenced files: never the library
             raise exception.ExportError(
-                '[vmar] host_dir must not be map_source_dir')
+                '[vmar_host] host_dir must not be map_source_dir')
 
     # paths
     def map_file(self, image_id, version):
@@ -79,7 +79,7 @@ class ExportService:
 
     def aio(self, host_cache):
         """The aio mode of the base nodes of an export."""
-        aio = self.conf.vmar.base_aio
+        aio = self.conf.vmar_host.base_aio
         if aio == 'native' and host_cache != 'none':
             return 'threads'    # Linux AIO needs O_DIRECT
         return aio
@@ -90,7 +90,8 @@ class ExportService:
         Mirrors are read through the host page cache: an O_DIRECT export
         (host_cache=none) copies whole bases.
         """
-        return self.conf.vmar.base_fetch == 'lazy' and host_cache == 'base'
+        return (self.conf.vmar_host.base_fetch == 'lazy'
+                and host_cache == 'base')
 
     def base_spec(self, image_id, host_cache):
         """The blockdev-add options of a base node, but its name."""
@@ -105,7 +106,7 @@ class ExportService:
                     'reader of it, no alternate)' % image_id)
             return {'driver': 'vmar-mirror', 'read-only': False,
                     'digests': m.digests, 'present': m.present,
-                    'readahead': self.conf.vmar.mirror_readahead,
+                    'readahead': self.conf.vmar_host.mirror_readahead,
                     'file': {'driver': 'file', 'filename': m.data,
                              'aio': aio},
                     'fetch': {'driver': 'quorum', 'read-only': True,
@@ -146,7 +147,7 @@ class ExportService:
                 # a new node's counters start at zero
                 self._fills_seen.pop(tid, None)
         graph.add_nodes(mon, exp, have, self.map_file, self.base_spec,
-                        self.conf.vmar.read_gather_gap, self.fetch_nodes,
+                        self.conf.vmar_host.read_gather_gap, self.fetch_nodes,
                         self._record_window)
 
     def _record_window(self, exp):
@@ -155,7 +156,7 @@ class ExportService:
         While the image has no recorded boot working set and this host has
         not sent one: the boot of the first server is the set.
         """
-        window = self.conf.vmar.bootset_record_window
+        window = self.conf.vmar_host.bootset_record_window
         if not (window and self.lazy(exp.host_cache)):
             return 0
         if self.files.bootset_source(exp.image_id) == 'recorded' or \
@@ -250,7 +251,7 @@ class ExportService:
             bmap, fetched = self.files.ensure(
                 image_id, version, self.lazy(host_cache), hold=held,
                 whole=(image_id,) if whole else ())
-            boot = (self.conf.vmar.prefetch and self.lazy(host_cache)
+            boot = (self.conf.vmar_host.prefetch and self.lazy(host_cache)
                     and known is None
                     and self.files.ensure_bootset(image_id))
             with export_state.State(self.host_dir) as state:
@@ -259,9 +260,9 @@ class ExportService:
                                 key)
                 if new and boot:
                     prefetch.request(self.host_dir, exp.name)
-                if new and self.lazy(host_cache) and self.conf.vmar.fill:
+                if new and self.lazy(host_cache) and self.conf.vmar_host.fill:
                     prefetch.request_fill(self.host_dir, exp.name,
-                                          self.conf.vmar.fill_delay)
+                                          self.conf.vmar_host.fill_delay)
                 return exp
 
     def _add(self, state, bmap, fetched, host_cache, holder, key):
@@ -479,21 +480,21 @@ class ExportService:
                 state.save()
             self.unrestored = len(state.exports) - len(ready)
         if tmp_sock:
-            group = self.conf.vmar.export_socket_group
+            group = self.conf.vmar_host.export_socket_group
             if group:
                 os.chown(tmp_sock, -1, grp.getgrnam(group).gr_gid)
             os.chmod(tmp_sock, 0o660)
             os.rename(tmp_sock, self.socket)
         LOG.info('restored %d of %d exports on %s', len(ready),
                  len(state.exports), self.socket)
-        if self.conf.vmar.fill:
+        if self.conf.vmar_host.fill:
             # exports of before an upgrade, or of while fill was off, and
             # fills cut off by the restart; a filled one reads nothing
             queued = prefetch.pending(self.host_dir)[1]
             for exp in ready:
                 if self.lazy(exp.host_cache) and exp.name not in queued:
                     prefetch.request_fill(self.host_dir, exp.name,
-                                          self.conf.vmar.fill_delay)
+                                          self.conf.vmar_host.fill_delay)
         return len(ready)
 
     def serve(self, stop_event=None, max_backoff=10):
@@ -501,7 +502,7 @@ class ExportService:
 
         See :class:`.supervisor.Supervisor`.
         """
-        metrics.serve(self.conf, self.conf.vmar_metrics.export_port,
+        metrics.serve(self.conf, self.conf.vmar_host.metrics_port,
                       export_metrics.registry(self))
         reporter = export_report.start(self.conf, self.host_dir,
                                        self.recorded_bootsets)

@@ -83,7 +83,7 @@ class Supervisor:
 
     def start_daemon(self):
         """The running daemon (adopted, or started); a Popen-like object."""
-        c = self.conf.vmar
+        c = self.conf.vmar_host
         os.makedirs(self.host_dir, exist_ok=True)
         adopted = self._running_daemon()
         if adopted:

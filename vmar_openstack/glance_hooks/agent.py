@@ -21,7 +21,7 @@ queue with other consumers such as ceilometer:
     and the affected images' maps are regenerated and published.
 
 The agent also listens for the reports of compute hosts
-(``vmar.host.exports`` on ``[vmar] report_topic``, see
+(``vmar.host.exports`` on ``[vmar_reports] report_topic``, see
 :mod:`vmar_openstack.export.report`) and records each host's last one.
 Every ``[vmar_agent] map_gc_interval`` seconds it removes the map versions
 no host holds (:mod:`.gc`).
@@ -454,7 +454,7 @@ def listener(conf, endpoint):
     targets = [oslo_messaging.Target(topic=t, exchange=a.exchange)
                for t in a.topics]
     # hosts notify on the control exchange, as every service does
-    targets.append(oslo_messaging.Target(topic=conf.vmar.report_topic))
+    targets.append(oslo_messaging.Target(topic=conf.vmar_reports.report_topic))
     return oslo_messaging.get_notification_listener(
         transport, targets,
         [endpoint, HostReportEndpoint(conf, endpoint.handler)],

@@ -1,4 +1,4 @@
-"""Prometheus metrics of ``vmar-agent`` (``[vmar_metrics] agent_port``).
+"""Prometheus metrics of ``vmar-agent`` (``[vmar_agent] metrics_port``).
 
 Counters and histograms are updated where the work happens
 (:mod:`.agent`); the failure records are counted from the database at each

@@ -9,12 +9,8 @@ are ``etc/glance/glance-api.conf.sample`` and
 from oslo_config import cfg
 
 from vmar_openstack.conf import database
+from vmar_openstack.conf import glance_import
 from vmar_openstack.conf import vmar
-
-PLUGIN_VMAR_OPTS = ('state_dir', 'map_dir', 'work_dir', 'block_size',
-                    'hash_algorithm', 'dedup_scope', 'hash_workers',
-                    'qemu_img', 'max_virtual_size_gb',
-                    'mapgen_failure_fatal')
 
 
 def list_api_opts():
@@ -33,11 +29,11 @@ def list_api_opts():
 
 
 def list_import_opts():
-    plugin = [o for o in vmar.ALL_OPTS if o.name in PLUGIN_VMAR_OPTS]
     return [
         ('image_import_opts', [cfg.ListOpt(
             'image_import_plugins', default=['vmar_mapgen'],
             help='Glance option. Add vmar_mapgen to the plugins you use.')]),
-        (vmar.GROUP, plugin),
+        (vmar.GROUP, vmar.ALL_OPTS),
+        (glance_import.GROUP, glance_import.ALL_OPTS),
         (database.GROUP, database.ALL_OPTS),
     ]

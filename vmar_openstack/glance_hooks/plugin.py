@@ -21,9 +21,9 @@ configuration, and records the outcome in image properties:
 A mapgen failure never corrupts or loses the upload: the task works on a
 read-only view of the staged file, and by default the import goes on with
 the failure logged and recorded (``vmar-agent`` retries on
-``image.activate``). ``[vmar] mapgen_failure_fatal = True`` fails the import
-instead. The map is published to Glance by ``vmar-agent`` when it sees the
-image become active.
+``image.activate``). ``[vmar_import] mapgen_failure_fatal = True`` fails
+the import instead. The map is published to Glance by ``vmar-agent`` when
+it sees the image become active.
 """
 
 from oslo_log import log as logging
@@ -69,7 +69,7 @@ class _Mapgen(task.Task):
             with self.action_wrapper as action:
                 action.set_image_extra_properties(
                     {'vmar_mapgen_error': str(e)[:255]})
-            if CONF.vmar.mapgen_failure_fatal:
+            if CONF.vmar_import.mapgen_failure_fatal:
                 raise
             return None
         props = {'vmar_map_version': str(out.map_version),

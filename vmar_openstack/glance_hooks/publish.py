@@ -192,9 +192,9 @@ class Publisher:
     def digests(self, image_id):
         """Publish the digest list of an image's base, once.
 
-        Hosts with ``[vmar] base_fetch = lazy`` check the blocks they fetch
-        against it. Returns its id, or None when the library has no SHA-256
-        digests.
+        Hosts with ``[vmar_host] base_fetch = lazy`` check the blocks they
+        fetch against it. Returns its id, or None when the library has no
+        SHA-256 digests.
         """
         return self._publish_file(
             image_id, gsource.digests_image_id(image_id),

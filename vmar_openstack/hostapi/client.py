@@ -17,8 +17,13 @@ from vmar_openstack.hostapi import protocol
 
 
 def socket_path(conf):
-    """The API socket: ``[vmar] api_socket``, by default beside the NBD one."""
-    c = conf.vmar
+    """The API socket as the daemon's own configuration names it.
+
+    ``[vmar_host] api_socket``, by default ``api.sock`` beside the NBD
+    socket: what ``vmar-export serve`` listens on, and what the
+    ``vmar-export`` commands, reading the same file, call.
+    """
+    c = conf.vmar_host
     return c.api_socket or os.path.join(os.path.dirname(c.export_socket),
                                         'api.sock')
 
@@ -31,14 +36,27 @@ class Client:
     side, up to its own bound).
     """
 
-    def __init__(self, path, timeout=330):
+    def __init__(self, path, timeout=360):
         self.path = path
         self.timeout = timeout
+        self._nbd_socket = None
+
+    def nbd_socket(self):
+        """The daemon's NBD socket (``hello``, asked once per client)."""
+        if self._nbd_socket is None:
+            self._nbd_socket = self.hello()['nbd_socket']
+        return self._nbd_socket
 
     @classmethod
-    def from_conf(cls, conf):
-        """The client of this host's daemon, as ``conf`` names it."""
-        return cls(socket_path(conf), conf.vmar.api_timeout)
+    def from_host_conf(cls, conf):
+        """The client of the daemon the daemon's own file describes."""
+        return cls(socket_path(conf))
+
+    @classmethod
+    def from_compute_conf(cls, conf):
+        """The client of this host's daemon, as nova.conf names it."""
+        c = conf.vmar_compute
+        return cls(c.api_socket, c.api_timeout)
 
     def call(self, op, **args):
         """The result of ``op`` with keyword arguments ``args``."""

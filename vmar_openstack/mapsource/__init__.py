@@ -8,7 +8,7 @@ A source answers three questions for the export service
 * ``fetch_base(image_id, dest)``: the image's raw content, verified, at
   ``dest``.
 
-A source that can also fill base mirrors on demand (``[vmar] base_fetch =
+A source that can also fill base mirrors on demand (``[vmar_host] base_fetch =
 lazy``) has two more:
 
 * ``fetch_digests(image_id, dest)``: the base's digest list at ``dest``;
@@ -18,7 +18,7 @@ lazy``) has two more:
 * ``fetch_bootset(image_id, dest)``: the image's boot working set (which
   the host prefetches) at ``dest``.
 
-``[vmar] map_source`` chooses one: ``dir`` (:mod:`.local`, a library
+``[vmar_host] map_source`` chooses one: ``dir`` (:mod:`.local`, a library
 directory on the host) or ``glance`` (:mod:`.glance`, maps published as
 hidden Glance images by ``vmar-agent``). Every failure is a
 :class:`vmar_openstack.exception.SourceError` with a message an operator
@@ -27,9 +27,9 @@ can act on.
 
 
 def get_source(conf):
-    """The source ``[vmar] map_source`` names."""
-    if conf.vmar.map_source == 'glance':
+    """The source ``[vmar_host] map_source`` names."""
+    if conf.vmar_host.map_source == 'glance':
         from vmar_openstack.mapsource import glance
         return glance.GlanceSource(conf)
     from vmar_openstack.mapsource import local
-    return local.LocalDirSource(conf.vmar.map_source_dir)
+    return local.LocalDirSource(conf.vmar_host.map_source_dir)

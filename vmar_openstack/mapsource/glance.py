@@ -31,7 +31,7 @@ properties           ``vmar_map_of`` (image id), ``vmar_digests_sha256``
 A host trusts a map image only when its owner is the map owner, its
 properties name the image and version it asked for, its data has the
 recorded SHA-256, and the map's own header agrees; a digest list image
-likewise. Base images are the Glance images themselves: with ``[vmar]
+likewise. Base images are the Glance images themselves: with ``[vmar_host]
 base_fetch = full`` a host streams one to a temporary file, checks
 Glance's ``os_hash_value`` and the format (``format_inspector``, backing
 files refused), converts it to raw if it is not, and the export service
@@ -112,7 +112,7 @@ def bootset_image_name(image_id, source='introspected'):
 
 def fetch_socket(conf):
     """The unix socket of the host's Glance range server (nbdkit)."""
-    return os.path.join(conf.vmar.host_dir, FETCH_SOCKET)
+    return os.path.join(conf.vmar_host.host_dir, FETCH_SOCKET)
 
 
 def fetch_export(image_id, size):
@@ -504,10 +504,11 @@ class GlanceSource:
         """The first ``length`` bytes of a range server export."""
         uri = 'nbd+unix:///%s?socket=%s' % (
             urllib.parse.quote(export), fetch_socket(self.conf))
-        with tempfile.TemporaryDirectory(dir=self.conf.vmar.host_dir) as d:
+        host_dir = self.conf.vmar_host.host_dir
+        with tempfile.TemporaryDirectory(dir=host_dir) as d:
             out = os.path.join(d, 'head')
             r = subprocess.run(
-                [self.conf.vmar.qemu_img, 'dd', '-f', 'raw', '-O', 'raw',
+                [self.conf.vmar_host.qemu_img, 'dd', '-f', 'raw', '-O', 'raw',
                  'bs=%d' % length, 'count=1', 'if=' + uri, 'of=' + out],
                 capture_output=True, text=True)
             if r.returncode:
@@ -519,7 +520,7 @@ class GlanceSource:
     def fetcher_command(self):
         """(argv, socket, env) of the range server ``vmar-export serve`` runs.
 
-        None unless ``[vmar] base_fetch = lazy``.
+        None unless ``[vmar_host] base_fetch = lazy``.
 
         nbdkit's python plugin runs in the system's Python (Debian's
         libpython). It is given this environment's site directory to import
@@ -528,15 +529,16 @@ class GlanceSource:
         library from the first ``python3`` on PATH, and a virtualenv's
         would be another build's.
         """
-        if self.conf.vmar.base_fetch != 'lazy':
+        if self.conf.vmar_host.base_fetch != 'lazy':
             return None
         plugin = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                               'nbdkit_glance.py')
-        cmd = [self.conf.vmar.nbdkit, '--foreground', '--exit-with-parent',
+        cmd = [self.conf.vmar_host.nbdkit, '--foreground',
+               '--exit-with-parent',
                '--unix', fetch_socket(self.conf), '--threads', '16',
                '--filter=retry-request', 'python', plugin,
                'site=%s' % sysconfig.get_paths()['purelib'],
-               'retry-request-retries=%d' % self.conf.vmar.fetch_retries,
+               'retry-request-retries=%d' % self.conf.vmar_host.fetch_retries,
                'retry-request-delay=1']
         cmd += ['config-file=%s' % f for f in self.conf.config_file or ()]
         env = dict(os.environ, PATH='/usr/sbin:/usr/bin:/sbin:/bin')
@@ -554,7 +556,7 @@ class GlanceSource:
             fmt = img.get('disk_format') or 'raw'
             try:
                 with fingerprint.checked_raw_view(
-                        tmp, fmt, self.conf.vmar.qemu_img, work_dir=work,
+                        tmp, fmt, self.conf.vmar_host.qemu_img, work_dir=work,
                         expected_size=img.get('size')) as raw:
                     if raw.path == tmp:
                         os.chmod(tmp, 0o444)

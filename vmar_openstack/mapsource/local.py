@@ -2,7 +2,7 @@
 
 For a compute host that shares a file system with the library (NFS, say),
 and for tests. The current map of an image is its highest version present.
-Base mirrors (``[vmar] base_fetch = lazy``) read missing blocks straight
+Base mirrors (``[vmar_host] base_fetch = lazy``) read missing blocks straight
 from ``bases/`` and check them against ``digests/``.
 """
 

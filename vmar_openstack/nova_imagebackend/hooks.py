@@ -47,7 +47,6 @@ from oslo_log import log as logging
 from oslo_serialization import jsonutils
 
 from vmar_openstack import conf as vmar_conf
-from vmar_openstack import hostapi
 from vmar_openstack.nova_imagebackend import extra_specs
 from vmar_openstack.nova_imagebackend import guest_cache
 from vmar_openstack.nova_imagebackend import image as vimage
@@ -104,13 +103,11 @@ def register():
     @_wrap(D, 'init_host')
     def init_host(original, self, host):
         result = original(self, host)
-        conf = vmar_conf.CONF
-        exports = hostapi.Client.from_conf(conf)
+        exports = vimage.host()
         reconcile.release_stale(exports, nova_conf.CONF.instances_path,
                                 self.list_instance_uuids())
-        self._vmar_resumer = resume.start(self, exports,
-                                          conf.vmar.resume_interval,
-                                          conf.vmar.export_socket)
+        self._vmar_resumer = resume.start(
+            self, exports, vmar_conf.CONF.vmar_compute.resume_interval)
         return result
 
     @_wrap(D, '_get_guest_config')
@@ -144,11 +141,12 @@ def register():
         # what the source of a block migration sends the destination
         # (Nova's resource periodic reads the private method, not this)
         disks = jsonutils.loads(original(self, instance, block_device_info))
-        socket = os.path.basename(vmar_conf.CONF.vmar.export_socket)
+        if not _is_vmar(instance):
+            return jsonutils.dumps(disks)
+        socket = os.path.basename(vimage.host().nbd_socket())
         for info in disks:
             if (vimage.is_root_disk(info['path'])
-                    and info.get('backing_file') == socket
-                    and _is_vmar(instance)):
+                    and info.get('backing_file') == socket):
                 # Nova keeps only the backing file's base name; the
                 # destination of a live migration needs all of it
                 backing = vimage.backing_of(info['path'])

@@ -8,8 +8,9 @@ instance keeps the version it booted with, and new instances get the image's
 current map.
 
 Nothing is put in Nova's ``_base`` directory: the map and the base files it
-references live in ``[vmar] host_dir``, which Nova's image cache manager does
-not manage, and stay there while an export reads them.
+references live in the export daemon's ``[vmar_host] host_dir``, which
+Nova's image cache manager does not manage, and stay there while an
+export reads them.
 """
 
 import os
@@ -38,6 +39,22 @@ CONF = vmar_conf.CONF
 SPEC_ENABLED = names.SPEC_ENABLED
 SPEC_HOST_CACHE = names.SPEC_HOST_CACHE
 SPEC_GUEST_CACHE = names.SPEC_GUEST_CACHE
+
+
+_HOST = {}
+
+
+def host():
+    """The host API client of this host's export daemon.
+
+    One per process and ``[vmar_compute]`` setting, so the daemon's NBD
+    socket is asked once.
+    """
+    key = (CONF.vmar_compute.api_socket, CONF.vmar_compute.api_timeout)
+    if key not in _HOST:
+        _HOST.clear()
+        _HOST[key] = hostapi.Client.from_compute_conf(CONF)
+    return _HOST[key]
 
 
 def flavor_policy(flavor):
@@ -124,9 +141,7 @@ class VmarImage(imagebackend.Image):
     @property
     def exports(self):
         """The host API client of this host's export daemon."""
-        if self._exports is None:
-            self._exports = hostapi.Client.from_conf(CONF)
-        return self._exports
+        return self._exports or host()
 
     @property
     def policy(self):
@@ -143,13 +158,13 @@ class VmarImage(imagebackend.Image):
     def inspect(self):
         """((image id, map version), virtual size) of the overlay."""
         info = _qemu_img_info(self.path)
-        pin = parse_backing(info.get('backing-filename'),
-                            CONF.vmar.export_socket)
+        socket = self.exports.nbd_socket()
+        pin = parse_backing(info.get('backing-filename'), socket)
         if pin is None or info.get('backing-filename-format') != 'raw':
             raise exception.InvalidDiskInfo(
                 reason='%s is not backed by a vmar export on %s (backing '
                 '%r); refusing to touch it'
-                % (self.path, CONF.vmar.export_socket,
+                % (self.path, socket,
                    info.get('backing-filename')))
         return pin, info['virtual-size']
 
@@ -202,13 +217,13 @@ class VmarImage(imagebackend.Image):
         header, before the guest's own data is mirrored into it. An
         existing overlay (a hard reboot takes the same path) is kept.
         """
-        pin = parse_backing(backing_uri, CONF.vmar.export_socket)
+        socket = self.exports.nbd_socket()
+        pin = parse_backing(backing_uri, socket)
         if pin is None:
             raise exception.MigrationPreCheckError(
                 reason='the vmar overlay of %s reads %r, not an export on '
-                'this host\'s %s: the hosts\' [vmar] export_socket differ'
-                % (self.instance.uuid, backing_uri,
-                   CONF.vmar.export_socket))
+                'this host\'s %s: the hosts\' [vmar_host] export_socket '
+                'differ' % (self.instance.uuid, backing_uri, socket))
         holder = self.instance.uuid
 
         @lockutils.synchronized('vmar-' + holder)
@@ -261,7 +276,7 @@ class VmarImage(imagebackend.Image):
         return release(holder, self.exports)
 
     def uri_of(self, pin):
-        return names.nbd_uri(names.export(*pin), CONF.vmar.export_socket)
+        return names.nbd_uri(names.export(*pin), self.exports.nbd_socket())
 
     def _create_overlay(self, exp, holder, size):
         virtual_size = exp['virtual_size']
@@ -304,7 +319,7 @@ class VmarImage(imagebackend.Image):
 
 def release(holder, exports=None):
     """Drop every export reference of ``holder`` (a deleted instance)."""
-    exports = exports or hostapi.Client.from_conf(CONF)
+    exports = exports or host()
     try:
         return exports.release(holder)
     except vmar_exception.ExportError as e:
@@ -320,7 +335,7 @@ def backing_of(path):
     vmar overlay, the export socket's); moves need all of it.
     """
     uri = _qemu_img_info(path).get('backing-filename')
-    socket = CONF.vmar.export_socket
+    socket = host().nbd_socket()
     return uri if parse_backing(uri, socket) is not None else None
 
 
@@ -333,7 +348,7 @@ def create_overlay(path, backing_uri, size):
     tmp = path + '.vmar-tmp'
     try:
         processutils.execute(
-            CONF.vmar.qemu_img, 'create', '-q', '-f', 'qcow2', '-o',
+            CONF.vmar_compute.qemu_img, 'create', '-q', '-f', 'qcow2', '-o',
             'backing_file=%s,backing_fmt=raw' % backing_uri.replace(',', ',,'),
             tmp, str(size))
         os.rename(tmp, path)
@@ -345,7 +360,7 @@ def create_overlay(path, backing_uri, size):
 def _qemu_img_info(path):
     """qemu-img info of a qcow2 overlay, in use by a guest or not."""
     try:
-        return fingerprint.qemu_img_info(CONF.vmar.qemu_img, path, 'qcow2',
-                                         force_share=True)
+        return fingerprint.qemu_img_info(CONF.vmar_compute.qemu_img, path,
+                                         'qcow2', force_share=True)
     except vmar_exception.ImageRejected as e:
         raise exception.InvalidDiskInfo(reason=str(e))

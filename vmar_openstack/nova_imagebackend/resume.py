@@ -6,8 +6,8 @@ the export daemon dies, its guests pause instead of seeing EIO. vmar-export
 restarts the daemon and restores its exports, but nothing in Nova resumes
 a guest that libvirt paused by itself (its power-state sync leaves an
 ACTIVE instance that is paused alone). This does: every
-``[vmar] resume_interval`` seconds, in ``vmar-nova-compute``, each domain
-that libvirt paused for an I/O error, whose vmar disks' exports are all
+``[vmar_compute] resume_interval`` seconds, in ``vmar-nova-compute``, each
+domain that libvirt paused for an I/O error, whose vmar disks' exports are all
 being served again, is resumed. Guests paused by a user, or whose disks
 are not vmar disks, are never touched.
 """
@@ -42,10 +42,9 @@ def vmar_exports(domain_xml, socket):
 class Resumer(object):
     """One pass over the host's paused domains (:meth:`run_once`)."""
 
-    def __init__(self, exports, libvirt_module, socket):
+    def __init__(self, exports, libvirt_module):
         self.exports = exports        # the host API's client
         self.libvirt = libvirt_module
-        self.socket = socket          # [vmar] export_socket
 
     def _live_exports(self, names):
         """Which of ``names`` the daemon serves now; None if it is down."""
@@ -68,9 +67,17 @@ class Resumer(object):
                 self.libvirt.VIR_CONNECT_LIST_DOMAINS_PAUSED):
             if not self._paused_on_io_error(domain):
                 continue
-            wanted = vmar_exports(domain.XMLDesc(0), self.socket)
-            if wanted:
-                candidates.append((domain, wanted))
+            candidates.append(domain)
+        if not candidates:
+            return []
+        try:
+            socket = self.exports.nbd_socket()
+        except vmar_exception.VmarException as e:
+            LOG.debug('export service not answering: %s', e)
+            return []
+        candidates = [(d, vmar_exports(d.XMLDesc(0), socket))
+                      for d in candidates]
+        candidates = [(d, w) for d, w in candidates if w]
         if not candidates:
             return []
         live = self._live_exports(set().union(*(w for _d, w
@@ -94,18 +101,17 @@ class Resumer(object):
         return resumed
 
 
-def start(driver, exports, interval, socket):
+def start(driver, exports, interval):
     """Run :meth:`Resumer.run_once` every ``interval`` s in this process.
 
     ``driver`` is the compute host's LibvirtDriver (its libvirt connection
-    is used), ``exports`` the host API's client, ``socket`` the NBD socket
-    of the exports. Returns the looping call, or None when ``interval`` is
-    0.
+    is used), ``exports`` the host API's client. Returns the looping call,
+    or None when ``interval`` is 0.
     """
     if not interval:
         return None
     import libvirt
-    resumer = Resumer(exports, libvirt, socket)
+    resumer = Resumer(exports, libvirt)
 
     def _pass():
         try:

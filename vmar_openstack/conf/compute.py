@@ -1,0 +1,45 @@
+"""``[vmar_compute]``: what ``vmar-nova-compute`` reads from nova.conf.
+
+nova-compute holds no Glance or Ceph credentials for vmar and speaks no
+QMP: it asks the host's export daemon over the host API
+(:mod:`vmar_openstack.hostapi`), which has its own configuration file
+(``[vmar_host]``). These options were in ``[vmar]`` before; a nova.conf
+that still has them there is read, with a warning.
+"""
+
+from oslo_config import cfg
+
+GROUP = cfg.OptGroup(
+    'vmar_compute', title='VMAR in nova-compute',
+    help='The vmar image backend of vmar-nova-compute: how it reaches the '
+         'host\'s export daemon, and what it does on its own.')
+
+ALL_OPTS = [
+    cfg.StrOpt('api_socket', default='/run/vmar/api.sock',
+               help='Unix socket of the host API of vmar-export serve, '
+                    'the one process that changes the host\'s exports. '
+                    'nova-compute must be root or in the socket\'s group '
+                    '([vmar_host] api_socket_group on the daemon\'s side).'
+                    '\n\nPossible values: a path.\n\n'
+                    'Related options: [vmar_host] api_socket (the daemon\'s '
+                    'side; by default api.sock beside its export_socket).'),
+    cfg.IntOpt('api_timeout', default=360, min=1,
+               help='Seconds a call of the host API may take, the daemon\'s '
+                    'own work included: an add whose map or digest list is '
+                    'still on its way waits for it in the daemon, up to the '
+                    'daemon\'s [vmar_glance] map_wait. A spawn past it '
+                    'fails with the reason.\n\n'
+                    'Possible values: seconds, above the daemon\'s '
+                    'map_wait.\n\nRelated options: api_socket.'),
+    cfg.IntOpt('resume_interval', default=2, min=0,
+               deprecated_group='vmar',
+               help='Every this many seconds, resume the guests that libvirt '
+                    'paused on an I/O error of a vmar disk (the export '
+                    'daemon restarted, say) once the daemon serves their '
+                    'exports again.\n\nPossible values: seconds; 0, never '
+                    '(an operator resumes them).'),
+    cfg.StrOpt('qemu_img', default='qemu-img', deprecated_group='vmar',
+               help='qemu-img that makes and inspects the instances\' qcow2 '
+                    'overlays.\n\nPossible values: a path, or a name on '
+                    'PATH.'),
+]
