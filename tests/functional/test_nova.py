@@ -30,8 +30,9 @@ from oslo_utils import units
 from tests import base
 from tests.functional import test_export
 from tools.vmarenv import qemu_env
-from vmar_openstack.nova_imagebackend import hooks
 from vmar_openstack.nova_imagebackend import image as vimage
+from vmar_openstack.nova_imagebackend import snapshot
+from vmar_openstack import nova_wrappers
 
 objects.register_all()
 
@@ -63,8 +64,8 @@ class NovaTestCase(test_export.ExportTestCase):
         # nova-compute's own: the API socket of this test's daemon
         fx.config(api_socket=os.path.join(self.sock_dir, 'api.sock'),
                   qemu_img=qemu_env.SYSTEM_QEMU_IMG, group='vmar_compute')
-        hooks.register()
-        self.addCleanup(hooks.unregister)
+        nova_wrappers.install(nova_wrappers.COMPUTE)
+        self.addCleanup(nova_wrappers.uninstall)
         self.backend = imagebackend.Backend(use_cow=True)
         # image A: 24 MiB; image B shares two thirds of it (A is canonical)
         self.a, self.b = sorted(str(uuid.uuid4()) for _ in range(2))
@@ -268,7 +269,7 @@ class TestNovaBackend(NovaTestCase):
             class _host:
                 write_instance_config = staticmethod(written.append)
         out = os.path.join(self.tmp, 'live.raw')
-        hooks.live_snapshot(Driver, inst, guest, disk.path, out, 'raw')
+        snapshot.live_snapshot(Driver, inst, guest, disk.path, out, 'raw')
         self.assertEqual(1, len(written))   # the domain XML, put back
         data = self.read(self.raw[self.b])
         self.assertEqual(marked(data, 4096),

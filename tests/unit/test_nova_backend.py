@@ -24,8 +24,8 @@ import testtools
 from vmar_openstack import exception as vmar_exception
 from vmar_openstack import hostapi
 from vmar_openstack import names
-from vmar_openstack.nova_imagebackend import hooks
 from vmar_openstack.nova_imagebackend import image as vimage
+from vmar_openstack import nova_wrappers
 
 objects.register_all()
 
@@ -70,8 +70,8 @@ class BackendTestCase(testtools.TestCase):
         # the daemon's NBD socket, as its hello would name it
         self.useFixture(fixtures.MockPatchObject(
             hostapi.Client, 'nbd_socket', return_value=SOCK))
-        hooks.register()
-        self.addCleanup(hooks.unregister)
+        nova_wrappers.install(nova_wrappers.COMPUTE)
+        self.addCleanup(nova_wrappers.uninstall)
         self.backend = imagebackend.Backend(use_cow=True)
 
 
@@ -117,7 +117,7 @@ class TestBackendChoice(BackendTestCase):
                                  vimage.VmarImage)
 
     def test_unregister_restores_stock_nova(self):
-        hooks.unregister()
+        nova_wrappers.uninstall()
         self.assertNotIsInstance(self.backend.by_name(instance(VMAR), 'disk'),
                                  vimage.VmarImage)
 
@@ -232,19 +232,19 @@ class TestGuestCache(BackendTestCase):
             guest.sysinfo.system_serial = inst.uuid
             guest.os_smbios = vconfig.LibvirtConfigGuestSMBIOS()
             return guest
-        hooks.unregister()
+        nova_wrappers.uninstall()
         self.cfg.config(mem_stats_period_seconds=0, virt_type='qemu',
                         group='libvirt')
         with mock.patch.object(libvirt_driver.LibvirtDriver,
                                '_get_guest_config', nova_config):
-            hooks.register()
+            nova_wrappers.install(nova_wrappers.COMPUTE)
             try:
                 guest = libvirt_driver.LibvirtDriver._get_guest_config(
                     mock.sentinel.driver, inst or instance(specs), None, None,
                     None)
             finally:
-                hooks.unregister()      # before the stand-in goes
-        hooks.register()
+                nova_wrappers.uninstall()      # before the stand-in goes
+        nova_wrappers.install(nova_wrappers.COMPUTE)
         return etree.fromstring(guest.to_xml())
 
     def test_private_gets_a_reporting_virtio_balloon_and_says_so(self):
@@ -300,10 +300,10 @@ class TestGuestCache(BackendTestCase):
 
 def _patched_original(cls, name, orig):
     """Register the hooks over ``orig`` standing for Nova's ``name``."""
-    hooks.unregister()
+    nova_wrappers.uninstall()
     patcher = mock.patch.object(cls, name, orig)
     patcher.start()
-    hooks.register()
+    nova_wrappers.install(nova_wrappers.COMPUTE)
     return patcher
 
 
@@ -325,7 +325,7 @@ class TestMoves(BackendTestCase):
         # last in, first out: the hooks go (putting the mock back on the
         # class), then the patch (putting Nova's method back)
         self.addCleanup(patcher.stop)
-        self.addCleanup(hooks.unregister)
+        self.addCleanup(nova_wrappers.uninstall)
         return orig
 
     def overlay(self, inst, size=1 << 20):
@@ -399,7 +399,7 @@ class TestMoves(BackendTestCase):
         # the resource periodic's private method is Nova's own
         self.assertNotIn(
             (self.D, '_get_instance_disk_info_from_config'),
-            hooks._ORIGINALS)
+            nova_wrappers._ORIGINALS)
 
     def test_the_destination_adopts_the_export_and_overlay(self):
         orig = self.original('_create_images_and_backing')
@@ -490,13 +490,13 @@ class TestDelete(BackendTestCase):
         inst = instance(VMAR)
         self.drv = mock.MagicMock(spec=libvirt_driver.LibvirtDriver)
         with mock.patch.object(vimage, 'release') as release, \
-                mock.patch.dict(hooks._ORIGINALS):
+                mock.patch.dict(nova_wrappers._ORIGINALS):
             orig = mock.Mock(return_value=True)
-            hooks._ORIGINALS.clear()
-            hooks.unregister()
+            nova_wrappers._ORIGINALS.clear()
+            nova_wrappers.uninstall()
             with mock.patch.object(libvirt_driver.LibvirtDriver,
                                    'delete_instance_files', orig):
-                hooks.register()
+                nova_wrappers.install(nova_wrappers.COMPUTE)
                 self.assertTrue(libvirt_driver.LibvirtDriver
                                 .delete_instance_files(self.drv, inst))
                 release.assert_called_once_with(inst.uuid)
@@ -505,7 +505,7 @@ class TestDelete(BackendTestCase):
                 libvirt_driver.LibvirtDriver.delete_instance_files(
                     self.drv, inst)
                 release.assert_not_called()
-                hooks.unregister()
+                nova_wrappers.uninstall()
 
 
 class TestProvisioningErrors(BackendTestCase):
@@ -579,14 +579,14 @@ class TestApiChecks(testtools.TestCase):
         super().setUp()
         from vmar_openstack.nova_api import checks
         self.checks = checks
-        checks.unregister()
+        nova_wrappers.uninstall()
         self.orig = {}
         for name in ('resize', 'live_migrate', 'evacuate'):
             self.orig[name] = self.useFixture(fixtures.MockPatchObject(
                 compute_api.API, name,
                 mock.Mock(return_value='accepted'))).mock
-        checks.register()
-        self.addCleanup(checks.unregister)
+        nova_wrappers.install(nova_wrappers.API)
+        self.addCleanup(nova_wrappers.uninstall)
         self.flavors = {
             'vmar2': objects.Flavor(name='vmar2', extra_specs=VMAR),
             'plain2': objects.Flavor(name='plain2', extra_specs={})}

@@ -1,11 +1,11 @@
-"""The Nova methods the vmar hooks wrap or call keep their signatures.
+"""The Nova methods vmar wraps or reaches keep their signatures.
 
-``nova_imagebackend/hooks.py`` wraps methods of Nova's libvirt driver and
-image backend, and calls private ones; ``nova_api/checks.py`` wraps
-methods of Nova's compute API. None of them is a stable API. The
-signatures below are Nova 34's (setup.cfg caps ``nova`` below 35). When a
-Nova release changes one, this test fails and names it: read the new
-method, adapt the hook, then update the signature here.
+``vmar_openstack/nova_wrappers.py`` lists every method of Nova vmar wraps
+(``TABLE``) and every private attribute it reaches (``PRIVATE``). None of
+them is a stable API. The signatures below are those of the Nova releases
+setup.cfg allows. When a Nova release changes one, this test fails and
+names it: read the new method, adapt the wrapper, then update the
+signature here.
 """
 
 import inspect
@@ -18,13 +18,12 @@ from nova.virt.libvirt import driver as libvirt_driver
 from nova.virt.libvirt import host as libvirt_host
 from nova.virt.libvirt import imagebackend
 
-from vmar_openstack.nova_api import checks
-from vmar_openstack.nova_imagebackend import hooks
+from vmar_openstack import nova_wrappers
 
 B = imagebackend.Backend
 D = libvirt_driver.LibvirtDriver
 
-# (class, method) -> signature, for every method hooks.register() wraps
+# (class, method) -> signature, for every method nova-compute's wrappers wrap
 WRAPPED = {
     (B, 'by_name'):
         '(self, instance, name, image_type=None, disk_info_mapping=None)',
@@ -52,7 +51,7 @@ WRAPPED = {
         '(self, context, migration, instance, network_info)',
 }
 
-# (class, method) -> signature, for every method nova_api.checks wraps
+# (class, method) -> signature, for every method nova-api's wrappers wrap
 API_WRAPPED = {
     (compute_api.API, 'resize'):
         '(self, context, instance, flavor_id=None, clean_shutdown=True, '
@@ -65,7 +64,7 @@ API_WRAPPED = {
         'admin_password=None, force=None, target_state=None)',
 }
 
-# private methods hooks.live_snapshot() calls, and what the checks call
+# private methods snapshot.live_snapshot() calls, and what the checks call
 CALLED = {
     (glance.API, 'get'):
         '(self, context, id_or_uri, include_locations=False, '
@@ -81,27 +80,42 @@ class TestNovaSignatures(testtools.TestCase):
 
     def setUp(self):
         super().setUp()
-        hooks.register()
-        self.addCleanup(hooks.unregister)
-        checks.register()
-        self.addCleanup(checks.unregister)
+        nova_wrappers.install(nova_wrappers.COMPUTE)
+        nova_wrappers.install(nova_wrappers.API)
+        self.addCleanup(nova_wrappers.uninstall)
 
     def test_every_wrapped_method_is_listed(self):
-        self.assertEqual(sorted((c.__name__, n) for c, n in WRAPPED),
-                         sorted((c.__name__, n) for c, n in hooks._ORIGINALS))
-        self.assertEqual(sorted(n for c, n in API_WRAPPED),
-                         sorted(n for c, n in checks._ORIGINALS))
+        table = {(w.cls, w.method) for w in nova_wrappers.TABLE}
+        self.assertEqual(set(WRAPPED) | set(API_WRAPPED), table)
+        self.assertEqual(table, set(nova_wrappers._ORIGINALS))
+        for w in nova_wrappers.TABLE:
+            # a top-level function of the module, by its own name
+            self.assertIs(w.wrapper, getattr(nova_wrappers,
+                                             w.wrapper.__name__))
+            self.assertEqual(w.service, nova_wrappers.COMPUTE
+                             if (w.cls, w.method) in WRAPPED
+                             else nova_wrappers.API)
+
+    def test_private_attributes_are_there(self):
+        """What PRIVATE names exists on a real driver and host."""
+        for p in nova_wrappers.PRIVATE:
+            if p.attribute == '_host':
+                # an instance attribute: set in the driver's __init__
+                self.assertIn('self._host = ',
+                              inspect.getsource(p.cls.__init__))
+            else:
+                self.assertTrue(callable(getattr(p.cls, p.attribute)),
+                                p.attribute)
+            self.assertTrue(p.helper.__module__.endswith(
+                'nova_imagebackend.driver'), p.helper)
 
     def test_signatures(self):
-        wrapped = dict(hooks._ORIGINALS)
-        wrapped.update(checks._ORIGINALS)
         changed = []
         for (cls, name), want in (list(WRAPPED.items())
                                   + list(API_WRAPPED.items())
                                   + list(CALLED.items())):
-            method = wrapped.get((cls, name), getattr(cls, name))
-            got = str(inspect.signature(method))
+            got = str(inspect.signature(nova_wrappers.original(cls, name)))
             if got != want:
-                changed.append('%s.%s%s (hooks expect %s)'
+                changed.append('%s.%s%s (vmar expects %s)'
                                % (cls.__name__, name, got, want))
         self.assertEqual([], changed)

@@ -2,7 +2,7 @@
 
 Stock Nova has no plugin hook for libvirt image backends, so this console
 script registers the vmar backend (see
-:mod:`vmar_openstack.nova_imagebackend.hooks`) and its one option group,
+:mod:`vmar_openstack.nova_wrappers`) and its one option group,
 ``[vmar_compute]``, then runs ``nova.cmd.compute.main()`` unchanged: same
 arguments, same configuration files, same service binary name
 (``nova-compute``). nova-compute reads no other vmar option: the host's
@@ -16,12 +16,12 @@ from nova.cmd import compute  # noqa: I202
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.conf import compute as compute_conf
-from vmar_openstack.nova_imagebackend import hooks
+from vmar_openstack import nova_wrappers
 
 
 def main():
     vmar_conf.register_opts(groups=(compute_conf,))
-    hooks.register()
+    nova_wrappers.install(nova_wrappers.COMPUTE)
     return compute.main()
 
 

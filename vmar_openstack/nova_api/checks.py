@@ -15,20 +15,17 @@ Two moves cannot be done safely, and are refused before anything changes
   read of such a block.
 
 Servers booted from volume are not concerned: their root disk is the
-volume. Everything else is accepted as Nova accepts it.
+volume. Everything else is accepted as Nova accepts it. The checks run
+around ``nova.compute.api.API``'s methods, in nova-api only
+(:mod:`vmar_openstack.nova_wrappers`, installed by :mod:`.wsgi`).
 """
 
-import functools
-
-from nova.compute import api as compute_api
 from nova.compute import utils as compute_utils
 from nova import exception
 from nova.image import glance
 from nova import objects
 
 from vmar_openstack.nova_imagebackend import extra_specs
-
-_ORIGINALS = {}
 
 IMAGE_GONE = ('its image %(image)s is %(state)s in Glance: another host '
               'could not fetch the blocks only that image holds. Snapshot '
@@ -63,58 +60,28 @@ def image_refusal(context, instance):
     return IMAGE_GONE % {'image': instance.image_ref, 'state': state}
 
 
-def _install(name):
-    def decorator(check):
-        API = compute_api.API
-        original = getattr(API, name)
-        _ORIGINALS[(API, name)] = original
+def check_move(context, instance):
+    """Refuse a move of ``instance`` to another host that cannot be done.
 
-        @functools.wraps(original)
-        def wrapper(self, context, instance, *args, **kwargs):
-            check(context, instance, *args, **kwargs)
-            return original(self, context, instance, *args, **kwargs)
-        setattr(API, name, wrapper)
-        return check
-    return decorator
-
-
-def _refuse_gone_image(context, instance):
+    :raises MoveRefused: its image is gone from Glance.
+    """
     reason = image_refusal(context, instance)
     if reason:
         raise MoveRefused(uuid=instance.uuid, reason=reason)
 
 
-def register():
-    """Wrap ``API.resize``, ``live_migrate`` and ``evacuate`` (idempotent).
+def check_resize(context, instance, flavor_id):
+    """Refuse a resize (``flavor_id``) or cold migration (None).
 
-    A cold migration is ``API.resize`` without a flavor.
+    :raises CannotResizeDisk: the new flavor switches the vmar backend
+        (nova-api answers 400 with the reason).
+    :raises MoveRefused: see :func:`check_move`.
     """
-    if _ORIGINALS:
-        return
-
-    @_install('resize')
-    def resize(context, instance, flavor_id=None, *args, **kwargs):
-        if flavor_id is not None:
-            new = objects.Flavor.get_by_flavor_id(context, flavor_id,
-                                                  read_deleted='no')
-            reason = extra_specs.switch_refusal(instance.flavor, new)
-            if reason and not compute_utils.is_volume_backed_instance(
-                    context, instance):
-                # nova-api answers 400 with the reason
-                raise exception.CannotResizeDisk(reason=reason)
-        _refuse_gone_image(context, instance)
-
-    @_install('live_migrate')
-    def live_migrate(context, instance, *args, **kwargs):
-        _refuse_gone_image(context, instance)
-
-    @_install('evacuate')
-    def evacuate(context, instance, *args, **kwargs):
-        _refuse_gone_image(context, instance)
-
-
-def unregister():
-    """Undo :func:`register` (for tests)."""
-    for (cls, name), original in _ORIGINALS.items():
-        setattr(cls, name, original)
-    _ORIGINALS.clear()
+    if flavor_id is not None:
+        new = objects.Flavor.get_by_flavor_id(context, flavor_id,
+                                              read_deleted='no')
+        reason = extra_specs.switch_refusal(instance.flavor, new)
+        if reason and not compute_utils.is_volume_backed_instance(
+                context, instance):
+            raise exception.CannotResizeDisk(reason=reason)
+    check_move(context, instance)

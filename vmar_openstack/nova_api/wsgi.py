@@ -5,12 +5,13 @@ Run it where Nova's is run, e.g. uWSGI's
 ``nova.wsgi.osapi_compute:application``.
 
 Nova's module comes first: it chooses the concurrency mode before anything
-imports eventlet. The checks wrap a class method, which the API's
-controllers look up on every call.
+imports eventlet. The checks (:mod:`.checks`) wrap class methods
+(:mod:`vmar_openstack.nova_wrappers`), which the API's controllers look up
+on every call.
 """
 
 from nova.wsgi.osapi_compute import application  # noqa: F401
 
-from vmar_openstack.nova_api import checks
+from vmar_openstack import nova_wrappers
 
-checks.register()
+nova_wrappers.install(nova_wrappers.API)

@@ -1,7 +1,8 @@
 """Drop the export references of instances that have left this host.
 
 An instance holds its export (holder = its UUID) from the first boot until
-Nova deletes its files or it moves away (:mod:`.hooks`). A compute service
+Nova deletes its files or it moves away
+(:mod:`vmar_openstack.nova_wrappers`). A compute service
 killed between the two, or a Nova path that removes an instance directory
 without calling the driver, leaves the reference behind, and with it the
 export and the files it reads, until an operator runs ``vmar-export

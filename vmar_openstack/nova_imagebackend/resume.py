@@ -19,6 +19,7 @@ from oslo_service import loopingcall
 
 from vmar_openstack import exception as vmar_exception
 from vmar_openstack import names
+from vmar_openstack.nova_imagebackend import driver as driver_access
 
 LOG = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def start(driver, exports, interval):
 
     def _pass():
         try:
-            resumer.run_once(driver._host.get_connection())
+            resumer.run_once(driver_access.connection(driver))
         except Exception:   # keep the loop: the next pass may work
             LOG.exception('resuming guests paused on I/O errors failed')
     timer = loopingcall.FixedIntervalLoopingCall(_pass)
