@@ -67,6 +67,8 @@ NOVA_BIN_DIR=${NOVA_BIN_DIR:-$DEVSTACK_VENV/bin}
 NOVA_CONF_DIR=${NOVA_CONF_DIR:-$SHIM_ROOT/etc/nova}
 NOVA_CONF=${NOVA_CONF:-$NOVA_CONF_DIR/nova.conf}
 NOVA_CPU_CONF=${NOVA_CPU_CONF:-$NOVA_CONF_DIR/nova-cpu.conf}
+# lib/nova's uWSGI file of nova-api, written before post-config
+NOVA_UWSGI_CONF=${NOVA_UWSGI_CONF:-$NOVA_CONF_DIR/nova-api-uwsgi.ini}
 GLANCE_CONF_DIR=${GLANCE_CONF_DIR:-$SHIM_ROOT/etc/glance}
 GLANCE_API_CONF=${GLANCE_API_CONF:-$GLANCE_CONF_DIR/glance-api.conf}
 GLANCE_IMAGE_IMPORT_CONF=${GLANCE_IMAGE_IMPORT_CONF:-$GLANCE_CONF_DIR/glance-image-import.conf}

@@ -54,6 +54,11 @@ NOVA_CPU_CONF = """[DEFAULT]
 debug = True
 # an older copy, written by a previous start_nova_compute
 """
+# lib/nova's write_uwsgi_config, for n-api
+NOVA_UWSGI_CONF = """[uwsgi]
+module = nova.wsgi.osapi_compute:application
+processes = 2
+"""
 GLANCE_API_CONF = """[DEFAULT]
 debug = True
 enabled_import_methods = [copy-image]
@@ -131,11 +136,14 @@ class DevstackTestCase(testtools.TestCase):
         self.db_file = os.path.join(self.root, 'databases', 'vmar.sqlite')
         self.nova_conf = os.path.join(etc, 'nova', 'nova.conf')
         self.nova_cpu_conf = os.path.join(etc, 'nova', 'nova-cpu.conf')
+        self.nova_uwsgi_conf = os.path.join(etc, 'nova',
+                                            'nova-api-uwsgi.ini')
         self.glance_api_conf = os.path.join(etc, 'glance', 'glance-api.conf')
         self.import_conf = os.path.join(etc, 'glance',
                                         'glance-image-import.conf')
         for path, text in ((self.nova_conf, NOVA_CONF),
                            (self.nova_cpu_conf, NOVA_CPU_CONF),
+                           (self.nova_uwsgi_conf, NOVA_UWSGI_CONF),
                            (self.glance_api_conf, GLANCE_API_CONF),
                            (self.import_conf, GLANCE_IMAGE_IMPORT_CONF)):
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -150,6 +158,7 @@ class DevstackTestCase(testtools.TestCase):
             'DEST': self.dest,
             'NOVA_CONF': self.nova_conf,
             'NOVA_CPU_CONF': self.nova_cpu_conf,
+            'NOVA_UWSGI_CONF': self.nova_uwsgi_conf,
             'GLANCE_API_CONF': self.glance_api_conf,
             'GLANCE_IMAGE_IMPORT_CONF': self.import_conf,
             'LIBVIRT_GROUP': LIBVIRT_GROUP,
@@ -384,13 +393,22 @@ class TestDevstackPlugin(DevstackTestCase):
         self.assertEqual('admin', imp['inject_metadata_properties'][
             'ignore_user_roles'])
 
-        # Nova: NOVA_CONF only, and no credentials of vmar's in it
+        # Nova: NOVA_CONF only, and no Glance credentials of vmar's in it
         nova = ini(self.nova_conf)
         self.assertEqual({'api_socket': os.path.join(self.sock_dir,
                                                      'api.sock')},
                          dict(nova['vmar_compute']))
         self.assertNotIn('vmar', nova.sections())
         self.assertNotIn('vmar_glance', nova.sections())
+        # nova-scheduler (n-sch here): the weigher, beside Nova's own, and
+        # the library it reads
+        self.assertEqual(['nova.scheduler.weights.all_weighers',
+                          'vmar_openstack.nova_scheduler.weigher.VmarWeigher'],
+                         LIST(nova['filter_scheduler']['weight_classes']))
+        self.assertEqual(db_url, nova['vmar_database']['connection'])
+        # nova-api (n-api here): the application with vmar's checks
+        self.assertEqual('vmar_openstack.nova_api.wsgi:application',
+                         ini(self.nova_uwsgi_conf)['uwsgi']['module'])
         self.assertEqual('qemu', nova['libvirt']['virt_type'])
         self.assertEqual(NOVA_CPU_CONF, read(self.nova_cpu_conf))
 
@@ -462,6 +480,8 @@ class TestDevstackPlugin(DevstackTestCase):
                      self.db_file):
             self.assertFalse(os.path.exists(path), path)
         self.assertEqual(NOVA_CONF, read(self.nova_conf))
+        self.assertEqual('nova.wsgi.osapi_compute:application',
+                         ini(self.nova_uwsgi_conf)['uwsgi']['module'])
         imp = ini(self.import_conf)
         self.assertEqual([], LIST(
             imp['image_import_opts']['image_import_plugins']))
