@@ -4,7 +4,9 @@
 #
 # Usage: tools/install-deps.sh [--debs-only] [PURPOSE...]
 #
-# PURPOSE is one of cloud, demo, qemu, test. Each purpose has its Debian packages
+# PURPOSE is one of cloud, demo, qemu, test, nova33 (the unit tests against
+# the Nova release before the newest, in a virtualenv of their own: set
+# VMAR_VENV). Each purpose has its Debian packages
 # in bindep.txt (profile PURPOSE) and, where it needs Python packages, a
 # PURPOSE-requirements.txt next to requirements.txt. What every purpose
 # needs (no profile in bindep.txt, requirements.txt) is always installed.
@@ -29,8 +31,11 @@ purposes=()
 for arg in "$@"; do
     case $arg in
         --debs-only) debs_only=1 ;;
-        cloud | demo | qemu | test) purposes+=("$arg") ;;
-        *) echo "usage: $0 [--debs-only] [cloud|demo|qemu|test]..." >&2; exit 2 ;;
+        cloud | demo | qemu | test | nova33) purposes+=("$arg") ;;
+        *)
+            echo "usage: $0 [--debs-only] [cloud|demo|qemu|test|nova33]..." >&2
+            exit 2
+            ;;
     esac
 done
 
