@@ -633,9 +633,16 @@ class TestDevstackAgent(DevstackTestCase):
                       ('stack', 'extra')):
             self.phase(*phase)
         pid = self.service_pid('vmar-agent')
-        time.sleep(2)
-        self.assertTrue(alive(pid), 'vmar-agent exited; its log:\n%s' % read(
-            os.path.join(self.dest, 'logs', 'vmar-agent.log'))[-3000:])
+        log = os.path.join(self.dest, 'logs', 'vmar-agent.log')
+        # the event: the agent says it listens, which it does once its
+        # transport, database and Glance settings were all taken
+        self.assertTrue(
+            wait_for(lambda: 'vmar-agent listening' in read(log)
+                     if os.path.exists(log) else False, 60),
+            'vmar-agent never listened; its log:\n%s'
+            % (read(log)[-3000:] if os.path.exists(log) else '(none)'))
+        self.assertTrue(alive(pid), 'vmar-agent exited; its log:\n%s'
+                        % read(log)[-3000:])
         self.phase('unstack')
         self.assertTrue(wait_for(lambda: not alive(pid), 10),
                         'vmar-agent still runs after unstack')

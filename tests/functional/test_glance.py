@@ -12,6 +12,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -220,9 +221,10 @@ class GlanceTestCase(testtools.TestCase):
                 what, self.agent_log()))
             time.sleep(0.3)
 
-    def agent_log(self):
+    def agent_log(self, full=False):
         with open(os.path.join(self.work, 'agent.log'), errors='replace') as f:
-            return f.read()[-20000:]
+            text = f.read()
+        return text if full else text[-20000:]
 
     def image(self, name, seeds):
         return base.write_image(
@@ -247,6 +249,24 @@ class GlanceTestCase(testtools.TestCase):
                 return img
             self.assertNotEqual('killed', img['status'])
             self.assertLess(time.time(), deadline, img)
+            time.sleep(0.2)
+
+    def wait_handled(self, event_type, image_id, count=1, timeout=120,
+                     outcome='done'):
+        """Until the agent is through ``count`` ``event_type`` of an image.
+
+        ``outcome``: a regular expression of how each ended (its debug
+        log's "done", or how a failure was logged). The agent handles
+        notifications on several threads: a later image's map says
+        nothing of an earlier event; its log does.
+        """
+        pattern = re.compile(r'%s for %s (%s)' % (
+            re.escape(event_type), re.escape(image_id), outcome))
+        deadline = time.time() + timeout
+        while len(pattern.findall(self.agent_log(full=True))) < count:
+            self.assertLess(time.time(), deadline,
+                            'the agent never went through %d %s of %s'
+                            % (count, event_type, image_id))
             time.sleep(0.2)
 
     def wait_map(self, image_id, newer_than=0, timeout=120):
@@ -740,8 +760,9 @@ class TestGlance(GlanceTestCase):
         out = os.path.join(self.tmp, 'out.raw')
         self.rebuild(image_id, v, out)
         self.assertEqual(_sha(raw), _sha(out))
-        # the agent saw it ingested: no second version
-        time.sleep(1)
+        # the agent saw it ingested: no second version, once it is done
+        # with the image's activation
+        self.wait_handled('image.activate', image_id)
         self.assertEqual(1, self.library_image(image_id).map_version)
 
     def test_delete_of_a_canonical_image(self):
@@ -801,10 +822,13 @@ class TestGlance(GlanceTestCase):
         ghost = dict(payload, id=str(uuid.uuid4()))
         n.info({}, 'image.delete', ghost)
         n.info({}, 'image.activate', ghost)
-        # a marker: once it is handled, everything before it was
-        marker = self.create(self.image('f.raw', list(range(31001, 31100))))
-        self.wait_map(marker)
-        time.sleep(1)
+        # every one of them handled, Glance's own two included
+        for event, count in (('image.activate', 4), ('image.upload', 4),
+                             ('image.update', 1)):
+            self.wait_handled(event, image_id, count)
+        self.wait_handled('image.delete', ghost['id'])
+        self.wait_handled('image.activate', ghost['id'],
+                          outcome='done|failed')
         self.assertEqual(v, self.library_image(image_id).map_version)
         self.assertEqual(1, self.source.current_version(image_id))
         self.assertIsNone(self.library_image(ghost['id']))

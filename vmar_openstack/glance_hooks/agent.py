@@ -329,6 +329,7 @@ class Endpoint:
         if prior:
             self.failures.clear(image_id)
         self.succeeded.set()
+        LOG.debug('%s for %s done', event_type, image_id)
         return None
 
     def failed(self, event_type, image_id, error, once=False):
