@@ -45,6 +45,7 @@ from oslo_config import cfg  # noqa: E402
 import oslo_messaging  # noqa: E402
 
 from tools.vmarenv import glance_env  # noqa: E402
+from tools.vmarenv import rabbitmq_env  # noqa: E402
 from tools.vmarenv import services  # noqa: E402
 from vmar_openstack import conf as vmar_conf  # noqa: E402
 from vmar_openstack.db import migration  # noqa: E402
@@ -201,7 +202,7 @@ def main():
     p.add_argument('--json')
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix='vmar-bench-glance-')
-    rabbit = glance_env.RabbitMQ(os.path.join(work, 'rabbit'))
+    rabbit = rabbitmq_env.RabbitMQ(os.path.join(work, 'rabbit'))
     glance = watcher = None
     try:
         rabbit.start()

@@ -20,7 +20,7 @@ import numpy as np
 from prometheus_client import parser
 
 from tests import base
-from tools.vmarenv import glance_env
+from tools.vmarenv import process
 from tools.vmarenv import qemu_env
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
@@ -285,7 +285,7 @@ class TestHostStatus(ExportTestCase):
     """vmar-export status and the Prometheus endpoint of serve."""
 
     def extra_conf(self):
-        self.metrics_port = glance_env.free_port()
+        self.metrics_port = process.free_port()
         return 'metrics_port = %d\n' % self.metrics_port
 
     def status(self):

@@ -33,7 +33,10 @@ import testtools
 from tests import base
 from tests.functional.test_guest import GUEST_XML
 from tools.vmarenv import glance_env
+from tools.vmarenv import process
+from tools.vmarenv import proxy_env
 from tools.vmarenv import qemu_env
+from tools.vmarenv import rabbitmq_env
 from tools.vmarenv import services
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
@@ -111,7 +114,7 @@ class GlanceTestCase(testtools.TestCase):
 
     @classmethod
     def _start(cls):
-        cls.rabbit = glance_env.RabbitMQ(os.path.join(cls.work, 'rabbit'))
+        cls.rabbit = rabbitmq_env.RabbitMQ(os.path.join(cls.work, 'rabbit'))
         cls.rabbit.start()
         cls.state = os.path.join(cls.work, 'vmar')
         os.makedirs(cls.state)
@@ -328,7 +331,7 @@ class GlanceTestCase(testtools.TestCase):
         ``serve`` of the same host (after a "reboot"). ``report``: the host
         reports to the agent through RabbitMQ every second.
         """
-        proxy = glance_env.TcpProxy(
+        proxy = proxy_env.TcpProxy(
             '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
             work_dir=os.path.join(self.tmp, 'proxy'))
         os.makedirs(proxy.work_dir)
@@ -410,7 +413,7 @@ class GlanceTestCase(testtools.TestCase):
         logs = [os.path.join(self.tmp, 'serve.log'),
                 os.path.join(self.tmp, 'host', 'qsd.log'),
                 os.path.join(self.tmp, 'host', 'fetch.log')]
-        return glance_env.log_tail([p for p in logs if os.path.exists(p)])
+        return process.log_tail([p for p in logs if os.path.exists(p)])
 
     def rebuild(self, image_id, version, out):
         """The image, read through its published map and Glance bases."""
@@ -910,13 +913,13 @@ class TestGlance(GlanceTestCase):
 
     def test_outage_then_recovery(self):
         # the agent reaches Glance through a proxy: stopped, an outage
-        proxy = glance_env.TcpProxy(
+        proxy = proxy_env.TcpProxy(
             '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
             work_dir=os.path.join(self.tmp, 'proxy'))
         os.makedirs(proxy.work_dir)
         self.addCleanup(proxy.stop)
         through = os.path.join(self.tmp, 'through-proxy.conf')
-        metrics_port = glance_env.free_port()
+        metrics_port = process.free_port()
         glance_env.write_conf(through, {
             'vmar_glance': {'endpoint': proxy.url,
                             'endpoint_override': proxy.url},

@@ -6,7 +6,7 @@ import time
 
 from tools.cloud import config
 from tools.cloud import stack
-from tools.vmarenv import glance_env
+from tools.vmarenv import process
 
 
 def main(argv=None):
@@ -41,7 +41,7 @@ def main(argv=None):
             echo('cloud down in %.1f s' % (time.time() - t0))
         else:
             return 0 if stack.status(cloud, echo) else 3
-    except glance_env.ServiceError as e:
+    except process.ServiceError as e:
         print('tools/cloud.sh %s: %s' % (args.command, e), file=sys.stderr)
         return 1
     return 0

@@ -17,7 +17,7 @@ import socket
 import sys
 import uuid
 
-from tools.vmarenv import glance_env
+from tools.vmarenv import process
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -130,17 +130,17 @@ class Cloud(object):
                 self.settings = json.load(f)
             made = self.settings.get('computes', 1)
             if computes is not None and computes != made:
-                raise glance_env.ServiceError(
+                raise process.ServiceError(
                     'the cloud in %s has %d compute host(s), not %d: '
                     'tools/cloud.sh down --purge first'
                     % (self.state_dir, made, computes))
         elif create:
             computes = computes or 1
             if computes < 1:
-                raise glance_env.ServiceError('--computes must be >= 1')
+                raise process.ServiceError('--computes must be >= 1')
             os.makedirs(self.state_dir, exist_ok=True)
             os.chmod(self.state_dir, 0o755)  # QEMU (libvirt-qemu) traverses
-            ports = glance_env.free_ports(len(PORTS))
+            ports = process.free_ports(len(PORTS))
             self.settings = {
                 'ports': dict(zip(PORTS, ports)),
                 'passwords': {name: secrets.token_hex(12) for name in (

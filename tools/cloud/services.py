@@ -16,10 +16,10 @@ import time
 import urllib.error
 import urllib.request
 
-from tools.vmarenv import glance_env
+from tools.vmarenv import process
 
 OWNER_VAR = 'VMAR_CLOUD_OWNER'
-ServiceError = glance_env.ServiceError
+ServiceError = process.ServiceError
 
 
 def _http_ok(url):
@@ -70,7 +70,7 @@ def _with_descendants(roots):
     return found
 
 
-class Service(glance_env._Service):
+class Service(process.Service):
     """One daemon (and whatever it forks) of the cloud."""
 
     endpoint = None
@@ -128,8 +128,8 @@ class Service(glance_env._Service):
         setproctitle) overwrites the environment block /proc shows, and
         with it the tag.
         """
-        roots = set(glance_env.tagged_pids(lambda t: t == self.tag,
-                                           OWNER_VAR))
+        roots = set(process.tagged_pids(lambda t: t == self.tag,
+                                        OWNER_VAR))
         try:
             with open(self.pidfile) as f:
                 pid, start = f.read().split()
@@ -157,7 +157,7 @@ class Service(glance_env._Service):
         if rc:
             raise ServiceError('%s: %s failed (%d)\n%s' % (
                 self.name, what or ' '.join(cmd), rc,
-                glance_env.log_tail([log])))
+                process.log_tail([log])))
 
     def stamp(self, what):
         return self.cloud.path('stamps', '%s-%s' % (self.name, what))

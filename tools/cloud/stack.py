@@ -16,8 +16,9 @@ from tools.cloud.services import OWNER_VAR
 from tools.cloud.services import Service
 from tools.cloud.services import ServiceError
 from tools.cloud.services import UwsgiService
-from tools.vmarenv import glance_env
+from tools.vmarenv import process
 from tools.vmarenv import qemu_env
+from tools.vmarenv import rabbitmq_env
 
 
 def _sql(cloud, database, query, *args):
@@ -46,8 +47,8 @@ class MariaDB(Service):
         return ['mariadbd', '--defaults-file=' + self.cnf]
 
     def ready(self):
-        return glance_env.port_open(self.cloud.port('mysql'),
-                                    self.cloud.address)
+        return process.port_open(self.cloud.port('mysql'),
+                                 self.cloud.address)
 
     def setup(self):
         log = os.path.join(self.cloud.log_dir, 'mariadb.log')
@@ -85,12 +86,12 @@ class MariaDB(Service):
 
 
 class RabbitMQ(Service):
-    """A private RabbitMQ node (glance_env.RabbitMQ) on fixed ports."""
+    """A private RabbitMQ node (rabbitmq_env.RabbitMQ) on fixed ports."""
 
     def __init__(self, cloud):
         super(RabbitMQ, self).__init__(cloud, 'rabbitmq')
         self.endpoint = 'amqp://%s:%d' % (cloud.address, cloud.port('rabbit'))
-        self.mq = glance_env.RabbitMQ(
+        self.mq = rabbitmq_env.RabbitMQ(
             cloud.path('rabbitmq'), user='vmar',
             password=cloud.password('rabbit'),
             ports=(cloud.port('rabbit'), cloud.port('rabbit_dist'),
@@ -99,8 +100,8 @@ class RabbitMQ(Service):
             tag=self.tag, address=cloud.address)
 
     def ready(self):
-        return glance_env.port_open(self.cloud.port('rabbit'),
-                                    self.cloud.address)
+        return process.port_open(self.cloud.port('rabbit'),
+                                 self.cloud.address)
 
     def start(self):
         self.mq.stop()
@@ -417,7 +418,7 @@ class HostSshd(Service):
         self.host.up()
 
     def ready(self):
-        return glance_env.port_open(22, self.host.address)
+        return process.port_open(22, self.host.address)
 
 
 class HostExport(_OnHost, VmarExport):
@@ -520,8 +521,8 @@ def strays(cloud):
     environment, so they carry no tag).
     """
     prefix = cloud.state_dir + ':'
-    found = set(glance_env.tagged_pids(lambda t: t.startswith(prefix),
-                                       OWNER_VAR))
+    found = set(process.tagged_pids(lambda t: t.startswith(prefix),
+                                    OWNER_VAR))
     needle = (cloud.state_dir + '/').encode()
     mine = _ancestors()
     for entry in os.listdir('/proc'):

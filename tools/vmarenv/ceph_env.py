@@ -26,12 +26,12 @@ import subprocess
 import time
 import uuid
 
-from tools.vmarenv.glance_env import _Service
-from tools.vmarenv.glance_env import free_ports
-from tools.vmarenv.glance_env import kill_tagged
-from tools.vmarenv.glance_env import log_tail
-from tools.vmarenv.glance_env import reap_stale
-from tools.vmarenv.glance_env import ServiceError
+from tools.vmarenv.process import free_ports
+from tools.vmarenv.process import kill_tagged
+from tools.vmarenv.process import log_tail
+from tools.vmarenv.process import reap_stale
+from tools.vmarenv.process import Service
+from tools.vmarenv.process import ServiceError
 
 POOL = 'images'
 USERS = {
@@ -88,7 +88,7 @@ keyring = {d}/$name.keyring
 """
 
 
-class Ceph(_Service):
+class Ceph(Service):
     """``ceph-mon -i a`` and ``ceph-osd -i 0`` under ``work_dir``."""
 
     name = 'ceph'

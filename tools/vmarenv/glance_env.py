@@ -1,444 +1,30 @@
-"""Run a real RabbitMQ and a real glance-api for functional tests.
-
-Nothing here needs systemd or Keystone. Each service runs in a private work
-directory, on free ports, under its own names, so it does not clash with a
-system RabbitMQ, another test run, or what an earlier run left behind.
-
-``RabbitMQ`` starts its own ``rabbitmq-server`` node (own epmd port, own
-Erlang cookie, own mnesia and log dirs) and gives a ``transport_url``.
+"""A real glance-api for the tests, tools and benches.
 
 ``GlanceAPI`` writes glance-api.conf and glance-image-import.conf, runs
 ``glance-manage db_sync`` and serves ``glance.wsgi.api:application`` under
 uWSGI (the ``pyuwsgi`` wheel), because Glance 33 no longer has a standalone
 ``glance-api`` server: its console script only prints an error. There is no
-Keystone: a small paste filter stands in for authtoken and gives every
-request a fixed project, user and roles (see PASTE_INI).
-
-Every process either class starts carries ``VMAR_FUNCTIONAL_OWNER`` in its
-environment; ``stop()`` kills exactly those processes, and ``start()`` first
-kills processes left behind by earlier runs whose owner process is gone.
+Keystone: a small paste filter, a test double for keystonemiddleware's
+authtoken, gives every request a fixed project, user and roles (see
+PASTE_INI). Its processes are a :class:`~.process.Service`'s.
 """
 
 import configparser
 import os
-import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
-OWNER_VAR = 'VMAR_FUNCTIONAL_OWNER'
+from tools.vmarenv import process
+
 # Who every request to GlanceAPI is, unless it sends X-Project-Id/X-Roles/...
 PROJECT_ID = '0a1b2c3d4e5f40718293a4b5c6d7e8f9'
 USER_ID = 'f9e8d7c6b5a4493827160f5e4d3c2b1a'
 BIN_DIR = os.path.dirname(sys.executable)
 
-
-class ServiceError(RuntimeError):
-    pass
-
-
-def venv_bin(name, hint=None):
-    """Path of a console script in the running interpreter's venv.
-
-    Only the directory of sys.executable is searched (not PATH), so the
-    services run from the same venv, and the same glance, as the tests.
-    """
-    path = os.path.join(BIN_DIR, name)
-    if not os.path.exists(path):
-        raise ServiceError('%s not found in %s%s' % (
-            name, BIN_DIR, '; ' + hint if hint else ''))
-    return path
-
-
-def free_ports(count, host='127.0.0.1'):
-    """count distinct free TCP ports (all held open while choosing)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port(host='127.0.0.1'):
-    return free_ports(1, host)[0]
-
-
-def port_open(port, host='127.0.0.1'):
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def log_tail(paths, lines=40):
-    out = []
-    for path in paths:
-        try:
-            with open(path, errors='replace') as f:
-                tail = f.readlines()[-lines:]
-        except OSError:
-            continue
-        out.append('--- %s (last %d lines) ---\n%s' % (
-            path, len(tail), ''.join(tail)))
-    return '\n'.join(out) or '(no log output)'
-
-
-# -- process bookkeeping ----------------------------------------------------
-
-def _proc_owner_tags(var=OWNER_VAR):
-    """Yield (pid, tag) for every process carrying ``var`` (OWNER_VAR)."""
-    prefix = (var + '=').encode()
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit():
-            continue
-        try:
-            with open('/proc/%s/environ' % entry, 'rb') as f:
-                env = f.read().split(b'\0')
-            with open('/proc/%s/stat' % entry, 'rb') as f:
-                state = f.read().rsplit(b')', 1)[1].split()[0]
-        except OSError:
-            continue
-        if state == b'Z':
-            continue
-        for item in env:
-            if item.startswith(prefix):
-                yield int(entry), item[len(prefix):].decode(errors='replace')
-                break
-
-
-def tagged_pids(match, var=OWNER_VAR):
-    """Live processes whose tag (in ``var``) satisfies match, by pid."""
-    return sorted(pid for pid, tag in _proc_owner_tags(var) if match(tag))
-
-
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def kill_tagged(match, timeout=10, var=OWNER_VAR):
-    """SIGTERM, then SIGKILL, every live process whose tag satisfies match.
-
-    ``var`` is the environment variable holding the tag (OWNER_VAR for the
-    functional tests' processes).
-    """
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = [pid for pid, tag in _proc_owner_tags(var)
-                if match(tag) and pid != os.getpid()]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + (timeout if sig == signal.SIGTERM else 5)
-        while time.time() < deadline:
-            if not any(match(tag) for _, tag in _proc_owner_tags(var)):
-                return
-            time.sleep(0.1)
-    left = [pid for pid, tag in _proc_owner_tags(var) if match(tag)]
-    if left:
-        raise ServiceError('processes survived SIGKILL: %s' % left)
-
-
-def reap_stale():
-    """Kill processes of earlier runs whose owning test process is gone."""
-    def stale(tag):
-        try:
-            owner = int(tag.split(':', 1)[0])
-        except ValueError:
-            return True
-        return not _pid_alive(owner)
-    kill_tagged(stale, timeout=5)
-
-
-class _Service(object):
-    """A process tree, tagged with ``owner_var=tag`` in its environment.
-
-    By default the tag names the creating process (OWNER_VAR,
-    ``<pid>:<name>:<work_dir>``): the service lives as long as that process,
-    and ``reap_stale`` kills it once that process is gone. A service meant
-    to outlive its creator (tools/cloud.sh) passes its own ``owner_var`` and
-    a ``tag`` of its own.
-    """
-
-    name = 'service'
-
-    def __init__(self, work_dir=None, owner_var=OWNER_VAR, tag=None):
-        self._own_dir = work_dir is None
-        self.work_dir = os.path.abspath(
-            work_dir or tempfile.mkdtemp(prefix='vmar-%s-' % self.name))
-        self.owner_var = owner_var
-        self.tag = tag or '%d:%s:%s' % (os.getpid(), self.name,
-                                        self.work_dir)
-        self.proc = None
-        self._logfile = None
-
-    def _env(self, extra=None):
-        env = dict(os.environ)
-        env.pop(OWNER_VAR, None)
-        env[self.owner_var] = self.tag
-        env.update(extra or {})
-        return env
-
-    def _spawn(self, cmd, env, log_path):
-        self._logfile = open(log_path, 'ab')
-        self.proc = subprocess.Popen(
-            cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._logfile,
-            stderr=subprocess.STDOUT, start_new_session=True,
-            cwd=self.work_dir)
-
-    def _fail(self, msg):
-        tail = log_tail(self.log_files())
-        try:
-            self.stop()
-        except Exception as e:  # keep the original error visible
-            tail += '\n(stop after failure also failed: %s)' % e
-        raise ServiceError('%s: %s\n%s' % (self.name, msg, tail))
-
-    def log_files(self):
-        return []
-
-    def _kill_all(self):
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if self.proc is not None:
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-        kill_tagged(lambda tag: tag == self.tag, var=self.owner_var)
-        self.proc = None
-        if self._logfile:
-            self._logfile.close()
-            self._logfile = None
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-
-class TcpProxy(_Service):
-    """socat forwarding 127.0.0.1:``port`` to ``target``.
-
-    Stopped, it is an outage (connection refused); start() heals it.
-    Paused, it is a store that hangs; resume() heals it.
-    """
-
-    name = 'tcp-proxy'
-
-    def __init__(self, target_host, target_port, work_dir=None):
-        super().__init__(work_dir)
-        self.target = (target_host, int(target_port))
-        self.port = free_port()
-
-    @property
-    def url(self):
-        return 'http://127.0.0.1:%d' % self.port
-
-    def log_files(self):
-        return [os.path.join(self.work_dir, 'socat.log')]
-
-    def start(self):
-        self._spawn(['socat', 'TCP-LISTEN:%d,bind=127.0.0.1,reuseaddr,fork'
-                     % self.port, 'TCP:%s:%d' % self.target],
-                    self._env(), self.log_files()[0])
-        deadline = time.time() + 10
-        while not port_open(self.port):
-            if self.proc.poll() is not None or time.time() > deadline:
-                self._fail('socat does not listen on %d' % self.port)
-            time.sleep(0.05)
-
-    def stop(self):
-        self._kill_all()
-
-    def pause(self):
-        """A store that takes connections and never answers (SIGSTOP)."""
-        os.killpg(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self):
-        os.killpg(self.proc.pid, signal.SIGCONT)
-
-
-# -- RabbitMQ ---------------------------------------------------------------
-
-def _rabbit_script(name):
-    for path in ('/usr/lib/rabbitmq/bin/' + name, '/usr/sbin/' + name):
-        if os.path.exists(path):
-            return path
-    found = shutil.which(name)
-    if not found:
-        raise ServiceError(
-            '%s not found; install it: DEBIAN_FRONTEND=noninteractive '
-            'apt-get install -y --no-install-recommends rabbitmq-server'
-            % name)
-    return found
-
-
-class RabbitMQ(_Service):
-    """A private rabbitmq-server node on free ports.
-
-    /usr/lib/rabbitmq/bin/rabbitmq-server is run directly (the /usr/sbin
-    wrapper would switch to the rabbitmq user, who cannot write our dirs).
-    """
-
-    name = 'rabbitmq'
-
-    def __init__(self, work_dir=None, user='vmar', password=None,
-                 timeout=90, ports=None, nodename=None, address='127.0.0.1',
-                 **tagging):
-        """A node; ports and node name are chosen at start() unless given.
-
-        ``ports``: (AMQP, distribution, epmd); ``address``: where AMQP
-        listens; ``tagging``: see :class:`_Service`.
-        """
-        super(RabbitMQ, self).__init__(work_dir, **tagging)
-        self.address = address
-        self.user = user
-        self.password = password or secrets.token_hex(8)
-        self.timeout = timeout
-        self.ports = ports
-        self.port = self.dist_port = self.epmd_port = None
-        self.nodename = self._nodename = nodename
-        self.transport_url = None
-        self.startup_seconds = None
-
-    def log_files(self):
-        return [os.path.join(self.work_dir, 'rabbitmq-server.out'),
-                os.path.join(self.work_dir, 'log', 'rabbit.log')]
-
-    def _rabbit_env(self):
-        d = self.work_dir
-        return self._env({
-            'HOME': os.path.join(d, 'home'),  # .erlang.cookie lives here
-            'RABBITMQ_CONF_ENV_FILE': os.path.join(d, 'rabbitmq-env.conf'),
-            'RABBITMQ_CONFIG_FILE': os.path.join(d, 'rabbitmq.conf'),
-            'RABBITMQ_ADVANCED_CONFIG_FILE': os.path.join(
-                d, 'advanced.config'),
-            'RABBITMQ_ENABLED_PLUGINS_FILE': os.path.join(
-                d, 'enabled_plugins'),
-            'RABBITMQ_PLUGINS_EXPAND_DIR': os.path.join(d, 'plugins-expand'),
-            'RABBITMQ_MNESIA_BASE': os.path.join(d, 'mnesia'),
-            'RABBITMQ_LOG_BASE': os.path.join(d, 'log'),
-            'RABBITMQ_LOGS': os.path.join(d, 'log', 'rabbit.log'),
-            'RABBITMQ_PID_FILE': os.path.join(d, 'rabbitmq.pid'),
-            'RABBITMQ_NODENAME': self.nodename,
-            'RABBITMQ_NODE_IP_ADDRESS': self.address,
-            'RABBITMQ_NODE_PORT': str(self.port),
-            'RABBITMQ_DIST_PORT': str(self.dist_port),
-            # A private epmd, so we can stop it without touching others'.
-            'ERL_EPMD_PORT': str(self.epmd_port),
-            'ERL_EPMD_ADDRESS': '127.0.0.1',
-        })
-
-    def ctl(self, *args, timeout=60, check=True):
-        result = subprocess.run(
-            [_rabbit_script('rabbitmqctl'), '-n', self.nodename] + list(args),
-            env=self._rabbit_env(), capture_output=True, text=True,
-            timeout=timeout)
-        if check and result.returncode:
-            raise ServiceError('rabbitmqctl %s failed (%d): %s%s' % (
-                ' '.join(args), result.returncode, result.stdout,
-                result.stderr))
-        return result
-
-    def start(self):
-        if self.owner_var == OWNER_VAR:
-            reap_stale()
-        server = _rabbit_script('rabbitmq-server')
-        d = self.work_dir
-        for sub in ('mnesia', 'log', 'plugins-expand'):
-            path = os.path.join(d, sub)
-            shutil.rmtree(path, ignore_errors=True)  # no stale node state
-            os.makedirs(path)
-        home = os.path.join(d, 'home')
-        os.makedirs(home, exist_ok=True)
-        cookie = os.path.join(home, '.erlang.cookie')
-        if os.path.exists(cookie):
-            os.chmod(cookie, 0o600)
-        with open(cookie, 'w') as f:
-            f.write(secrets.token_hex(16))
-        os.chmod(cookie, 0o400)
-
-        self.port, self.dist_port, self.epmd_port = (
-            self.ports or free_ports(3))
-        self.nodename = self._nodename or 'vmar%d_%s@localhost' % (
-            os.getpid(), secrets.token_hex(3))
-        with open(os.path.join(d, 'rabbitmq-env.conf'), 'w'):
-            pass  # empty: do not read /etc/rabbitmq/rabbitmq-env.conf
-        with open(os.path.join(d, 'enabled_plugins'), 'w') as f:
-            f.write('[].\n')
-        with open(os.path.join(d, 'advanced.config'), 'w') as f:
-            f.write('[].\n')
-        with open(os.path.join(d, 'rabbitmq.conf'), 'w') as f:
-            f.write('default_user = %s\n'
-                    'default_pass = %s\n'
-                    'default_vhost = /\n'
-                    'loopback_users = none\n'
-                    'disk_free_limit.absolute = 50MB\n'
-                    'log.console = false\n'
-                    'log.file.level = info\n' % (self.user, self.password))
-
-        t0 = time.time()
-        self._spawn([server], self._rabbit_env(),
-                    os.path.join(d, 'rabbitmq-server.out'))
-        deadline = t0 + self.timeout
-        while not port_open(self.port, self.address):
-            if self.proc.poll() is not None:
-                self._fail('rabbitmq-server exited with %s'
-                           % self.proc.returncode)
-            if time.time() > deadline:
-                self._fail('AMQP port %d not open after %ds'
-                           % (self.port, self.timeout))
-            time.sleep(0.2)
-        result = self.ctl('await_startup', '--timeout', '60', check=False)
-        if result.returncode:
-            self._fail('await_startup failed: %s%s'
-                       % (result.stdout, result.stderr))
-        self.startup_seconds = time.time() - t0
-        self.transport_url = 'rabbit://%s:%s@%s:%d/' % (
-            self.user, self.password, self.address, self.port)
-        return self
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.ctl('stop', timeout=30, check=False)
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
-        # beam, erl_child_setup, inet_gethost and our private epmd all carry
-        # the tag (epmd daemonizes into its own session, so killpg misses it).
-        self._kill_all()
-        if self._own_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-
-
-# -- glance-api ---------------------------------------------------------------
 
 # glance-api's paste pipeline. The ``keystone`` pipeline of the shipped
 # glance-api-paste.ini with authtoken replaced by ``vmar-noauth``, which sets
@@ -561,7 +147,7 @@ def merge_sections(base, extra):
     return out
 
 
-class GlanceAPI(_Service):
+class GlanceAPI(process.Service):
     """glance-api (glance.wsgi.api:application) under uWSGI, no Keystone.
 
     :param work_dir: where config, database, stores and logs go.
@@ -712,14 +298,14 @@ class GlanceAPI(_Service):
         return self._env(env)
 
     def start(self):
-        reap_stale()
-        uwsgi = venv_bin('uwsgi', 'pip install pyuwsgi')
-        manage = venv_bin('glance-manage', 'pip install glance')
+        process.reap_stale()
+        uwsgi = process.venv_bin('uwsgi', 'pip install pyuwsgi')
+        manage = process.venv_bin('glance-manage', 'pip install glance')
         for path in (self.etc_dir, self.store_dir, self.staging_dir,
                      self.tasks_dir, self.log_dir,
                      os.path.join(self.work_dir, 'lock')):
             os.makedirs(path, exist_ok=True)
-        self.port = free_port()
+        self.port = process.free_port()
         self.endpoint = 'http://127.0.0.1:%d' % self.port
         write_conf(self.api_conf, self.api_config())
         write_conf(self.import_conf, self.image_import_config())
@@ -797,7 +383,7 @@ class GlanceAPI(_Service):
         upload an empty image). Unless ``input`` (bytes) is given, the CLI
         gets a closed stdin, like ``<&-`` in a shell.
         """
-        cmd = [venv_bin('openstack')] + list(args)
+        cmd = [process.venv_bin('openstack')] + list(args)
         if input is None:
             # no preexec_fn: callers may have threads (e.g. a listener)
             cmd = ['sh', '-c', 'exec "$@" <&-', 'openstack'] + cmd
@@ -808,7 +394,7 @@ class GlanceAPI(_Service):
         result.stdout = result.stdout.decode(errors='replace')
         result.stderr = result.stderr.decode(errors='replace')
         if check and result.returncode:
-            raise ServiceError('openstack %s failed (%d):\n%s%s' % (
+            raise process.ServiceError('openstack %s failed (%d):\n%s%s' % (
                 ' '.join(args), result.returncode, result.stdout,
                 result.stderr))
         return result
