@@ -88,6 +88,7 @@ from vmar_openstack.mapformat import bootset  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
 from vmar_openstack.mapsource import local  # noqa: E402
 from vmar_openstack.mapsource import rbd  # noqa: E402
+from vmar_openstack.mapsource import readers  # noqa: E402
 from vmar_openstack import names as vnames  # noqa: E402
 
 IMAGES = ('minbase', 'python3', 'postgresql', 'nginx', 'apache2', 'mariadb')
@@ -111,13 +112,8 @@ class ThrottledStore(local.LocalDirSource):
         self.export = export
 
     def base_reader(self, image_id, size):
-        node = {'driver': 'nbd', 'export': self.export(image_id, size),
-                'read-only': True,
-                'server': {'type': 'unix', 'path': self.socket}}
-        if self.fmt == 'raw':
-            return node
-        return {'driver': self.fmt, 'read-only': True, 'backing': None,
-                'file': node}
+        node = readers.RangeExport(self.socket, self.export(image_id, size))
+        return node if self.fmt == 'raw' else readers.Qcow2(node)
 
 
 class Store:
@@ -190,7 +186,7 @@ class RbdStore:
         pconf.set_override('base_fetch', 'lazy', group='vmar_host')
         pconf.set_override('host_dir', host_dir, group='vmar_host')
         os.makedirs(host_dir, exist_ok=True)
-        cmd, sock, env = gsource.GlanceSource(pconf).fetcher_command()
+        cmd, sock, env = gsource.GlanceSource(pconf).range_server_command()
         log = open(os.path.join(host_dir, 'fetch.log'), 'ab')
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log,
                                 stdin=subprocess.DEVNULL)

@@ -207,9 +207,8 @@ class TestGlanceOnCeph(CephStore, test_glance.GlanceTestCase):
         # Ceph too (Glance cannot serve a range of it)
         uri = self.lazy_add(cmd, ib, vb)
         reader = self.reader(host, ib)
-        self.assertEqual(('qcow2', None, 'nbd'),
-                         (reader['driver'], reader['backing'],
-                          reader['file']['driver']))
+        self.assertEqual(('qcow2', 'range-export'),
+                         (reader['kind'], reader['file']['kind']))
         self.assertTrue(rbd.is_fetch_export(reader['file']['export']))
         self.assert_same(uri, b_raw)
 

@@ -51,6 +51,7 @@ from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset
 from vmar_openstack.mapsource import glance as gsource
+from vmar_openstack.mapsource import readers
 
 
 def _sha(path):
@@ -711,13 +712,16 @@ class TestGlance(GlanceTestCase):
         mirrors = os.path.join(host, 'mirrors')
         with open(os.path.join(mirrors, ib + '.reader')) as f:
             reader = json.load(f)
-        # QEMU's qcow2 driver over the range server, never a backing file
-        self.assertEqual(('qcow2', None, 'nbd', ib),
-                         (reader['driver'], reader['backing'],
-                          reader['file']['driver'],
+        # QEMU's qcow2 driver over the range server, never a backing file:
+        # the host keeps where, and the daemon's node has no backing
+        self.assertEqual(('qcow2', 'range-export', ib),
+                         (reader['kind'], reader['file']['kind'],
                           reader['file']['export'].split('/')[0]))
+        node = graph.reader_options(readers.from_record(reader))
+        self.assertEqual(('qcow2', None, 'nbd'), (
+            node['driver'], node['backing'], node['file']['driver']))
         with open(os.path.join(mirrors, ia + '.reader')) as f:
-            self.assertEqual('nbd', json.load(f)['driver'])
+            self.assertEqual('range-export', json.load(f)['kind'])
 
         def held(image_id):
             return os.stat(os.path.join(mirrors, image_id)).st_blocks * 512

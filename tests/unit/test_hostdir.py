@@ -10,6 +10,7 @@ import testtools
 
 from vmar_openstack.export import hostdir
 from vmar_openstack.mapformat import bootset
+from vmar_openstack.mapsource import base
 
 Exp = collections.namedtuple('Exp', 'image_id map_version targets')
 
@@ -64,7 +65,11 @@ class TestBootsetFetch(testtools.TestCase):
                                               'recorded', ((0, 2),)))
         both = threading.Barrier(2, timeout=10)
 
-        class Source:
+        class Source(base.MapSource):
+            has_bootsets = True
+
+            current_version = fetch_map = fetch_base = None
+
             def fetch_bootset(self, image_id, dest):
                 both.wait()     # both fetches are under way at once
                 with open(dest, 'wb') as f:

@@ -14,6 +14,7 @@ import testtools
 
 from vmar_openstack.exception import SourceError
 from vmar_openstack.mapsource import glance as gsource
+from vmar_openstack.mapsource import readers
 
 ID = '0e000000-0000-4000-8000-00000000000e'
 
@@ -102,12 +103,10 @@ class TestBaseReader(testtools.TestCase):
 
     def test_raw_is_the_range_servers_export(self):
         node = self.source.base_reader(ID, 8192)
-        self.assertEqual({'driver': 'nbd', 'read-only': True,
-                          'export': ID + '/8192',
-                          'server': {'type': 'unix',
-                                     'path': '/h/glance-fetch.sock'}}, node)
+        self.assertEqual(readers.RangeExport('/h/glance-fetch.sock',
+                                             ID + '/8192'), node)
         self.assertEqual((ID, 8192),
-                         gsource.parse_fetch_export(node['export']))
+                         gsource.parse_fetch_export(node.export))
         self.assertEqual([], self.reads)
 
     def test_qcow2_header_is_inspected_then_read_by_qemus_driver(self):
@@ -118,9 +117,8 @@ class TestBaseReader(testtools.TestCase):
             self.head = f.read()
         self.meta.update(disk_format='qcow2', size=len(self.head))
         node = self.source.base_reader(ID, 1 << 20)
-        self.assertEqual(('qcow2', None, ID + '/%d' % len(self.head)),
-                         (node['driver'], node['backing'],
-                          node['file']['export']))
+        self.assertIsInstance(node, readers.Qcow2)
+        self.assertEqual(ID + '/%d' % len(self.head), node.file.export)
         self.assertEqual([(ID, 0, 512)], self.reads)
         # a map of another size is another image
         e = self.assertRaises(SourceError, self.source.base_reader, ID, 4096)

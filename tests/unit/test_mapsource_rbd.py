@@ -111,7 +111,7 @@ class TestBaseReaderChoosesRbd(testtools.TestCase):
                 images=types.SimpleNamespace(get=lambda i: dict(self.meta))))
 
     def export(self):
-        return self.source.base_reader(ID, 8192)['export']
+        return self.source.base_reader(ID, 8192).export
 
     def test_an_image_in_the_hosts_cluster_is_read_from_rbd(self):
         self.assertEqual(

@@ -35,6 +35,7 @@ import uuid
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack.mapsource import readers
 
 LOG = logging.getLogger(__name__)
 
@@ -152,6 +153,49 @@ def recorded(mon):
                 and not data.get('recording')):
             out[n['node-name']] = base64.b64decode(data['touched'])
     return out
+
+
+# -- options: the one place descriptions become blockdev-add options ------
+
+def reader_options(reader):
+    """The options of a mirror's fetch node (a :mod:`.readers` object)."""
+    if isinstance(reader, readers.File):
+        return {'driver': 'file', 'filename': reader.path, 'read-only': True}
+    if isinstance(reader, readers.RangeExport):
+        return {'driver': 'nbd', 'read-only': True, 'export': reader.export,
+                'server': {'type': 'unix', 'path': reader.socket}}
+    if isinstance(reader, readers.Qcow2):
+        return {'driver': 'qcow2', 'read-only': True, 'backing': None,
+                'file': reader_options(reader.file)}
+    raise exception.ExportError('no node reads a %r' % (reader,))
+
+
+def whole_base_options(path, direct, aio):
+    """A read-only ``file`` node of a whole base."""
+    return {'driver': 'file', 'filename': path, 'read-only': True,
+            'cache': {'direct': direct}, 'aio': aio}
+
+
+def mirror_options(image_id, mirror, readahead, aio, children):
+    """A ``vmar-mirror`` node over a base mirror (buffered).
+
+    Its fetch quorum reads ``children`` (node names) in turn.
+    """
+    return {'driver': 'vmar-mirror', 'read-only': False,
+            'digests': mirror.digests, 'present': mirror.present,
+            'readahead': readahead,
+            'file': {'driver': 'file', 'filename': mirror.data, 'aio': aio},
+            'fetch': {'driver': 'quorum', 'read-only': True,
+                      'node-name': quorum_node(image_id),
+                      'vote-threshold': 1, 'read-pattern': 'fifo',
+                      'children': children}}
+
+
+def alternate_options(path, reader_node):
+    """A ``vmar`` node reading a base's blocks through an alternate map."""
+    return {'driver': 'vmar', 'read-only': True,
+            'file': {'driver': 'file', 'read-only': True, 'filename': path},
+            'targets': [reader_node]}
 
 
 # -- changes --------------------------------------------------------------

@@ -8,10 +8,11 @@ vmar's own directory: Nova's image cache manager never touches it.
 With ``[vmar_host] base_fetch = lazy`` a base is a mirror instead, in
 ``mirrors/``: ``<image id>`` (sparse, filled by the export daemon's
 ``vmar-mirror`` node), ``<image id>.digests`` (the library's digest list),
-``<image id>.reader`` (the QEMU node, as JSON, that fetches its missing
-blocks from the map source) and ``<image id>.present`` (which blocks it
-holds); see ``doc/source/mirror-format.rst``. A whole base in ``bases/``
-wins over a mirror of the same image. ``<base id>.alt.<image id>.<version>``
+``<image id>.reader`` (where the map source reads its missing blocks, a
+:mod:`~vmar_openstack.mapsource.readers` description as JSON) and
+``<image id>.present`` (which blocks it holds); see
+``doc/source/mirror-format.rst``. A whole base in ``bases/`` wins over a
+mirror of the same image. ``<base id>.alt.<image id>.<version>``
 is an alternate map (:mod:`vmar_openstack.mapformat.alternate`): where
 that map version's image holds blocks of the base, for when the base's own
 data is gone from the source; the image then has a ``.reader`` too.
@@ -33,6 +34,7 @@ from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate as alt_format
 from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack.mapformat import mirror as mirror_format
+from vmar_openstack.mapsource import readers
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
@@ -54,20 +56,153 @@ Mirror = collections.namedtuple('Mirror', 'data digests reader present')
 Alternate = collections.namedtuple('Alternate', 'image_id version size path')
 
 
-class HostDir:
+class Layout:
+    """The files of ``host_dir``, read only: no map source needed.
+
+    What a host holds (:meth:`holdings`, its reports) and where each file
+    is. :class:`HostDir` adds what changes them.
+    """
+
+    def __init__(self, root):
+        self.root = root
+
+    def map_file(self, image_id, version):
+        return os.path.join(self.root, _MAPS,
+                            names.map_file(image_id, version))
+
+    def bootset_file(self, image_id):
+        return os.path.join(self.root, _BOOTSETS,
+                            names.bootset_file(image_id))
+
+    def bootset_source(self, image_id):
+        """Where the host's boot working set of an image came from.
+
+        ``'recorded'``, ``'introspected'``, or None without one.
+        """
+        try:
+            return bootset_format.read(self.bootset_file(image_id),
+                                       image_id).source
+        except (OSError, exception.BootsetFormatError):
+            return None
+
+    def bootset_sent(self, image_id):
+        """Whether this host reported a set it recorded for the image."""
+        return os.path.exists(self.bootset_file(image_id) + _SENT)
+
+    def base_file(self, image_id):
+        """The file that holds the base's data: whole base, else mirror."""
+        whole = self._whole(image_id)
+        mirror = self.mirror(image_id).data
+        return mirror if (not os.path.exists(whole)
+                          and os.path.exists(mirror)) else whole
+
+    def _whole(self, image_id):
+        return os.path.join(self.root, _BASES, image_id)
+
+    def mirror(self, image_id):
+        """The :class:`Mirror` files of a base."""
+        data = os.path.join(self.root, _MIRRORS, image_id)
+        return Mirror(data, data + _DIGESTS, data + _READER, data + _PRESENT)
+
+    def reader(self, image_id):
+        """Where a mirror fetches its missing blocks (:mod:`.readers`)."""
+        path = self.mirror(image_id).reader
+        try:
+            with open(path) as f:
+                return readers.from_record(json.load(f))
+        except (OSError, ValueError) as e:
+            raise exception.ExportError('mirror of %s: cannot read %s: %s'
+                                        % (image_id, path, e))
+
+    def has_reader(self, image_id):
+        return os.path.exists(self.mirror(image_id).reader)
+
+    def alternates(self, base_id):
+        """The :class:`Alternate` maps of a mirrored base, oldest first.
+
+        Only those whose image has a reader.
+        """
+        d = os.path.join(self.root, _MIRRORS)
+        prefix = base_id + _ALT
+        out = []
+        for name in os.listdir(d) if os.path.isdir(d) else ():
+            if not name.startswith(prefix) or name.endswith('.tmp'):
+                continue
+            image_id, _dot, version = name[len(prefix):].partition('.')
+            path = os.path.join(d, name)
+            if not (version.isdigit() and self.has_reader(image_id)):
+                continue
+            try:
+                target = mapformat.read(path).targets[0]
+            except exception.MapFormatError as e:
+                LOG.warning('ignoring the alternate map %s: %s', path, e)
+                continue
+            out.append((os.stat(path).st_mtime, Alternate(
+                image_id, int(version), target.size, path)))
+        return [a for _t, a in sorted(out)]
+
+    def is_mirror(self, image_id):
+        """Whether the base is served from a mirror (no whole base)."""
+        return not os.path.exists(self._whole(image_id)) and os.path.exists(
+            self.mirror(image_id).data)
+
+    def bases(self):
+        """Image ids of the base files and mirrors on the host."""
+        found = set()
+        for sub in (_BASES, _MIRRORS):
+            d = os.path.join(self.root, sub)
+            found.update(n for n in (os.listdir(d) if os.path.isdir(d)
+                                     else ())
+                         if not n.startswith('.') and '.' not in n)
+        return sorted(found)
+
+    def holdings(self):
+        """What the host holds of each base: ``{base id: blocks}``.
+
+        ``blocks`` is None for a whole base, else the blocks its mirror
+        holds (its present bits, as last written). A mirror being made
+        (no present file yet) or whose present file is unreadable is left
+        out.
+        """
+        out = {}
+        for image_id in self.bases():
+            if not names.is_uuid(image_id):
+                continue    # not vmar's (lost+found)
+            if not self.is_mirror(image_id):
+                out[image_id] = None
+                continue
+            try:
+                _hdr, bits = mirror_format.read_present(
+                    self.mirror(image_id).present)
+            except FileNotFoundError:
+                continue
+            except (OSError, exception.MirrorFormatError) as e:
+                LOG.warning('holdings: mirror of %s left out: %s',
+                            image_id, e)
+                continue
+            out[image_id] = int(bits.sum())
+        return out
+
+    def _mirror_ids(self):
+        d = os.path.join(self.root, _MIRRORS)
+        return {n.split('.')[0] for n in (os.listdir(d) if os.path.isdir(d)
+                                          else ()) if not n.startswith('.')}
+
+
+class HostDir(Layout):
+    """The files of ``host_dir``, fetched from a map source and pruned.
+
+    Only the export daemon makes one (:mod:`vmar_openstack.hostapi`).
+    """
 
     def __init__(self, root, source, mirror_cache_bytes=0):
-        self.root = root
+        super().__init__(root)
         self.source = source
         self.mirror_cache_bytes = mirror_cache_bytes
         # per image: held while its base is fetched or its mirror made
         self._fetch_locks = locks.Keyed()
         # per image: held by each export being prepared, claimed by prune
         self._uses = locks.Holds()
-
-    def map_file(self, image_id, version):
-        return os.path.join(self.root, _MAPS,
-                            names.map_file(image_id, version))
 
     # locks: no host-wide lock is held across the map source's I/O
     def _fetching(self, image_id):
@@ -102,25 +237,6 @@ class HostDir:
         with contextlib.suppress(OSError):
             os.rmdir(d)
 
-    def bootset_file(self, image_id):
-        return os.path.join(self.root, _BOOTSETS,
-                            names.bootset_file(image_id))
-
-    def bootset_source(self, image_id):
-        """Where the host's boot working set of an image came from.
-
-        ``'recorded'``, ``'introspected'``, or None without one.
-        """
-        try:
-            return bootset_format.read(self.bootset_file(image_id),
-                                       image_id).source
-        except (OSError, exception.BootsetFormatError):
-            return None
-
-    def bootset_sent(self, image_id):
-        """Whether this host reported a set it recorded for the image."""
-        return os.path.exists(self.bootset_file(image_id) + _SENT)
-
     def mark_bootset_sent(self, image_id):
         fileutils.write_atomic(self.bootset_file(image_id) + _SENT, b'')
 
@@ -133,14 +249,13 @@ class HostDir:
         path = self.bootset_file(image_id)
         if os.path.exists(path):
             return path
-        fetch = getattr(self.source, 'fetch_bootset', None)
-        if fetch is None:
+        if not self.source.has_bootsets:
             return None
         # several exports of the image may be prepared at once (the hold
         # is shared): each fetches into a file of its own
         tmp = fileutils.new_temp(path)
         try:
-            fetch(image_id, tmp)
+            self.source.fetch_bootset(image_id, tmp)
             bootset_format.read(tmp, image_id)
         except (exception.SourceError, exception.BootsetFormatError,
                 OSError) as e:
@@ -150,58 +265,6 @@ class HostDir:
             return None
         fileutils.install(tmp, path)
         return path
-
-    def base_file(self, image_id):
-        """The file that holds the base's data: whole base, else mirror."""
-        whole = self._whole(image_id)
-        mirror = self.mirror(image_id).data
-        return mirror if (not os.path.exists(whole)
-                          and os.path.exists(mirror)) else whole
-
-    def _whole(self, image_id):
-        return os.path.join(self.root, _BASES, image_id)
-
-    def mirror(self, image_id):
-        """The :class:`Mirror` files of a base."""
-        data = os.path.join(self.root, _MIRRORS, image_id)
-        return Mirror(data, data + _DIGESTS, data + _READER, data + _PRESENT)
-
-    def reader(self, image_id):
-        """The ``blockdev-add`` options of a mirror's fetch node."""
-        path = self.mirror(image_id).reader
-        try:
-            with open(path) as f:
-                return json.load(f)
-        except (OSError, ValueError) as e:
-            raise exception.ExportError('mirror of %s: cannot read %s: %s'
-                                        % (image_id, path, e))
-
-    def has_reader(self, image_id):
-        return os.path.exists(self.mirror(image_id).reader)
-
-    def alternates(self, base_id):
-        """The :class:`Alternate` maps of a mirrored base, oldest first.
-
-        Only those whose image has a reader.
-        """
-        d = os.path.join(self.root, _MIRRORS)
-        prefix = base_id + _ALT
-        out = []
-        for name in os.listdir(d) if os.path.isdir(d) else ():
-            if not name.startswith(prefix) or name.endswith('.tmp'):
-                continue
-            image_id, _dot, version = name[len(prefix):].partition('.')
-            path = os.path.join(d, name)
-            if not (version.isdigit() and self.has_reader(image_id)):
-                continue
-            try:
-                target = mapformat.read(path).targets[0]
-            except exception.MapFormatError as e:
-                LOG.warning('ignoring the alternate map %s: %s', path, e)
-                continue
-            out.append((os.stat(path).st_mtime, Alternate(
-                image_id, int(version), target.size, path)))
-        return [a for _t, a in sorted(out)]
 
     def _write_alternates(self, bmap):
         """Keep where ``bmap``'s image holds blocks of its mirrored bases.
@@ -225,13 +288,8 @@ class HostDir:
                 return
             fileutils.write_atomic(path, data)
 
-    def is_mirror(self, image_id):
-        """Whether the base is served from a mirror (no whole base)."""
-        return not os.path.exists(self._whole(image_id)) and os.path.exists(
-            self.mirror(image_id).data)
-
     def can_mirror(self):
-        return hasattr(self.source, 'base_reader')
+        return self.source.can_mirror
 
     def fetch(self, func, *args):
         """``func(*args)`` of the map source; its failures are ExportErrors."""
@@ -339,21 +397,23 @@ class HostDir:
         return True
 
     def _ensure_reader(self, target, m):
-        """Keep the source's fetch node of ``target``; False: it has none.
+        """Keep where the source reads ``target``; False: it cannot.
 
-        Kept with the mirror so that a restarted daemon re-adds its nodes
-        without asking the source (which may be unreachable then).
+        The description (:mod:`.readers`, never QEMU options) is kept with
+        the mirror, so that a restarted daemon re-adds its nodes without
+        asking the source (which may be unreachable then).
         """
         if os.path.exists(m.reader):
             return True
         try:
-            spec = self.source.base_reader(target.image_id, target.size)
+            reader = self.source.base_reader(target.image_id, target.size)
         except exception.SourceError as e:
             LOG.warning('base %s: cannot be read range by range (%s)',
                         target.image_id, e)
             return False
         fileutils.install(fileutils.write_temp(
-            m.reader, json.dumps(spec).encode()), m.reader)
+            m.reader, json.dumps(readers.to_record(reader)).encode()),
+            m.reader)
         return True
 
     def _fetch_digests(self, target, dest):
@@ -380,43 +440,6 @@ class HostDir:
         fileutils.install(tmp, dest)
         return hdr
 
-    def bases(self):
-        """Image ids of the base files and mirrors on the host."""
-        found = set()
-        for sub in (_BASES, _MIRRORS):
-            d = os.path.join(self.root, sub)
-            found.update(n for n in (os.listdir(d) if os.path.isdir(d)
-                                     else ())
-                         if not n.startswith('.') and '.' not in n)
-        return sorted(found)
-
-    def holdings(self):
-        """What the host holds of each base: ``{base id: blocks}``.
-
-        ``blocks`` is None for a whole base, else the blocks its mirror
-        holds (its present bits, as last written). A mirror being made
-        (no present file yet) or whose present file is unreadable is left
-        out.
-        """
-        out = {}
-        for image_id in self.bases():
-            if not names.is_uuid(image_id):
-                continue    # not vmar's (lost+found)
-            if not self.is_mirror(image_id):
-                out[image_id] = None
-                continue
-            try:
-                _hdr, bits = mirror_format.read_present(
-                    self.mirror(image_id).present)
-            except FileNotFoundError:
-                continue
-            except (OSError, exception.MirrorFormatError) as e:
-                LOG.warning('holdings: mirror of %s left out: %s',
-                            image_id, e)
-                continue
-            out[image_id] = int(bits.sum())
-        return out
-
     def prune(self, exports):
         """Delete maps and bases that no export in ``exports`` reads.
 
@@ -439,11 +462,6 @@ class HostDir:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(d, name))
         self._evict_mirrors(bases)
-
-    def _mirror_ids(self):
-        d = os.path.join(self.root, _MIRRORS)
-        return {n.split('.')[0] for n in (os.listdir(d) if os.path.isdir(d)
-                                          else ()) if not n.startswith('.')}
 
     def _evict_mirrors(self, keep):
         """Evict unreferenced mirrors while mirrors exceed the budget.

@@ -79,7 +79,7 @@ def payload(conf, host_dir):
                        for e in state.exports.values()})
     out = {'host': conf.vmar_host.host, 'exports': [list(e) for e in held]}
     try:
-        holds = hostdir.HostDir(host_dir, None).holdings()
+        holds = hostdir.Layout(host_dir).holdings()
     except OSError as e:
         # the exports protect map versions: send them anyway; the agent
         # keeps what the host last said it holds

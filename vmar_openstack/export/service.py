@@ -97,25 +97,17 @@ class ExportService:
         """The blockdev-add options of a base node, but its name."""
         aio = self.aio(host_cache)
         if host_cache == 'base' and self.files.is_mirror(image_id):
-            m = self.files.mirror(image_id)
             children = [n for n, _spec, child
                         in self.fetch_nodes(image_id, host_cache) if child]
             if not children:
                 raise exception.ExportError(
                     'mirror of %s: nothing to fetch its blocks from (no '
                     'reader of it, no alternate)' % image_id)
-            return {'driver': 'vmar-mirror', 'read-only': False,
-                    'digests': m.digests, 'present': m.present,
-                    'readahead': self.conf.vmar_host.mirror_readahead,
-                    'file': {'driver': 'file', 'filename': m.data,
-                             'aio': aio},
-                    'fetch': {'driver': 'quorum', 'read-only': True,
-                              'node-name': graph.quorum_node(image_id),
-                              'vote-threshold': 1, 'read-pattern': 'fifo',
-                              'children': children}}
-        return {'driver': 'file', 'filename': self.base_file(image_id),
-                'read-only': True, 'cache': {'direct': host_cache == 'none'},
-                'aio': aio}
+            return graph.mirror_options(
+                image_id, self.files.mirror(image_id),
+                self.conf.vmar_host.mirror_readahead, aio, children)
+        return graph.whole_base_options(self.base_file(image_id),
+                                        host_cache == 'none', aio)
 
     def fetch_nodes(self, image_id, host_cache):
         """``(name, blockdev-add options, child)`` of a mirror's sources.
@@ -130,15 +122,15 @@ class ExportService:
         out = []
         if self.files.has_reader(image_id):
             out.append((graph.fetch_node(image_id),
-                        self.files.reader(image_id), True))
+                        graph.reader_options(self.files.reader(image_id)),
+                        True))
         for alt in self.files.alternates(image_id):
             reader = graph.fetch_node(alt.image_id)
-            out.append((reader, self.files.reader(alt.image_id), False))
+            out.append((reader,
+                        graph.reader_options(self.files.reader(alt.image_id)),
+                        False))
             out.append((graph.alt_node(image_id, alt.image_id, alt.version),
-                        {'driver': 'vmar', 'read-only': True,
-                         'file': {'driver': 'file', 'read-only': True,
-                                  'filename': alt.path},
-                         'targets': [reader]}, True))
+                        graph.alternate_options(alt.path, reader), True))
         return out
 
     def _add_nodes(self, mon, exp, have):

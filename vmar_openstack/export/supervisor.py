@@ -119,11 +119,10 @@ class Supervisor:
         Started before the daemon restores exports (their mirror nodes
         connect to it); it exits with this process.
         """
-        fetcher = getattr(self.service.source, 'fetcher_command', None)
-        spec = fetcher and fetcher()
-        if not spec:
+        source = self.service.source
+        if not source.needs_range_server:
             return None
-        cmd, sock, env = spec
+        cmd, sock, env = source.range_server_command()
         os.makedirs(self.host_dir, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock)

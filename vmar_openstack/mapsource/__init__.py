@@ -1,22 +1,18 @@
 """Map sources: where a compute host gets maps and base images from.
 
-A source answers three questions for the export service
-(:class:`vmar_openstack.export.ExportService`):
+Every source is a :class:`.base.MapSource`: three operations every source
+has (``current_version``, ``fetch_map``, ``fetch_base``), and capability
+flags for the rest, which the export service asks instead of looking for
+methods:
 
-* ``current_version(image_id)``: the image's current map version;
-* ``fetch_map(image_id, version, dest)``: that map, verified, at ``dest``;
-* ``fetch_base(image_id, dest)``: the image's raw content, verified, at
-  ``dest``.
-
-A source that can also fill base mirrors on demand (``[vmar_host] base_fetch =
-lazy``) has two more:
-
-* ``fetch_digests(image_id, dest)``: the base's digest list at ``dest``;
-* ``base_reader(image_id, size)``: the QEMU node (a ``blockdev-add``
-  dict without a name) that reads the base's ``size`` raw bytes. The
-  host keeps it with the mirror, so a restarted daemon needs no source;
-* ``fetch_bootset(image_id, dest)``: the image's boot working set (which
-  the host prefetches) at ``dest``.
+* ``can_mirror``: ``fetch_digests`` and ``base_reader``, a typed
+  description (:mod:`.readers`) of where a base can be read range by
+  range; the host then keeps lazy mirrors (``[vmar_host] base_fetch =
+  lazy``);
+* ``has_bootsets``: ``fetch_bootset``, the boot working set the host
+  prefetches;
+* ``needs_range_server``: ``range_server_command``, the nbdkit the export
+  daemon runs for its base readers.
 
 ``[vmar_host] map_source`` chooses one: ``dir`` (:mod:`.local`, a library
 directory on the host) or ``glance`` (:mod:`.glance`, maps published as

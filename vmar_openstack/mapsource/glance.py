@@ -63,7 +63,9 @@ from vmar_openstack.exception import SourceError
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
 from vmar_openstack import mapformat
+from vmar_openstack.mapsource import base
 from vmar_openstack.mapsource import rbd
+from vmar_openstack.mapsource import readers
 
 LOG = logging.getLogger(__name__)
 
@@ -286,7 +288,15 @@ def remove_stale(directory):
             os.unlink(os.path.join(directory, name))
 
 
-class GlanceSource:
+class GlanceSource(base.MapSource):
+
+    can_mirror = True
+    has_bootsets = True
+
+    @property
+    def needs_range_server(self):
+        """Its base readers are range exports: with lazy mirrors only."""
+        return self.conf.vmar_host.base_fetch == 'lazy'
 
     def __init__(self, conf, glance=None):
         self.conf = conf
@@ -454,8 +464,7 @@ class GlanceSource:
             export = fetch_export(image_id, stored)
         else:
             export = rbd.fetch_export(loc, stored)
-        node = {'driver': 'nbd', 'read-only': True, 'export': export,
-                'server': {'type': 'unix', 'path': fetch_socket(self.conf)}}
+        node = readers.RangeExport(fetch_socket(self.conf), export)
         if fmt == 'raw':
             vsize = stored
         else:
@@ -469,8 +478,7 @@ class GlanceSource:
                                                    'image %s' % image_id)
             except exception.ImageRejected as e:
                 raise SourceError(str(e))
-            node = {'driver': fmt, 'read-only': True, 'backing': None,
-                    'file': node}
+            node = readers.Qcow2(node)
         if vsize != size:
             raise SourceError('image %s holds %d bytes of disk in Glance, '
                               'the map says %d' % (image_id, vsize, size))
@@ -517,10 +525,8 @@ class GlanceSource:
             with open(out, 'rb') as f:
                 return f.read()
 
-    def fetcher_command(self):
+    def range_server_command(self):
         """(argv, socket, env) of the range server ``vmar-export serve`` runs.
-
-        None unless ``[vmar_host] base_fetch = lazy``.
 
         nbdkit's python plugin runs in the system's Python (Debian's
         libpython). It is given this environment's site directory to import
@@ -529,8 +535,6 @@ class GlanceSource:
         library from the first ``python3`` on PATH, and a virtualenv's
         would be another build's.
         """
-        if self.conf.vmar_host.base_fetch != 'lazy':
-            return None
         plugin = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                               'nbdkit_glance.py')
         cmd = [self.conf.vmar_host.nbdkit, '--foreground',

@@ -10,10 +10,15 @@ import os
 
 from vmar_openstack import exception
 from vmar_openstack import fileutils
+from vmar_openstack.mapsource import base
+from vmar_openstack.mapsource import readers
 from vmar_openstack import names
 
 
-class LocalDirSource:
+class LocalDirSource(base.MapSource):
+
+    can_mirror = True
+    has_bootsets = True
 
     def __init__(self, root):
         self.root = root
@@ -49,7 +54,7 @@ class LocalDirSource:
                                 names.bootset_file(image_id)), dest)
 
     def base_reader(self, image_id, size):
-        """The QEMU node a base mirror fetches missing blocks from.
+        """The library's base file: a mirror fetches missing blocks there.
 
         :raises SourceError: the library's base is not ``size`` bytes.
         """
@@ -62,7 +67,7 @@ class LocalDirSource:
         if have != size:
             raise exception.SourceError('%s is %d bytes, the map says %d'
                                         % (path, have, size))
-        return {'driver': 'file', 'filename': path, 'read-only': True}
+        return readers.File(path)
 
     def _base(self, image_id):
         return os.path.join(self.root, 'bases', image_id)

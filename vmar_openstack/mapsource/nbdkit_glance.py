@@ -1,7 +1,8 @@
 """nbdkit python plugin: stored Glance image data as read-only NBD exports.
 
-Run by ``vmar-export serve`` (:meth:`.glance.GlanceSource.fetcher_command`)
-with ``[vmar_host] base_fetch = lazy`` and ``map_source = glance``: the export
+Run by ``vmar-export serve``
+(:meth:`.glance.GlanceSource.range_server_command`) with ``[vmar_host]
+base_fetch = lazy`` and ``map_source = glance``: the export
 daemon's ``vmar-mirror`` nodes open an export and read the blocks they
 miss. An export named by an image id and size
 (:func:`.glance.fetch_export`) reads through Glance, one range request a
