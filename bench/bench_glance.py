@@ -53,6 +53,7 @@ from vmar_openstack.db import session as db_session  # noqa: E402
 from vmar_openstack.exception import SourceError  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
+from vmar_openstack import names  # noqa: E402
 
 
 def library_conf(state, sections=None):
@@ -153,7 +154,7 @@ def glance_round(work, glance, rabbit, watcher, image, local):
         with open(warm, 'wb') as f:
             f.write(os.urandom(4 << 20))
         warm_id = upload(client, warm)
-        watcher.wait(gsource.map_image_id(warm_id, 1), 120)
+        watcher.wait(names.map_image_id(warm_id, 1), 120)
         client.images.delete(warm_id)
         # the PUT upload of "openstack image create --file", in process so
         # that its end is timed exactly: Glance activates the image
@@ -166,7 +167,7 @@ def glance_round(work, glance, rabbit, watcher, image, local):
         assert client.images.get(image_id)['status'] == 'active'
 
         source = gsource.GlanceSource(conf)
-        watcher.wait(gsource.map_image_id(image_id, 1), 600)
+        watcher.wait(names.map_image_id(image_id, 1), 600)
         # Glance notifies just before it commits the activation: ask the
         # host's map source as a compute host would, until it sees it
         deadline = time.monotonic() + 30

@@ -1,16 +1,33 @@
-"""Every name vmar-openstack builds and later parses back, in one place.
+"""The contract between the library side and the host side.
 
-A name format is a fact shared by several components (the library writes a
-map file that a host's map source finds again; the export service names an
-export that the Nova backend reads back from an overlay's backing URI), so
-each one has a single builder and a single parser here. This module imports
-nothing of the project.
+Every name vmar-openstack builds and later parses back, and the layout of
+what the library publishes in Glance, in one place. A name format is a
+fact shared by several components (the library writes a map file that a
+host's map source finds again; vmar-agent publishes a hidden Glance image
+that a host finds by its id; the export service names an export that the
+Nova backend reads back from an overlay's backing URI), so each one has a
+single builder and a single parser here:
+
+* files: maps ``<id>.<version>.vmap``, digest lists ``<id>.vdig``, boot
+  working sets ``<id>.vboot``;
+* NBD: export names ``<id>.<version>[.<key>]``, ``nbd+unix`` URIs, and the
+  export names of a host's range server (:func:`glance_fetch_export`,
+  :func:`rbd_fetch_export`);
+* Glance: the hidden images vmar-agent publishes (map, digest list, boot
+  working set: ids, names, properties) and whose of them a host trusts
+  (:func:`published_by`);
+* Nova: the flavor extra specs; notifications of hosts to vmar-agent.
+
+``glance_hooks`` (the library side) and ``mapsource`` (the host side)
+both import it; neither imports the other. This module imports nothing of
+the project.
 """
 
 import collections
 import re
 import secrets
 import urllib.parse
+import uuid
 
 # Map versions fit in six digits: QEMU node names are at most 31 characters
 # ('vm' + 22 characters of base64 + '.' + 6 digits).
@@ -109,3 +126,113 @@ def parse_nbd_uri(uri):
     if len(sockets) != 1:
         return None
     return u.path.lstrip('/'), sockets[0]
+
+
+# -- what vmar-agent publishes in Glance, and hosts find -----------------
+
+MAP_NAMESPACE = uuid.UUID('6f1c7a52-3f0e-5b8a-9a57-0c4d8e2b1d90')
+DIGESTS_NAMESPACE = uuid.UUID('0b6a3c8e-41d2-5f97-8e1a-6c2f9d4b7a35')
+BOOTSET_NAMESPACE = uuid.UUID('5d2e8f14-7a3b-5c69-b0d4-19e7c3a6f852')
+# properties of the hidden images (os_hidden): whose they are, which
+# version, and the SHA-256 of their data
+PROP_OF = 'vmar_map_of'
+PROP_VERSION = 'vmar_map_version'
+PROP_SHA256 = 'vmar_map_sha256'
+PROP_DIGESTS_SHA256 = 'vmar_digests_sha256'
+PROP_BOOTSET_SHA256 = 'vmar_bootset_sha256'
+
+
+def map_image_id(image_id, version):
+    """The id of the hidden image of one map version."""
+    return str(uuid.uuid5(MAP_NAMESPACE, '%s.%d' % (image_id, version)))
+
+
+def map_image_name(image_id, version):
+    return 'vmar-map-%s-v%d' % (image_id, version)
+
+
+def digests_image_id(image_id):
+    """The id of the hidden image of a base's digest list."""
+    return str(uuid.uuid5(DIGESTS_NAMESPACE, image_id))
+
+
+def digests_image_name(image_id):
+    return 'vmar-digests-%s' % image_id
+
+
+def bootset_image_id(image_id, source='introspected'):
+    """The hidden image of an image's boot working set from ``source``.
+
+    A recorded set has an id of its own: Glance never reuses the id of a
+    deleted image, so an introspected set cannot be replaced in place.
+    """
+    if source == 'introspected':
+        return str(uuid.uuid5(BOOTSET_NAMESPACE, image_id))
+    return str(uuid.uuid5(BOOTSET_NAMESPACE, '%s.%s' % (image_id, source)))
+
+
+def bootset_image_name(image_id, source='introspected'):
+    return 'vmar-bootset-%s%s' % ('' if source == 'introspected'
+                                  else source + '-', image_id)
+
+
+def published_by(image, owner):
+    """Whether a host trusts a hidden image.
+
+    ``owner`` (``[vmar_glance] map_owner``) published it, or no owner is
+    set.
+    """
+    return owner is None or image.get('owner') == owner
+
+
+# -- the export names of a host's range server (nbdkit) ------------------
+
+RANGE_SERVER_SOCKET = 'glance-fetch.sock'     # in [vmar_host] host_dir
+_RBD_EXPORT_PREFIX = 'rbd/'
+
+
+def glance_fetch_export(image_id, size):
+    """The export reading the stored bytes of a Glance image of ``size``.
+
+    The size travels in the name so that the server opens an export
+    without asking Glance: a restarted daemon re-adds the nodes of its
+    mirrors while Glance is away, and serves the blocks they hold.
+    """
+    return '%s/%d' % (image_id, size)
+
+
+def parse_glance_fetch_export(name):
+    """(image id, size) of a :func:`glance_fetch_export` name; ValueError."""
+    image_id, _slash, size = name.partition('/')
+    if not size.isdigit():
+        raise ValueError('export %r is not <image id>/<size>' % name)
+    return str(uuid.UUID(image_id)), int(size)
+
+
+def rbd_fetch_export(pool, image, snapshot, size):
+    """The export reading an RBD snapshot of ``size`` bytes.
+
+    Like :func:`glance_fetch_export`, the name carries everything the
+    server needs to open it without asking anyone.
+    """
+    return _RBD_EXPORT_PREFIX + '/'.join(
+        [urllib.parse.quote(p, safe='') for p in (pool, image, snapshot)]
+        + [str(size)])
+
+
+def is_rbd_fetch_export(name):
+    return name.startswith(_RBD_EXPORT_PREFIX)
+
+
+def parse_rbd_fetch_export(name):
+    """(pool, image, snapshot, size) of a :func:`rbd_fetch_export` name.
+
+    :raises ValueError: not such a name.
+    """
+    parts = (name[len(_RBD_EXPORT_PREFIX):].split('/')
+             if is_rbd_fetch_export(name) else [])
+    if len(parts) != 4 or not all(parts) or not parts[3].isdigit():
+        raise ValueError('export %r is not rbd/<pool>/<image>/<snapshot>/'
+                         '<size>' % name)
+    pool, image, snap = (urllib.parse.unquote(p) for p in parts[:3])
+    return pool, image, snap, int(parts[3])

@@ -52,6 +52,7 @@ from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset
 from vmar_openstack.mapsource import glance as gsource
 from vmar_openstack.mapsource import readers
+from vmar_openstack import names
 
 
 def _sha(path):
@@ -292,7 +293,7 @@ class GlanceTestCase(testtools.TestCase):
             time.sleep(0.2)
 
     def wait_digests(self, image_id, timeout=120):
-        did = gsource.digests_image_id(image_id)
+        did = names.digests_image_id(image_id)
         deadline = time.time() + timeout
         while True:
             try:
@@ -459,7 +460,7 @@ class TestGlance(GlanceTestCase):
         listed = self.glance.openstack('image', 'list', '-f', 'value',
                                        '-c', 'ID').stdout.split()
         self.assertIn(image_id, listed)
-        self.assertNotIn(gsource.map_image_id(image_id, v), listed)
+        self.assertNotIn(names.map_image_id(image_id, v), listed)
         self.assert_consistent()
 
     def test_lazy_host_reads_ranges_of_glance_images(self):
@@ -1037,7 +1038,7 @@ class TestGlance(GlanceTestCase):
 
     def map_image_exists(self, image_id, version):
         try:
-            self.client.images.get(gsource.map_image_id(image_id, version))
+            self.client.images.get(names.map_image_id(image_id, version))
             return True
         except glance_exc.HTTPNotFound:
             return False

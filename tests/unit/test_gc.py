@@ -18,7 +18,7 @@ from vmar_openstack.glance_hooks import agent
 from vmar_openstack.glance_hooks import gc
 from vmar_openstack import ingest
 from vmar_openstack.mapformat import bootset
-from vmar_openstack.mapsource import glance as gsource
+from vmar_openstack import names
 
 A = '0a000000-0000-4000-8000-00000000000a'
 B = '0b000000-0000-4000-8000-00000000000b'
@@ -48,7 +48,7 @@ class TestMapGC(base.LibraryTestCase):
         return base.write_image(os.path.join(self.tmp, 'img', name), seeds)
 
     def published(self, image_id, version):
-        return gsource.map_image_id(image_id, version) in \
+        return names.map_image_id(image_id, version) in \
             self.glance.images.store
 
     def later(self, seconds):
@@ -103,7 +103,7 @@ class TestMapGC(base.LibraryTestCase):
         self.assertIn(A, self.lib.bases_of(B, 2))
         self.handler.delete({'id': A})
         self.assertNotIn(A, self.lib.bases_of(B, 3))
-        dig = {i: gsource.digests_image_id(i) for i in (A, B)}
+        dig = {i: names.digests_image_id(i) for i in (A, B)}
         self.assertFalse(self.published(A, 2))
         self.assertIn(dig[A], self.glance.images.store)
         self.conf.set_override('map_gc_min_age', 0, group='vmar_agent')
@@ -166,8 +166,8 @@ class TestRecordedBootsets(TestMapGC):
 
     def test_first_recorded_set_is_published_once(self):
         handled = oslo_messaging.NotificationResult.HANDLED
-        rid = gsource.bootset_image_id(A, 'recorded')
-        self.assertNotEqual(gsource.bootset_image_id(A), rid)
+        rid = names.bootset_image_id(A, 'recorded')
+        self.assertNotEqual(names.bootset_image_id(A), rid)
         self.assertEqual(handled, self.send({'image_id': A,
                                              'bootset': self.bset()}))
         first = self.glance.images.store[rid]['data']
@@ -190,5 +190,5 @@ class TestRecordedBootsets(TestMapGC):
                         {'image_id': A, 'bootset': '{'}, 'nonsense'):
             self.assertEqual(handled, self.send(payload))
         self.assertFalse([k for k in self.glance.images.store
-                          if k in (gsource.bootset_image_id(i, 'recorded')
+                          if k in (names.bootset_image_id(i, 'recorded')
                                    for i in (A, B, gone))])

@@ -15,6 +15,7 @@ import testtools
 from vmar_openstack.exception import SourceError
 from vmar_openstack.mapsource import glance as gsource
 from vmar_openstack.mapsource import readers
+from vmar_openstack import names
 
 ID = '0e000000-0000-4000-8000-00000000000e'
 
@@ -36,8 +37,8 @@ class Images(object):
         self.lists += 1
         if self.publish_after is None or self.lists <= self.publish_after:
             return []
-        return [{gsource.PROP_OF: filters[gsource.PROP_OF],
-                 gsource.PROP_VERSION: '2', 'owner': 'agent'}]
+        return [{names.PROP_OF: filters[names.PROP_OF],
+                 names.PROP_VERSION: '2', 'owner': 'agent'}]
 
 
 class TestCurrentVersion(testtools.TestCase):
@@ -106,7 +107,7 @@ class TestBaseReader(testtools.TestCase):
         self.assertEqual(readers.RangeExport('/h/glance-fetch.sock',
                                              ID + '/8192'), node)
         self.assertEqual((ID, 8192),
-                         gsource.parse_fetch_export(node.export))
+                         names.parse_glance_fetch_export(node.export))
         self.assertEqual([], self.reads)
 
     def test_qcow2_header_is_inspected_then_read_by_qemus_driver(self):
@@ -144,4 +145,4 @@ class TestBaseReader(testtools.TestCase):
 
     def test_export_names_are_checked(self):
         for bad in (ID, ID + '/x', 'nope/12', ''):
-            self.assertRaises(ValueError, gsource.parse_fetch_export, bad)
+            self.assertRaises(ValueError, names.parse_glance_fetch_export, bad)

@@ -17,6 +17,7 @@ import testtools
 from vmar_openstack.exception import SourceError
 from vmar_openstack.mapsource import glance as gsource
 from vmar_openstack.mapsource import rbd
+from vmar_openstack import names
 
 ID = '0e000000-0000-4000-8000-00000000000e'
 FSID = '6ca63753-984d-4f27-9127-4b4b900fd637'
@@ -63,14 +64,14 @@ class TestFetchExport(testtools.TestCase):
             name = rbd.fetch_export(loc, 1 << 30)
             self.assertTrue(rbd.is_fetch_export(name))
             self.assertFalse(rbd.is_fetch_export(
-                gsource.fetch_export(ID, 1 << 30)))
+                names.glance_fetch_export(ID, 1 << 30)))
             self.assertEqual((loc._replace(fsid=None), 1 << 30),
                              rbd.parse_fetch_export(name))
 
     def test_names_are_checked(self):
         for bad in ('rbd/images/%s/snap' % ID, 'rbd/images/%s/snap/x' % ID,
                     'rbd//%s/snap/1' % ID, 'rbd/a/b/c/1/2',
-                    gsource.fetch_export(ID, 10), ''):
+                    names.glance_fetch_export(ID, 10), ''):
             self.assertRaises(ValueError, rbd.parse_fetch_export, bad)
 
 
@@ -119,7 +120,7 @@ class TestBaseReaderChoosesRbd(testtools.TestCase):
             rbd.parse_fetch_export(self.export()))
 
     def test_otherwise_through_glance(self):
-        glance_export = gsource.fetch_export(ID, 8192)
+        glance_export = names.glance_fetch_export(ID, 8192)
         # another cluster's image
         self.meta['direct_url'] = 'rbd://other/images/%s/snap' % ID
         self.assertEqual(glance_export, self.export())

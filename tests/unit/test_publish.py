@@ -15,7 +15,7 @@ from vmar_openstack.glance_hooks import agent
 from vmar_openstack.glance_hooks import publish
 from vmar_openstack import ingest
 from vmar_openstack.mapformat import mirror as mirror_format
-from vmar_openstack.mapsource import glance as gsource
+from vmar_openstack import names
 
 ID = '0e000000-0000-4000-8000-00000000000e'
 
@@ -97,12 +97,12 @@ class TestPublish(base.LibraryTestCase):
         self.handler._add(ID, self.meta, self.path, 'it')
         self.assertEqual([(1, None)], created_before_commit)
         self.assertEqual(1, self.handler.publisher.current(ID))
-        mid = gsource.map_image_id(ID, 1)
+        mid = names.map_image_id(ID, 1)
         rec = self.glance.images.store[mid]
         self.assertEqual('active', rec['status'])
-        self.assertEqual(self._map_sha(1), rec[gsource.PROP_SHA256])
+        self.assertEqual(self._map_sha(1), rec[names.PROP_SHA256])
         self.assertEqual(hashlib.sha256(rec['data']).hexdigest(),
-                         rec[gsource.PROP_SHA256])
+                         rec[names.PROP_SHA256])
         # one create (ahead of the commit) and one upload, nothing else
         self.assertEqual([('create', mid), ('upload', mid)],
                          self.glance.images.calls)
@@ -117,22 +117,22 @@ class TestPublish(base.LibraryTestCase):
         self.assertRaises(RuntimeError, self.handler._add, ID, self.meta,
                           self.path, 'it')
         self.assertEqual({}, self.glance.images.store)
-        self.assertIn(('delete', gsource.map_image_id(ID, 1)),
+        self.assertIn(('delete', names.map_image_id(ID, 1)),
                       self.glance.images.calls)
         self.lib._regenerate = real
         self.assertIsNone(self.handler._known(ID))
 
     def test_leftover_record_with_other_content_gets_a_new_version(self):
         # a process killed between creating v1's record and committing v1
-        mid1 = gsource.map_image_id(ID, 1)
+        mid1 = names.map_image_id(ID, 1)
         self.glance.images.store[mid1] = {
-            'id': mid1, 'status': 'queued', gsource.PROP_OF: ID,
-            gsource.PROP_VERSION: '1', gsource.PROP_SHA256: '0' * 64}
+            'id': mid1, 'status': 'queued', names.PROP_OF: ID,
+            names.PROP_VERSION: '1', names.PROP_SHA256: '0' * 64}
         self.lib.add(ID, self.path, owner='p', visibility='public')
         self.assertEqual(2, self.handler.publisher.current(ID))
-        rec = self.glance.images.store[gsource.map_image_id(ID, 2)]
+        rec = self.glance.images.store[names.map_image_id(ID, 2)]
         self.assertEqual('active', rec['status'])
-        self.assertEqual(self._map_sha(2), rec[gsource.PROP_SHA256])
+        self.assertEqual(self._map_sha(2), rec[names.PROP_SHA256])
         # nothing was uploaded into the leftover
         self.assertNotIn('data', self.glance.images.store[mid1])
 
@@ -156,7 +156,7 @@ class TestPublish(base.LibraryTestCase):
                              on_map_written=on_map_written)
             self.assertEqual(1, pub.current(image_id))
             self.glance.images.create = real
-            mid = gsource.map_image_id(image_id, 1)
+            mid = names.map_image_id(image_id, 1)
             self.assertEqual('active', self.glance.images.store[mid]['status'])
             self.assertEqual(1, self.glance.images.calls.count(
                 ('create', mid)))
@@ -166,15 +166,15 @@ class TestPublishDigests(TestPublish):
 
     def test_digest_list_published_once_and_checked(self):
         self.handler._add(ID, self.meta, self.path, 'it')
-        did = gsource.digests_image_id(ID)
+        did = names.digests_image_id(ID)
         self.assertEqual(did, self.handler.publisher.digests(ID))
         rec = self.glance.images.store[did]
         self.assertEqual('active', rec['status'])
-        self.assertEqual(ID, rec[gsource.PROP_OF])
-        self.assertNotIn(gsource.PROP_VERSION, rec)  # never taken for a map
+        self.assertEqual(ID, rec[names.PROP_OF])
+        self.assertNotIn(names.PROP_VERSION, rec)  # never taken for a map
         self.assertTrue(rec['os_hidden'])
         self.assertEqual(hashlib.sha256(rec['data']).hexdigest(),
-                         rec[gsource.PROP_DIGESTS_SHA256])
+                         rec[names.PROP_DIGESTS_SHA256])
         path = os.path.join(self.tmp, 'digests')
         with open(path, 'wb') as f:
             f.write(rec['data'])
@@ -188,20 +188,20 @@ class TestPublishDigests(TestPublish):
 
     def test_activate_publishes_map_and_digest_list(self):
         self.handler._add(ID, self.meta, self.path, 'it')
-        did = gsource.digests_image_id(ID)
+        did = names.digests_image_id(ID)
         self.assertNotIn(did, self.glance.images.store)
         self.handler.activate(dict(self.meta, id=ID, status='active'))
         self.assertEqual('active', self.glance.images.store[
-            gsource.map_image_id(ID, 1)]['status'])
+            names.map_image_id(ID, 1)]['status'])
         self.assertEqual('active', self.glance.images.store[did]['status'])
 
     def test_a_record_left_queued_is_filled(self):
         # an agent killed between create and upload
         self.handler._add(ID, self.meta, self.path, 'it')
-        did = gsource.digests_image_id(ID)
+        did = names.digests_image_id(ID)
         data = self.lib.digest_list(ID)
         self.glance.images.store[did] = {
-            'id': did, 'status': 'queued', gsource.PROP_OF: ID,
-            gsource.PROP_DIGESTS_SHA256: hashlib.sha256(data).hexdigest()}
+            'id': did, 'status': 'queued', names.PROP_OF: ID,
+            names.PROP_DIGESTS_SHA256: hashlib.sha256(data).hexdigest()}
         self.handler.publisher.digests(ID)
         self.assertEqual(data, self.glance.images.store[did]['data'])

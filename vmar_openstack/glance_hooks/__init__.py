@@ -7,7 +7,7 @@
   ingests images uploaded without the plugin, follows deletions and
   changes of owner or visibility, and resyncs with Glance;
 * :mod:`.publish`: how the agent publishes map versions as hidden Glance
-  images (the layout is in :mod:`vmar_openstack.mapsource.glance`);
+  images (the layout is the contract's, :mod:`vmar_openstack.names`);
 * :mod:`.opts`: the sample configuration of glance-api and its import
   plugins for vmar (oslo-config-generator).
 """

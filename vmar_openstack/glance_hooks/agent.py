@@ -63,9 +63,9 @@ from vmar_openstack import exception
 from vmar_openstack.glance_hooks import gc
 from vmar_openstack.glance_hooks import metrics
 from vmar_openstack.glance_hooks import publish
+from vmar_openstack import glance_io
 from vmar_openstack import ingest
 from vmar_openstack.mapformat import bootset as bootset_format
-from vmar_openstack.mapsource import glance as gsource
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Handler:
         image_id = payload['id']
         if payload.get('status', 'active') != 'active':
             return
-        if (payload.get('properties') or {}).get(gsource.PROP_OF):
+        if (payload.get('properties') or {}).get(names.PROP_OF):
             return                     # one of our own map images
         if self._known(image_id) is None:
             self._ingest(image_id, payload)
@@ -107,13 +107,13 @@ class Handler:
             self._add(image_id, payload, local, local)
             return
         meta = self.glance.images.get(image_id)
-        if meta.get(gsource.PROP_OF):
+        if meta.get(names.PROP_OF):
             return                     # one of our own map images
         if meta['status'] != 'active':
             return
         with metrics.DOWNLOAD_SECONDS.time():
-            tmp = gsource.download(self.glance, meta,
-                                   self.conf.vmar.work_dir, durable=False)
+            tmp = glance_io.download(self.glance, meta,
+                                     self.conf.vmar.work_dir, durable=False)
         try:
             self._add(image_id, meta, tmp, 'it')
         finally:
@@ -216,7 +216,7 @@ def resync(conf, handler, endpoint):
     glance = handler.glance
     seen = set()
     for img in glance.images.list(filters={'status': 'active'}):
-        if img.get(gsource.PROP_OF):
+        if img.get(names.PROP_OF):
             continue
         seen.add(img['id'])
         if handler._known(img['id']) is None:
@@ -477,7 +477,7 @@ def run(conf, handler, stop_event, started=None):
     exits anyway, which is safe since messages are acknowledged only after
     they were handled.
     """
-    gsource.remove_stale(conf.vmar.work_dir)
+    glance_io.remove_stale(conf.vmar.work_dir)
     endpoint = Endpoint(conf, handler)
     lst = listener(conf, endpoint)
     lst.start()

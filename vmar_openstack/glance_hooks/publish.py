@@ -1,5 +1,5 @@
-"""Publishing map versions to Glance as hidden images (see
-:mod:`vmar_openstack.mapsource.glance` for the layout).
+"""Publishing map versions to Glance as hidden images (the layout is the
+contract's, :mod:`vmar_openstack.names`).
 
 Idempotent: a map version has one deterministic image id, so publishing it
 twice, or from two agents at once, leaves one active image. A version whose
@@ -29,7 +29,7 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack import exception
 from vmar_openstack import ingest
-from vmar_openstack.mapsource import glance as gsource
+from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Publisher:
         :meth:`publish` then uses the record; :meth:`discard` removes it if
         the version does not commit.
         """
-        mid = gsource.map_image_id(image_id, version)
+        mid = names.map_image_id(image_id, version)
         fut = self._pool.submit(self._get_or_create, mid, image_id, version,
                                 sha)
         with self._created_lock:
@@ -79,7 +79,7 @@ class Publisher:
 
     def discard(self, image_id, version):
         """Delete the record :meth:`precreate` made for ``version``."""
-        mid = gsource.map_image_id(image_id, version)
+        mid = names.map_image_id(image_id, version)
         with self._created_lock:
             fut = self._created.pop(mid, None)
         if fut is None:
@@ -136,15 +136,15 @@ class Publisher:
         with open(path, 'rb') as f:
             data = f.read()
         sha = hashlib.sha256(data).hexdigest()
-        mid = gsource.map_image_id(image_id, version)
+        mid = names.map_image_id(image_id, version)
         try:
             img = self._created_record(mid, image_id, version, sha)
             if (img['status'] == 'queued'
-                    and img.get(gsource.PROP_SHA256) != sha):
+                    and img.get(names.PROP_SHA256) != sha):
                 # left by an attempt whose version never committed
                 raise exception.StuckError(
                     'map image %s was created for other content' % mid)
-            self._upload(img, data, sha, gsource.PROP_SHA256, 'map image')
+            self._upload(img, data, sha, names.PROP_SHA256, 'map image')
         except glance_exc.ClientException as e:
             raise exception.PublishError(
                 'publishing map v%d of %s: %s' % (version, image_id, e))
@@ -197,9 +197,9 @@ class Publisher:
         SHA-256 digests.
         """
         return self._publish_file(
-            image_id, gsource.digests_image_id(image_id),
-            gsource.digests_image_name(image_id),
-            self.library.digest_list, gsource.PROP_DIGESTS_SHA256,
+            image_id, names.digests_image_id(image_id),
+            names.digests_image_name(image_id),
+            self.library.digest_list, names.PROP_DIGESTS_SHA256,
             'digest list')
 
     def bootset(self, image_id):
@@ -209,9 +209,9 @@ class Publisher:
         its id, or None when the library has none for the image.
         """
         return self._publish_file(
-            image_id, gsource.bootset_image_id(image_id),
-            gsource.bootset_image_name(image_id),
-            self.library.bootset, gsource.PROP_BOOTSET_SHA256,
+            image_id, names.bootset_image_id(image_id),
+            names.bootset_image_name(image_id),
+            self.library.bootset, names.PROP_BOOTSET_SHA256,
             'boot working set')
 
     def recorded_bootset(self, image_id, data):
@@ -221,9 +221,9 @@ class Publisher:
         published stays: later boots read the same blocks.
         """
         return self._publish_file(
-            image_id, gsource.bootset_image_id(image_id, 'recorded'),
-            gsource.bootset_image_name(image_id, 'recorded'),
-            lambda _image_id: data, gsource.PROP_BOOTSET_SHA256,
+            image_id, names.bootset_image_id(image_id, 'recorded'),
+            names.bootset_image_name(image_id, 'recorded'),
+            lambda _image_id: data, names.PROP_BOOTSET_SHA256,
             'recorded boot working set')
 
     def _publish_file(self, image_id, did, name, read, sha_prop, what):
@@ -251,7 +251,7 @@ class Publisher:
                             id=did, name=name,
                             disk_format='raw', container_format='bare',
                             visibility='private', os_hidden=True,
-                            **{gsource.PROP_OF: image_id, sha_prop: sha})
+                            **{names.PROP_OF: image_id, sha_prop: sha})
                     except glance_exc.HTTPConflict:
                         img = self.glance.images.get(did)
                 self._upload(img, data, sha, sha_prop, what + ' image')
@@ -263,12 +263,12 @@ class Publisher:
         return did
 
     def _get_or_create(self, mid, image_id, version, sha):
-        props = {gsource.PROP_OF: image_id,
-                 gsource.PROP_VERSION: str(version),
-                 gsource.PROP_SHA256: sha}
+        props = {names.PROP_OF: image_id,
+                 names.PROP_VERSION: str(version),
+                 names.PROP_SHA256: sha}
         try:
             return self.glance.images.create(
-                id=mid, name=gsource.map_image_name(image_id, version),
+                id=mid, name=names.map_image_name(image_id, version),
                 disk_format='raw', container_format='bare',
                 visibility='private', os_hidden=True, **props)
         except glance_exc.HTTPConflict:
@@ -286,7 +286,7 @@ class Publisher:
 
     def delete_version(self, image_id, version):
         """Delete the map image of one version (gone already: fine)."""
-        self._delete(gsource.map_image_id(image_id, version), 'map')
+        self._delete(names.map_image_id(image_id, version), 'map')
 
     def delete_all(self, image_id):
         """Delete every published map version of a deleted image.
@@ -295,15 +295,15 @@ class Publisher:
         other maps use from the images that hold them, and check them
         against it; :mod:`.gc` deletes it with the last such version.
         """
-        keep = gsource.digests_image_id(image_id)
+        keep = names.digests_image_id(image_id)
         try:
             found = list(self.glance.images.list(filters={
-                gsource.PROP_OF: image_id, 'os_hidden': True}))
+                names.PROP_OF: image_id, 'os_hidden': True}))
         except glance_exc.ClientException as e:
             raise exception.PublishError(
                 'listing the maps of %s: %s' % (image_id, e))
         for img in found:
-            if img.get(gsource.PROP_OF) == image_id and img['id'] != keep:
+            if img.get(names.PROP_OF) == image_id and img['id'] != keep:
                 self._delete(img['id'], 'map')
         return len([i for i in found if i['id'] != keep])
 
@@ -314,12 +314,12 @@ class Publisher:
                 'os_hidden': True}))
         except glance_exc.ClientException as e:
             raise exception.PublishError('listing digest lists: %s' % e)
-        return {img[gsource.PROP_OF]: img['id'] for img in found
-                if img.get(gsource.PROP_DIGESTS_SHA256)
-                and img.get(gsource.PROP_OF)
-                and img['id'] == gsource.digests_image_id(
-                    img[gsource.PROP_OF])}
+        return {img[names.PROP_OF]: img['id'] for img in found
+                if img.get(names.PROP_DIGESTS_SHA256)
+                and img.get(names.PROP_OF)
+                and img['id'] == names.digests_image_id(
+                    img[names.PROP_OF])}
 
     def delete_digests(self, image_id):
         """Delete the digest list image of a base (gone already: fine)."""
-        self._delete(gsource.digests_image_id(image_id), 'digest list')
+        self._delete(names.digests_image_id(image_id), 'digest list')

@@ -42,15 +42,12 @@ Ceph, the RBD snapshots themselves (:mod:`.rbd`), and check every block
 against the digest list before a guest sees it.
 """
 
-from concurrent import futures
-import hashlib
 import os
 import subprocess
 import sysconfig
 import tempfile
 import time
 import urllib.parse
-import uuid
 
 from glanceclient import client as glance_client
 from glanceclient import exc as glance_exc
@@ -62,77 +59,19 @@ from vmar_openstack import exception
 from vmar_openstack.exception import SourceError
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack import glance_io
 from vmar_openstack import mapformat
 from vmar_openstack.mapsource import base
 from vmar_openstack.mapsource import rbd
 from vmar_openstack.mapsource import readers
+from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
-MAP_NAMESPACE = uuid.UUID('6f1c7a52-3f0e-5b8a-9a57-0c4d8e2b1d90')
-DIGESTS_NAMESPACE = uuid.UUID('0b6a3c8e-41d2-5f97-8e1a-6c2f9d4b7a35')
-BOOTSET_NAMESPACE = uuid.UUID('5d2e8f14-7a3b-5c69-b0d4-19e7c3a6f852')
-PROP_OF = 'vmar_map_of'
-PROP_VERSION = 'vmar_map_version'
-PROP_SHA256 = 'vmar_map_sha256'
-PROP_DIGESTS_SHA256 = 'vmar_digests_sha256'
-PROP_BOOTSET_SHA256 = 'vmar_bootset_sha256'
-FETCH_SOCKET = 'glance-fetch.sock'
-
-
-def map_image_id(image_id, version):
-    return str(uuid.uuid5(MAP_NAMESPACE, '%s.%d' % (image_id, version)))
-
-
-def map_image_name(image_id, version):
-    return 'vmar-map-%s-v%d' % (image_id, version)
-
-
-def digests_image_id(image_id):
-    return str(uuid.uuid5(DIGESTS_NAMESPACE, image_id))
-
-
-def digests_image_name(image_id):
-    return 'vmar-digests-%s' % image_id
-
-
-def bootset_image_id(image_id, source='introspected'):
-    """The hidden image of an image's boot working set from ``source``.
-
-    A recorded set has an id of its own: Glance never reuses the id of a
-    deleted image, so an introspected set cannot be replaced in place.
-    """
-    if source == 'introspected':
-        return str(uuid.uuid5(BOOTSET_NAMESPACE, image_id))
-    return str(uuid.uuid5(BOOTSET_NAMESPACE, '%s.%s' % (image_id, source)))
-
-
-def bootset_image_name(image_id, source='introspected'):
-    return 'vmar-bootset-%s%s' % ('' if source == 'introspected'
-                                  else source + '-', image_id)
-
 
 def fetch_socket(conf):
-    """The unix socket of the host's Glance range server (nbdkit)."""
-    return os.path.join(conf.vmar_host.host_dir, FETCH_SOCKET)
-
-
-def fetch_export(image_id, size):
-    """The range server's export name of an image of ``size`` bytes.
-
-    The size travels in the name so that the server opens an export
-    without asking Glance: a restarted daemon re-adds the nodes of its
-    mirrors while Glance is away, and serves the blocks they hold.
-    """
-    return '%s/%d' % (image_id, size)
-
-
-def parse_fetch_export(name):
-    """(image id, size) of a :func:`fetch_export` name; ValueError."""
-    image_id, _slash, size = name.partition('/')
-    if not size.isdigit():
-        raise ValueError('export %r is not <image id>/<size>' % name)
-    return str(uuid.UUID(image_id)), int(size)
+    """The unix socket of the host's range server (nbdkit)."""
+    return os.path.join(conf.vmar_host.host_dir, names.RANGE_SERVER_SOCKET)
 
 
 def _session_and_adapter(conf):
@@ -198,96 +137,6 @@ class RangeReader:
         return data
 
 
-def stream_to(data, dest_dir, hasher_names=('sha256',), durable=True):
-    """Write an iterable of chunks to a temporary file in ``dest_dir``.
-
-    All-zero chunks become holes (images are mostly sparse, and ingest
-    skips holes). ``durable``: fsync before returning (a file that is
-    renamed into place); a scratch file need not be. Returns
-    (path, {name: hexdigest}); the caller owns the file.
-    """
-    os.makedirs(dest_dir, exist_ok=True)
-    hashers = {n: hashlib.new(n) for n in hasher_names if n}
-
-    def _update(chunk):
-        for h in hashers.values():
-            h.update(chunk)     # releases the GIL: overlaps the download
-    fd, tmp = tempfile.mkstemp(prefix='.fetch-%d-' % os.getpid(),
-                               dir=dest_dir)
-    pool = futures.ThreadPoolExecutor(1)
-    pending = None
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            for chunk in _rechunk(data):
-                if pending is not None:
-                    pending.result()
-                if hashers:
-                    pending = pool.submit(_update, chunk)
-                if chunk.count(0) == len(chunk):
-                    f.seek(len(chunk), os.SEEK_CUR)
-                else:
-                    f.write(chunk)
-            f.truncate()
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-            if pending is not None:
-                pending.result()
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    finally:
-        pool.shutdown()
-    return tmp, {n: h.hexdigest() for n, h in hashers.items()}
-
-
-def download(glance, meta, dest_dir, durable=True):
-    """Stream the data of Glance image ``meta`` to a temporary file.
-
-    Checked against Glance's ``os_hash_value`` (hashed as it streams), or
-    by glanceclient's md5 check for an image that has none. Returns the
-    path; the caller owns the file.
-    """
-    image_id, algo = meta['id'], meta.get('os_hash_algo')
-    try:
-        data = glance.images.data(image_id, do_checksum=not algo)
-        tmp, sums = stream_to(data, dest_dir, (algo,) if algo else (),
-                              durable)
-    except glance_exc.ClientException as e:
-        raise SourceError('cannot download image %s from Glance: %s'
-                          % (image_id, e))
-    if algo and sums[algo] != meta.get('os_hash_value'):
-        os.unlink(tmp)
-        raise SourceError('image %s: %s %s, Glance says %s'
-                          % (image_id, algo, sums[algo],
-                             meta.get('os_hash_value')))
-    return tmp
-
-
-def _rechunk(data, size=4 << 20):
-    """Chunks of ``size`` bytes from an iterable of small ones."""
-    parts, n = [], 0
-    for chunk in data:
-        parts.append(chunk)
-        n += len(chunk)
-        if n >= size:
-            yield b''.join(parts)
-            parts, n = [], 0
-    if parts:
-        yield b''.join(parts)
-
-
-def remove_stale(directory):
-    """Remove partial downloads of processes that died."""
-    for name in os.listdir(directory) if os.path.isdir(directory) else ():
-        parts = name.split('-')
-        if (name.startswith('.fetch-') and len(parts) > 2
-                and parts[1].isdigit()
-                and not os.path.exists('/proc/%s' % parts[1])):
-            LOG.info('removing partial download %s', name)
-            os.unlink(os.path.join(directory, name))
-
-
 class GlanceSource(base.MapSource):
 
     can_mirror = True
@@ -317,19 +166,19 @@ class GlanceSource(base.MapSource):
         return self._glance
 
     def _owner_ok(self, image):
-        owner = self.conf.vmar_glance.map_owner
-        return owner is None or image.get('owner') == owner
+        return names.published_by(image, self.conf.vmar_glance.map_owner)
 
     def _published(self, image_id):
         try:
             found = list(self.glance.images.list(filters={
-                PROP_OF: image_id, 'os_hidden': True, 'status': 'active'}))
+                names.PROP_OF: image_id, 'os_hidden': True,
+                'status': 'active'}))
         except glance_exc.ClientException as e:
             raise SourceError('cannot list the maps of %s in Glance: %s'
                               % (image_id, e))
-        return [int(i[PROP_VERSION]) for i in found
-                if self._owner_ok(i) and i.get(PROP_OF) == image_id
-                and str(i.get(PROP_VERSION, '')).isdigit()]
+        return [int(i[names.PROP_VERSION]) for i in found
+                if self._owner_ok(i) and i.get(names.PROP_OF) == image_id
+                and str(i.get(names.PROP_VERSION, '')).isdigit()]
 
     def current_version(self, image_id):
         """The newest published map version of an image.
@@ -365,17 +214,18 @@ class GlanceSource(base.MapSource):
                               % (image_id, e))
 
     def fetch_map(self, image_id, version, dest):
-        mid = map_image_id(image_id, version)
+        mid = names.map_image_id(image_id, version)
         img = self._get(mid)
         if (img.get('status') != 'active' or not self._owner_ok(img)
-                or img.get(PROP_OF) != image_id
-                or str(img.get(PROP_VERSION)) != str(version)):
+                or img.get(names.PROP_OF) != image_id
+                or str(img.get(names.PROP_VERSION)) != str(version)):
             raise SourceError('Glance image %s is not map v%d of %s '
                               'published by vmar-agent' % (mid, version,
                                                            image_id))
-        tmp = download(self.glance, dict(img, os_hash_algo='sha256',
-                                         os_hash_value=img.get(PROP_SHA256)),
-                       os.path.dirname(dest))
+        tmp = glance_io.download(
+            self.glance, dict(img, os_hash_algo='sha256',
+                              os_hash_value=img.get(names.PROP_SHA256)),
+            os.path.dirname(dest))
         try:
             try:
                 bmap = mapformat.read(tmp)
@@ -401,8 +251,8 @@ class GlanceSource(base.MapSource):
         :raises SourceError: none usable (the host then copies the whole
             base): not published, or not the agent's.
         """
-        self._fetch_file(digests_image_id(image_id), image_id,
-                         PROP_DIGESTS_SHA256, 'digest list', dest)
+        self._fetch_file(names.digests_image_id(image_id), image_id,
+                         names.PROP_DIGESTS_SHA256, 'digest list', dest)
 
     def fetch_bootset(self, image_id, dest):
         """The boot working set vmar-agent published for an image, at dest.
@@ -413,25 +263,26 @@ class GlanceSource(base.MapSource):
         :raises SourceError: none published, or not the agent's.
         """
         try:
-            self._fetch_file(bootset_image_id(image_id, 'recorded'),
-                             image_id, PROP_BOOTSET_SHA256,
+            self._fetch_file(names.bootset_image_id(image_id, 'recorded'),
+                             image_id, names.PROP_BOOTSET_SHA256,
                              'recorded boot working set', dest)
         except SourceError:
-            self._fetch_file(bootset_image_id(image_id), image_id,
-                             PROP_BOOTSET_SHA256, 'boot working set', dest)
+            self._fetch_file(names.bootset_image_id(image_id), image_id,
+                             names.PROP_BOOTSET_SHA256, 'boot working set',
+                             dest)
 
     def _fetch_file(self, did, image_id, sha_prop, what, dest):
         """A hidden file image of vmar-agent's, checked, at ``dest``."""
         dig = self._get(did)
         sha = dig.get(sha_prop)
         if (dig.get('status') != 'active' or not self._owner_ok(dig)
-                or dig.get(PROP_OF) != image_id or not sha):
+                or dig.get(names.PROP_OF) != image_id or not sha):
             raise SourceError('Glance image %s is not the %s of %s '
                               'published by vmar-agent'
                               % (did, what, image_id))
-        tmp = download(self.glance, dict(dig, os_hash_algo='sha256',
-                                         os_hash_value=sha),
-                       os.path.dirname(dest))
+        tmp = glance_io.download(
+            self.glance, dict(dig, os_hash_algo='sha256', os_hash_value=sha),
+            os.path.dirname(dest))
         os.rename(tmp, dest)
 
     def base_reader(self, image_id, size):
@@ -461,7 +312,7 @@ class GlanceSource(base.MapSource):
         stored = int(img.get('size') or 0)
         loc = self._rbd_location(img)
         if loc is None:
-            export = fetch_export(image_id, stored)
+            export = names.glance_fetch_export(image_id, stored)
         else:
             export = rbd.fetch_export(loc, stored)
         node = readers.RangeExport(fetch_socket(self.conf), export)
@@ -555,7 +406,7 @@ class GlanceSource(base.MapSource):
             raise SourceError('image %s is %s in Glance, not active'
                               % (image_id, img.get('status')))
         work = os.path.dirname(dest)
-        tmp = download(self.glance, img, work)
+        tmp = glance_io.download(self.glance, img, work)
         try:
             fmt = img.get('disk_format') or 'raw'
             try:

@@ -28,9 +28,9 @@ import time
 import urllib.parse
 
 from vmar_openstack.exception import SourceError
+from vmar_openstack import names
 
 SCHEME = 'rbd://'
-_EXPORT_PREFIX = 'rbd/'
 
 Location = collections.namedtuple('Location', 'fsid pool image snapshot')
 
@@ -89,16 +89,13 @@ def conf_fsid(path):
 def fetch_export(loc, size):
     """The range server's export name of an RBD snapshot of ``size``.
 
-    Like :func:`.glance.fetch_export`, the name carries everything the
-    server needs to open it without asking anyone.
+    The name's format is the contract's (:func:`names.rbd_fetch_export`).
     """
-    return _EXPORT_PREFIX + '/'.join(
-        [urllib.parse.quote(p, safe='')
-         for p in (loc.pool, loc.image, loc.snapshot)] + [str(size)])
+    return names.rbd_fetch_export(loc.pool, loc.image, loc.snapshot, size)
 
 
 def is_fetch_export(name):
-    return name.startswith(_EXPORT_PREFIX)
+    return names.is_rbd_fetch_export(name)
 
 
 def parse_fetch_export(name):
@@ -106,13 +103,8 @@ def parse_fetch_export(name):
 
     :raises ValueError: not such a name.
     """
-    parts = name[len(_EXPORT_PREFIX):].split('/') if is_fetch_export(
-        name) else []
-    if len(parts) != 4 or not all(parts) or not parts[3].isdigit():
-        raise ValueError('export %r is not rbd/<pool>/<image>/<snapshot>/'
-                         '<size>' % name)
-    pool, image, snap = (urllib.parse.unquote(p) for p in parts[:3])
-    return Location(None, pool, image, snap), int(parts[3])
+    pool, image, snap, size = names.parse_rbd_fetch_export(name)
+    return Location(None, pool, image, snap), size
 
 
 def _connection_error(e):
