@@ -7,6 +7,7 @@ RequestSpec objects. The multi-host functional test is issue 17's
 """
 
 import os
+from unittest import mock
 import uuid
 
 import fixtures
@@ -15,6 +16,7 @@ import sqlalchemy as sa
 from nova import objects
 from nova.scheduler import host_manager
 from nova.scheduler import weights
+from oslo_config import cfg
 from oslo_config import fixture as config_fixture
 import oslo_messaging
 
@@ -242,8 +244,18 @@ class TestWeigher(HoldingsTestCase):
         self.assertEqual([B], calls)
 
     def test_an_unset_database_weighs_nothing(self):
-        vmar_conf.CONF.clear_override('connection', group='vmar_database')
-        self.assertEqual({0.0}, {w for _h, w in self.weighed(self.spec())})
+        # a scheduler whose files set no connection (oslo.config still
+        # reports a cleared override as one: a configuration of its own)
+        unset = cfg.ConfigOpts()
+        vmar_conf.register_opts(unset)
+        unset([], project='vmar', default_config_files=[])
+        state = self.useFixture(fixtures.TempDir()).path
+        unset.set_default('state_dir', state, group='vmar')
+        with mock.patch.object(weigher, 'CONF', unset):
+            self.assertEqual({0.0},
+                             {w for _h, w in self.weighed(self.spec())})
+        # and it opened no database of its own (the default one)
+        self.assertEqual([], os.listdir(state))
 
 
 class TestBackfill(HoldingsTestCase):
