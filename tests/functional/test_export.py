@@ -357,6 +357,7 @@ class TestHostStatus(ExportTestCase):
         text = self.export_cli('status').stdout
         self.assertIn('daemon: up', text)
         self.assertIn('2 base files, 512.0 KiB', text)
+        self.assertIn('mirror fills 0 B; 512.0 KiB in all', text)
 
         m = self.scrape()
         name_b = e['name']
@@ -617,7 +618,9 @@ class TestLazyExports(LazyExportTestCase):
         self.assertEqual(2, len(st['exports']))
         for e in st['exports']:
             self.assertGreater(e['fill_due'], time.time() + 500, e)
-        self.assertIn('fill ', self.export_cli('status').stdout)
+        text = self.export_cli('status').stdout
+        self.assertIn('fill ', text)
+        self.assertIn('0 base files, 0 B in 0.0 s; mirror fills', text)
         # the mirrors hold no more than the library's data blocks
         with db_session.reader(self.conf) as s:
             data_blocks = sum(

@@ -79,13 +79,17 @@ def status():
     print('daemon: %s, socket %s' % ('up' if st['daemon_up'] else 'DOWN',
                                      st['socket']))
     f = st['fetched']
-    print('fetched since the first export: %d base files, %s in %.1f s'
-          % (f['count'], _size(f['bytes']), f['seconds']))
+    print('fetched since the first export: %d base files, %s in %.1f s; '
+          'mirror fills %s; %s in all'
+          % (f['count'], _size(f['copy_bytes']), f['seconds'],
+             _size(f['fill_bytes']), _size(f['bytes'])))
     print()
     cmd.print_table(
-        ('base', 'size', 'mirror', 'page cache', 'exports', 'holders'),
+        ('base', 'size', 'mirror', 'fetched', 'page cache', 'exports',
+         'holders'),
         [(b['image_id'], _size(b['size']), _size(b['mirror_bytes']),
-          _size(b['cached_bytes']), len(b['exports']), len(b['holders']))
+          _size(b['fetched_bytes']), _size(b['cached_bytes']),
+          len(b['exports']), len(b['holders']))
          for b in st['bases']])
     print()
     cmd.print_table(
