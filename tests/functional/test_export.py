@@ -612,7 +612,8 @@ class TestLazyExports(LazyExportTestCase):
         self.assertEqual(fetched, {b: bases[b]['fetched_bytes']
                                    for b in fetched})
         for e in exports.values():
-            self.assertEqual(sum(fetched[t] for t, _s in e['targets']),
+            self.assertEqual(sum(fetched[b] for b in fetched
+                                 if e['name'] in bases[b]['exports']),
                              e['fetched_bytes'])
         # their fills wait fill_delay (600 s) after the adds
         self.assertEqual(2, len(st['exports']))
