@@ -479,6 +479,9 @@ def run(conf, handler, stop_event, started=None):
     """
     glance_io.remove_stale(conf.vmar.work_dir)
     endpoint = Endpoint(conf, handler)
+    # configured, with its library and Glance client: what is left is the
+    # transport, which may take long (RabbitMQ away)
+    LOG.info('vmar-agent connecting to its notification transport')
     lst = listener(conf, endpoint)
     lst.start()
     if started is not None:
