@@ -5,9 +5,9 @@ Run by ``vmar-export serve``
 base_fetch = lazy`` and ``map_source = glance``: the export
 daemon's ``vmar-mirror`` nodes open an export and read the blocks they
 miss. An export named by an image id and size
-(:func:`.glance.fetch_export`) reads through Glance, one range request a
-read (:class:`.glance.RangeReader`); one named by an RBD snapshot
-(:func:`.rbd.fetch_export`) reads the snapshot from Ceph
+(:func:`vmar_openstack.names.glance_fetch_export`) reads through Glance,
+one range request a read (:class:`.glance.RangeReader`); one named by an
+RBD snapshot (:func:`.rbd.fetch_export`) reads the snapshot from Ceph
 (:class:`.rbd.Reader`). nbdkit's retry-request filter tries a failed read
 again; the mirror checks every block against the digest list before a
 guest can read it.
@@ -75,9 +75,9 @@ def _failed(what, e):
 
 
 def open(readonly):
-    # no request to Glance or Ceph here: see glance.fetch_export
-    from vmar_openstack.mapsource import glance
+    # no request to Glance or Ceph here: see names.glance_fetch_export
     from vmar_openstack.mapsource import rbd
+    from vmar_openstack import names
     name = nbdkit.export_name()
     try:
         if rbd.is_fetch_export(name):
@@ -87,7 +87,7 @@ def open(readonly):
             loc, size = rbd.parse_fetch_export(name)
             return {'read': _readers['rbd'].read, 'key': loc, 'size': size,
                     'what': 'RBD %s/%s@%s' % loc[1:]}
-        image_id, size = glance.parse_fetch_export(name)
+        image_id, size = names.parse_glance_fetch_export(name)
     except ValueError as e:
         nbdkit.set_error(errno.ENOENT)
         raise RuntimeError(str(e))
