@@ -525,8 +525,15 @@ class TestGlance(GlanceTestCase):
             cmd + ['add', ia, '--map-version', str(va)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(slow.kill)
-        maps = os.path.join(host, 'locks', ia + '.use')
-        self.wait_until(lambda: os.path.exists(maps), 'a being prepared')
+        # the event: the daemon holds a's files and asks the store for its
+        # map (it has no lock files any more)
+        want = 'fetching map v%d of %s' % (va, ia)
+        log = os.path.join(self.tmp, 'serve.log')
+
+        def preparing():
+            with open(log, errors='replace') as f:
+                return want in f.read()
+        self.wait_until(preparing, 'a being prepared')
         # meanwhile another server of b starts, and one stops
         for verb in ('add', 'remove'):
             r = subprocess.run(cmd + [verb, ib, '--holder', 'vm2',

@@ -313,6 +313,8 @@ class HostDir(Layout):
             self.hold(image_id, hold)
         path = self.map_file(image_id, version)
         if not os.path.exists(path):
+            LOG.debug('fetching map v%d of %s from the map source', version,
+                      image_id)
             self.fetch(self.source.fetch_map, image_id, version, path)
         try:
             bmap = mapformat.read(path)
