@@ -5,6 +5,7 @@ and rename, so a reader (or a process killed half way) never sees part of a
 file.
 """
 
+import grp
 import os
 import subprocess
 import tempfile
@@ -101,3 +102,15 @@ def fsync_dir(directory):
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def publish_socket(tmp, path, group=None):
+    """Give a bound unix socket to root and ``group``, 0660, at ``path``.
+
+    The socket was bound at ``tmp`` beside ``path``: clients find it only
+    once its owner and mode are right (the rename is atomic).
+    """
+    if group:
+        os.chown(tmp, -1, grp.getgrnam(group).gr_gid)
+    os.chmod(tmp, 0o660)
+    os.rename(tmp, path)

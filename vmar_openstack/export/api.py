@@ -27,6 +27,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import exception
 from vmar_openstack.export import status as export_status
+from vmar_openstack import fileutils
 from vmar_openstack.hostapi import client
 from vmar_openstack.hostapi import protocol
 
@@ -210,8 +211,8 @@ class ApiServer:
     def __init__(self, service):
         self.service = service
         self.path = client.socket_path(service.conf)
-        group = service.conf.vmar_host.api_socket_group
-        self.gid = grp.getgrnam(group).gr_gid if group else None
+        self.group = service.conf.vmar_host.api_socket_group
+        self.gid = grp.getgrnam(self.group).gr_gid if self.group else None
         self._server = None
         self._thread = None
 
@@ -221,10 +222,7 @@ class ApiServer:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         self._server = _Server(tmp, self.service, self.gid)
-        if self.gid is not None:
-            os.chown(tmp, -1, self.gid)
-        os.chmod(tmp, 0o660)
-        os.rename(tmp, self.path)
+        fileutils.publish_socket(tmp, self.path, self.group)
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         name='vmar-host-api', daemon=True)
         self._thread.start()

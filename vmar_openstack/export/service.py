@@ -11,7 +11,6 @@ served at once.
 
 import contextlib
 import functools
-import grp
 import os
 import threading
 import uuid
@@ -472,11 +471,8 @@ class ExportService:
                 state.save()
             self.unrestored = len(state.exports) - len(ready)
         if tmp_sock:
-            group = self.conf.vmar_host.export_socket_group
-            if group:
-                os.chown(tmp_sock, -1, grp.getgrnam(group).gr_gid)
-            os.chmod(tmp_sock, 0o660)
-            os.rename(tmp_sock, self.socket)
+            fileutils.publish_socket(tmp_sock, self.socket,
+                                     self.conf.vmar_host.export_socket_group)
         LOG.info('restored %d of %d exports on %s', len(ready),
                  len(state.exports), self.socket)
         if self.conf.vmar_host.fill:
