@@ -16,7 +16,7 @@ Reports:
    storage through VMAR against raw (from /proc/<pid>/io), next to image 2's
    unique-block fraction.
 4. mean lookup probes for the sequential and the random pattern, from the
-   driver's counters (VMAR_STATS_FILE).
+   driver's counters (its image information, query-named-block-nodes).
 
 Hot figures are medians of --rounds alternating rounds. Read-ahead on the
 base files decides much of the cold figure, so the disk's read-ahead is set
@@ -120,17 +120,24 @@ def main():
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix='vmar-bench-export-')
     sock = os.path.join(work, 'nbd.sock')
-    stats = os.path.join(work, 'stats.jsonl')
-    os.environ['VMAR_STATS_FILE'] = stats
     conf = make_conf(os.path.join(work, 'state'), args.qemu_prefix, sock)
     conf.set_override('base_aio', args.aio, group='vmar_host')
     conf.set_override('read_gather_gap', args.gather_gap, group='vmar_host')
     knob = pagecache.readahead_knob(work)
     with pagecache.readahead(knob, args.readahead_kb) as machine_ra:
-        return run(args, work, conf, sock, stats, machine_ra)
+        return run(args, work, conf, sock, machine_ra)
 
 
-def run(args, work, conf, sock, stats, machine_ra):
+def map_counters(svc, image_id):
+    """The counters of the vmar node that reads @image_id's map."""
+    with svc.monitor() as mon:
+        for n in mon.execute('query-named-block-nodes', {'flat': True}):
+            if n['drv'] == 'vmar' and image_id in n['file']:
+                return n['image']['format-specific']['data']
+    raise RuntimeError('no vmar node reads the map of %s' % image_id)
+
+
+def run(args, work, conf, sock, machine_ra):
     lib = ingest.Library(conf)
     ids = []
     for path in (args.first, args.second):
@@ -180,15 +187,15 @@ def run(args, work, conf, sock, stats, machine_ra):
 
         # 4. probes: counters of a fresh node per pattern
         svc.remove(second)
-        open(stats, 'w').close()
+        mine = []
         # a new holder of an export gets a new key: a new URI each time
         fio(svc.uri(svc.add(second)), 'read', '1M', size=size)
+        mine.append(map_counters(svc, second))
         svc.remove(second)
         fio(svc.uri(svc.add(second)), 'randread', '4k',
             runtime=max(3, args.runtime // 2))
+        mine.append(map_counters(svc, second))
         svc.remove(second)
-        lines = [json.loads(x) for x in open(stats) if x.strip()]
-        mine = [x for x in lines if second in x['map']]
         res['probes'] = {
             'sequential': mine[0]['probes'] / max(1, mine[0]['lookups']),
             'random': mine[1]['probes'] / max(1, mine[1]['lookups']),

@@ -25,13 +25,16 @@
  * of missing blocks after it.  One mirror node per base: every vmar node
  * that reads the base shares it.
  *
- * This work is licensed under the terms of the GNU GPL, version 2 or later.
- * See the COPYING file in the top-level directory.
+ * The AioContext only waits: the SHA-256 of fetched runs and the writes of
+ * the present file go to the thread pool (thread_pool_submit_co), as
+ * qcow2-threads.c does with compression.  Diagnostics are trace events
+ * (block/trace-events: vmar_mirror_*).
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
 #include "qemu/osdep.h"
 #include "qapi/error.h"
-#include "qapi/qmp/qdict.h"
 #include "qemu/bitmap.h"
 #include "qemu/cutils.h"
 #include "qemu/error-report.h"
@@ -40,13 +43,18 @@
 #include "qemu/option.h"
 #include "qemu/timer.h"
 #include "block/block_int.h"
+#include "block/block-io.h"
 #include "block/reqlist.h"
+#include "trace.h"
+
+#include "vmar-compat.h"
 
 #include <openssl/evp.h>
 
 #define MIRROR_OPT_DIGESTS          "digests"
 #define MIRROR_OPT_PRESENT          "present"
 #define MIRROR_OPT_READAHEAD        "readahead"
+#define MIRROR_OPT_VERIFY_THREADS   "verify-in-threads"
 
 #define MIRROR_DIGESTS_MAGIC        "VMARDGST"
 #define MIRROR_PRESENT_MAGIC        "VMARPRES"
@@ -82,8 +90,8 @@ typedef struct BDRVVmarMirrorState {
     uint64_t n_blocks;
     uint64_t readahead_blocks;
     uint8_t *digests;           /* n_blocks rows of MIRROR_DIGEST_SIZE */
-    EVP_MD *sha256;
-    EVP_MD_CTX *md_ctx;
+    EVP_MD *sha256;             /* shared by threads: only read */
+    bool verify_in_threads;     /* hash in the thread pool */
 
     /* Verified and in the mirror file (zero blocks from the start) */
     unsigned long *present;
@@ -129,6 +137,12 @@ static QemuOptsList vmar_mirror_runtime_opts = {
             .type = QEMU_OPT_SIZE,
             .help = "Missing bytes fetched after a missing run (default: "
                     "64 KiB)",
+        },
+        {
+            .name = MIRROR_OPT_VERIFY_THREADS,
+            .type = QEMU_OPT_BOOL,
+            .help = "Check fetched blocks in the thread pool, not in the "
+                    "AioContext (default: on)",
         },
         { /* end of list */ }
     },
@@ -228,7 +242,6 @@ static int mirror_check_header(const MirrorHeader *h, const char *magic,
 static int mirror_load_digests(BDRVVmarMirrorState *s, const char *path,
                                MirrorHeader *hdr, Error **errp)
 {
-    g_autofree uint8_t *buf = NULL;
     struct stat st;
     uint64_t want;
     int fd, ret;
@@ -337,8 +350,20 @@ static int mirror_load_present(BDRVVmarMirrorState *s, const char *path,
     return 0;
 }
 
-/* Write the present bits of @bits to the present file (not synced) */
-static int mirror_write_bits(BDRVVmarMirrorState *s, const unsigned long *bits)
+/* A byte range of the present file's bitmap to write (not synced) */
+typedef struct MirrorBitsWrite {
+    int fd;
+    const uint8_t *bytes;
+    size_t len;
+    off_t offset;
+} MirrorBitsWrite;
+
+/*
+ * Set the bits of @bits in the bitmap as on disk; fill @w with the byte
+ * range that changed, and return whether there is one.
+ */
+static bool mirror_set_disk_bits(BDRVVmarMirrorState *s,
+                                 const unsigned long *bits, MirrorBitsWrite *w)
 {
     uint64_t b, lo = UINT64_MAX, hi = 0;
 
@@ -348,11 +373,45 @@ static int mirror_write_bits(BDRVVmarMirrorState *s, const unsigned long *bits)
         lo = MIN(lo, b >> 3);
         hi = MAX(hi, b >> 3);
     }
-    if (lo > hi) {
+    *w = (MirrorBitsWrite) {
+        .fd = s->present_fd,
+        .bytes = s->disk_bits + lo,
+        .len = hi - lo + 1,
+        .offset = MIRROR_PRESENT_HEADER_SIZE + lo,
+    };
+    return lo <= hi;
+}
+
+/* Thread pool function: a MirrorBitsWrite */
+static int mirror_bits_write_func(void *opaque)
+{
+    MirrorBitsWrite *w = opaque;
+
+    return mirror_pwrite_full(w->fd, w->bytes, w->len, w->offset);
+}
+
+/* Write the present bits of @bits to the present file, outside coroutines */
+static int mirror_write_bits(BDRVVmarMirrorState *s, const unsigned long *bits)
+{
+    MirrorBitsWrite w;
+
+    if (!mirror_set_disk_bits(s, bits, &w)) {
         return 0;
     }
-    return mirror_pwrite_full(s->present_fd, s->disk_bits + lo, hi - lo + 1,
-                              MIRROR_PRESENT_HEADER_SIZE + lo);
+    return mirror_bits_write_func(&w);
+}
+
+/* The same from a coroutine: the write goes to the thread pool */
+static int coroutine_fn mirror_co_write_bits(BlockDriverState *bs,
+                                             BDRVVmarMirrorState *s,
+                                             const unsigned long *bits)
+{
+    MirrorBitsWrite w;
+
+    if (!mirror_set_disk_bits(s, bits, &w)) {
+        return 0;
+    }
+    return vmar_thread_pool_submit_co(bs, mirror_bits_write_func, &w);
 }
 
 /*
@@ -368,10 +427,14 @@ static void coroutine_fn mirror_co_flush_present(void *opaque)
 
     bitmap_copy(batch, s->pending, s->n_blocks);
     bitmap_zero(s->pending, s->n_blocks);
+    vmar_graph_co_rdlock();
     ret = bdrv_co_flush(bs->file->bs);
+    vmar_graph_co_rdunlock();
     if (ret == 0) {
-        ret = mirror_write_bits(s, batch);
+        ret = mirror_co_write_bits(bs, s, batch);
     }
+    trace_vmar_mirror_flush_present(bs, bitmap_count_one(batch, s->n_blocks),
+                                    ret);
     if (ret < 0) {
         /* Keep them pending: they are tried again with the next batch */
         bitmap_or(s->pending, s->pending, batch, s->n_blocks);
@@ -412,24 +475,66 @@ static void mirror_schedule_flush(BDRVVmarMirrorState *s)
     }
 }
 
-/* Whether @len bytes at @buf are block @b of the base */
-static bool mirror_block_ok(BDRVVmarMirrorState *s, uint64_t b,
+/*
+ * The check of a fetched run: blocks [@first, @end) in @buf.  On return,
+ * @bad is the first block that is not what the digest list says (@end if
+ * none) and @got its digest.  Runs in the thread pool or in the coroutine;
+ * it reads only what no one changes while the fetch is in flight.
+ */
+typedef struct MirrorVerify {
+    const BDRVVmarMirrorState *s;
+    const uint8_t *buf;
+    uint64_t first;
+    uint64_t end;
+    uint64_t bad;
+    uint8_t got[MIRROR_DIGEST_SIZE];
+} MirrorVerify;
+
+/* Whether @buf holds block @b of the base; its digest goes to @got */
+static bool mirror_block_ok(const BDRVVmarMirrorState *s, uint64_t b,
                             const uint8_t *buf, uint8_t *got)
 {
-    const uint8_t *want = mirror_digest(s, b);
+    const uint8_t *want = s->digests + b * MIRROR_DIGEST_SIZE;
     unsigned int n = MIRROR_DIGEST_SIZE;
 
     if (mirror_is_zero_digest(want)) {
         memset(got, 0, MIRROR_DIGEST_SIZE);
         return buffer_is_zero(buf, s->block_size);
     }
-    if (!EVP_DigestInit_ex(s->md_ctx, s->sha256, NULL) ||
-        !EVP_DigestUpdate(s->md_ctx, buf, s->block_size) ||
-        !EVP_DigestFinal_ex(s->md_ctx, got, &n)) {
+    if (!EVP_Digest(buf, s->block_size, got, &n, s->sha256, NULL)) {
         memset(got, 0, MIRROR_DIGEST_SIZE);
         return false;
     }
     return !memcmp(got, want, MIRROR_DIGEST_SIZE);
+}
+
+/* Thread pool function: a MirrorVerify */
+static int mirror_verify_func(void *opaque)
+{
+    MirrorVerify *v = opaque;
+    uint64_t b;
+
+    for (b = v->first; b < v->end; b++) {
+        if (!mirror_block_ok(v->s, b,
+                             v->buf + ((b - v->first) << v->s->block_bits),
+                             v->got)) {
+            break;
+        }
+    }
+    v->bad = b;
+    return 0;
+}
+
+/* Check a fetched run, in the thread pool unless verify-in-threads=off */
+static void coroutine_fn mirror_co_verify(BlockDriverState *bs,
+                                          BDRVVmarMirrorState *s,
+                                          MirrorVerify *v)
+{
+    if (s->verify_in_threads) {
+        vmar_thread_pool_submit_co(bs, mirror_verify_func, v);
+    } else {
+        mirror_verify_func(v);
+    }
 }
 
 static void mirror_fetch_failed(BlockDriverState *bs, BDRVVmarMirrorState *s,
@@ -449,17 +554,16 @@ static void mirror_fetch_failed(BlockDriverState *bs, BDRVVmarMirrorState *s,
  * Fetch blocks [@first, @end) (missing, and in nobody else's fetch),
  * verify them, write them into the mirror file and mark them present.
  */
-static int coroutine_fn mirror_co_fetch(BlockDriverState *bs,
-                                        BDRVVmarMirrorState *s,
-                                        uint64_t first, uint64_t end)
+static int coroutine_fn GRAPH_RDLOCK
+mirror_co_fetch(BlockDriverState *bs, BDRVVmarMirrorState *s,
+                uint64_t first, uint64_t end)
 {
     uint64_t off = first << s->block_bits;
     uint64_t span = (end - first) << s->block_bits;
     uint64_t len = MIN(off + span, s->size) - off;
-    uint8_t got[MIRROR_DIGEST_SIZE];
+    MirrorVerify v;
     BlockReq req;
     uint8_t *buf;
-    uint64_t b;
     int ret;
 
     reqlist_init_req(&s->inflight, &req, off, span);
@@ -469,6 +573,7 @@ static int coroutine_fn mirror_co_fetch(BlockDriverState *bs,
         goto out;
     }
     s->fetches++;
+    trace_vmar_mirror_fetch(bs, off, len);
     ret = bdrv_co_pread(s->fetch, off, len, buf, 0);
     if (ret < 0) {
         mirror_fetch_failed(bs, s, off, len, ret);
@@ -477,23 +582,22 @@ static int coroutine_fn mirror_co_fetch(BlockDriverState *bs,
     s->bytes_fetched += len;
     /* A partial last block is hashed zero-padded, as the library does */
     memset(buf + len, 0, span - len);
-    for (b = first; b < end; b++) {
-        const uint8_t *blk = buf + ((b - first) << s->block_bits);
+    v = (MirrorVerify) { .s = s, .buf = buf, .first = first, .end = end };
+    mirror_co_verify(bs, s, &v);
+    if (v.bad < end) {
+        char want_hex[2 * MIRROR_DIGEST_SIZE + 1];
+        char got_hex[2 * MIRROR_DIGEST_SIZE + 1];
 
-        if (!mirror_block_ok(s, b, blk, got)) {
-            char want_hex[2 * MIRROR_DIGEST_SIZE + 1];
-            char got_hex[2 * MIRROR_DIGEST_SIZE + 1];
-
-            mirror_hex(mirror_digest(s, b), want_hex);
-            mirror_hex(got, got_hex);
-            s->digest_mismatches++;
-            error_report("vmar-mirror %s: block %" PRIu64 " (byte %" PRIu64
-                         ") fetched with digest %s, the library says %s: "
-                         "not used", bdrv_get_node_name(bs), b,
-                         b << s->block_bits, got_hex, want_hex);
-            ret = -EIO;
-            goto out;
-        }
+        mirror_hex(mirror_digest(s, v.bad), want_hex);
+        mirror_hex(v.got, got_hex);
+        s->digest_mismatches++;
+        trace_vmar_mirror_digest_mismatch(bs, v.bad);
+        error_report("vmar-mirror %s: block %" PRIu64 " (byte %" PRIu64
+                     ") fetched with digest %s, the library says %s: "
+                     "not used", bdrv_get_node_name(bs), v.bad,
+                     v.bad << s->block_bits, got_hex, want_hex);
+        ret = -EIO;
+        goto out;
     }
     ret = bdrv_co_pwrite(bs->file, off, len, buf, 0);
     if (ret < 0) {
@@ -512,6 +616,7 @@ static int coroutine_fn mirror_co_fetch(BlockDriverState *bs,
     bitmap_set(s->pending, first, end - first);
     mirror_schedule_flush(s);
 out:
+    trace_vmar_mirror_fetch_done(bs, off, len, ret < 0 ? ret : 0);
     qemu_vfree(buf);
     reqlist_remove_req(&req);
     return ret < 0 ? ret : 0;
@@ -547,9 +652,9 @@ static uint64_t mirror_fetch_end(BDRVVmarMirrorState *s, uint64_t first,
 }
 
 /* Make blocks [@first, @end) present, fetching what is missing */
-static int coroutine_fn mirror_co_fill(BlockDriverState *bs,
-                                       BDRVVmarMirrorState *s,
-                                       uint64_t first, uint64_t end)
+static int coroutine_fn GRAPH_RDLOCK
+mirror_co_fill(BlockDriverState *bs, BDRVVmarMirrorState *s,
+               uint64_t first, uint64_t end)
 {
     uint64_t b = first, run_end;
     int ret;
@@ -564,6 +669,8 @@ static int coroutine_fn mirror_co_fill(BlockDriverState *bs,
                              (run_end - b) << s->block_bits, NULL)) {
             /* Somebody fetched some of it meanwhile: look again */
             s->waits++;
+            trace_vmar_mirror_wait(bs, b << s->block_bits,
+                                   (run_end - b) << s->block_bits);
             continue;
         }
         ret = mirror_co_fetch(bs, s, b,
@@ -574,12 +681,10 @@ static int coroutine_fn mirror_co_fill(BlockDriverState *bs,
     }
 }
 
-static coroutine_fn int vmar_mirror_co_preadv_part(BlockDriverState *bs,
-                                                   int64_t offset,
-                                                   int64_t bytes,
-                                                   QEMUIOVector *qiov,
-                                                   size_t qiov_offset,
-                                                   BdrvRequestFlags flags)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_mirror_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                           QEMUIOVector *qiov, size_t qiov_offset,
+                           BdrvRequestFlags flags)
 {
     BDRVVmarMirrorState *s = bs->opaque;
     uint64_t first, end;
@@ -606,13 +711,10 @@ static coroutine_fn int vmar_mirror_co_preadv_part(BlockDriverState *bs,
  * them); everything else is data.  Holes of the mirror file say nothing:
  * they are blocks not fetched yet.
  */
-static int coroutine_fn vmar_mirror_co_block_status(BlockDriverState *bs,
-                                                    bool want_zero,
-                                                    int64_t offset,
-                                                    int64_t bytes,
-                                                    int64_t *pnum,
-                                                    int64_t *map,
-                                                    BlockDriverState **file)
+static int coroutine_fn GRAPH_RDLOCK
+vmar_mirror_co_block_status(BlockDriverState *bs, VmarBlockStatusMode mode,
+                            int64_t offset, int64_t bytes, int64_t *pnum,
+                            int64_t *map, BlockDriverState **file)
 {
     BDRVVmarMirrorState *s = bs->opaque;
     uint64_t b = offset >> s->block_bits;
@@ -627,45 +729,40 @@ static int coroutine_fn vmar_mirror_co_block_status(BlockDriverState *bs,
     return zero ? BDRV_BLOCK_ZERO : BDRV_BLOCK_DATA;
 }
 
-static coroutine_fn int vmar_mirror_co_pwritev_part(BlockDriverState *bs,
-                                                    int64_t offset,
-                                                    int64_t bytes,
-                                                    QEMUIOVector *qiov,
-                                                    size_t qiov_offset,
-                                                    BdrvRequestFlags flags)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_mirror_co_pwritev_part(BlockDriverState *bs, int64_t offset,
+                            int64_t bytes, QEMUIOVector *qiov,
+                            size_t qiov_offset, BdrvRequestFlags flags)
 {
     return -EPERM;
 }
 
-static coroutine_fn int vmar_mirror_co_pwrite_zeroes(BlockDriverState *bs,
-                                                     int64_t offset,
-                                                     int64_t bytes,
-                                                     BdrvRequestFlags flags)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_mirror_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset,
+                             int64_t bytes, BdrvRequestFlags flags)
 {
     return -EPERM;
 }
 
-static coroutine_fn int vmar_mirror_co_pdiscard(BlockDriverState *bs,
-                                                int64_t offset, int64_t bytes)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_mirror_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
 {
     return -EPERM;
 }
 
-static coroutine_fn int vmar_mirror_co_truncate(BlockDriverState *bs,
-                                                int64_t offset, bool exact,
-                                                PreallocMode prealloc,
-                                                BdrvRequestFlags flags,
-                                                Error **errp)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_mirror_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
+                        PreallocMode prealloc, BdrvRequestFlags flags,
+                        Error **errp)
 {
     error_setg(errp, "vmar-mirror nodes cannot be resized");
     return -EPERM;
 }
 
-static void vmar_mirror_child_perm(BlockDriverState *bs, BdrvChild *c,
-                                   BdrvChildRole role,
-                                   BlockReopenQueue *reopen_queue,
-                                   uint64_t perm, uint64_t shared,
-                                   uint64_t *nperm, uint64_t *nshared)
+static void GRAPH_RDLOCK
+vmar_mirror_child_perm(BlockDriverState *bs, BdrvChild *c, BdrvChildRole role,
+                       BlockReopenQueue *reopen_queue, uint64_t perm,
+                       uint64_t shared, uint64_t *nperm, uint64_t *nshared)
 {
     if (role & BDRV_CHILD_PRIMARY) {
         /* The mirror file: this node is its only writer */
@@ -709,12 +806,12 @@ static void vmar_mirror_free_state(BDRVVmarMirrorState *s)
     g_clear_pointer(&s->pending, g_free);
     g_clear_pointer(&s->disk_bits, g_free);
     g_clear_pointer(&s->digests, g_free);
-    g_clear_pointer(&s->md_ctx, EVP_MD_CTX_free);
     g_clear_pointer(&s->sha256, EVP_MD_free);
 }
 
-static int vmar_mirror_check_length(BdrvChild *c, const char *what,
-                                    uint64_t size, Error **errp)
+static int GRAPH_RDLOCK
+vmar_mirror_check_length(BdrvChild *c, const char *what, uint64_t size,
+                         Error **errp)
 {
     int64_t len = bdrv_getlength(c->bs);
 
@@ -733,8 +830,9 @@ static int vmar_mirror_check_length(BdrvChild *c, const char *what,
     return 0;
 }
 
-static int vmar_mirror_open(BlockDriverState *bs, QDict *options, int flags,
-                            Error **errp)
+static int GRAPH_UNLOCKED
+vmar_mirror_open(BlockDriverState *bs, QDict *options, int flags,
+                 Error **errp)
 {
     BDRVVmarMirrorState *s = bs->opaque;
     const char *digests, *present;
@@ -755,6 +853,8 @@ static int vmar_mirror_open(BlockDriverState *bs, QDict *options, int flags,
     present = qemu_opt_get(opts, MIRROR_OPT_PRESENT);
     readahead = qemu_opt_get_size(opts, MIRROR_OPT_READAHEAD,
                                   MIRROR_DEFAULT_READAHEAD);
+    s->verify_in_threads = qemu_opt_get_bool(opts, MIRROR_OPT_VERIFY_THREADS,
+                                             true);
     if (!digests || !present) {
         error_setg(errp, "vmar-mirror needs the options '"
                    MIRROR_OPT_DIGESTS "' and '" MIRROR_OPT_PRESENT "'");
@@ -775,8 +875,7 @@ static int vmar_mirror_open(BlockDriverState *bs, QDict *options, int flags,
     }
 
     s->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
-    s->md_ctx = EVP_MD_CTX_new();
-    if (!s->sha256 || !s->md_ctx) {
+    if (!s->sha256) {
         error_setg(errp, "vmar-mirror: OpenSSL has no SHA-256");
         ret = -ENOTSUP;
         goto out;
@@ -801,10 +900,12 @@ static int vmar_mirror_open(BlockDriverState *bs, QDict *options, int flags,
         ret = -EINVAL;
         goto out;
     }
+    vmar_graph_rdlock_main_loop();
     ret = vmar_mirror_check_length(bs->file, "mirror file", s->size, errp);
     if (ret == 0) {
         ret = vmar_mirror_check_length(s->fetch, "source", s->size, errp);
     }
+    vmar_graph_rdunlock_main_loop();
     if (ret < 0) {
         goto out;
     }
@@ -813,12 +914,17 @@ static int vmar_mirror_open(BlockDriverState *bs, QDict *options, int flags,
                                    QEMU_CLOCK_REALTIME, SCALE_NS,
                                    mirror_flush_timer_cb, bs);
     bs->total_sectors = DIV_ROUND_UP(s->size, BDRV_SECTOR_SIZE);
+    trace_vmar_mirror_open(bs, s->n_blocks, bitmap_count_one(s->present,
+                                                             s->n_blocks));
     ret = 0;
 
 out:
     if (ret < 0) {
+        /* After a failed open the block layer drops only "file" */
         if (s->fetch) {
+            vmar_graph_wrlock();
             bdrv_unref_child(bs, s->fetch);
+            vmar_graph_wrunlock();
             s->fetch = NULL;
         }
         vmar_mirror_free_state(s);
@@ -827,40 +933,55 @@ out:
     return ret;
 }
 
-static void vmar_mirror_close(BlockDriverState *bs)
+static void GRAPH_UNLOCKED vmar_mirror_close(BlockDriverState *bs)
 {
     BDRVVmarMirrorState *s = bs->opaque;
+    int ret;
 
     /* Drained: no fetch and no flush in flight; record what is pending */
     if (s->flush_timer) {
         timer_del(s->flush_timer);
     }
-    if (!bitmap_empty(s->pending, s->n_blocks) &&
-        bdrv_flush(bs->file->bs) == 0 &&
-        mirror_write_bits(s, s->pending) == 0) {
-        bitmap_zero(s->pending, s->n_blocks);
+    if (!bitmap_empty(s->pending, s->n_blocks)) {
+        vmar_graph_rdlock_main_loop();
+        ret = bdrv_flush(bs->file->bs);
+        vmar_graph_rdunlock_main_loop();
+        if (ret == 0 && mirror_write_bits(s, s->pending) == 0) {
+            bitmap_zero(s->pending, s->n_blocks);
+        }
     }
     if (s->present_fd >= 0 && qemu_fdatasync(s->present_fd) < 0) {
         error_report("vmar-mirror %s: cannot sync %s: %s",
                      bdrv_get_node_name(bs), s->present_path,
                      strerror(errno));
     }
-    if (s->fetch) {
-        bdrv_unref_child(bs, s->fetch);
-        s->fetch = NULL;
-    }
+    trace_vmar_mirror_close(bs, s->requests, s->fetches, s->bytes_fetched,
+                            s->waits);
+    /* The block layer drops the children after this */
+    s->fetch = NULL;
     vmar_mirror_free_state(s);
 }
 
-static int64_t vmar_mirror_getlength(BlockDriverState *bs)
+static int64_t coroutine_fn GRAPH_RDLOCK
+vmar_mirror_co_getlength(BlockDriverState *bs)
 {
     BDRVVmarMirrorState *s = bs->opaque;
 
     return s->size;
 }
 
-static ImageInfoSpecific *vmar_mirror_get_specific_info(BlockDriverState *bs,
-                                                        Error **errp)
+/* The base's block size is the cluster size (qemu-img info, qemu-io info) */
+static int coroutine_fn GRAPH_RDLOCK
+vmar_mirror_co_get_info(BlockDriverState *bs, BlockDriverInfo *bdi)
+{
+    BDRVVmarMirrorState *s = bs->opaque;
+
+    bdi->cluster_size = s->block_size;
+    return 0;
+}
+
+static ImageInfoSpecific * GRAPH_RDLOCK
+vmar_mirror_get_specific_info(BlockDriverState *bs, Error **errp)
 {
     BDRVVmarMirrorState *s = bs->opaque;
     ImageInfoSpecific *spec = g_new0(ImageInfoSpecific, 1);
@@ -892,7 +1013,8 @@ static BlockDriver bdrv_vmar_mirror = {
     .bdrv_open                  = vmar_mirror_open,
     .bdrv_close                 = vmar_mirror_close,
     .bdrv_child_perm            = vmar_mirror_child_perm,
-    .bdrv_getlength             = vmar_mirror_getlength,
+    VMAR_DRV_GETLENGTH          = vmar_mirror_co_getlength,
+    VMAR_DRV_GET_INFO           = vmar_mirror_co_get_info,
     .bdrv_get_specific_info     = vmar_mirror_get_specific_info,
     .bdrv_attach_aio_context    = vmar_mirror_attach_aio_context,
     .bdrv_detach_aio_context    = vmar_mirror_detach_aio_context,

@@ -16,17 +16,13 @@
  * record-window=N the node also records which blocks its reads touch
  * during the N seconds after its first read (a boot's working set), as a
  * bitmap in that information ("touched", base64, bit b % 8 of byte b / 8).
- * Set
- * VMAR_STATS_FILE in the environment to get one JSON line of lookup
- * counters appended to that file whenever a vmar node is closed.
+ * Diagnostics are trace events (block/trace-events: vmar_*).
  *
- * This work is licensed under the terms of the GNU GPL, version 2 or later.
- * See the COPYING file in the top-level directory.
+ * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
 #include "qemu/osdep.h"
 #include "qapi/error.h"
-#include "qapi/qmp/qdict.h"
 #include "qemu/bitmap.h"
 #include "qemu/cutils.h"
 #include "qemu/memalign.h"
@@ -34,8 +30,11 @@
 #include "qemu/option.h"
 #include "qemu/timer.h"
 #include "block/block_int.h"
+#include "block/block-io.h"
 #include "block/aio_task.h"
+#include "trace.h"
 
+#include "vmar-compat.h"
 #include "vmar-map.h"
 
 #define VMAR_OPT_BASE_DIR           "base-dir"
@@ -65,7 +64,7 @@ typedef struct BDRVVmarState {
     uint32_t n_targets;
     BdrvChild **targets;
 
-    /* Counters: vmar_get_specific_info, and VMAR_STATS_FILE at close */
+    /* Counters: vmar_get_specific_info */
     uint64_t requests;
     uint64_t errors;
     uint64_t bytes_read;
@@ -145,31 +144,21 @@ static const char *const vmar_strong_runtime_opts[] = {
 };
 
 /*
- * Byte length of a node.  bdrv_getlength() is rounded up to 512 bytes, so
- * ask a protocol driver directly, which knows the exact length; *exact
- * tells whether that worked.
+ * Load and validate the map from the "file" child.  The block layer knows
+ * a node's length only to 512 bytes, so the header's file size, if it
+ * rounds to that length, is the map's length.
  */
-static int64_t vmar_node_length(BlockDriverState *nbs, bool *exact)
-{
-    if (nbs->drv && nbs->drv->protocol_name && nbs->drv->bdrv_getlength) {
-        *exact = true;
-        return nbs->drv->bdrv_getlength(nbs);
-    }
-    *exact = false;
-    return bdrv_getlength(nbs);
-}
-
-static int vmar_load_map(BlockDriverState *bs, BDRVVmarState *s, Error **errp)
+static int GRAPH_RDLOCK vmar_load_map(BlockDriverState *bs,
+                                      BDRVVmarState *s, Error **errp)
 {
     const char *name = bs->file->bs->filename;
     char err[VMAR_ERR_LEN];
     VmarHeader hdr;
     int64_t len, off;
     uint8_t *buf;
-    bool exact;
     int ret;
 
-    len = vmar_node_length(bs->file->bs, &exact);
+    len = bdrv_getlength(bs->file->bs);
     if (len < 0) {
         error_setg_errno(errp, -len, "vmar map %s: cannot get its size",
                          name);
@@ -202,8 +191,7 @@ static int vmar_load_map(BlockDriverState *bs, BDRVVmarState *s, Error **errp)
         }
     }
 
-    /* Only the length rounded up to 512 bytes is known: trust the header */
-    if (!exact && vmar_header_parse(buf, len, &hdr, NULL, 0) == 0 &&
+    if (vmar_header_parse(buf, len, &hdr, NULL, 0) == 0 &&
         ROUND_UP(hdr.file_size, BDRV_SECTOR_SIZE) == len) {
         len = hdr.file_size;
     }
@@ -214,6 +202,7 @@ static int vmar_load_map(BlockDriverState *bs, BDRVVmarState *s, Error **errp)
         error_setg(errp, "vmar map %s: %s", name, err);
         return -EINVAL;
     }
+    trace_vmar_open(bs, name, s->map->hdr.n_extents, s->map->hdr.n_targets);
     return 0;
 }
 
@@ -237,10 +226,10 @@ static bool vmar_has_child_options(QDict *options, const char *key)
  * "targets" list if it is there, else as node <prefix><id> (base-node-prefix)
  * or as file <base-dir>/<uuid> (base-dir).
  */
-static int vmar_open_targets(BlockDriverState *bs, BDRVVmarState *s,
-                             QDict *options, const char *base_dir,
-                             const char *prefix, bool cache_direct,
-                             Error **errp)
+static int GRAPH_UNLOCKED
+vmar_open_targets(BlockDriverState *bs, BDRVVmarState *s, QDict *options,
+                  const char *base_dir, const char *prefix, bool cache_direct,
+                  Error **errp)
 {
     VmarMap *map = s->map;
     uint32_t i;
@@ -253,9 +242,6 @@ static int vmar_open_targets(BlockDriverState *bs, BDRVVmarState *s,
         g_autofree char *key = g_strdup_printf("targets.%" PRIu32, i);
         g_autofree char *path = NULL;
         char uuid[37];
-        int64_t len;
-        uint64_t expect;
-        bool exact;
 
         vmar_uuid_format(t->image_id, uuid);
         if (vmar_has_child_options(options, key)) {
@@ -293,16 +279,27 @@ static int vmar_open_targets(BlockDriverState *bs, BDRVVmarState *s,
             error_prepend(errp, "vmar target %" PRIu32 " (%s): ", i, uuid);
             return -EINVAL;
         }
+    }
+    return 0;
+}
 
-        len = vmar_node_length(s->targets[i]->bs, &exact);
+/* Each target must be as long as the map says (to 512 bytes) */
+static int GRAPH_RDLOCK vmar_check_targets(BDRVVmarState *s, Error **errp)
+{
+    uint32_t i;
+
+    for (i = 0; i < s->n_targets; i++) {
+        const VmarTarget *t = &s->map->targets[i];
+        int64_t len = bdrv_getlength(s->targets[i]->bs);
+        char uuid[37];
+
+        vmar_uuid_format(t->image_id, uuid);
         if (len < 0) {
             error_setg_errno(errp, -len, "vmar target %" PRIu32 " (%s): "
                              "cannot get its size", i, uuid);
             return len;
         }
-        /* A non-protocol node only knows its size to 512 bytes */
-        expect = exact ? t->size : ROUND_UP(t->size, BDRV_SECTOR_SIZE);
-        if ((uint64_t)len != expect) {
+        if ((uint64_t)len != ROUND_UP(t->size, BDRV_SECTOR_SIZE)) {
             error_setg(errp, "vmar target %" PRIu32 " (%s): size is %" PRId64
                        " bytes, the map says %" PRIu64, i, uuid, len,
                        t->size);
@@ -312,19 +309,27 @@ static int vmar_open_targets(BlockDriverState *bs, BDRVVmarState *s,
     return 0;
 }
 
-static void vmar_free_state(BlockDriverState *bs, BDRVVmarState *s)
+/*
+ * Free what the node holds.  The block layer drops the children of a node
+ * it closes, but after a failed open only its "file": @unref_targets drops
+ * the targets then.
+ */
+static void GRAPH_UNLOCKED vmar_free_state(BlockDriverState *bs,
+                                           BDRVVmarState *s,
+                                           bool unref_targets)
 {
     uint32_t i;
 
-    if (s->targets) {
+    if (s->targets && unref_targets) {
+        vmar_graph_wrlock();
         for (i = 0; i < s->n_targets; i++) {
             if (s->targets[i]) {
                 bdrv_unref_child(bs, s->targets[i]);
             }
         }
-        g_free(s->targets);
-        s->targets = NULL;
+        vmar_graph_wrunlock();
     }
+    g_clear_pointer(&s->targets, g_free);
     s->n_targets = 0;
     qemu_vfree(s->gap_buf);
     s->gap_buf = NULL;
@@ -334,8 +339,8 @@ static void vmar_free_state(BlockDriverState *bs, BDRVVmarState *s)
     s->map = NULL;
 }
 
-static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
-                     Error **errp)
+static int GRAPH_UNLOCKED vmar_open(BlockDriverState *bs, QDict *options,
+                                    int flags, Error **errp)
 {
     BDRVVmarState *s = bs->opaque;
     QemuOpts *opts;
@@ -344,7 +349,9 @@ static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
     uint64_t window;
     int ret;
 
+    vmar_graph_rdlock_main_loop();
     ret = bdrv_apply_auto_read_only(bs, "vmar images are read-only", errp);
+    vmar_graph_rdunlock_main_loop();
     if (ret < 0) {
         return ret;
     }
@@ -390,13 +397,21 @@ static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
         goto out;
     }
 
+    vmar_graph_rdlock_main_loop();
     ret = vmar_load_map(bs, s, errp);
+    vmar_graph_rdunlock_main_loop();
     if (ret < 0) {
         goto out;
     }
 
     ret = vmar_open_targets(bs, s, options, base_dir, prefix, cache_direct,
                             errp);
+    if (ret < 0) {
+        goto out;
+    }
+    vmar_graph_rdlock_main_loop();
+    ret = vmar_check_targets(s, errp);
+    vmar_graph_rdunlock_main_loop();
     if (ret < 0) {
         goto out;
     }
@@ -426,7 +441,7 @@ static int vmar_open(BlockDriverState *bs, QDict *options, int flags,
 
 out:
     if (ret < 0) {
-        vmar_free_state(bs, s);
+        vmar_free_state(bs, s, true);
     }
     qemu_opts_del(opts);
     return ret;
@@ -457,65 +472,8 @@ static void vmar_record(BDRVVmarState *s, uint64_t offset, uint64_t bytes)
     bitmap_set(s->touched, first, ((offset + bytes - 1) >> shift) - first + 1);
 }
 
-static void vmar_json_string(FILE *f, const char *str)
-{
-    const unsigned char *p;
-
-    fputc('"', f);
-    for (p = (const unsigned char *)str; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            fprintf(f, "\\%c", *p);
-        } else if (*p < 0x20) {
-            fprintf(f, "\\u%04x", *p);
-        } else {
-            fputc(*p, f);
-        }
-    }
-    fputc('"', f);
-}
-
-static void vmar_write_stats(BlockDriverState *bs, BDRVVmarState *s)
-{
-    const char *path = getenv("VMAR_STATS_FILE");
-    char *line = NULL;
-    size_t size = 0;
-    FILE *f;
-    int fd;
-
-    if (!path || !*path || !s->map) {
-        return;
-    }
-    f = open_memstream(&line, &size);
-    if (!f) {
-        return;
-    }
-    fputs("{\"node\": ", f);
-    vmar_json_string(f, bdrv_get_node_name(bs));
-    fputs(", \"map\": ", f);
-    vmar_json_string(f, bs->file ? bs->file->bs->filename : "");
-    fprintf(f, ", \"lookups\": %" PRIu64 ", \"probes\": %" PRIu64
-            ", \"requests\": %" PRIu64 ", \"bytes_read\": %" PRIu64
-            ", \"bytes_zero\": %" PRIu64 ", \"target_reads\": %" PRIu64
-            ", \"block_status_calls\": %" PRIu64 ", \"bytes_gap\": %" PRIu64
-            ", \"n_extents\": %" PRIu32 "}\n", s->map->lookups,
-            s->map->probes, s->requests, s->bytes_read, s->bytes_zero,
-            s->target_reads, s->block_status_calls, s->bytes_gap,
-            s->map->hdr.n_extents);
-    fclose(f);
-
-    /* One write() with O_APPEND, so concurrent writers do not interleave */
-    fd = qemu_open_old(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-        if (write(fd, line, size) < 0) {
-            /* statistics are best effort */
-        }
-        close(fd);
-    }
-    free(line);
-}
-
-static ImageInfoSpecific *vmar_get_specific_info(BlockDriverState *bs,
-                                                 Error **errp)
+static ImageInfoSpecific * GRAPH_RDLOCK
+vmar_get_specific_info(BlockDriverState *bs, Error **errp)
 {
     BDRVVmarState *s = bs->opaque;
     ImageInfoSpecific *spec = g_new0(ImageInfoSpecific, 1);
@@ -528,12 +486,14 @@ static ImageInfoSpecific *vmar_get_specific_info(BlockDriverState *bs,
         .target_reads   = s->target_reads,
         .errors         = s->errors,
         .extents        = s->map ? s->map->hdr.n_extents : 0,
+        .lookups        = s->map ? s->map->lookups : 0,
+        .probes         = s->map ? s->map->probes : 0,
     };
     if (s->touched) {
         info->has_recording = true;
         info->recording = vmar_recording(
             s, qemu_clock_get_ns(QEMU_CLOCK_REALTIME));
-        info->has_touched = true;
+        VMAR_QAPI_SET_HAS(info, touched);
         info->touched = g_base64_encode((const guchar *)s->touched,
                                         DIV_ROUND_UP(s->map->n_blocks, 8));
     }
@@ -542,15 +502,17 @@ static ImageInfoSpecific *vmar_get_specific_info(BlockDriverState *bs,
     return spec;
 }
 
-static void vmar_close(BlockDriverState *bs)
+static void GRAPH_UNLOCKED vmar_close(BlockDriverState *bs)
 {
     BDRVVmarState *s = bs->opaque;
 
-    vmar_write_stats(bs, s);
-    vmar_free_state(bs, s);
+    trace_vmar_close(bs, s->requests, s->bytes_read, s->bytes_zero,
+                     s->target_reads, s->block_status_calls, s->bytes_gap,
+                     s->map->lookups, s->map->probes);
+    vmar_free_state(bs, s, false);
 }
 
-static int vmar_reopen_prepare(BDRVReopenState *state,
+static int GRAPH_UNLOCKED vmar_reopen_prepare(BDRVReopenState *state,
                                BlockReopenQueue *queue, Error **errp)
 {
     if (state->flags & BDRV_O_RDWR) {
@@ -560,18 +522,31 @@ static int vmar_reopen_prepare(BDRVReopenState *state,
     return 0;
 }
 
-static int64_t vmar_getlength(BlockDriverState *bs)
+static int64_t coroutine_fn GRAPH_RDLOCK
+vmar_co_getlength(BlockDriverState *bs)
 {
     BDRVVmarState *s = bs->opaque;
 
     return s->map->hdr.virtual_size;
 }
 
-static coroutine_fn int vmar_co_read_task_entry(AioTask *task)
+/* The map's block size is the cluster size (qemu-img info, qemu-io info) */
+static int coroutine_fn GRAPH_RDLOCK
+vmar_co_get_info(BlockDriverState *bs, BlockDriverInfo *bdi)
+{
+    BDRVVmarState *s = bs->opaque;
+
+    bdi->cluster_size = s->map->hdr.block_size;
+    return 0;
+}
+
+static coroutine_fn GRAPH_RDLOCK int
+vmar_co_read_task_entry(AioTask *task)
 {
     VmarAioTask *t = container_of(task, VmarAioTask, task);
     int ret;
 
+    trace_vmar_target_read(t->child->bs, t->offset, t->bytes, t->gathered);
     if (!t->gathered) {
         return bdrv_co_preadv_part(t->child, t->offset, t->bytes, t->qiov,
                                    t->qiov_offset, 0);
@@ -639,23 +614,24 @@ static bool vmar_gather(BDRVVmarState *s, VmarAioTask *t, BdrvChild *child,
  * block status first and reads one run at a time) costs no pool, no
  * coroutine and no allocation.
  */
-static coroutine_fn int vmar_co_preadv_part(BlockDriverState *bs,
-                                            int64_t offset, int64_t bytes,
-                                            QEMUIOVector *qiov,
-                                            size_t qiov_offset,
-                                            BdrvRequestFlags flags)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                    QEMUIOVector *qiov, size_t qiov_offset,
+                    BdrvRequestFlags flags)
 {
     BDRVVmarState *s = bs->opaque;
     VmarMap *map = s->map;
     uint32_t shift = map->block_shift;
     uint64_t mask = ((uint64_t)1 << shift) - 1;
     uint64_t vsize = map->hdr.virtual_size;
+    int64_t req_offset = offset, req_bytes = bytes;
     AioTaskPool *aio = NULL;
     VmarAioTask group[VMAR_GROUPS];
     int n_groups = 0;
     int i, ret = 0;
 
     s->requests++;
+    trace_vmar_co_preadv(bs, offset, bytes);
     if (s->touched) {
         vmar_record(s, offset, bytes);
     }
@@ -736,15 +712,15 @@ next:
     }
     if (ret < 0) {
         s->errors++;
+        trace_vmar_co_preadv_error(bs, req_offset, req_bytes, ret);
     }
     return ret;
 }
 
-static coroutine_fn int vmar_co_block_status(BlockDriverState *bs,
-                                             bool want_zero, int64_t offset,
-                                             int64_t bytes, int64_t *pnum,
-                                             int64_t *map,
-                                             BlockDriverState **file)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_co_block_status(BlockDriverState *bs, VmarBlockStatusMode mode,
+                     int64_t offset, int64_t bytes, int64_t *pnum,
+                     int64_t *map, BlockDriverState **file)
 {
     BDRVVmarState *s = bs->opaque;
     VmarMap *m = s->map;
@@ -806,31 +782,30 @@ static coroutine_fn int vmar_co_block_status(BlockDriverState *bs,
     return BDRV_BLOCK_DATA | BDRV_BLOCK_OFFSET_VALID;
 }
 
-static coroutine_fn int vmar_co_pwritev_part(BlockDriverState *bs,
-                                             int64_t offset, int64_t bytes,
-                                             QEMUIOVector *qiov,
-                                             size_t qiov_offset,
-                                             BdrvRequestFlags flags)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                     QEMUIOVector *qiov, size_t qiov_offset,
+                     BdrvRequestFlags flags)
 {
     return -EPERM;
 }
 
-static coroutine_fn int vmar_co_pwrite_zeroes(BlockDriverState *bs,
-                                              int64_t offset, int64_t bytes,
-                                              BdrvRequestFlags flags)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                      BdrvRequestFlags flags)
 {
     return -EPERM;
 }
 
-static coroutine_fn int vmar_co_pdiscard(BlockDriverState *bs,
-                                         int64_t offset, int64_t bytes)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
 {
     return -EPERM;
 }
 
-static coroutine_fn int vmar_co_truncate(BlockDriverState *bs, int64_t offset,
-                                         bool exact, PreallocMode prealloc,
-                                         BdrvRequestFlags flags, Error **errp)
+static coroutine_fn GRAPH_RDLOCK int
+vmar_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
+                 PreallocMode prealloc, BdrvRequestFlags flags, Error **errp)
 {
     error_setg(errp, "vmar images are read-only");
     return -EPERM;
@@ -845,7 +820,8 @@ static BlockDriver bdrv_vmar = {
     .bdrv_close                 = vmar_close,
     .bdrv_reopen_prepare        = vmar_reopen_prepare,
     .bdrv_child_perm            = bdrv_default_perms,
-    .bdrv_getlength             = vmar_getlength,
+    VMAR_DRV_GETLENGTH          = vmar_co_getlength,
+    VMAR_DRV_GET_INFO           = vmar_co_get_info,
     .bdrv_get_specific_info     = vmar_get_specific_info,
 
     .bdrv_co_preadv_part        = vmar_co_preadv_part,

@@ -9,7 +9,7 @@
  * operands that are at most 32 bits wide (or checked before use), so it
  * cannot overflow.
  *
- * This work is licensed under the terms of the GNU GPL, version 2 or later.
+ * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
 #include <stdarg.h>

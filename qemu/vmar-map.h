@@ -5,7 +5,7 @@
  * This part has no QEMU dependency (standard C and zlib only), so the QEMU
  * block driver, the fuzzer and the standalone checker share one parser.
  *
- * This work is licensed under the terms of the GNU GPL, version 2 or later.
+ * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
 #ifndef VMAR_MAP_H

@@ -101,6 +101,13 @@ class ExportDaemonDown(ExportError):
                '"vmar-export serve"')
 
 
+class DaemonLacksDriver(ExportError):
+    """The configured qemu-storage-daemon was built without vmar."""
+    message = ('%(daemon)s has no %(drivers)s driver: build it with '
+               'qemu/build.sh and point [vmar_host] qemu_storage_daemon '
+               'at it')
+
+
 class HostApiError(ExportError):
     """The host API's conversation failed.
 

@@ -8,7 +8,7 @@
  * and each answer is checked against a plain binary search over all
  * extents and against the spec's probe bound; a wrong answer aborts.
  *
- * This work is licensed under the terms of the GNU GPL, version 2 or later.
+ * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
 #include <stdint.h>

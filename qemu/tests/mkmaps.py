@@ -15,90 +15,19 @@ Usage:
 import json
 import os
 import random
-import struct
 import sys
 import uuid
-import zlib
 
-HEADER = struct.Struct("<8sIIIIQQ16sIIIIIIQQQQQII")
-assert HEADER.size == 128
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "iotests"))
+import vmar_map  # noqa: E402
+
+build_map = vmar_map.build_map
+ceil_div = vmar_map.ceil_div
 
 
 def new_id(rng):
     return uuid.UUID(int=rng.getrandbits(128), version=4).bytes
-
-
-def ceil_div(a, b):
-    return -(-a // b)
-
-
-def smallest_shift(n_blocks, max_units, per_byte):
-    for s in range(31):
-        units = ceil_div(n_blocks, 1 << s)
-        if per_byte > 1:
-            units = ceil_div(units, per_byte)
-        if units <= max_units:
-            return s
-    return 31
-
-
-def build_map(block_size, virtual_size, image_id, targets, extents,
-              map_version=1, tweak=None):
-    """targets: [(uuid bytes, size, flags)], extents: [(src, len, tb, t)]."""
-    n_blocks = ceil_div(virtual_size, block_size)
-    n_ext = len(extents)
-    ss = smallest_shift(n_blocks, max(1, n_ext), 1)
-    n_sections = ceil_div(n_blocks, 1 << ss)
-    fs = smallest_shift(n_blocks, max(8, 2 * n_ext), 8)
-    n_granules = ceil_div(n_blocks, 1 << fs)
-    filter_bytes = ceil_div(n_granules, 8)
-
-    sections = []
-    for k in range(n_sections):
-        start, end = k << ss, (k + 1) << ss
-        first = next((i for i, e in enumerate(extents)
-                      if e[0] + e[1] > start), n_ext)
-        count = sum(1 for e in extents if e[0] < end and e[0] + e[1] > start)
-        sections.append((first, count))
-    filt = bytearray(filter_bytes)
-    for src, length, _, _ in extents:
-        for g in range(src >> fs, ((src + length - 1) >> fs) + 1):
-            filt[g >> 3] |= 1 << (g & 7)
-
-    f = dict(section_shift=ss, n_sections=n_sections, filter_shift=fs,
-             filter_bytes=filter_bytes, n_targets=len(targets),
-             n_extents=n_ext, version=1, header_size=128,
-             block_size=block_size, flags=0, virtual_size=virtual_size,
-             map_version=map_version)
-    body = bytearray()
-    body += b"".join(struct.pack("<16sQII", t[0], t[1], t[2], 0)
-                     for t in targets)
-    body += b"".join(struct.pack("<IIII", *e) for e in extents)
-    body += b"".join(struct.pack("<II", *s) for s in sections)
-    body += filt
-    body += bytes(-len(body) % 8)
-    if tweak:
-        tweak(f, body)
-    targets_off = 128
-    extents_off = targets_off + 32 * f["n_targets"]
-    index_off = extents_off + 16 * f["n_extents"]
-    filter_off = index_off + 8 * f["n_sections"]
-    file_size = filter_off + f["filter_bytes"]
-    file_size += -file_size % 8
-    f.update(targets_off=targets_off, extents_off=extents_off,
-             index_off=index_off, filter_off=filter_off, file_size=file_size)
-    if tweak:
-        tweak(f, None)
-    body_crc = f.get("body_crc", zlib.crc32(bytes(body)))
-    hdr = HEADER.pack(b"VMARMAP\0", f["version"], f["header_size"],
-                      f["block_size"], f["flags"], f["virtual_size"],
-                      f["map_version"], image_id, f["n_targets"],
-                      f["n_extents"], f["section_shift"], f["n_sections"],
-                      f["filter_shift"], f["filter_bytes"], f["targets_off"],
-                      f["extents_off"], f["index_off"], f["filter_off"],
-                      f["file_size"], body_crc, 0)
-    header_crc = f.get("header_crc", zlib.crc32(hdr[:124]))
-    return hdr[:124] + struct.pack("<I", header_crc) + bytes(body)
 
 
 def random_case(rng, name, n_targets=None, self_target=None):

@@ -16,7 +16,8 @@ Uses the valid vectors that have a "base_dir" in their JSON.  It
     cannot be deleted, that a vmar node with base-dir opens its files with
     cache.direct=off even under cache.direct=on, and that qemu-io reads and
     write refusal behave;
- 5. quits the daemon over QMP and checks the VMAR_STATS_FILE lines.
+ 5. checks the counters of query-named-block-nodes, quits the daemon
+    over QMP and checks the trace event vmar_close of each node.
 Prints "N passed, N failed" last; exit status 1 on any failure.
 """
 
@@ -112,7 +113,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="vmar-qsd-")
     sock = os.path.join(tmp, "nbd.sock")
     qmp_sock = os.path.join(tmp, "qmp.sock")
-    stats = os.path.join(tmp, "stats.jsonl")
+    stats = os.path.join(tmp, "trace.log")
     base_dir = os.path.join(vdir, vectors[0][1]["base_dir"])
 
     args = [qsd, "--chardev",
@@ -142,9 +143,10 @@ def main():
                  % (i, node, export)]
         exports[name] = export
 
-    env = dict(os.environ, VMAR_STATS_FILE=stats)
+    # the read counters at close are the trace event vmar_close
+    args += ["--trace", "enable=vmar_close,file=%s" % stats]
     log = open(os.path.join(tmp, "qsd.log"), "w")
-    proc = subprocess.Popen(args, env=env, stdout=log, stderr=log)
+    proc = subprocess.Popen(args, stdout=log, stderr=log)
     try:
         up = wait_for(sock, proc) and wait_for(qmp_sock, proc)
         check(up, "qemu-storage-daemon started with %d vmar nodes sharing "
@@ -215,16 +217,28 @@ def main():
             r = qmp.cmd("blockdev-del", **{"node-name": node})
             check("return" in r, "blockdev-del %s" % node, r)
 
+        # the counters, lookups included, are the nodes' image information
+        nodes = qmp.cmd("query-named-block-nodes", flat=True)["return"]
+        info = {n["node-name"]: n["image"]["format-specific"]["data"]
+                for n in nodes if n["drv"] == "vmar"}
+        check(len(info) == len(vectors) + 1 and
+              all(i["lookups"] >= i["requests"] and
+                  (i["requests"] > 0 or not i["extents"])
+                  for i in info.values()),
+              "query-named-block-nodes gives each vmar node's counters",
+              info)
+
         r = qmp.cmd("quit")
         proc.wait(timeout=20)
         check(proc.returncode == 0, "daemon quit cleanly",
               open(os.path.join(tmp, "qsd.log")).read())
-        lines = [json.loads(x) for x in open(stats)] if os.path.exists(
-            stats) else []
+        lines = [x for x in open(stats) if "vmar_close " in x] \
+            if os.path.exists(stats) else []
         check(len(lines) >= len(vectors) + 1 and
-              all(x["lookups"] >= 0 for x in lines),
-              "VMAR_STATS_FILE has %d lines" % len(lines), lines)
-        print("stats: " + json.dumps(lines[:2]))
+              all(" lookups " in x for x in lines),
+              "trace event vmar_close for each vmar node (%d)" % len(lines),
+              lines)
+        print("trace: " + "".join(lines[:2]))
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -12,7 +12,7 @@
  *       prints the lookup and probe counters and checks each lookup's probe
  *       count against the spec's bound
  *
- * This work is licensed under the terms of the GNU GPL, version 2 or later.
+ * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
 #include <errno.h>

@@ -79,12 +79,10 @@ class ExportTestCase(base.LibraryTestCase):
         # for this one's
         if os.path.exists(self.sock):
             os.unlink(self.sock)
-        env = dict(os.environ, VMAR_STATS_FILE=os.path.join(self.tmp,
-                                                            'stats'))
         proc = subprocess.Popen(
             [sys.executable, '-m', 'vmar_openstack.cmd.export',
              '--config-file', self.conf_file, 'serve'],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         self.addCleanup(self._stop, proc)
         deadline = time.time() + 30
@@ -162,6 +160,31 @@ class TestDriverVectors(base.LibraryTestCase):
             [os.path.join(qemu_env.TOP, 'qemu', 'fuzz', 'run.sh'),
              '-runs=300000'], capture_output=True, text=True, env=env)
         self.assertEqual(0, proc.returncode, proc.stderr[-3000:])
+
+
+class TestDaemonWithoutTheDrivers(base.LibraryTestCase):
+    """A qemu-storage-daemon without vmar stops serve with what to do."""
+
+    STOCK = '/usr/bin/qemu-storage-daemon'
+
+    def test_serve_refuses_a_stock_daemon(self):
+        if not os.path.exists(self.STOCK):
+            self.skipTest('Debian\'s qemu-system-common is not installed')
+        host_dir = self.conf.vmar_host.host_dir
+        conf_file = self.write_conf_file(host_extra=(
+            'export_socket = %s\nqemu_storage_daemon = %s\n'
+            % (os.path.join(self.tmp, 'nbd.sock'), self.STOCK)))
+        proc = subprocess.run(
+            [sys.executable, '-m', 'vmar_openstack.cmd.export',
+             '--config-file', conf_file, 'serve'],
+            capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(0, proc.returncode)
+        self.assertIn('%s has no vmar or vmar-mirror driver: build it with '
+                      'qemu/build.sh' % self.STOCK, proc.stderr)
+        # and it left no daemon behind
+        with open(os.path.join(host_dir, 'qsd.pid')) as f:
+            pid = int(f.read())
+        self.assertFalse(os.path.exists('/proc/%d' % pid))
 
 
 class TestLibraryExports(ExportTestCase):

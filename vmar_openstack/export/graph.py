@@ -20,7 +20,7 @@ For every export the daemon has:
 * one NBD export per holder, whose name carries the holder's key
   (:func:`vmar_openstack.names.export`) and whose QMP id is that name
   behind ``vmar-`` (QMP ids must start with a letter). The patched daemon
-  lists no export (``qemu/nbd-private.py``).
+  lists no export (patch ``nbd/server: List no export`` of ``qemu/patches``).
 
 Every function takes an open :class:`~vmar_openstack.export.qmp.Monitor`.
 """
@@ -97,6 +97,25 @@ def _export_name(qmp_id):
 
 
 # -- queries --------------------------------------------------------------
+
+VMAR_DRIVERS = ('vmar', 'vmar-mirror')
+
+
+def missing_drivers(mon):
+    """The vmar block drivers the daemon lacks (empty: it has them all).
+
+    The daemon's QAPI schema says which block drivers ``blockdev-add``
+    takes: the enum that lists ``raw`` and ``qcow2`` is BlockdevDriver.
+    """
+    for t in mon.execute('query-qmp-schema'):
+        if t.get('meta-type') != 'enum':
+            continue
+        values = {m['name'] for m in t.get('members', [])}
+        values.update(t.get('values', []))
+        if {'raw', 'qcow2'} <= values:
+            return [d for d in VMAR_DRIVERS if d not in values]
+    return list(VMAR_DRIVERS)
+
 
 def nodes(mon):
     """Names of every block node in the daemon."""

@@ -16,6 +16,7 @@ import time
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack.export import graph
 from vmar_openstack.export import prefetch
 
 LOG = logging.getLogger(__name__)
@@ -111,7 +112,19 @@ class Supervisor:
                 raise exception.ExportError(
                     'qemu-storage-daemon did not start')
             time.sleep(0.02)
+        self._check_drivers(proc)
         return proc
+
+    def _check_drivers(self, proc):
+        """Stop at once, clearly, on a daemon without the vmar drivers."""
+        with self.service.monitor() as mon:
+            missing = graph.missing_drivers(mon)
+        if missing:
+            proc.kill()
+            proc.wait()
+            raise exception.DaemonLacksDriver(
+                daemon=self.conf.vmar_host.qemu_storage_daemon,
+                drivers=' or '.join(missing))
 
     def start_fetcher(self):
         """The range server the map source needs (nbdkit), or None.
