@@ -27,9 +27,10 @@
 # --series makes the series again (qemu/series.py) from a pristine tree
 # of the version's source, after a change of the drivers in qemu/.
 #
-# --deb also writes a Debian package of the tools,
-# vmar-qemu-tools-<version>_<source version>_<arch>.deb, into the prefix
-# (installed under /usr/lib/vmar-qemu/<version>, beside Debian's qemu).
+# --deb also writes a Debian package of the tools (qemu/mkdeb.sh),
+# vmar-qemu-tools-<version>_<source version>+vmar<hash>_<arch>.deb, into
+# the prefix: it installs under /usr/lib/vmar-qemu/<version>, beside
+# Debian's qemu and the other versions' packages.
 #
 # Environment:
 #   VMAR_QEMU_CACHE  cache root (default /var/cache/vmar-openstack)
@@ -197,7 +198,17 @@ prefix_complete() {
     for t in "${TOOLS[@]}"; do
         [[ -x "${prefix}/bin/${t}" ]] || return 1
     done
-    [[ "${DEB}" == 0 ]] || compgen -G "${prefix}/*.deb" >/dev/null
+}
+
+# With --deb, the package of the prefix (made once)
+package() {
+    local prefix="$1"
+    [[ "${DEB}" == 1 ]] || return 0
+    if ! compgen -G "${prefix}/*.deb" >/dev/null; then
+        run "${HERE}/mkdeb.sh" "${prefix}" ||
+            die "building the Debian package of ${prefix} failed"
+    fi
+    say "package: $(compgen -G "${prefix}/*.deb")"
 }
 
 # Download the source package once per version into $WORK/download
@@ -312,10 +323,6 @@ install_prefix() {
         echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
         (cd "${HERE}" && sha256sum "patches/${VERSION}"/*.patch)
     } >"${tmp}/BUILDINFO"
-    if [[ "${DEB}" == 1 ]]; then
-        "${HERE}/mkdeb.sh" "${tmp}" "${VERSION}" "${source}" >>"${LOG}" 2>&1 ||
-            die "building the Debian package failed"
-    fi
     chmod 0755 "${tmp}"
     rm -rf "${prefix}"
     mv "${tmp}" "${prefix}"
@@ -364,6 +371,7 @@ main() {
     esac
     if prefix_complete "${prefix}"; then
         say "QEMU ${VERSION} up to date"
+        package "${prefix}"
         echo "${prefix}"
         return 0
     fi
@@ -374,6 +382,7 @@ main() {
     build_qemu
     install_prefix "${prefix}" "${source}"
     say "installed QEMU ${VERSION} (${source}) into ${prefix}"
+    package "${prefix}"
     echo "${prefix}"
 }
 

@@ -3,7 +3,7 @@
 # Run a command of this repository in a pristine Debian 12 root, as a new
 # user on a fresh machine would: what the README promises, checked.
 #
-# Usage: tools/fresh-root.sh [--keep] [--cold] [COMMAND [ARG...]]
+# Usage: tools/fresh-root.sh [--keep] [--cold] [--add FILE]... [COMMAND [ARG...]]
 #
 # COMMAND runs as root in a fresh clone of this repository's HEAD (commit
 # first: uncommitted changes are not in the clone), from the clone's top
@@ -27,6 +27,8 @@
 # packages, the virtualenv and the QEMU prefix are made in the root.
 # --cold shares none of them: every download and build happens in the root,
 # as on a new machine (how the README's timings are measured).
+# --add FILE copies FILE into the root's /root (a package to install, as
+# an operator would copy one in).
 #
 # The command runs in its own mount namespace with /proc, /sys (with its
 # cgroups), /dev and a
@@ -159,7 +161,8 @@ leftovers() {
 }
 
 main() {
-    local keep=0 cold=0 root work tar rc start left
+    local keep=0 cold=0 root work tar rc start left f
+    local add=()
     if [ "${1:-}" = --inside ]; then
         shift
         inside "$@"
@@ -168,6 +171,11 @@ main() {
         case $1 in
             --keep) keep=1 ;;
             --cold) cold=1 ;;
+            --add)
+                [ -f "${2:-}" ] || die "--add needs a file"
+                add+=("$2")
+                shift
+                ;;
             *) break ;;
         esac
         shift
@@ -186,6 +194,9 @@ main() {
     tar -C "$root" --numeric-owner -xf "$tar"
     add_workplace_config "$root"
     git clone -q --no-local "$TOP" "$root$CLONE"
+    for f in "${add[@]}"; do
+        cp "$f" "$root/root/"
+    done
     say "clone of $(git -C "$TOP" rev-parse --short HEAD) in $CLONE;" \
         "running: $*"
 

@@ -101,3 +101,36 @@ class TestCapabilities(testtools.TestCase):
             def current_version(self, image_id):
                 return 1
         self.assertRaises(TypeError, Half)
+
+
+class _Schema:
+    """A monitor answering query-qmp-schema with the enums given."""
+
+    def __init__(self, *enums):
+        self.enums = enums
+
+    def execute(self, cmd, args=None):
+        assert cmd == 'query-qmp-schema', cmd
+        return [{'name': str(i), 'meta-type': 'enum',
+                 'members': [{'name': v} for v in values]}
+                for i, values in enumerate(self.enums)] + [
+            {'name': 'x', 'meta-type': 'object', 'members': []}]
+
+
+class TestDaemonDrivers(testtools.TestCase):
+
+    def test_a_patched_daemon_lacks_nothing(self):
+        mon = _Schema(['on', 'off'], ['file', 'qcow2', 'raw', 'vmar',
+                                      'vmar-mirror'])
+        self.assertEqual([], graph.missing_drivers(mon))
+
+    def test_a_stock_daemon_lacks_both(self):
+        mon = _Schema(['file', 'qcow2', 'raw', 'vvfat'])
+        self.assertEqual(['vmar', 'vmar-mirror'], graph.missing_drivers(mon))
+
+    def test_older_schemas_list_values(self):
+        mon = _Schema()
+        mon.execute = lambda cmd, args=None: [
+            {'name': '1', 'meta-type': 'enum',
+             'values': ['qcow2', 'raw', 'vmar']}]
+        self.assertEqual(['vmar-mirror'], graph.missing_drivers(mon))
