@@ -111,7 +111,8 @@ fi
 stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, Ceph, cloud)"
 # The tests that run qemu-storage-daemon's vmar graph, run again on the other
 # QEMUs: exports, mirrors, Glance's lazy hosts and fills, Ceph
-DAEMON_TESTS='test_export|test_mirror|test_glance\..*(lazy|fill)|test_ceph'
+DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph)\.'
+DAEMON_TESTS+='|^tests\.functional\.test_glance\..*\.test_lazy_'
 mkdir -p bench/out
 tests_status=0
 stestr --test-path=./tests/functional run --concurrency=1 || tests_status=$?
