@@ -5,7 +5,9 @@
 # PostgreSQL, RabbitMQ, glance-api, a single-node Ceph and the all-in-one
 # cloud, and beside them
 # the fresh-machine stage: the README's demo command in a pristine Debian 12
-# root (tools/fresh-root.sh).
+# root (tools/fresh-root.sh), then the packages of the vmar QEMU tools
+# (qemu/build.sh --deb) installed with apt alone in another
+# (tools/package-check.sh).
 #
 # Usage: tools/run-tests.sh [--no-fresh-root] [--multinode] [--upstream-qemu]
 #   --no-fresh-root  skip the fresh-machine stage (CI always runs it)
@@ -77,10 +79,10 @@ VENV_NOVA33=$(VMAR_VENV="$TOP/.venv-nova33" tools/install-deps.sh nova33 \
 # The product runs on Debian 12's QEMU 7.2; the daemon's tests run again
 # on Debian 13's 10.0 (and with --upstream-qemu on the newest upstream).
 stage "patched QEMU 7.2 and 10.0 (qemu/build.sh; cached by content hash)"
-VMAR_QEMU_PREFIX=$(qemu/build.sh --qemu 7.2 | tail -n 1)
+VMAR_QEMU_PREFIX=$(qemu/build.sh --qemu 7.2 --deb | tail -n 1)
 export VMAR_QEMU_PREFIX
 echo "$VMAR_QEMU_PREFIX"
-OTHER_QEMUS=("$(qemu/build.sh --qemu 10.0 | tail -n 1)")
+OTHER_QEMUS=("$(qemu/build.sh --qemu 10.0 --deb | tail -n 1)")
 if [ "$UPSTREAM_QEMU" = 1 ]; then
     OTHER_QEMUS+=("$(qemu/build.sh --qemu 10.2 | tail -n 1)")
 fi
@@ -104,7 +106,20 @@ tools/build-test-guest.sh | tail -n 1
 if [ "$FRESH_ROOT" = 1 ]; then
     stage "fresh machine: tools/demo.sh in a pristine root, started"
     FRESH_LOG=$(mktemp /tmp/vmar-fresh-root.XXXXXX)
-    tools/fresh-root.sh tools/demo.sh >"$FRESH_LOG" 2>&1 &
+    # then the packages of the vmar QEMU tools, installed with apt alone in
+    # another pristine root, and vmar-export serve from each
+    DEBS=("$VMAR_QEMU_PREFIX"/*.deb "${OTHER_QEMUS[0]}"/*.deb)
+    ADD=()
+    IN_ROOT=()
+    for deb in "${DEBS[@]}"; do
+        ADD+=(--add "$deb")
+        IN_ROOT+=("/root/${deb##*/}")
+    done
+    {
+        tools/fresh-root.sh tools/demo.sh &&
+            tools/fresh-root.sh "${ADD[@]}" tools/package-check.sh \
+                "${IN_ROOT[@]}"
+    } >"$FRESH_LOG" 2>&1 &
     FRESH_PID=$!
 fi
 
