@@ -76,6 +76,7 @@ import memcg  # noqa: E402
 
 from vmar_openstack import export  # noqa: E402
 from vmar_openstack.export import supervisor  # noqa: E402
+from vmar_openstack.guest import status as guest_status  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack import pagecache  # noqa: E402
 
@@ -90,7 +91,21 @@ LOOP = re.compile(r'VMAR-WORKLOAD-LOOP (\d+) (\d+) (\d+)'
 # vmar-guest's CPU on a loop line; a kernel message printed into the
 # middle of the line can garble it, and then the line has none
 CPU = re.compile(r'cpu_user_s=(\d+\.\d+) cpu_sys_s=(\d+\.\d+)(?:\s|$)')
-LOOP_FIELDS = ('loop', 'bytes', 'ns', 'private_cached', 'guest_cpu_s')
+LOOP_FIELDS = ('loop', 'bytes', 'ns', 'private_cached', 'guest_cpu_s',
+               'dropped_bytes')
+END = re.compile(r'VMAR-WORKLOAD-END (\d+) (.*)')
+# How a P+I guest returns memory: the candidates of doc/source/guest.rst,
+# as (SMBIOS OEM strings for vmar-guest, virtio-balloon-pci options).
+# vmar-guest's own default is page reporting order 0.
+VARIANTS = {
+    'order9': (('vmar:guest_reporting_order=-1',), ''),
+    'order0': (('vmar:guest_reporting_order=0',), ''),
+    'order3': (('vmar:guest_reporting_order=3',), ''),
+    'compact': (('vmar:guest_reporting_order=-1', 'vmar:guest_compact=1'),
+                ''),
+    'hint': (('vmar:guest_reporting_order=-1',),
+             ',free-page-hint=on,iothread=balloon-io'),
+}
 MARKER = re.compile(r'VMAR-BOOTED ')
 MiB = 1 << 20
 
@@ -106,7 +121,8 @@ def rss_anon(pid):
 class Guest:
     """One QEMU (TCG) on a qcow2 overlay, its console in a file."""
 
-    def __init__(self, work, name, backing, cache, private, args, seconds):
+    def __init__(self, work, name, backing, cache, private, args, seconds,
+                 variant=None):
         self.name = name
         self.console = os.path.join(work, name + '.console')
         self.overlay = os.path.join(work, name + '.qcow2')
@@ -123,8 +139,13 @@ class Guest:
                '-drive', 'file=%s,format=qcow2,if=virtio,cache=%s,'
                'rerror=stop,werror=stop' % (self.overlay, cache)]
         if private:
-            cmd += ['-smbios', 'type=11,value=vmar:guest_cache=private',
-                    '-device', 'virtio-balloon-pci,free-page-reporting=on']
+            oem, balloon = VARIANTS[variant or 'order0']
+            for value in ('vmar:guest_cache=private',) + oem:
+                cmd += ['-smbios', 'type=11,value=%s' % value]
+            if 'iothread' in balloon:
+                cmd += ['-object', 'iothread,id=balloon-io']
+            cmd += ['-device', 'virtio-balloon-pci,free-page-reporting=on'
+                    + balloon]
         self.log = os.path.join(work, name + '.stderr')
         with open(self.log, 'wb') as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
@@ -152,12 +173,26 @@ class Guest:
             if m:
                 cpu = CPU.findall(line)
                 out.append(tuple(int(x or 0) for x in m.groups()) + (
-                    sum(float(x) for x in cpu[0]) if cpu else None,))
+                    sum(float(x) for x in cpu[0]) if cpu else None,
+                    guest_status.parse(line)['dropped_bytes']
+                    if cpu else None))
         return out
 
     def ended(self):
         """Whether the workload printed its end."""
         return 'VMAR-WORKLOAD-END' in self.text()
+
+    def end_status(self):
+        """vmar-guest's counters on the workload's end line."""
+        m = END.search(self.text())
+        return guest_status.parse(m.group(2)) if m else None
+
+    def cpu_seconds(self):
+        """CPU time of the guest's QEMU (all its threads) so far."""
+        with open('/proc/%d/stat' % self.proc.pid) as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf(
+            'SC_CLK_TCK')
 
     def stop(self):
         if self.proc.poll() is None:
@@ -244,7 +279,8 @@ def private_cached_share(per, args):
     return sum(seen) / len(seen) / (args.private * MiB) if seen else None
 
 
-def start_guests(config, args, work, images, host_uris, seconds, guests):
+def start_guests(config, args, work, images, host_uris, seconds, guests,
+                 variant=None):
     """Boot ``config``'s guests into ``guests``; the workload's length."""
     private = config == 'P+I'
     vmar = config in ('I', 'P+I')
@@ -253,7 +289,7 @@ def start_guests(config, args, work, images, host_uris, seconds, guests):
         backing = host_uris[name] if vmar else args.images[name]
         guests.append(Guest(work, '%s-%d-%s' % (
             config.replace('+', ''), i, name), backing, cache, private,
-            args, seconds))
+            args, seconds, variant))
 
 
 def run_config(config, args, work, images, host_uris, anon_ref, group,
@@ -320,18 +356,22 @@ def run_config(config, args, work, images, host_uris, anon_ref, group,
             g.stop()
 
 
-def run_idle(config, args, work, images, host_uris):
+def run_idle(config, args, work, images, host_uris, variant=None):
     """Memory the guests give back to the host once their workload ends.
 
     Without a memory limit: each guest runs the workload for --idle
     seconds and stops reading; the guests' RssAnon at its highest while
     they read against where it settles over the next --idle-watch
-    seconds is what free page reporting returned.
+    seconds is what free page reporting returned. For P+I, what
+    vmar-guest dropped in the last loop (memory nothing refills once
+    reading stops) is what could come back. The CPU of the guests' QEMUs
+    over the run is what the guest's side of it costs (under TCG the
+    guest kernel's reporting runs on the vCPU threads).
     """
     guests = []
     try:
         start_guests(config, args, work, images, host_uris, args.idle,
-                     guests)
+                     guests, variant)
         peak = {g.name: 0 for g in guests}
 
         def ended():
@@ -346,17 +386,63 @@ def run_idle(config, args, work, images, host_uris):
             time.sleep(5)
             for g in guests:
                 after[g.name].append(rss_anon(g.proc.pid))
+        loops = {g.name: g.loops() for g in guests}
+        ends = {g.name: g.end_status() for g in guests}
         res = {'peak': peak, 'after': after,
-               'returned': sum(peak[n] - min(after[n]) for n in peak)}
-        print('  %-6s idle: guests RssAnon %d MiB at the peak, %d MiB '
-              '%d s after the workload ended: %d MiB returned' % (
-                  config, sum(peak.values()) // MiB,
+               'returned': sum(peak[n] - min(after[n]) for n in peak),
+               'returned_at_watch': sum(peak[n] - after[n][-1]
+                                        for n in peak),
+               'qemu_cpu_s': sum(g.cpu_seconds() for g in guests),
+               'MB_s': mean([_loops_mbs(x[1:]) for x in loops.values()]),
+               'dropped_last_loop': _dropped_last_loop(loops, ends),
+               'guest_mem_free': sum(
+                   int(e['mem_free_kb']) * 1024 for e in ends.values()
+                   if e) or None,
+               'vmar_guest_cpu_s': sum(
+                   guest_status.cpu_seconds(e) for e in ends.values()
+                   if e) or None,
+               'compactions': sum(
+                   e['compactions'] for e in ends.values() if e) or None}
+        dropped = res['dropped_last_loop']
+        print('  %-14s idle: guests RssAnon %d MiB at the peak, %d MiB '
+              '%d s after the workload ended: %d MiB returned%s; QEMU CPU '
+              '%.0f s, %s MB/s per guest' % (
+                  config + (' ' + variant if variant else ''),
+                  sum(peak.values()) // MiB,
                   sum(a[-1] for a in after.values()) // MiB,
-                  args.idle_watch, res['returned'] // MiB), flush=True)
+                  args.idle_watch, res['returned'] // MiB,
+                  ' of %d MiB vmar-guest dropped in the last loop (%.0f %%)'
+                  % (dropped // MiB, 100 * res['returned'] / dropped)
+                  if dropped else '', res['qemu_cpu_s'],
+                  _mbs(res['MB_s'])), flush=True)
         return res
     finally:
         for g in guests:
             g.stop()
+
+
+def _loops_mbs(loops):
+    """MB/s over the given loop tuples (LOOP_FIELDS), or None."""
+    nbytes = sum(x[1] for x in loops)
+    ns = sum(x[2] for x in loops)
+    return nbytes / (ns / 1e9) / 1e6 if ns else None
+
+
+def _dropped_last_loop(loops, ends):
+    """Bytes vmar-guest dropped in each guest's last loop, summed.
+
+    From the loop line before the last to the workload's end line; None
+    without vmar-guest's counters.
+    """
+    total = None
+    for name, end in ends.items():
+        if end is None or len(loops[name]) < 2:
+            continue
+        before = loops[name][-2][LOOP_FIELDS.index('dropped_bytes')]
+        if before is None:
+            continue
+        total = (total or 0) + end['dropped_bytes'] - before
+    return total
 
 
 def _mbs(x):
@@ -417,9 +503,17 @@ def main():
                    'memory the guests give back once it ends (0: not)')
     p.add_argument('--idle-watch', type=int, default=60,
                    help='seconds to watch the guests\' memory after it')
+    p.add_argument('--idle-variants', default='order0',
+                   help='how P+I guests return memory in the --idle run, '
+                   'each measured: %s (order0 is vmar-guest\'s default)'
+                   % ', '.join(VARIANTS))
     p.add_argument('--json')
     args = p.parse_args()
     args.budgets = [int(b) for b in args.budgets.split(',') if b]
+    args.idle_variants = [v for v in args.idle_variants.split(',') if v]
+    if set(args.idle_variants) - set(VARIANTS):
+        p.error('unknown --idle-variants: %s' % ', '.join(
+            sorted(set(args.idle_variants) - set(VARIANTS))))
     if not args.budgets and not args.idle:
         p.error('nothing to measure: no --budgets and no --idle')
     configs = args.configs.split(',')
@@ -481,9 +575,15 @@ def main():
                 config, args, work, names, uris, anon_ref, group, disk)
         results['anon_ref'] = anon_ref
         for config in configs if args.idle else ():
-            drop_caches()
-            results.setdefault(config, {'budgets': {}})['idle'] = run_idle(
-                config, args, work, names, uris)
+            res = results.setdefault(config, {'budgets': {}})
+            for variant in (args.idle_variants if config == 'P+I'
+                            else [None]):
+                drop_caches()
+                idle = run_idle(config, args, work, names, uris, variant)
+                if variant:
+                    res.setdefault('idle_variants', {})[variant] = idle
+                if variant in (None, 'order0') or 'idle' not in res:
+                    res['idle'] = idle
     finally:
         if daemon is not None:
             daemon.kill()
@@ -539,6 +639,25 @@ def report(results, configs, args):
         print('%-8s' % '' + ''.join(
             '%18s' % (results[c]['idle']['returned'] // MiB)
             for c in configs))
+        variants = results.get('P+I', {}).get('idle_variants', {})
+        if variants:
+            base = variants.get('order9')
+            print('P+I: how memory comes back (returned / what vmar-guest '
+                  'dropped in the last loop; QEMU CPU and MB/s as a ratio '
+                  'to order9):')
+            for v, r in variants.items():
+                d = r['dropped_last_loop']
+                print('  %-8s %5d MiB of %5s MiB (%5s), QEMU CPU %6.0f s%s,'
+                      ' %s MB/s%s, compactions %s' % (
+                          v, r['returned'] // MiB,
+                          d // MiB if d else '-',
+                          '%.0f %%' % (100 * r['returned'] / d) if d else '-',
+                          r['qemu_cpu_s'],
+                          ' (%.2fx)' % (r['qemu_cpu_s'] / base['qemu_cpu_s'])
+                          if base else '', _mbs(r['MB_s']),
+                          ' (%.2fx)' % (r['MB_s'] / base['MB_s'])
+                          if base and r['MB_s'] and base['MB_s'] else '',
+                          r['compactions'] or 0))
     if 'P+I' in results:
         print('vmar-guest\'s share of its guest\'s CPU over the measured '
               'loops (P+I; each guest):')

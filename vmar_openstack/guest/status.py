@@ -2,16 +2,21 @@
 
 After each pass vmar-guest (vmar-guest.c, ``write_status``) replaces its
 status file with one line of ``key=value`` counters, cumulative since it
-started: ``passes tracked events closes walks walked_files drops
-close_drops dropped_bytes mincores syscalls table_full cpu_user_s
-cpu_sys_s``. The test probe prints
-the same line on the console.
+started, after its ``mode`` (``private`` or ``default``): ``passes
+tracked events closes walks walked_files drops close_drops dropped_bytes
+mincores syscalls table_full compactions switches``, then two gauges,
+``reporting_order`` (the guest kernel's page reporting order now) and
+``mem_free_kb``, and its CPU time, ``cpu_user_s cpu_sys_s``. The test
+probe prints the same line on the console, and vmar-guest writes it into
+the host's channel (:mod:`vmar_openstack.export.guests`).
 """
 
 PATH = '/run/vmar-guest.status'
 COUNTERS = ('passes', 'tracked', 'events', 'closes', 'walks',
             'walked_files', 'drops', 'close_drops', 'dropped_bytes',
-            'mincores', 'syscalls', 'table_full', 'cpu_user_s', 'cpu_sys_s')
+            'mincores', 'syscalls', 'table_full', 'compactions', 'switches',
+            'reporting_order', 'mem_free_kb', 'cpu_user_s', 'cpu_sys_s')
+MODES = ('private', 'default')
 
 
 def parse(text):
@@ -24,6 +29,14 @@ def parse(text):
     """
     found = dict(w.split('=', 1) for w in text.split() if '=' in w)
     return {k: _number(found.get(k, 0)) for k in COUNTERS}
+
+
+def mode(text):
+    """The ``mode`` word of a status line: one of :data:`MODES`, or None."""
+    for word in text.split():
+        if word.startswith('mode=') and word[5:] in MODES:
+            return word[5:]
+    return None
 
 
 def _number(value):

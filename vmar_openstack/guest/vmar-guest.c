@@ -24,9 +24,21 @@
  * has been held past --hold.  mincore counts what each drop frees.
  *
  * The host says whether a server is guest-private: Nova's vmar backend puts
- * "vmar:guest_cache=private" into the SMBIOS OEM strings (type 11).  With
- * --mode auto (the default) vmar-guest exits at once on any other server,
- * so images can carry it whatever flavor boots them.
+ * "vmar:guest_cache=private" or "vmar:guest_cache=auto" into the SMBIOS OEM
+ * strings (type 11).  With --mode auto (the default) vmar-guest exits at
+ * once on any other server, so images can carry it whatever flavor boots
+ * them.  On an "auto" server the host switches the mode at run time: it
+ * writes "mode=private" or "mode=default" lines into the virtio-serial
+ * port --channel (org.opendev.vmar.guest.0), and vmar-guest answers each
+ * with its status line.  In default mode it tracks nothing and leaves the
+ * guest's cache and the kernel's settings as they were.
+ *
+ * Memory comes back to the host through the balloon's free page reporting,
+ * which reports free blocks of 2^page_reporting_order pages only.  The
+ * drops free scattered 4 KiB pages, so while private, vmar-guest lowers
+ * /sys/module/page_reporting/parameters/page_reporting_order to
+ * --reporting-order (or the OEM string vmar:guest_reporting_order=N), and
+ * puts the kernel's value back when it leaves private mode.
  *
  * Counters (cumulative) go to --status after each pass, one line of
  * key=value pairs, so its cost can be measured and bounded.
@@ -59,7 +71,13 @@
 #define BATCH_MS    100                 /* fanotify reads at most 10/s */
 #define MS          1000LL
 #define OEM_KEY     "vmar:guest_cache="
+#define OEM_ORDER   "vmar:guest_reporting_order="
+#define OEM_COMPACT "vmar:guest_compact="
 #define DMI_OEM     "/sys/firmware/dmi/entries/11-%d/raw"
+#define ORDER_KNOB  "/sys/module/page_reporting/parameters/page_reporting_order"
+#define COMPACT_KNOB "/proc/sys/vm/compact_memory"
+#define COMPACT_MIN (16ull << 20)       /* dropped before a compaction */
+#define COMPACT_GAP (30 * MS)           /* between two compactions */
 
 /* A tracked base file: an fd on it, and its times (monotonic ms) */
 typedef struct Tracked {
@@ -80,16 +98,19 @@ typedef struct Closed {
 } Closed;
 
 typedef struct Options {
-    const char *root, *status, *mode;
+    const char *root, *status, *mode, *channel;
     int64_t interval, grace, hold, linger, rescan;    /* ms */
+    int reporting_order;                /* -1: leave the kernel's */
+    bool compact;
     bool once;
     time_t boot_time;
 } Options;
 
 static Options opt = {
     .root = "/", .status = "/run/vmar-guest.status", .mode = "auto",
+    .channel = "/dev/virtio-ports/org.opendev.vmar.guest.0",
     .interval = 5 * MS, .grace = 1 * MS, .hold = 10 * MS,
-    .linger = 120 * MS, .rescan = 600 * MS,
+    .linger = 120 * MS, .rescan = 600 * MS, .reporting_order = 0,
 };
 
 static Tracked table[TABLE_SIZE];
@@ -110,8 +131,17 @@ static int64_t clock_ms(void)
 
 static struct {
     uint64_t passes, events, closes, walks, walked_files, drops,
-             close_drops, dropped_bytes, mincores, syscalls, full;
+             close_drops, dropped_bytes, mincores, syscalls, full,
+             compactions, switches;
 } stats;
+
+/* Whether base data is being dropped now (private mode) */
+static bool active;
+static int fan = -1;                    /* fanotify, while active */
+static int chan = -1;                   /* the host's channel, if any */
+static int saved_order = -1;            /* the kernel's, while we set ours */
+static uint64_t compacted_at_bytes;     /* dropped_bytes at the last one */
+static int64_t compacted_at;
 
 static volatile sig_atomic_t stopping;
 
@@ -428,19 +458,60 @@ static int drain(int fan)
 }
 
 /*
- * Until the next pass: take events as they come and drop what closes
- * armed, or just sleep.
+ * Lines from the host: "mode=private" or "mode=default".  Returns the mode
+ * the last complete line asked for (1 private, 0 default), or -1 if none.
  */
-static int wait_events(int fan)
+static int read_channel(void)
 {
-    int64_t end = clock_ms() + opt.interval;
+    static char buf[256];
+    static size_t len;
+    int want = -1;
 
     for (;;) {
-        struct pollfd p = { fan, POLLIN, 0 };
+        ssize_t n = read(chan, buf + len, sizeof(buf) - 1 - len);
+        char *line, *nl;
+
+        if (n <= 0) {
+            return want;                /* EAGAIN, or the host went away */
+        }
+        len += n;
+        buf[len] = 0;
+        line = buf;
+        while ((nl = strchr(line, '\n'))) {
+            *nl = 0;
+            if (!strcmp(line, "mode=private")) {
+                want = 1;
+            } else if (!strcmp(line, "mode=default")) {
+                want = 0;
+            }
+            line = nl + 1;
+        }
+        len -= line - buf;
+        memmove(buf, line, len);
+        if (len == sizeof(buf) - 1) {
+            len = 0;                    /* a line too long: not ours */
+        }
+    }
+}
+
+/*
+ * Until the next pass: take events as they come and drop what closes
+ * armed, or just sleep; read what the host says.  Returns 1 if the host
+ * asked for a change of mode, -1 on a fatal error.
+ */
+static int wait_events(void)
+{
+    int64_t end = clock_ms() + opt.interval;
+    bool hup = false;
+
+    for (;;) {
+        struct pollfd p[2] = { { fan, POLLIN, 0 },
+                               { hup ? -1 : chan, POLLIN, 0 } };
         int64_t ms, due;
+        int want;
 
         now = clock_ms();
-        due = drop_closed();
+        due = active ? drop_closed() : -1;
         ms = end - now;
         if (ms <= 0 || stopping) {
             return 0;
@@ -448,13 +519,20 @@ static int wait_events(int fan)
         if (due >= 0 && due < ms) {
             ms = due;
         }
-        if (fan < 0) {
-            nanosleep(&(struct timespec){ ms / MS, ms % MS * 1000000L },
-                      NULL);
+        stats.syscalls++;
+        if (poll(p, 2, (int)ms) <= 0) {
             continue;
         }
-        stats.syscalls++;
-        if (poll(&p, 1, (int)ms) > 0) {
+        if (p[1].revents & POLLIN) {
+            want = read_channel();
+            if (want >= 0 && want != active) {
+                return 1;
+            }
+        } else if (p[1].revents & (POLLHUP | POLLERR)) {
+            /* no host on the other end: look again at the next pass */
+            hup = true;
+        }
+        if (p[0].revents & POLLIN) {
             if (drain(fan) < 0) {
                 return -1;
             }
@@ -464,8 +542,11 @@ static int wait_events(int fan)
     }
 }
 
-/* The host's word on this server: SMBIOS OEM string vmar:guest_cache= */
-static bool host_says_private(void)
+/*
+ * The value of the SMBIOS OEM string (type 11) "@key<value>", copied into
+ * @out; false if the server has none.
+ */
+static bool oem_value(const char *key, char *out, size_t size)
 {
     for (int n = 0; n < 16; n++) {
         unsigned char raw[4096];
@@ -487,12 +568,94 @@ static bool host_says_private(void)
         /* Strings follow the formatted area, each NUL-terminated */
         for (i = raw[1]; i < len && raw[i]; i += strlen((char *)raw + i) + 1) {
             const char *s = (const char *)raw + i;
-            if (!strncmp(s, OEM_KEY, strlen(OEM_KEY))) {
-                return !strcmp(s + strlen(OEM_KEY), "private");
+            if (!strncmp(s, key, strlen(key))) {
+                snprintf(out, size, "%s", s + strlen(key));
+                return true;
             }
         }
     }
     return false;
+}
+
+/* An integer sysfs/procfs knob; -1 if it cannot be read */
+static int read_knob(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int v = -1;
+
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1) {
+            v = -1;
+        }
+        fclose(f);
+    }
+    return v;
+}
+
+static bool write_knob(const char *path, int value)
+{
+    FILE *f = fopen(path, "w");
+    bool ok;
+
+    if (!f) {
+        return false;
+    }
+    ok = fprintf(f, "%d\n", value) > 0;
+    ok &= fclose(f) == 0;
+    return ok;
+}
+
+/*
+ * While private: keep the kernel's page reporting order at ours.  The
+ * balloon driver sets it when it registers (after we may have started),
+ * so each pass looks again.
+ */
+static void hold_reporting_order(void)
+{
+    int cur;
+
+    if (opt.reporting_order < 0) {
+        return;
+    }
+    cur = read_knob(ORDER_KNOB);
+    if (cur < 0 || cur == opt.reporting_order) {
+        return;                         /* no free page reporting here */
+    }
+    if (saved_order < 0) {
+        saved_order = cur;
+    }
+    if (!write_knob(ORDER_KNOB, opt.reporting_order)) {
+        fprintf(stderr, "vmar-guest: setting %s to %d: %s\n", ORDER_KNOB,
+                opt.reporting_order, strerror(errno));
+        opt.reporting_order = -1;       /* do not try every pass */
+    }
+}
+
+static void restore_reporting_order(void)
+{
+    if (saved_order >= 0) {
+        write_knob(ORDER_KNOB, saved_order);
+        saved_order = -1;
+    }
+}
+
+/*
+ * With --compact: once the drops freed COMPACT_MIN since the last one (and
+ * no sooner than COMPACT_GAP), compact memory, so that the freed pages form
+ * blocks free page reporting takes at the kernel's order.
+ */
+static void maybe_compact(void)
+{
+    if (!opt.compact ||
+        stats.dropped_bytes - compacted_at_bytes < COMPACT_MIN ||
+        (compacted_at && now - compacted_at < COMPACT_GAP)) {
+        return;
+    }
+    if (write_knob(COMPACT_KNOB, 1)) {
+        stats.compactions++;
+    }
+    compacted_at_bytes = stats.dropped_bytes;
+    compacted_at = clock_ms();
 }
 
 static time_t read_boot_time(void)
@@ -513,42 +676,125 @@ static time_t read_boot_time(void)
     return (time_t)t;
 }
 
+/* MemFree of /proc/meminfo, in KiB; 0 if unknown */
+static long long mem_free_kb(void)
+{
+    char line[256];
+    long long kb = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+
+    if (!f) {
+        return 0;
+    }
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "MemFree: %lld kB", &kb) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    return kb;
+}
+
+/* The status line, to the status file and to the host's channel */
 static void write_status(void)
 {
-    char tmp[4096];
+    char line[1024], tmp[4096];
     struct rusage ru;
+    int len;
     FILE *f;
 
     getrusage(RUSAGE_SELF, &ru);
-    snprintf(tmp, sizeof(tmp), "%s.tmp", opt.status);
-    f = fopen(tmp, "w");
-    if (!f) {
-        return;
-    }
-    fprintf(f, "passes=%" PRIu64 " tracked=%u events=%" PRIu64
+    len = snprintf(line, sizeof(line),
+            "mode=%s passes=%" PRIu64 " tracked=%u events=%" PRIu64
             " closes=%" PRIu64 " walks=%" PRIu64
             " walked_files=%" PRIu64 " drops=%" PRIu64
             " close_drops=%" PRIu64
             " dropped_bytes=%" PRIu64 " mincores=%" PRIu64
             " syscalls=%" PRIu64 " table_full=%" PRIu64
+            " compactions=%" PRIu64 " switches=%" PRIu64
+            " reporting_order=%d mem_free_kb=%lld"
             " cpu_user_s=%ld.%06ld cpu_sys_s=%ld.%06ld\n",
+            active ? "private" : "default",
             stats.passes, tracked, stats.events, stats.closes, stats.walks,
             stats.walked_files,
             stats.drops, stats.close_drops, stats.dropped_bytes,
             stats.mincores,
-            stats.syscalls, stats.full,
+            stats.syscalls, stats.full, stats.compactions, stats.switches,
+            read_knob(ORDER_KNOB), mem_free_kb(),
             (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
             (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec);
+    if (chan >= 0 && write(chan, line, len) < 0) {
+        /* the host is not listening: it reads the next one */
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp", opt.status);
+    f = fopen(tmp, "w");
+    if (!f) {
+        return;
+    }
+    fputs(line, f);
     fclose(f);
     rename(tmp, opt.status);
+}
+
+/* Start dropping base data: fanotify, the first walk, our reporting order */
+static int enter_private(void)
+{
+    if (!opt.once) {
+        fan = fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK,
+                            O_RDONLY | O_LARGEFILE | O_CLOEXEC | O_NOATIME);
+        if (fan < 0 ||
+            fanotify_mark(fan, FAN_MARK_ADD | FAN_MARK_FILESYSTEM,
+                          FAN_OPEN | FAN_CLOSE_NOWRITE, AT_FDCWD,
+                          opt.root) < 0) {
+            fprintf(stderr, "vmar-guest: fanotify on %s: %s; walking every "
+                    "%.1f s instead\n", opt.root, strerror(errno),
+                    opt.interval / 1e3);
+            if (fan >= 0) {
+                close(fan);
+            }
+            fan = -1;
+        }
+    }
+    active = true;
+    hold_reporting_order();
+    printf("vmar-guest: guest-private caching of %s: grace %.1f s after "
+           "close, hold %.1f s, %s, page reporting order %d\n", opt.root,
+           opt.grace / 1e3, opt.hold / 1e3,
+           fan >= 0 ? "fanotify" : "walks only", read_knob(ORDER_KNOB));
+    fflush(stdout);
+    now = clock_ms();
+    return walk();
+}
+
+/* Stop: forget every file, leave the cache and the kernel as they were */
+static void leave_private(void)
+{
+    if (fan >= 0) {
+        close(fan);
+        fan = -1;
+    }
+    for (uint32_t i = 0; i < TABLE_SIZE; i++) {
+        if (table[i].fd >= 0) {
+            close(table[i].fd);
+            table[i].fd = -1;
+        }
+    }
+    tracked = 0;
+    closed_head = closed_len = 0;
+    restore_reporting_order();
+    active = false;
+    printf("vmar-guest: guest-private caching off\n");
+    fflush(stdout);
 }
 
 static int usage(const char *argv0)
 {
     fprintf(stderr, "usage: %s [--mode auto|private] [--root DIR] "
             "[--grace S] [--hold S] [--interval S] [--linger S] "
-            "[--rescan S] [--once] [--status FILE] [--boot-time EPOCH]\n"
-            "(S: seconds, fractions allowed)\n", argv0);
+            "[--rescan S] [--once] [--status FILE] [--boot-time EPOCH] "
+            "[--channel PATH] [--reporting-order N] [--compact]\n"
+            "(S: seconds, fractions allowed; N: -1 leaves the kernel's)\n",
+            argv0);
     return 2;
 }
 
@@ -567,6 +813,21 @@ static bool seconds(const char *arg, int64_t *ms)
     return true;
 }
 
+/* A page order, -1 to 10 (MAX_ORDER of x86); false otherwise */
+static bool order(const char *arg, int *out)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(arg, &end, 10);
+    if (errno || end == arg || *end || v < -1 || v > 10) {
+        return false;
+    }
+    *out = (int)v;
+    return true;
+}
+
 static int parse_options(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -580,6 +841,9 @@ static int parse_options(int argc, char **argv)
         {"once", no_argument, NULL, 'o'},
         {"status", required_argument, NULL, 's'},
         {"boot-time", required_argument, NULL, 'b'},
+        {"channel", required_argument, NULL, 'c'},
+        {"reporting-order", required_argument, NULL, 'O'},
+        {"compact", no_argument, NULL, 'C'},
         {NULL, 0, NULL, 0},
     };
     bool ok = true;
@@ -597,6 +861,9 @@ static int parse_options(int argc, char **argv)
         case 'o': opt.once = true; break;
         case 's': opt.status = optarg; break;
         case 'b': opt.boot_time = (time_t)atoll(optarg); break;
+        case 'c': opt.channel = optarg; break;
+        case 'O': ok &= order(optarg, &opt.reporting_order); break;
+        case 'C': opt.compact = true; break;
         default: return usage(argv[0]);
         }
     }
@@ -608,18 +875,54 @@ static int parse_options(int argc, char **argv)
     return 0;
 }
 
+/*
+ * The host's word: "private" or "auto" (the host switches at run time);
+ * anything else, or no word, is "none".  Also the host's settings of the
+ * reporting order and compaction, which win over the command line.
+ */
+static const char *host_mode(void)
+{
+    char value[64];
+
+    if (oem_value(OEM_ORDER, value, sizeof(value)) &&
+        !order(value, &opt.reporting_order)) {
+        fprintf(stderr, "vmar-guest: ignoring %s%s\n", OEM_ORDER, value);
+    }
+    if (oem_value(OEM_COMPACT, value, sizeof(value))) {
+        opt.compact = !strcmp(value, "1");
+    }
+    if (!oem_value(OEM_KEY, value, sizeof(value))) {
+        return "none";
+    }
+    if (!strcmp(value, "private")) {
+        return "private";
+    }
+    return strcmp(value, "auto") ? "none" : "auto";
+}
+
 int main(int argc, char **argv)
 {
     struct rlimit nofile = { TABLE_SIZE + 256, TABLE_SIZE + 256 };
+    const char *mode = "private";
     int64_t last_walk;
-    int fan = -1;
 
     if (parse_options(argc, argv)) {
         return 2;
     }
-    if (!strcmp(opt.mode, "auto") && !host_says_private()) {
+    if (!strcmp(opt.mode, "auto")) {
+        mode = host_mode();
+    }
+    if (!strcmp(mode, "none")) {
         printf("vmar-guest: the host did not ask for guest-private caching "
-               "(no %sprivate SMBIOS OEM string); nothing to do\n", OEM_KEY);
+               "(no %sprivate or %sauto SMBIOS OEM string); nothing to "
+               "do\n", OEM_KEY, OEM_KEY);
+        return 0;
+    }
+    chan = open(opt.channel, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (chan < 0 && !strcmp(mode, "auto")) {
+        fprintf(stderr, "vmar-guest: the host switches this server's mode "
+                "but there is no channel %s: %s; nothing to do\n",
+                opt.channel, strerror(errno));
         return 0;
     }
     page_size = sysconf(_SC_PAGESIZE);
@@ -637,51 +940,57 @@ int main(int argc, char **argv)
     setrlimit(RLIMIT_NOFILE, &nofile);
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
+    signal(SIGPIPE, SIG_IGN);
 
-    if (!opt.once) {
-        fan = fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK,
-                            O_RDONLY | O_LARGEFILE | O_CLOEXEC | O_NOATIME);
-        if (fan < 0 ||
-            fanotify_mark(fan, FAN_MARK_ADD | FAN_MARK_FILESYSTEM,
-                          FAN_OPEN | FAN_CLOSE_NOWRITE, AT_FDCWD,
-                          opt.root) < 0) {
-            fprintf(stderr, "vmar-guest: fanotify on %s: %s; walking every "
-                    "%.1f s instead\n", opt.root, strerror(errno),
-                    opt.interval / 1e3);
-            if (fan >= 0) {
-                close(fan);
-            }
-            fan = -1;
-        }
-    }
-    printf("vmar-guest: guest-private caching of %s: grace %.1f s after "
-           "close, hold %.1f s, %s\n", opt.root, opt.grace / 1e3,
-           opt.hold / 1e3, fan >= 0 ? "fanotify" : "walks only");
-    fflush(stdout);
-
-    now = clock_ms();
-    if (walk() < 0) {
+    if (!strcmp(mode, "private") && enter_private() < 0) {
         return 1;
     }
-    last_walk = now;
+    if (!active) {
+        printf("vmar-guest: the host switches guest-private caching on %s; "
+               "off until it asks\n", opt.channel);
+        fflush(stdout);
+    }
+    last_walk = clock_ms();
     while (!stopping) {
+        int changed;
+
         now = clock_ms();
-        pass();
+        if (active) {
+            hold_reporting_order();
+            pass();
+            maybe_compact();
+        }
         write_status();
         if (opt.once) {
             break;
         }
-        if (wait_events(fan) < 0) {
+        changed = wait_events();
+        if (changed < 0) {
             fprintf(stderr, "vmar-guest: fanotify: %s\n", strerror(errno));
+            restore_reporting_order();
             return 1;
         }
+        if (changed > 0) {
+            stats.switches++;
+            if (active) {
+                leave_private();
+            } else if (enter_private() < 0) {
+                restore_reporting_order();
+                return 1;
+            }
+            last_walk = clock_ms();
+            continue;
+        }
         now = clock_ms();
-        if (fan < 0 || (opt.rescan && now - last_walk >= opt.rescan)) {
+        if (active &&
+            (fan < 0 || (opt.rescan && now - last_walk >= opt.rescan))) {
             if (walk() < 0) {
+                restore_reporting_order();
                 return 1;
             }
             last_walk = now;
         }
     }
+    restore_reporting_order();
     return 0;
 }
