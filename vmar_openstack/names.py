@@ -16,7 +16,9 @@ single builder and a single parser here:
 * Glance: the hidden images vmar-agent publishes (map, digest list, boot
   working set: ids, names, properties) and whose of them a host trusts
   (:func:`published_by`);
-* Nova: the flavor extra specs; notifications of hosts to vmar-agent.
+* Nova: the flavor extra specs; notifications of hosts to vmar-agent;
+* guests: the channel sockets of guest-private and auto servers and the
+  virtio-serial port the guest component opens.
 
 ``glance_hooks`` (the library side) and ``mapsource`` (the host side)
 both import it; neither imports the other. This module imports nothing of
@@ -79,6 +81,10 @@ SPEC_HOST_CACHE = 'vmar:host_cache'
 # in the host page cache (shared by every reader), 'none' O_DIRECT
 HOST_CACHE = ('base', 'none')
 SPEC_GUEST_CACHE = 'vmar:guest_cache'
+# the values of SPEC_GUEST_CACHE: 'default' the guest caches as it does,
+# 'private' it drops base data, 'auto' the host switches between the two
+# from its memory pressure
+GUEST_CACHE = ('default', 'private', 'auto')
 
 # notifications of compute hosts to vmar-agent (vmar_openstack.export.report)
 HOST_EXPORTS_EVENT = 'vmar.host.exports'
@@ -236,3 +242,35 @@ def parse_rbd_fetch_export(name):
                          '<size>' % name)
     pool, image, snap = (urllib.parse.unquote(p) for p in parts[:3])
     return pool, image, snap, int(parts[3])
+
+
+# -- the channels to the guest component (guest-private caching) ---------
+
+# The virtio-serial port vmar-guest opens in the guest
+# (/dev/virtio-ports/<name>; guest/vmar-guest.c: opt.channel)
+GUEST_CHANNEL_PORT = 'org.opendev.vmar.guest.0'
+# Guest cache modes a server's channel is made for: vmar-guest drops base
+# data all the time, or when the host says so
+GUEST_CHANNEL_MODES = GUEST_CACHE[1:]
+_GUEST_CHANNEL = re.compile(r'^(?P<id>%s)\.(?P<mode>%s)\.sock$' % (
+    _UUID, '|'.join(GUEST_CHANNEL_MODES)))
+
+GuestChannel = collections.namedtuple('GuestChannel', 'instance mode')
+
+
+def guest_channel(instance_uuid, mode):
+    """File name of a server's channel socket, in the channel directory.
+
+    The flavor's mode is in the name, so that a restarted daemon knows
+    which servers it decides for without asking anyone.
+    """
+    if mode not in GUEST_CHANNEL_MODES or not is_uuid(instance_uuid):
+        raise ValueError('no guest channel for %r in mode %r'
+                         % (instance_uuid, mode))
+    return '%s.%s.sock' % (instance_uuid, mode)
+
+
+def parse_guest_channel(name):
+    """:class:`GuestChannel` of a :func:`guest_channel` name, or None."""
+    m = _GUEST_CHANNEL.match(name)
+    return GuestChannel(m.group('id'), m.group('mode')) if m else None

@@ -58,6 +58,8 @@ from oslo_log import log as logging
 from oslo_serialization import jsonutils
 
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack import exception as vmar_exception
+from vmar_openstack import names
 from vmar_openstack.nova_api import checks
 from vmar_openstack.nova_imagebackend import driver as driver_access
 from vmar_openstack.nova_imagebackend import extra_specs
@@ -118,8 +120,24 @@ def get_guest_config(original, self, instance, *args, **kwargs):
     guest = original(self, instance, *args, **kwargs)
     policy = vimage.instance_policy(instance)
     if policy is not None:
-        guest_cache.apply(guest, policy, instance)
+        guest_cache.apply(
+            guest, policy, instance, _guest_channel_dir(policy),
+            vmar_conf.CONF.vmar_compute.guest_reporting_order)
     return guest
+
+
+def _guest_channel_dir(policy):
+    """The daemon's guest channel directory, if the server needs one."""
+    if policy.get('guest_cache') not in names.GUEST_CHANNEL_MODES:
+        return None
+    try:
+        return vimage.host().guest_channel_dir()
+    except vmar_exception.VmarException as e:
+        # a dead daemon must not fail a reboot: the guest then runs
+        # without its channel until the next one
+        LOG.warning('no guest channel: the export daemon does not '
+                    'answer: %s', e)
+        return None
 
 
 def delete_instance_files(original, self, instance):

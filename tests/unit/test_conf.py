@@ -45,7 +45,8 @@ class TestConf(testtools.TestCase):
     def test_each_sample_lists_whole_groups_of_its_audience(self):
         samples = {
             conf_opts.list_opts: {'vmar', 'vmar_database'},
-            conf_opts.list_host_opts: {'vmar_host', 'vmar_reports',
+            conf_opts.list_host_opts: {'vmar_host', 'vmar_guest_cache',
+                                       'vmar_reports',
                                        'vmar_glance', 'vmar_rbd',
                                        'vmar_metrics'},
             conf_opts.list_compute_opts: {'vmar_compute'},
@@ -73,7 +74,8 @@ class TestConf(testtools.TestCase):
     def test_nova_compute_holds_no_credentials(self):
         groups = self.groups(conf_opts.list_compute_opts)
         self.assertEqual({'vmar_compute': {'api_socket', 'api_timeout',
-                                           'resume_interval', 'qemu_img'}},
+                                           'resume_interval', 'qemu_img',
+                                           'guest_reporting_order'}},
                          groups)
 
     def test_the_daemons_sample_has_its_store_access(self):

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import threading
+from unittest import mock
 
 import fixtures
 from oslo_config import cfg
@@ -34,6 +35,7 @@ class Service(object):
         self.ready = threading.Event()
         self.ready.set()
         self.calls = []
+        self.guests = None
 
     def wait_ready(self, timeout=60):
         if not self.ready.is_set():
@@ -114,6 +116,12 @@ class TestCalls(ApiTestCase):
         self.assertEqual(self.conf.vmar_host.export_socket,
                          hello['nbd_socket'])
         self.assertEqual(os.getpid(), hello['pid'])
+        # no guest channels while they are off
+        self.assertIsNone(self.client.guest_channel_dir())
+
+    def test_hello_names_the_guest_channel_directory(self):
+        self.service.guests = mock.Mock(dir='/run/vmar/guests')
+        self.assertEqual('/run/vmar/guests', self.client.guest_channel_dir())
 
     def test_add_returns_the_holders_uri_and_no_other_key(self):
         self.client.add(IMAGE, holder='other', key='f' * 32)

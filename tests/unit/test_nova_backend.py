@@ -195,6 +195,7 @@ class TestExtraSpecs(testtools.TestCase):
                      ('vmar:host_cache', 'base'),
                      ('vmar:host_cache', 'none'),
                      ('vmar:guest_cache', 'private'),
+                     ('vmar:guest_cache', 'auto'),
                      ('vmar:guest_cache', 'default')):
             validators.validate(k, v)
 
@@ -214,6 +215,16 @@ class TestGuestCache(BackendTestCase):
     """The domain of a guest-private server: balloon and metadata."""
 
     NS = {'vmar': 'https://opendev.org/x/vmar-openstack/guest/1.0'}
+    CHANNELS = '/run/vmar/guests'
+
+    def setUp(self):
+        super().setUp()
+        # the export daemon's hello (a test double of the host API: the
+        # unit tests of its client are tests/unit/test_hostapi.py)
+        self.host = mock.Mock()
+        self.host.guest_channel_dir.return_value = self.CHANNELS
+        self.useFixture(fixtures.MockPatchObject(vimage, 'host',
+                                                 return_value=self.host))
 
     def guest_config(self, specs, inst=None):
         """The domain XML of the hooks' D._get_guest_config.
@@ -257,11 +268,60 @@ class TestGuestCache(BackendTestCase):
         self.assertEqual(['vmar:guest_cache=private'], [
             e.text for e in xml.findall('./sysinfo/oemStrings/entry')])
         self.assertEqual('sysinfo', xml.find('./os/smbios').get('mode'))
+        path = '%s/%s.private.sock' % (self.CHANNELS, inst.uuid)
         meta = xml.find('./metadata/vmar:guest', self.NS)
         self.assertEqual(
             {'host-cache': 'base', 'guest-cache': 'private',
-             'free-page-reporting': 'on', 'guest-component': 'image'},
+             'free-page-reporting': 'on', 'guest-component': 'image',
+             'channel': path},
             {e.tag.split('}')[1]: e.text for e in meta})
+        (channel,) = xml.findall('./devices/channel')
+        self.assertEqual('unix', channel.get('type'))
+        self.assertEqual({'mode': 'bind', 'path': path},
+                         dict(channel.find('source').attrib))
+        self.assertEqual({'type': 'virtio',
+                          'name': 'org.opendev.vmar.guest.0'},
+                         dict(channel.find('target').attrib))
+
+    def test_auto_is_private_on_the_host_side_and_says_auto(self):
+        inst = instance(dict(VMAR, **{'vmar:guest_cache': 'auto'}),
+                        sysmeta={'image_vmar_guest': '1'})
+        xml = self.guest_config(None, inst)
+        (balloon,) = xml.findall('./devices/memballoon')
+        self.assertEqual(('virtio', 'on'), (balloon.get('model'),
+                                            balloon.get('freePageReporting')))
+        self.assertEqual(['vmar:guest_cache=auto'], [
+            e.text for e in xml.findall('./sysinfo/oemStrings/entry')])
+        (channel,) = xml.findall('./devices/channel')
+        self.assertEqual('%s/%s.auto.sock' % (self.CHANNELS, inst.uuid),
+                         channel.find('source').get('path'))
+
+    def test_the_reporting_order_goes_to_the_guest(self):
+        self.cfg.config(guest_reporting_order=3, group='vmar_compute')
+        inst = instance(dict(VMAR, **{'vmar:guest_cache': 'auto'}))
+        xml = self.guest_config(None, inst)
+        self.assertEqual(
+            ['vmar:guest_cache=auto', 'vmar:guest_reporting_order=3'],
+            [e.text for e in xml.findall('./sysinfo/oemStrings/entry')])
+
+    def test_a_daemon_without_channels_leaves_auto_without_one(self):
+        logs = self.useFixture(fixtures.FakeLogger())
+        self.host.guest_channel_dir.return_value = None
+        inst = instance(dict(VMAR, **{'vmar:guest_cache': 'auto'}))
+        xml = self.guest_config(None, inst)
+        self.assertEqual([], xml.findall('./devices/channel'))
+        self.assertIn('stays in its own caching', logs.output)
+
+    def test_a_dead_daemon_does_not_fail_the_domain(self):
+        logs = self.useFixture(fixtures.FakeLogger())
+        self.host.guest_channel_dir.side_effect = \
+            vmar_exception.ExportDaemonDown(reason='not running')
+        inst = instance(dict(VMAR, **{'vmar:guest_cache': 'private'}))
+        xml = self.guest_config(None, inst)
+        self.assertEqual([], xml.findall('./devices/channel'))
+        self.assertEqual(['vmar:guest_cache=private'], [
+            e.text for e in xml.findall('./sysinfo/oemStrings/entry')])
+        self.assertIn('does not answer', logs.output)
 
     def test_private_keeps_novas_sysinfo(self):
         inst = instance(dict(VMAR, **{'vmar:guest_cache': 'private'}))
@@ -284,6 +344,8 @@ class TestGuestCache(BackendTestCase):
         (balloon,) = xml.findall('./devices/memballoon')
         self.assertEqual('none', balloon.get('model'))
         self.assertIsNone(xml.find('./sysinfo/oemStrings'))
+        self.assertEqual([], xml.findall('./devices/channel'))
+        self.host.guest_channel_dir.assert_not_called()
         meta = xml.find('./metadata/vmar:guest', self.NS)
         self.assertEqual('default', meta.find('vmar:guest-cache',
                                               self.NS).text)

@@ -98,6 +98,32 @@ def status():
         [(e['name'], e['state'], e['host_cache'], len(e['holders']),
           e['requests'], _size(e['bytes_read'] + e['bytes_zero']),
           e['errors'], e['fetches'], _queued(e)) for e in st['exports']])
+    gc = st.get('guest_cache')
+    if gc:
+        _guest_cache(gc)
+
+
+def _guest_cache(gc):
+    """The guest-private and auto servers' table of ``status``."""
+    print()
+    print('guest cache: auto servers %s; memory pressure %s %%, '
+          'MemAvailable %s' % (
+              'guest-private' if gc['auto_mode'] == 'private'
+              else 'on their own', gc['some_avg10'],
+              '-' if gc['available_bytes'] is None
+              else _size(gc['available_bytes'])))
+    cmd.print_table(
+        ('server', 'flavor', 'mode', 'asked', 'QEMU anon', 'returned',
+         'dropped', 'switches', 'heard'),
+        [(g['instance'], g['flavor_mode'], g['mode'] or '-',
+          g['wanted'] or '-',
+          '-' if g['resident_bytes'] is None
+          else _size(g['resident_bytes']),
+          '-' if g['returned_bytes'] is None
+          else _size(g['returned_bytes']),
+          _size(g['dropped_bytes']), g['switches'],
+          '-' if g['heard_ago'] is None else '%.0f s ago' % g['heard_ago'])
+         for g in gc['guests']])
 
 
 def _queued(e):

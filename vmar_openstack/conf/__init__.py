@@ -11,7 +11,8 @@ Groups by audience:
   (:mod:`.glance_import`), vmar-agent ``[vmar_agent]`` (:mod:`.agent`);
 * a compute host's export daemon: ``[vmar_host]`` (:mod:`.host`), with
   ``[vmar_glance]`` (:mod:`.glance`) or ``[vmar_rbd]`` (:mod:`.rbd`) for
-  its store;
+  its store, and ``[vmar_guest_cache]`` (:mod:`.guest_cache`) for the
+  guests of guest-private and auto servers;
 * vmar-nova-compute: ``[vmar_compute]`` (:mod:`.compute`) alone;
 * nova-scheduler's weigher: ``[vmar_scheduler]`` (:mod:`.scheduler`);
 * shared: ``[vmar_reports]`` (:mod:`.reports`: hosts send, the agent
@@ -30,6 +31,7 @@ from vmar_openstack.conf import compute
 from vmar_openstack.conf import database
 from vmar_openstack.conf import glance
 from vmar_openstack.conf import glance_import
+from vmar_openstack.conf import guest_cache
 from vmar_openstack.conf import host
 from vmar_openstack.conf import metrics
 from vmar_openstack.conf import rbd
@@ -39,8 +41,8 @@ from vmar_openstack.conf import vmar
 
 CONF = cfg.CONF
 
-GROUPS = (vmar, database, glance_import, agent, host, glance, rbd, compute,
-          scheduler, reports, metrics)
+GROUPS = (vmar, database, glance_import, agent, host, guest_cache, glance,
+          rbd, compute, scheduler, reports, metrics)
 
 
 def register_opts(conf=CONF, groups=GROUPS):

@@ -42,4 +42,16 @@ ALL_OPTS = [
                help='qemu-img that makes and inspects the instances\' qcow2 '
                     'overlays.\n\nPossible values: a path, or a name on '
                     'PATH.'),
+    cfg.IntOpt('guest_reporting_order', min=-1, max=10,
+               help='The page reporting order vmar-guest sets in '
+                    'guest-private and auto servers while they drop base '
+                    'data (SMBIOS OEM string vmar:guest_reporting_order): '
+                    'free page reporting hands the host free blocks of '
+                    '2^order pages. The pages vmar-guest frees are '
+                    'scattered 4 KiB pages, so only a low order returns '
+                    'them (doc/source/guest.rst has the figures).\n\n'
+                    'Possible values: unset, vmar-guest\'s default (0); '
+                    '-1, the guest kernel\'s own (9 on x86: whole 2 MiB '
+                    'blocks, which keeps the host\'s huge pages whole); '
+                    '0 to 10.'),
 ]

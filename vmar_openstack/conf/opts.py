@@ -26,6 +26,7 @@ from vmar_openstack.conf import agent
 from vmar_openstack.conf import compute
 from vmar_openstack.conf import database
 from vmar_openstack.conf import glance
+from vmar_openstack.conf import guest_cache
 from vmar_openstack.conf import host
 from vmar_openstack.conf import metrics
 from vmar_openstack.conf import rbd
@@ -45,7 +46,7 @@ def list_opts():
 
 
 def list_host_opts():
-    return _listed(host, reports, glance, rbd, metrics)
+    return _listed(host, guest_cache, reports, glance, rbd, metrics)
 
 
 def list_compute_opts():

@@ -47,7 +47,8 @@ def export_view(exp):
 
 def _hello(svc, args):
     return {'versions': list(protocol.VERSIONS), 'pid': os.getpid(),
-            'nbd_socket': svc.socket}
+            'nbd_socket': svc.socket,
+            'guest_channel_dir': (svc.guests.dir if svc.guests else None)}
 
 
 def _add(svc, args):

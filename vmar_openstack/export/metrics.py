@@ -83,6 +83,43 @@ class ExportCollector(prom_registry.Collector):
         yield core.SummaryMetricFamily(
             'vmar_export_fetch_seconds', 'Time to fetch a base file.',
             count_value=f.count, sum_value=f.seconds)
+        if st.guest_cache is not None:
+            yield from _guest_metrics(st.guest_cache)
+
+
+def _guest_metrics(gc):
+    """The guest-private caching of the host's servers (:mod:`.guests`)."""
+    yield core.GaugeMetricFamily(
+        'vmar_guest_cache_auto_private', 'Whether the host asks its '
+        'vmar:guest_cache=auto servers for guest-private caching now.',
+        value=int(gc.auto_mode == 'private'))
+    if gc.some_avg10 is not None:
+        yield core.GaugeMetricFamily(
+            'vmar_guest_cache_memory_pressure', 'The memory pressure the '
+            'auto policy sees (PSI some avg10, percent).',
+            value=gc.some_avg10)
+    labels = ['instance', 'flavor_mode']
+    per = (
+        (core.GaugeMetricFamily, 'private', 'Whether the server\'s guest '
+         'runs guest-private now (as it last said).',
+         lambda g: int(g.mode == 'private')),
+        (core.GaugeMetricFamily, 'resident_bytes', 'Anonymous memory of '
+         'the server\'s QEMU: the guest RAM the host holds.',
+         lambda g: g.resident_bytes),
+        (core.GaugeMetricFamily, 'returned_bytes', 'Memory the server\'s '
+         'QEMU gave back since its peak (VmHWM - VmRSS).',
+         lambda g: g.returned_bytes),
+        (core.CounterMetricFamily, 'dropped_bytes', 'Base data vmar-guest '
+         'dropped from the guest\'s cache.', lambda g: g.dropped_bytes),
+        (core.CounterMetricFamily, 'switches', 'Mode changes of the guest '
+         'at run time.', lambda g: g.switches))
+    for family, name, doc, value in per:
+        m = family('vmar_guest_' + name, doc, labels=labels)
+        for g in gc.guests:
+            v = value(g)
+            if v is not None:
+                m.add_metric([g.instance, g.flavor_mode], v)
+        yield m
 
 
 def registry(service):

@@ -11,6 +11,7 @@ served at once.
 
 import contextlib
 import functools
+import grp
 import os
 import threading
 import uuid
@@ -21,6 +22,7 @@ from oslo_log import log as logging
 from vmar_openstack import exception
 from vmar_openstack.export import api
 from vmar_openstack.export import graph
+from vmar_openstack.export import guests as export_guests
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import metrics as export_metrics
 from vmar_openstack.export import prefetch
@@ -54,6 +56,7 @@ class ExportService:
         self.unrestored = 0
         # set while the daemon runs with every export it could restore
         self.ready = threading.Event()
+        self.guests = None      # export_guests.Guests, while serving
         # base id -> bytes_fetched of its mirror node when last counted
         self._fills_seen = {}
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
@@ -497,11 +500,16 @@ class ExportService:
         # nobody takes the lock files of before the host API any more
         self.files.drop_old_locks()
         fileutils.unlink(os.path.join(self.host_dir, export_state.OLD_LOCK))
+        group = self.conf.vmar_host.export_socket_group
+        self.guests = export_guests.start(
+            self.conf, grp.getgrnam(group).gr_gid if group else None)
         server = api.ApiServer(self).start()
         try:
             supervisor.Supervisor(self).serve(stop_event, max_backoff)
         finally:
             server.stop()
+            if self.guests:
+                self.guests.stop()
             if reporter:
                 reporter.stop()
 

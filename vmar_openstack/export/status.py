@@ -8,6 +8,8 @@ that read it. Per export: its holders, whether the daemon serves it, and
 its read counters (the vmar driver's, since the daemon started), the base
 files copied whole for it, the bytes fetched of the bases it reads, and
 whether its prefetch or its fill (:mod:`.prefetch`) is still queued.
+Per guest-private or auto server (:mod:`.guests`): the mode its guest
+runs in, what the host asks of it, and the memory it gave back.
 """
 
 import dataclasses
@@ -56,6 +58,7 @@ class HostStatus:
     bases: list
     exports: list
     fetched: object            # export.state.Fetched
+    guest_cache: object        # export.guests.GuestCacheStatus, or None
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -109,4 +112,5 @@ def collect(service):
             sorted(e.name for e in readers),
             sorted({h for e in readers for h in e.holders})))
     return HostStatus(service.socket, counters is not None, bases, out,
-                      fetched)
+                      fetched, service.guests.snapshot()
+                      if service.guests else None)

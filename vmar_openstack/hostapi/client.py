@@ -39,13 +39,23 @@ class Client:
     def __init__(self, path, timeout=360):
         self.path = path
         self.timeout = timeout
-        self._nbd_socket = None
+        self._hello = None
 
     def nbd_socket(self):
         """The daemon's NBD socket (``hello``, asked once per client)."""
-        if self._nbd_socket is None:
-            self._nbd_socket = self.hello()['nbd_socket']
-        return self._nbd_socket
+        return self._hello_once()['nbd_socket']
+
+    def guest_channel_dir(self):
+        """Where QEMU binds guest channels (``hello``); None: no channels.
+
+        None too from a daemon of before the channels.
+        """
+        return self._hello_once().get('guest_channel_dir')
+
+    def _hello_once(self):
+        if self._hello is None:
+            self._hello = self.hello()
+        return self._hello
 
     @classmethod
     def from_host_conf(cls, conf):

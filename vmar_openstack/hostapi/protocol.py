@@ -18,7 +18,8 @@ Operations of version 1 (:data:`OPS`; doc/source/design.rst has their
 arguments and replies):
 
 ``hello``
-    versions spoken, the daemon's pid, the NBD socket.
+    versions spoken, the daemon's pid, the NBD socket, the directory of
+    the guests' channels (None while they are off).
 ``add``
     export a map version of an image for a holder (a reference); returns
     once the export is served, with its NBD URI.

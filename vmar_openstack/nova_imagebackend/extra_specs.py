@@ -68,9 +68,11 @@ EXTRA_SPEC_VALIDATORS = [
             'their private data (files written since boot) in their page '
             'cache and drops base data, which the host caches once; the '
             'server gets a virtio balloon with free page reporting, so the '
-            'memory goes back to the host. ``default`` (default) leaves '
+            'memory goes back to the host. ``auto`` lets the host switch '
+            'between the two while the server runs: guest-private while '
+            'host memory is under pressure. ``default`` (default) leaves '
             'the guest\'s page cache alone.'),
-        value={'type': str, 'enum': ['private', 'default'],
+        value={'type': str, 'enum': list(names.GUEST_CACHE),
                'description': 'The guest cache policy.'},
     ),
 ]

@@ -1,19 +1,26 @@
-"""The host side of ``vmar:guest_cache=private`` (guest-private caching).
+"""The host side of ``vmar:guest_cache=private`` and ``=auto``.
 
-VMAR's second cache mode: the host caches base data once
-(host-cache-for-base), and each guest caches only its private data. The
-guest side is a component inside the guest; on the host, a guest-private
-server gets:
+VMAR's second cache mode (guest-private caching): the host caches base
+data once (host-cache-for-base), and each guest caches only its private
+data. The guest side is a component inside the guest; on the host, a
+guest-private server, and an ``auto`` one (the host switches it between
+guest-private and the guest's own caching while it runs), gets:
 
 * a virtio memory balloon with free page reporting on, so the memory the
   guest frees (the base data it drops) goes back to the host. Nova adds one
   only while ``[libvirt] mem_stats_period_seconds`` is above 0, and a
-  ``model='none'`` balloon otherwise; a guest-private server always gets a
-  virtio one;
-* the SMBIOS OEM string ``vmar:guest_cache=private`` (type 11, in the
-  domain's ``<sysinfo>``): the guest component, ``vmar-guest``, reads it
-  and does nothing on a server without it, so images can carry it whatever
-  flavor boots them;
+  ``model='none'`` balloon otherwise; such a server always gets a virtio
+  one;
+* the SMBIOS OEM strings ``vmar:guest_cache=private`` (or ``=auto``), and
+  ``vmar:guest_reporting_order=N`` when ``[vmar_compute]
+  guest_reporting_order`` is set (type 11, in the domain's ``<sysinfo>``):
+  the guest component, ``vmar-guest``, reads them and does nothing on a
+  server without the first, so images can carry it whatever flavor boots
+  them;
+* a virtio-serial channel (``<channel type='unix'>``, port
+  :data:`vmar_openstack.names.GUEST_CHANNEL_PORT`) whose socket QEMU binds
+  in the export daemon's channel directory: the daemon tells the guest its
+  mode over it and reads its status (:mod:`vmar_openstack.export.guests`);
 * a warning in the compute log when the image does not say it carries
   the component (image property :data:`IMAGE_PROPERTY`): the guest then
   keeps its cache as before, unless user-data delivered the component
@@ -23,15 +30,21 @@ server gets:
   classes like the rest of the domain.
 """
 
+import os
+
 from lxml import etree
 from nova.virt.libvirt import config as vconfig
 from oslo_log import log as logging
 
+from vmar_openstack import names
+
 NAMESPACE = 'https://opendev.org/x/vmar-openstack/guest/1.0'
-PRIVATE, DEFAULT = 'private', 'default'
-MODES = (PRIVATE, DEFAULT)
-# What the guest component looks for (guest/vmar-guest.c: OEM_KEY)
-OEM_STRING = 'vmar:guest_cache=' + PRIVATE
+DEFAULT, PRIVATE, AUTO = names.GUEST_CACHE
+MODES = names.GUEST_CACHE
+# What the guest component looks for (guest/vmar-guest.c: OEM_KEY and
+# OEM_ORDER)
+OEM_KEY = 'vmar:guest_cache='
+OEM_ORDER = 'vmar:guest_reporting_order='
 # The image property that says an image carries vmar-guest ('1'), and how
 # Nova keeps image properties in an instance's system metadata
 IMAGE_PROPERTY = 'vmar_guest'
@@ -68,11 +81,12 @@ class VmarGuestMetadata(vconfig.LibvirtConfigObject):
         self.guest_cache = None
         self.free_page_reporting = None
         self.guest_component = None
+        self.channel = None
 
     def format_dom(self):
         root = super().format_dom()
         for name in ('host_cache', 'guest_cache', 'free_page_reporting',
-                     'guest_component'):
+                     'guest_component', 'channel'):
             value = getattr(self, name)
             if value is not None:
                 root.append(self._text_node(name.replace('_', '-'),
@@ -92,21 +106,32 @@ def image_carries_component(instance):
     return (instance.system_metadata or {}).get(_SYSMETA_KEY) == '1'
 
 
-def apply(guest, policy, instance):
+def apply(guest, policy, instance, channel_dir=None, reporting_order=None):
     """Give a guest config (LibvirtConfigGuest) what ``policy`` asks.
 
-    ``policy`` is the flavor's (:func:`..image.flavor_policy`). Returns the
-    metadata record added.
+    ``policy`` is the flavor's (:func:`..image.flavor_policy`);
+    ``channel_dir`` the export daemon's channel directory (None: it has
+    none, and an ``auto`` server stays in its own caching);
+    ``reporting_order`` ``[vmar_compute] guest_reporting_order``. Returns
+    the metadata record added.
     """
-    private = policy.get('guest_cache') == PRIVATE
+    mode = policy.get('guest_cache', DEFAULT)
+    dropping = mode in (PRIVATE, AUTO)
     carries = image_carries_component(instance)
-    if private and not carries:
-        LOG.warning('Instance %s is guest-private but its image %s does not '
+    if dropping and not carries:
+        LOG.warning('Instance %s is guest-%s but its image %s does not '
                     'carry vmar-guest (image property %s=1): the guest '
                     'keeps base data in its cache unless its user-data '
                     'installs the component (vmar-guest-userdata).',
-                    instance.uuid, instance.image_ref, IMAGE_PROPERTY)
-    if private:
+                    instance.uuid, mode, instance.image_ref, IMAGE_PROPERTY)
+    if dropping and channel_dir is None:
+        LOG.warning('Instance %s is guest-%s but the export daemon has no '
+                    'guest channels ([vmar_guest_cache] interval = 0, or a '
+                    'daemon of before them): %s', instance.uuid, mode,
+                    'it stays in its own caching' if mode == AUTO else
+                    'nobody sees its status')
+    meta = VmarGuestMetadata()
+    if dropping:
         balloon = _balloon(guest)
         if balloon is None:
             balloon = vconfig.LibvirtConfigMemoryBalloon()
@@ -116,15 +141,23 @@ def apply(guest, policy, instance):
         # [libvirt] mem_stats_period_seconds is 0
         balloon.model = 'virtio'
         sysinfo = VmarSysinfo(guest.sysinfo)
-        sysinfo.oem_strings.append(OEM_STRING)
+        sysinfo.oem_strings.append(OEM_KEY + mode)
+        if reporting_order is not None:
+            sysinfo.oem_strings.append(OEM_ORDER + str(reporting_order))
         guest.sysinfo = sysinfo
         if guest.os_smbios is None:
             guest.os_smbios = vconfig.LibvirtConfigGuestSMBIOS()
-    meta = VmarGuestMetadata()
-    meta.host_cache = policy.get('host_cache')
-    meta.guest_cache = policy.get('guest_cache', DEFAULT)
-    meta.free_page_reporting = 'on' if private else None
-    if private:
+        if channel_dir is not None:
+            channel = vconfig.LibvirtConfigGuestChannel()
+            channel.type = 'unix'
+            channel.source_path = os.path.join(
+                channel_dir, names.guest_channel(instance.uuid, mode))
+            channel.target_name = names.GUEST_CHANNEL_PORT
+            guest.add_device(channel)
+            meta.channel = channel.source_path
+        meta.free_page_reporting = 'on'
         meta.guest_component = 'image' if carries else 'unknown'
+    meta.host_cache = policy.get('host_cache')
+    meta.guest_cache = mode
     guest.metadata.append(meta)
     return meta

@@ -1,0 +1,286 @@
+"""The export daemon's guest channels and the auto policy (export/guests.py).
+
+The guests' side here is a unix socket server in the test that speaks
+vmar-guest's line protocol (a test double of QEMU's chardev and the guest
+behind it); tests/functional/test_guest_channel.py runs the real QEMU and
+the real vmar-guest in a guest.
+"""
+
+import os
+import socket
+import threading
+import uuid
+
+import fixtures
+from oslo_config import fixture as config_fixture
+import testtools
+
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.export import guests
+from vmar_openstack import names
+
+STATUS = ('mode=%s passes=3 tracked=2 events=9 closes=4 walks=1 '
+          'walked_files=7 drops=5 close_drops=4 dropped_bytes=%d '
+          'mincores=9 syscalls=99 table_full=0 compactions=0 switches=%d '
+          'reporting_order=0 mem_free_kb=1000 cpu_user_s=0.010000 '
+          'cpu_sys_s=0.020000\n')
+
+
+class TestPolicy(testtools.TestCase):
+
+    def policy(self, **kw):
+        args = dict(high=10.0, low=1.0, min_available=0, calm=60)
+        args.update(kw)
+        return guests.Policy(**args)
+
+    def test_pressure_turns_auto_private_and_calm_turns_it_back(self):
+        p = self.policy()
+        self.assertEqual('default', p.decide(guests.Sample(5.0, None), 0))
+        self.assertEqual('private', p.decide(guests.Sample(10.0, None), 5))
+        # between the thresholds: no change either way
+        self.assertEqual('private', p.decide(guests.Sample(5.0, None), 10))
+        self.assertEqual('private', p.decide(guests.Sample(0.5, None), 15))
+        self.assertEqual('private', p.decide(guests.Sample(0.5, None), 74))
+        self.assertEqual('default', p.decide(guests.Sample(0.5, None), 75))
+        self.assertEqual(75, p.changed_at)
+
+    def test_a_spike_during_the_calm_starts_it_again(self):
+        p = self.policy()
+        p.decide(guests.Sample(20.0, None), 0)
+        p.decide(guests.Sample(0.0, None), 10)
+        p.decide(guests.Sample(3.0, None), 50)       # not calm, not pressed
+        p.decide(guests.Sample(0.0, None), 60)
+        self.assertEqual('private', p.decide(guests.Sample(0.0, None), 119))
+        self.assertEqual('default', p.decide(guests.Sample(0.0, None), 120))
+
+    def test_no_calm_period_leaves_at_once(self):
+        p = self.policy(calm=0)
+        p.decide(guests.Sample(20.0, None), 0)
+        self.assertEqual('default', p.decide(guests.Sample(0.0, None), 1))
+
+    def test_the_watermark_acts_without_stalls(self):
+        p = self.policy(min_available=100 << 20)
+        self.assertEqual('private',
+                         p.decide(guests.Sample(0.0, 50 << 20), 0))
+        self.assertEqual('private',
+                         p.decide(guests.Sample(0.0, 50 << 20), 500))
+        p.decide(guests.Sample(0.0, 200 << 20), 501)
+        self.assertEqual('default',
+                         p.decide(guests.Sample(0.0, 200 << 20), 561))
+
+    def test_an_unreadable_pressure_is_no_pressure(self):
+        p = self.policy()
+        self.assertEqual('default', p.decide(guests.Sample(None, None), 0))
+
+
+class TestReaders(testtools.TestCase):
+
+    def write(self, text):
+        path = os.path.join(self.useFixture(fixtures.TempDir()).path, 'f')
+        with open(path, 'w') as f:
+            f.write(text)
+        return path
+
+    def test_psi(self):
+        self.assertEqual(12.5, guests.read_psi(self.write(
+            'some avg10=12.50 avg60=3.00 avg300=1.00 total=99\n'
+            'full avg10=1.00 avg60=0.00 avg300=0.00 total=9\n')))
+
+    def test_psi_missing_or_garbled(self):
+        self.assertIsNone(guests.read_psi('/nonexistent/pressure'))
+        self.assertIsNone(guests.read_psi(self.write('some avg60=1\n')))
+
+    def test_the_hosts_psi_reads(self):
+        if not os.path.exists('/proc/pressure/memory'):
+            self.skipTest('this kernel has no PSI')
+        self.assertIsInstance(guests.read_psi('/proc/pressure/memory'),
+                              float)
+
+    def test_meminfo(self):
+        self.assertEqual(2048 * 1024, guests.read_meminfo(self.write(
+            'MemTotal: 9999 kB\nMemAvailable:     2048 kB\n')))
+        self.assertIsNone(guests.read_meminfo(self.write('MemTotal: 1 kB\n')))
+
+
+class FakeGuest:
+    """A guest's channel as QEMU serves it: one client at a time.
+
+    What the daemon writes is recorded; status lines go back on request.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.lines = []
+        self.conn = None
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(1)
+        self.got = threading.Event()
+        self.connected = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        try:
+            conn, _ = self.server.accept()
+        except OSError:                 # closed before the daemon came
+            return
+        self.conn = conn
+        self.connected.set()
+        buf = b''
+        while True:
+            data = conn.recv(4096)
+            if not data:
+                return
+            buf += data
+            *lines, buf = buf.split(b'\n')
+            self.lines += [x.decode() for x in lines]
+            self.got.set()
+
+    def say(self, mode, dropped=0, switches=0):
+        assert self.connected.wait(5), 'the daemon never connected'
+        self.conn.sendall((STATUS % (mode, dropped, switches)).encode())
+
+    def close(self):
+        if self.conn:
+            self.conn.close()
+        self.server.close()
+
+
+class TestGuests(testtools.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.dir = self.useFixture(fixtures.TempDir()).path
+        self.psi = os.path.join(self.dir, 'pressure')
+        self.pressure(0.0)
+        self.conf = self.useFixture(config_fixture.Config(vmar_conf.CONF))
+        self.conf.config(channel_dir=os.path.join(self.dir, 'guests'),
+                         pressure_file=self.psi, calm_seconds=30,
+                         group='vmar_guest_cache')
+        self.guests = guests.Guests(vmar_conf.CONF)
+        self.guests.prepare()
+        self.addCleanup(self.guests.stop)
+
+    def pressure(self, avg10):
+        # a PSI file of the test's own: the policy above is what reads it
+        with open(self.psi, 'w') as f:
+            f.write('some avg10=%.2f avg60=0.00 avg300=0.00 total=1\n'
+                    % avg10)
+
+    def guest(self, mode):
+        inst = str(uuid.uuid4())
+        g = FakeGuest(os.path.join(self.guests.dir,
+                                   names.guest_channel(inst, mode)))
+        self.addCleanup(g.close)
+        return inst, g
+
+    def wait_line(self, g, n):
+        for _ in range(100):
+            if len(g.lines) >= n:
+                return
+            g.got.wait(0.05)
+            g.got.clear()
+        self.fail('no line %d from the daemon: %s' % (n, g.lines))
+
+    def test_the_directory_is_for_qemus_group(self):
+        st = os.stat(self.guests.dir)
+        self.assertEqual(0o2770, st.st_mode & 0o7777)
+
+    def test_auto_follows_the_pressure_private_always_private(self):
+        auto, ga = self.guest('auto')
+        private, gp = self.guest('private')
+        self.guests.step(now=0)
+        self.wait_line(gp, 1)
+        self.wait_line(ga, 1)
+        # each is told its mode when the daemon connects
+        self.assertEqual(['mode=private'], gp.lines)
+        self.assertEqual(['mode=default'], ga.lines)
+        ga.say('default')
+        gp.say('private', dropped=1 << 20)
+        self.pressure(50.0)
+        for _ in range(50):
+            self.guests.step(now=1)
+            if len(ga.lines) > 1:
+                break
+            ga.got.wait(0.05)
+        self.assertEqual(['mode=default', 'mode=private'], ga.lines)
+        ga.say('private', switches=1)
+        self.pressure(0.0)
+        self.guests.step(now=20)                     # the calm starts
+        self.guests.step(now=49)                     # not long enough
+        self.assertEqual(2, len(ga.lines))
+        self.guests.step(now=50)
+        self.wait_line(ga, 3)
+        self.assertEqual(['mode=default', 'mode=private', 'mode=default'],
+                         ga.lines)
+        # the private one said it runs private: it is not asked again
+        self.assertEqual(['mode=private'], gp.lines)
+        st = {g.instance: g for g in self.guests.snapshot().guests}
+        self.assertEqual(('auto', 'private', 'default', 1),
+                         (st[auto].flavor_mode, st[auto].mode,
+                          st[auto].wanted, st[auto].switches))
+        self.assertEqual(('private', 'private', 1 << 20),
+                         (st[private].flavor_mode, st[private].mode,
+                          st[private].dropped_bytes))
+        # the peer is this process: its memory is what the view reads
+        self.assertEqual(os.getpid(), st[private].qemu_pid)
+        self.assertGreater(st[private].resident_bytes, 0)
+        self.assertGreaterEqual(st[private].returned_bytes, 0)
+
+    def test_a_guest_that_did_not_answer_is_asked_again_later(self):
+        _inst, g = self.guest('private')
+        self.guests.step(now=0)
+        self.wait_line(g, 1)
+        self.guests.step(now=guests.RESEND - 1)
+        self.guests.step(now=guests.RESEND)
+        self.wait_line(g, 2)
+        self.assertEqual(['mode=private'] * 2, g.lines)
+
+    def test_a_gone_qemu_drops_its_channel(self):
+        _inst, g = self.guest('private')
+        self.guests.step(now=0)
+        self.assertEqual(1, len(self.guests.snapshot().guests))
+        g.close()
+        os.unlink(g.path)
+        self.guests.step(now=1)
+        self.assertEqual([], self.guests.snapshot().guests)
+
+    def test_a_stale_socket_is_removed_once_old(self):
+        path = os.path.join(self.guests.dir, names.guest_channel(
+            str(uuid.uuid4()), 'auto'))
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(path)
+        s.close()                       # nobody listens: QEMU is gone
+        self.guests.step(now=0)
+        self.assertTrue(os.path.exists(path))     # QEMU may be starting
+        old = os.stat(path).st_mtime - guests.STALE - 1
+        os.utime(path, (old, old), follow_symlinks=False)
+        self.guests.step(now=1)
+        self.assertFalse(os.path.exists(path))
+
+    def test_other_files_are_left_alone(self):
+        other = os.path.join(self.guests.dir, 'notes.txt')
+        open(other, 'w').close()
+        self.guests.step(now=0)
+        self.assertTrue(os.path.exists(other))
+        self.assertEqual([], self.guests.snapshot().guests)
+
+    def test_thresholds_that_cannot_work_are_refused(self):
+        self.conf.config(pressure_low=20.0, pressure_high=10.0,
+                         group='vmar_guest_cache')
+        self.assertRaises(ValueError, guests.Guests, vmar_conf.CONF)
+
+
+class TestNames(testtools.TestCase):
+
+    def test_round_trip(self):
+        inst = str(uuid.uuid4())
+        for mode in ('private', 'auto'):
+            self.assertEqual((inst, mode), names.parse_guest_channel(
+                names.guest_channel(inst, mode)))
+
+    def test_refused(self):
+        self.assertRaises(ValueError, names.guest_channel,
+                          str(uuid.uuid4()), 'default')
+        self.assertRaises(ValueError, names.guest_channel, 'x', 'auto')
+        self.assertIsNone(names.parse_guest_channel('x.auto.sock'))

@@ -1,0 +1,369 @@
+"""Guest-private caching from the host: the guests' channels, and the
+mode of ``vmar:guest_cache=auto`` servers.
+
+Every guest-private (``private``) and ``auto`` server has a virtio-serial
+channel to its guest component, vmar-guest: QEMU listens on a unix socket
+in ``[vmar_guest_cache] channel_dir`` named after the server and its
+flavor's mode (:func:`vmar_openstack.names.guest_channel`), and the export
+daemon connects to it. Over it:
+
+* the host writes ``mode=private`` or ``mode=default`` lines; vmar-guest
+  starts or stops dropping base data at once, without a restart;
+* vmar-guest writes its status line after each pass
+  (:mod:`vmar_openstack.guest.status`): the mode it runs in and its
+  counters.
+
+The host chooses the mode of ``auto`` servers from its memory pressure
+(:class:`Policy`): guest-private while PSI ``memory.some`` (avg10) is at
+or over ``pressure_high``, or MemAvailable under ``min_available_mb``;
+back to the guests' own caching once the pressure stayed under
+``pressure_low`` for ``calm_seconds``. All auto servers of a host follow
+one decision: the pressure is the host's. ``private`` servers are always
+told ``private``.
+
+What the host sees of each server comes from the QEMU at the other end of
+its socket (``SO_PEERCRED``): its anonymous memory (``RssAnon``, the
+guest's RAM the host holds) and what the guest gave back since its peak
+(``VmHWM - VmRSS``: free page reporting discards pages, which lowers the
+resident set and not the high-water mark).
+"""
+
+import collections
+import dataclasses
+import os
+import socket
+import struct
+import threading
+import time
+
+from oslo_log import log as logging
+
+from vmar_openstack.guest import status as guest_status
+from vmar_openstack import names
+
+LOG = logging.getLogger(__name__)
+
+PRIVATE, DEFAULT = guest_status.MODES
+RESEND = 30             # seconds before telling a guest its mode again
+STALE = 60              # seconds a refused socket may stay: QEMU starting
+_UCRED = struct.Struct('3i')    # pid, uid, gid
+
+Sample = collections.namedtuple('Sample', 'some_avg10 available')
+
+
+def read_psi(path):
+    """``some avg10`` of a PSI file, in percent; None if unreadable."""
+    try:
+        with open(path) as f:
+            for line in f:
+                words = line.split()
+                if words and words[0] == 'some':
+                    return float(dict(w.split('=', 1)
+                                      for w in words[1:])['avg10'])
+    except (OSError, KeyError, ValueError):
+        pass
+    return None
+
+
+def read_meminfo(path='/proc/meminfo', key='MemAvailable'):
+    """A /proc/meminfo (or /proc/<pid>/status) field in bytes; None."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ':'):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class Policy:
+    """When the host turns its auto servers guest-private.
+
+    Hysteresis between two thresholds and a calm period, so that the mode
+    does not flip at every sample: a guest back in its own caching fills
+    its cache with base data again, which is what raised the pressure.
+    """
+
+    def __init__(self, high, low, min_available, calm):
+        self.high, self.low = high, low
+        self.min_available, self.calm = min_available, calm
+        self.mode = DEFAULT
+        self.calm_since = None
+        self.changed_at = None
+
+    def pressed(self, sample):
+        return ((sample.some_avg10 is not None and
+                 sample.some_avg10 >= self.high) or
+                (self.min_available > 0 and sample.available is not None and
+                 sample.available < self.min_available))
+
+    def calm_now(self, sample):
+        return ((sample.some_avg10 is None or sample.some_avg10 < self.low)
+                and not (self.min_available > 0 and
+                         sample.available is not None and
+                         sample.available < self.min_available))
+
+    def decide(self, sample, now):
+        """The mode auto servers should run in, given this sample."""
+        if self.pressed(sample):
+            self.calm_since = None
+            self._set(PRIVATE, now, sample)
+        elif self.mode == PRIVATE:
+            if not self.calm_now(sample):
+                self.calm_since = None
+            else:
+                if self.calm_since is None:
+                    self.calm_since = now
+                if now - self.calm_since >= self.calm:
+                    self._set(DEFAULT, now, sample)
+        return self.mode
+
+    def _set(self, mode, now, sample):
+        if mode != self.mode:
+            LOG.info('auto servers go %s: memory pressure %s %%, '
+                     'MemAvailable %s MiB', mode, sample.some_avg10,
+                     None if sample.available is None
+                     else sample.available >> 20)
+            self.mode = mode
+            self.changed_at = now
+
+
+@dataclasses.dataclass
+class GuestStatus:
+    instance: str
+    flavor_mode: str           # private or auto
+    connected: bool
+    mode: object               # what the guest last said it runs in
+    wanted: object             # what the host asks of it
+    heard_ago: object          # seconds since its last status line
+    qemu_pid: object
+    resident_bytes: object     # RssAnon of its QEMU
+    returned_bytes: object     # VmHWM - VmRSS of its QEMU
+    dropped_bytes: int         # by vmar-guest, cumulative
+    switches: int              # of its mode, at run time
+    reporting_order: object
+    guest_cpu_s: float         # vmar-guest's
+
+
+@dataclasses.dataclass
+class GuestCacheStatus:
+    auto_mode: str             # what the policy says for auto servers now
+    some_avg10: object
+    available_bytes: object
+    guests: list
+
+
+class Channel:
+    """The daemon's end of one server's channel."""
+
+    def __init__(self, path, channel):
+        self.path = path
+        self.instance, self.flavor_mode = channel
+        self.sock = None
+        self.pid = None
+        self.buf = b''
+        self.status = guest_status.parse('')
+        self.mode = None
+        self.heard_at = None
+        self.wanted = None
+        self.sent_mode = self.sent_at = None
+
+    def connect(self):
+        """Connect to QEMU; False if nobody listens."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(1)
+        try:
+            s.connect(self.path)
+        except OSError:
+            s.close()
+            return False
+        s.setblocking(False)
+        self.pid = _UCRED.unpack(s.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[0]
+        self.sock = s
+        self.sent_mode = self.sent_at = None
+        LOG.info('guest channel of %s (%s) connected, QEMU pid %d',
+                 self.instance, self.flavor_mode, self.pid)
+        return True
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def read(self, now):
+        """Take the status lines the guest sent; False once QEMU is gone."""
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b''
+            if not data:
+                self.close()
+                return False
+            self.buf += data
+        *lines, self.buf = self.buf.split(b'\n')
+        self.buf = self.buf[-4096:]
+        for line in lines:
+            text = line.decode('ascii', 'replace')
+            mode = guest_status.mode(text)
+            if mode is not None:
+                self.mode = mode
+                self.status = guest_status.parse(text)
+                self.heard_at = now
+        return True
+
+    def tell(self, wanted, now):
+        """Ask the guest for ``wanted`` unless it runs in it already.
+
+        A guest that has not answered is asked again after RESEND
+        seconds (its vmar-guest may have started after the first word).
+        """
+        self.wanted = wanted
+        if self.mode == wanted:
+            return
+        if (self.sent_mode == wanted and self.sent_at is not None and
+                now - self.sent_at < RESEND):
+            return
+        try:
+            self.sock.send(('mode=%s\n' % wanted).encode())
+        except OSError as e:
+            LOG.warning('guest channel of %s: %s', self.instance, e)
+            self.close()
+            return
+        self.sent_mode, self.sent_at = wanted, now
+        LOG.info('asked the guest of %s (%s) for %s caching',
+                 self.instance, self.flavor_mode, wanted)
+
+    def view(self, now):
+        status = '/proc/%d/status' % self.pid if self.pid else None
+        rss = read_meminfo(status, 'VmRSS') if status else None
+        hwm = read_meminfo(status, 'VmHWM') if status else None
+        return GuestStatus(
+            self.instance, self.flavor_mode, self.sock is not None,
+            self.mode, self.wanted,
+            None if self.heard_at is None else round(now - self.heard_at, 1),
+            self.pid,
+            read_meminfo(status, 'RssAnon') if status else None,
+            hwm - rss if rss is not None and hwm is not None else None,
+            int(self.status['dropped_bytes']), int(self.status['switches']),
+            int(self.status['reporting_order']) if self.mode else None,
+            guest_status.cpu_seconds(self.status))
+
+
+class Guests:
+    """The daemon's guest channels and auto policy: one step per interval."""
+
+    def __init__(self, conf):
+        g = conf.vmar_guest_cache
+        if g.pressure_low > g.pressure_high:
+            raise ValueError('[vmar_guest_cache] pressure_low (%s) is above '
+                             'pressure_high (%s)' % (g.pressure_low,
+                                                     g.pressure_high))
+        self.dir = g.channel_dir
+        self.interval = g.interval
+        self.pressure_file = g.pressure_file
+        self.policy = Policy(g.pressure_high, g.pressure_low,
+                             g.min_available_mb << 20, g.calm_seconds)
+        self.channels = {}
+        self.sample = Sample(None, None)
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread = None
+
+    def prepare(self, gid=None):
+        """Create the channel directory QEMU binds its sockets in."""
+        os.makedirs(self.dir, exist_ok=True)
+        if gid is not None:
+            os.chown(self.dir, -1, gid)
+        os.chmod(self.dir, 0o2770)
+
+    def step(self, now=None):
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            self.sample = Sample(read_psi(self.pressure_file),
+                                 read_meminfo())
+            auto = self.policy.decide(self.sample, now)
+            self._scan(now)
+            for ch in list(self.channels.values()):
+                if ch.sock is None and not ch.connect():
+                    continue
+                if not ch.read(now):
+                    continue
+                ch.tell(PRIVATE if ch.flavor_mode == PRIVATE else auto, now)
+
+    def _scan(self, now):
+        try:
+            entries = os.listdir(self.dir)
+        except FileNotFoundError:
+            entries = []
+        found = {}
+        for name in entries:
+            channel = names.parse_guest_channel(name)
+            if channel is not None:
+                found[os.path.join(self.dir, name)] = channel
+        for path in set(self.channels) - set(found):
+            self.channels.pop(path).close()
+        for path, channel in found.items():
+            if path in self.channels:
+                continue
+            ch = Channel(path, channel)
+            if not ch.connect():
+                self._stale(path)
+                continue
+            self.channels[path] = ch
+
+    def _stale(self, path):
+        """Remove a socket nobody listens on, once it is old.
+
+        Its QEMU is gone; a QEMU that is starting binds it first.
+        """
+        try:
+            if time.time() - os.lstat(path).st_mtime > STALE:
+                os.unlink(path)
+                LOG.info('removed the stale guest channel %s', path)
+        except FileNotFoundError:
+            pass
+
+    def snapshot(self):
+        now = time.monotonic()
+        with self.lock:
+            return GuestCacheStatus(
+                self.policy.mode, self.sample.some_avg10,
+                self.sample.available,
+                sorted((ch.view(now) for ch in self.channels.values()),
+                       key=lambda g: g.instance))
+
+    def start(self, gid=None):
+        self.prepare(gid)
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name='vmar-guests')
+        self.thread.start()
+        return self
+
+    def _run(self):
+        while not self.stopping.is_set():
+            try:
+                self.step()
+            except Exception:
+                LOG.exception('guest channels: step failed')
+            self.stopping.wait(self.interval)
+
+    def stop(self):
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join()
+        with self.lock:
+            for ch in self.channels.values():
+                ch.close()
+            self.channels.clear()
+
+
+def start(conf, gid=None):
+    """Start the daemon's guest channels, or None if they are off."""
+    if not conf.vmar_guest_cache.interval:
+        return None
+    return Guests(conf).start(gid)
