@@ -44,7 +44,7 @@ replaying ``qemu-io`` and the stock downloads; not the store, which is
 remote). They run in one memory cgroup whose ``memory.limit_in_bytes``
 (cgroup v1: this machine binds the memory controller there, not to the
 unified hierarchy's ``memory.max``) follows the level plus the group's
-own memory (``bench/memcg.py``), so 30 readers' heaps take no budget.
+own memory (``tools/memcg.py``), so 30 readers' heaps take no budget.
 
 Metrics per configuration and point: seconds from a server's arrival to
 its ``VMAR-BOOTED`` (mean, p95), bytes read from the store, the peak
@@ -85,10 +85,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 
 import bench_coldhost  # noqa: E402
-import memcg  # noqa: E402
 import report_boot  # noqa: E402
 
 from tools import boot_image  # noqa: E402
+from tools import memcg  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
 from vmar_openstack import exception  # noqa: E402
 from vmar_openstack import export  # noqa: E402

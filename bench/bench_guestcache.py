@@ -20,6 +20,11 @@ I       VMAR host-cache-for-base: overlay cache=none on the vmar export;
         the export daemon caches base data once for all images
 P+I     I with vmar:guest_cache=private: a virtio balloon with free page
         reporting and the SMBIOS OEM string that starts vmar-guest
+A       I with vmar:guest_cache=auto: P+I's balloon, the OEM string of
+        auto and the guest channel; the export daemon's guest channels
+        (vmar_openstack.export.guests, its defaults) decide each guest's
+        mode from the host's memory pressure and the guest's own while
+        it runs, and each window records the modes they chose
 
 Reports per configuration and budget: read throughput per guest (MB/s,
 mean of the guests, from loops that ran wholly inside the measuring
@@ -70,22 +75,26 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 import bench_export  # noqa: E402
 import blkcg  # noqa: E402
-import memcg  # noqa: E402
 
 from vmar_openstack import export  # noqa: E402
+from vmar_openstack.export import guests as export_guests  # noqa: E402
 from vmar_openstack.export import supervisor  # noqa: E402
 from vmar_openstack.guest import status as guest_status  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
+from vmar_openstack import names  # noqa: E402
 from vmar_openstack import pagecache  # noqa: E402
+
+from tools import memcg  # noqa: E402
 
 QEMU = '/usr/bin/qemu-system-x86_64'
 QEMU_IMG = '/usr/bin/qemu-img'
 CGROUP = 'vmar-bench-guestcache'    # under memcg.ROOT
 IMAGES = ('minbase', 'python3', 'nginx', 'postgresql', 'apache2',
           'mariadb')
-CONFIGS = ('ON+ON', 'ON+OFF', 'I', 'P+I')
+CONFIGS = ('ON+ON', 'ON+OFF', 'I', 'P+I', 'A')
 LOOP = re.compile(r'VMAR-WORKLOAD-LOOP (\d+) (\d+) (\d+)'
                   r'(?: private_cached=(\d+))?')
 # vmar-guest's CPU on a loop line; a kernel message printed into the
@@ -122,7 +131,7 @@ class Guest:
     """One QEMU (TCG) on a qcow2 overlay, its console in a file."""
 
     def __init__(self, work, name, backing, cache, private, args, seconds,
-                 variant=None):
+                 variant=None, channel=None):
         self.name = name
         self.console = os.path.join(work, name + '.console')
         self.overlay = os.path.join(work, name + '.qcow2')
@@ -140,13 +149,23 @@ class Guest:
                'rerror=stop,werror=stop' % (self.overlay, cache)]
         if private:
             oem, balloon = VARIANTS[variant or 'order0']
-            for value in ('vmar:guest_cache=private',) + oem:
+            mode = 'auto' if channel else 'private'
+            for value in ('vmar:guest_cache=' + mode,) + oem:
                 cmd += ['-smbios', 'type=11,value=%s' % value]
             if 'iothread' in balloon:
                 cmd += ['-object', 'iothread,id=balloon-io']
             cmd += ['-device', 'virtio-balloon-pci,free-page-reporting=on'
                     + balloon]
+        if channel:
+            # as Nova's vmar backend builds an auto server
+            cmd += ['-chardev', 'socket,id=vmar,path=%s,server=on,wait=off'
+                    % channel, '-device', 'virtio-serial-pci',
+                    '-device', 'virtserialport,chardev=vmar,name=%s'
+                    % names.GUEST_CHANNEL_PORT]
         self.log = os.path.join(work, name + '.stderr')
+        # a console of an earlier run of the same name must not be read
+        # before QEMU truncates it
+        open(self.console, 'w').close()
         with open(self.log, 'wb') as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL,
@@ -282,14 +301,16 @@ def private_cached_share(per, args):
 def start_guests(config, args, work, images, host_uris, seconds, guests,
                  variant=None):
     """Boot ``config``'s guests into ``guests``; the workload's length."""
-    private = config == 'P+I'
-    vmar = config in ('I', 'P+I')
+    private = config in ('P+I', 'A')
+    vmar = config in ('I', 'P+I', 'A')
     cache = 'writeback' if config == 'ON+ON' else 'none'
     for i, name in enumerate(images[:args.guests]):
         backing = host_uris[name] if vmar else args.images[name]
+        channel = os.path.join(args.channel_dir, names.guest_channel(
+            str(uuid.uuid4()), 'auto')) if config == 'A' else None
         guests.append(Guest(work, '%s-%d-%s' % (
             config.replace('+', ''), i, name), backing, cache, private,
-            args, seconds, variant))
+            args, seconds, variant, channel))
 
 
 def run_config(config, args, work, images, host_uris, anon_ref, group,
@@ -339,6 +360,13 @@ def run_config(config, args, work, images, host_uris, anon_ref, group,
                 'disk_read': disk.read_bytes() - read0[0] if disk else None,
                 'disk_requests': (disk.read_requests() - read0[1]
                                   if disk else None)}
+            if config == 'A':
+                res['budgets'][budget]['modes'] = modes = [
+                    (g.mode, g.reason, g.switches)
+                    for g in args.channels.snapshot().guests]
+                print('  %-6s budget %4d MiB: the guests ran %s' % (
+                    config, budget, ', '.join(
+                        '%s (%s, %d switches)' % m for m in modes)))
             print('  %-6s budget %4d MiB: %s MB/s per guest, private '
                   'data cached in the guest %s, guests RssAnon %4d MiB, '
                   'cgroup cache %4d MiB, disk reads %s' % (
@@ -388,8 +416,12 @@ def run_idle(config, args, work, images, host_uris, variant=None):
                 after[g.name].append(rss_anon(g.proc.pid))
         loops = {g.name: g.loops() for g in guests}
         ends = {g.name: g.end_status() for g in guests}
+        at60 = min(len(a) for a in after.values()) if args.idle_watch < 60 \
+            else 60 // 5
         res = {'peak': peak, 'after': after,
                'returned': sum(peak[n] - min(after[n]) for n in peak),
+               'returned_60s': sum(peak[n] - after[n][at60 - 1]
+                                   for n in peak),
                'returned_at_watch': sum(peak[n] - after[n][-1]
                                         for n in peak),
                'qemu_cpu_s': sum(g.cpu_seconds() for g in guests),
@@ -405,14 +437,17 @@ def run_idle(config, args, work, images, host_uris, variant=None):
                    e['compactions'] for e in ends.values() if e) or None}
         dropped = res['dropped_last_loop']
         print('  %-14s idle: guests RssAnon %d MiB at the peak, %d MiB '
-              '%d s after the workload ended: %d MiB returned%s; QEMU CPU '
-              '%.0f s, %s MB/s per guest' % (
+              '%d s after the workload ended: %d MiB returned at 60 s, %d '
+              'MiB at most%s; QEMU CPU %.0f s, %s MB/s per guest' % (
                   config + (' ' + variant if variant else ''),
                   sum(peak.values()) // MiB,
                   sum(a[-1] for a in after.values()) // MiB,
-                  args.idle_watch, res['returned'] // MiB,
-                  ' of %d MiB vmar-guest dropped in the last loop (%.0f %%)'
-                  % (dropped // MiB, 100 * res['returned'] / dropped)
+                  args.idle_watch, res['returned_60s'] // MiB,
+                  res['returned'] // MiB,
+                  ' of %d MiB vmar-guest dropped in the last loop (%.0f %% '
+                  'at 60 s; guests\' MemFree %d MiB at the end)' % (
+                      dropped // MiB, 100 * res['returned_60s'] / dropped,
+                      (res['guest_mem_free'] or 0) // MiB)
                   if dropped else '', res['qemu_cpu_s'],
                   _mbs(res['MB_s'])), flush=True)
         return res
@@ -524,6 +559,8 @@ def main():
     args.seconds = 3600 * 4             # the workload runs until stopped
 
     work = tempfile.mkdtemp(prefix='vmar-bench-guestcache-')
+    args.channel_dir = os.path.join(work, 'guests')
+    args.channels = None
     group = memcg.MemoryCgroup(CGROUP)
     group.set_limit(-1)
     group.add(os.getpid())    # children inherit it
@@ -555,6 +592,10 @@ def main():
         drop_caches()
         daemon = supervisor.Supervisor(svc).start_daemon()
         svc.restore()
+        if 'A' in configs:
+            conf.set_override('channel_dir', args.channel_dir,
+                              group='vmar_guest_cache')
+            args.channels = export_guests.Guests(conf).start()
         uris = {}
         for n in names:
             exp = svc.add(ids[n], holder='bench-' + n)
@@ -585,6 +626,8 @@ def main():
                 if variant in (None, 'order0') or 'idle' not in res:
                     res['idle'] = idle
     finally:
+        if args.channels is not None:
+            args.channels.stop()
         if daemon is not None:
             daemon.kill()
             daemon.wait()
@@ -647,17 +690,29 @@ def report(results, configs, args):
                   'to order9):')
             for v, r in variants.items():
                 d = r['dropped_last_loop']
-                print('  %-8s %5d MiB of %5s MiB (%5s), QEMU CPU %6.0f s%s,'
-                      ' %s MB/s%s, compactions %s' % (
-                          v, r['returned'] // MiB,
+                print('  %-8s %5d MiB of %5s MiB (%5s) at 60 s, QEMU CPU '
+                      '%6.0f s%s, %s MB/s%s, compactions %s' % (
+                          v, r['returned_60s'] // MiB,
                           d // MiB if d else '-',
-                          '%.0f %%' % (100 * r['returned'] / d) if d else '-',
+                          '%.0f %%' % (100 * r['returned_60s'] / d)
+                          if d else '-',
                           r['qemu_cpu_s'],
                           ' (%.2fx)' % (r['qemu_cpu_s'] / base['qemu_cpu_s'])
                           if base else '', _mbs(r['MB_s']),
                           ' (%.2fx)' % (r['MB_s'] / base['MB_s'])
                           if base and r['MB_s'] and base['MB_s'] else '',
                           r['compactions'] or 0))
+    if 'A' in results and 'P+I' in results:
+        print('A (auto) against P+I (private) at the same budget, and the '
+              'modes the guests ran in:')
+        for b in args.budgets:
+            auto = results['A']['budgets'][b]
+            priv = results['P+I']['budgets'][b]['MB_s']
+            print('%-8s %s  %s' % (
+                '%d MiB' % b, '%.2fx' % (auto['MB_s'] / priv)
+                if auto['MB_s'] and priv else '-',
+                ', '.join('%s/%s' % (m, r) for m, r, _n in
+                          auto.get('modes', ()))))
     if 'P+I' in results:
         print('vmar-guest\'s share of its guest\'s CPU over the measured '
               'loops (P+I; each guest):')

@@ -232,7 +232,7 @@ def write(results, out, report=None):
              '(not the store, which is remote). They share one memory '
              'cgroup (v1: this machine binds the memory controller there) '
              'whose `memory.limit_in_bytes` follows the level plus their '
-             'own memory (`bench/memcg.py`).',
+             'own memory (`tools/memcg.py`).',
              '- Images: %s. Traces from real TCG boots:' % ', '.join(
                  results['images']), '']
     for name, t in results['traces'].items():

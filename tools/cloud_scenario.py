@@ -31,6 +31,7 @@ import uuid
 
 from tools.cloud import config
 from tools.cloud import stack
+from tools import memcg
 from tools.vmarenv import qemu_env
 
 MARKER = re.compile(r'VMAR-BOOTED (\S+) ([0-9]+\.[0-9]+)')
@@ -38,6 +39,10 @@ BOOT_TIMEOUT = 600       # TCG, two cores, other guests booting
 FLAVOR_VMAR = 'vmar.small'
 FLAVOR_PLAIN = 'plain.small'
 FLAVOR_PRIVATE = 'vmar.private'
+FLAVOR_AUTO = 'vmar.auto'
+# what vm-p's host-side figure must reach: half the base data the probe
+# alone drops (16 MiB), which nothing in the guest refills
+RETURNED_MIN = 8 << 20
 # tools/vmar-test-probe's report on a guest-private server
 PROBE = re.compile(r'VMAR-PROBE ((?:\w+=\d+ ?)+)')
 VMAR_PREFIX = ('vmar-map-',)
@@ -291,6 +296,9 @@ class UserPath(Scenario):
         self.os.run('flavor', 'create', '--vcpus', '1', '--ram', '512',
                     '--disk', '2', '--property', 'vmar:enabled=true',
                     '--property', 'vmar:guest_cache=private', FLAVOR_PRIVATE)
+        self.os.run('flavor', 'create', '--vcpus', '1', '--ram', '512',
+                    '--disk', '2', '--property', 'vmar:enabled=true',
+                    '--property', 'vmar:guest_cache=auto', FLAVOR_AUTO)
         r = self.os.run('--os-compute-api-version', '2.86', 'flavor', 'set',
                         '--property', 'vmar:bogus=1', FLAVOR_VMAR,
                         check_rc=False)
@@ -434,7 +442,88 @@ class UserPath(Scenario):
               '%s', features)
         self.echo('  vm-p: the guest\'s balloon driver is ready with %s'
                   % ', '.join(sorted(features)))
+
+        # the host's side: what vmar-guest freed came back to the host
+        def returned():
+            g = self.guest_view('vm-p')
+            return (g and g['mode'] == 'private' and
+                    (g['returned_bytes'] or 0) >= RETURNED_MIN and g)
+        g = self.wait('vm-p\'s QEMU to give back %d MiB' % (
+            RETURNED_MIN >> 20), returned, timeout=180)
+        self.echo('  vm-p: the host got %d MiB back (QEMU anonymous memory '
+                  '%d MiB now); vmar-guest dropped %d MiB, reporting order '
+                  '%s' % (g['returned_bytes'] >> 20, g['resident_bytes'] >> 20,
+                          g['dropped_bytes'] >> 20, g['reporting_order']))
+        self.figures['guest_private_returned'] = g
         self.os.run('server', 'delete', '--wait', 'vm-p')
+
+    def export_status(self):
+        """``vmar-export status --json`` of the compute host."""
+        return json.loads(subprocess.run(
+            [self.cloud.bin('vmar-export'), '--config-file',
+             self.cloud.etc('vmar', 'vmar-export.conf'), 'status', '--json'],
+            capture_output=True, text=True, stdin=subprocess.DEVNULL,
+            timeout=120, check=True).stdout)
+
+    def guest_view(self, name):
+        """The daemon's view of a server's guest (its guest channel)."""
+        uuid_ = self.server(name)['id']
+        gc = self.export_status().get('guest_cache') or {}
+        for g in gc.get('guests', ()):
+            if g['instance'] == uuid_:
+                return g
+        return None
+
+    def guest_auto(self):
+        """An auto server turns guest-private under memory pressure, and back.
+
+        vm-auto boots minbase with vmar:guest_cache=auto: vmar-guest waits
+        on its channel in the guest's own caching. The test raises the
+        host's memory pressure for real (a reader thrashing in a memory
+        cgroup of its own: tools/memcg.py Thrash) until the export
+        daemon's policy turns the guest private (this cloud's
+        [vmar_guest_cache] pressure_high is 5 %), then stops it and waits
+        for the calm (calm_seconds) to turn it back.
+        """
+        self.create('vm-auto', FLAVOR_AUTO, 'minbase')
+        self.wait_status('vm-auto', 'ACTIVE')
+        self.wait_booted('vm-auto', 'minbase')
+        xml = self.virsh('dumpxml', self.domain('vm-auto'))
+        check('<entry>vmar:guest_cache=auto</entry>' in xml,
+              'vm-auto has no vmar:guest_cache=auto OEM string: %s', xml)
+        check("name='org.opendev.vmar.guest.0'" in xml,
+              'vm-auto has no guest channel: %s', xml)
+
+        def in_mode(mode, switches):
+            def probe():
+                g = self.guest_view('vm-auto')
+                return (g and g['mode'] == mode and
+                        g['switches'] >= switches and g)
+            return probe
+        g = self.wait('vm-auto\'s guest to report its own caching',
+                      in_mode('default', 0), timeout=120)
+        check(g['wanted'] == 'default' and g['switches'] == 0,
+              'vm-auto was switched before any pressure: %s', g)
+        t0 = time.monotonic()
+        with memcg.Thrash(self.cloud.path('run')):
+            g = self.wait('vm-auto to turn guest-private under pressure',
+                          in_mode('private', 1), timeout=180)
+            took = time.monotonic() - t0
+            pressure = self.export_status()['guest_cache']['some_avg10']
+        self.echo('  vm-auto: guest-private %.0f s after the pressure '
+                  'began (PSI memory some avg10 %s %%)' % (took, pressure))
+        t0 = time.monotonic()
+        g = self.wait('vm-auto to leave guest-private once calm',
+                      in_mode('default', 2), timeout=300)
+        self.echo('  vm-auto: back to its own caching %.0f s after the '
+                  'pressure ended; %d switches, vmar-guest dropped %d MiB '
+                  'meanwhile' % (time.monotonic() - t0, g['switches'],
+                                 g['dropped_bytes'] >> 20))
+        check(g['reporting_order'] != 0,
+              'vm-auto left guest-private with the reporting order still '
+              'lowered: %s', g)
+        self.figures['guest_auto'] = g
+        self.os.run('server', 'delete', '--wait', 'vm-auto')
 
     def _balloon(self, domain):
         """The features a domain's guest driver took of its virtio balloon.
@@ -719,7 +808,7 @@ class UserPath(Scenario):
                   'agent\'s library')
 
     STEPS = ('upload', 'flavors', 'boot', 'page_cache', 'guest_private',
-             'lifecycle',
+             'guest_auto', 'lifecycle',
              'restart_compute',
              'kill_export_daemon', 'delete_canonical', 'delete_all')
 

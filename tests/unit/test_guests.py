@@ -22,8 +22,8 @@ from vmar_openstack import names
 STATUS = ('mode=%s passes=3 tracked=2 events=9 closes=4 walks=1 '
           'walked_files=7 drops=5 close_drops=4 dropped_bytes=%d '
           'mincores=9 syscalls=99 table_full=0 compactions=0 switches=%d '
-          'reporting_order=0 mem_free_kb=1000 cpu_user_s=0.010000 '
-          'cpu_sys_s=0.020000\n')
+          'reporting_order=0 mem_free_kb=1000 refaulted_bytes=%d '
+          'cpu_user_s=0.010000 cpu_sys_s=0.020000\n')
 
 
 class TestPolicy(testtools.TestCase):
@@ -71,6 +71,48 @@ class TestPolicy(testtools.TestCase):
     def test_an_unreadable_pressure_is_no_pressure(self):
         p = self.policy()
         self.assertEqual('default', p.decide(guests.Sample(None, None), 0))
+
+
+class TestGuestPressure(testtools.TestCase):
+
+    MIB = 1 << 20
+
+    def status(self, refaulted=0, dropped=0, free_mib=40):
+        return {'refaulted_bytes': refaulted * self.MIB,
+                'dropped_bytes': dropped * self.MIB,
+                'mem_free_kb': free_mib * 1024}
+
+    def test_a_thrashing_guest_is_pressed_until_its_reads_fit(self):
+        p = guests.GuestPressure(refault_rate=self.MIB, calm=30)
+        p.add(0, self.status(refaulted=0))
+        self.assertFalse(p.pressed('default', 0))
+        p.add(5, self.status(refaulted=2))         # 0.4 MiB/s: not yet
+        self.assertFalse(p.pressed('default', 5))
+        p.add(10, self.status(refaulted=20))       # 3.6 MiB/s
+        self.assertTrue(p.pressed('default', 10))
+        # private now: it drops 100 MiB of base data every 5 s, far more
+        # than its 40 MiB free, however long
+        for t in range(15, 200, 5):
+            p.add(t, self.status(refaulted=20, dropped=20 * t))
+            self.assertTrue(p.pressed('private', t), t)
+        # it stops reading after 195 s: a calm later, back
+        for t in range(200, 221, 5):
+            p.add(t, self.status(refaulted=20, dropped=20 * 195))
+            self.assertTrue(p.pressed('private', t), t)
+        p.add(225, self.status(refaulted=20, dropped=20 * 195))
+        self.assertFalse(p.pressed('private', 225))
+
+    def test_refaults_while_private_do_not_count(self):
+        p = guests.GuestPressure(refault_rate=self.MIB, calm=30)
+        p.add(0, self.status(refaulted=0))
+        p.add(5, self.status(refaulted=50))
+        self.assertFalse(p.pressed('private', 5))
+
+    def test_off_when_the_rate_is_zero(self):
+        p = guests.GuestPressure(refault_rate=0, calm=30)
+        p.add(0, self.status(refaulted=0))
+        p.add(5, self.status(refaulted=500))
+        self.assertFalse(p.pressed('default', 5))
 
 
 class TestReaders(testtools.TestCase):
@@ -136,9 +178,10 @@ class FakeGuest:
             self.lines += [x.decode() for x in lines]
             self.got.set()
 
-    def say(self, mode, dropped=0, switches=0):
+    def say(self, mode, dropped=0, switches=0, refaulted=0):
         assert self.connected.wait(5), 'the daemon never connected'
-        self.conn.sendall((STATUS % (mode, dropped, switches)).encode())
+        self.conn.sendall((STATUS % (mode, dropped, switches,
+                                     refaulted)).encode())
 
     def close(self):
         if self.conn:
@@ -182,6 +225,20 @@ class TestGuests(testtools.TestCase):
             g.got.clear()
         self.fail('no line %d from the daemon: %s' % (n, g.lines))
 
+    def step_until(self, g, n, now):
+        """Step the daemon until ``g`` got ``n`` lines.
+
+        The daemon reads the guest's status lines as they come, as from
+        QEMU: a step may come before a line the test sent.
+        """
+        for _ in range(100):
+            g.got.clear()
+            self.guests.step(now=now)
+            if len(g.lines) >= n:
+                return
+            g.got.wait(0.05)
+        self.fail('no line %d from the daemon: %s' % (n, g.lines))
+
     def test_the_directory_is_for_qemus_group(self):
         st = os.stat(self.guests.dir)
         self.assertEqual(0o2770, st.st_mode & 0o7777)
@@ -198,11 +255,7 @@ class TestGuests(testtools.TestCase):
         ga.say('default')
         gp.say('private', dropped=1 << 20)
         self.pressure(50.0)
-        for _ in range(50):
-            self.guests.step(now=1)
-            if len(ga.lines) > 1:
-                break
-            ga.got.wait(0.05)
+        self.step_until(ga, 2, now=1)
         self.assertEqual(['mode=default', 'mode=private'], ga.lines)
         ga.say('private', switches=1)
         self.pressure(0.0)
@@ -226,6 +279,18 @@ class TestGuests(testtools.TestCase):
         self.assertEqual(os.getpid(), st[private].qemu_pid)
         self.assertGreater(st[private].resident_bytes, 0)
         self.assertGreaterEqual(st[private].returned_bytes, 0)
+
+    def test_a_thrashing_auto_guest_goes_private_without_host_pressure(self):
+        inst, g = self.guest('auto')
+        self.guests.step(now=0)
+        self.wait_line(g, 1)                        # mode=default
+        g.say('default', refaulted=0)
+        self.guests.step(now=5)
+        g.say('default', refaulted=50 << 20)        # 10 MiB/s
+        self.step_until(g, 2, now=10)
+        self.assertEqual(['mode=default', 'mode=private'], g.lines)
+        (view,) = self.guests.snapshot().guests
+        self.assertEqual(('private', 'guest'), (view.wanted, view.reason))
 
     def test_a_guest_that_did_not_answer_is_asked_again_later(self):
         _inst, g = self.guest('private')

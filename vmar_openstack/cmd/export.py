@@ -113,10 +113,10 @@ def _guest_cache(gc):
               '-' if gc['available_bytes'] is None
               else _size(gc['available_bytes'])))
     cmd.print_table(
-        ('server', 'flavor', 'mode', 'asked', 'QEMU anon', 'returned',
-         'dropped', 'switches', 'heard'),
+        ('server', 'flavor', 'mode', 'asked', 'why', 'QEMU anon',
+         'returned', 'dropped', 'switches', 'heard'),
         [(g['instance'], g['flavor_mode'], g['mode'] or '-',
-          g['wanted'] or '-',
+          g['wanted'] or '-', g['reason'] or '-',
           '-' if g['resident_bytes'] is None
           else _size(g['resident_bytes']),
           '-' if g['returned_bytes'] is None

@@ -55,6 +55,19 @@ ALL_OPTS = [
                     'that acts before reclaim stalls anyone.\n\n'
                     'Possible values: MiB; 0, pressure alone decides.\n\n'
                     'Related options: pressure_high.'),
+    cfg.FloatOpt('guest_refault_mb', default=1.0, min=0.0,
+                 help='An auto server also goes guest-private while its '
+                      'own page cache is too small for what it reads: when '
+                      'its guest reads again this many MiB a second of '
+                      'file pages it had just reclaimed (workingset '
+                      'refaults, which vmar-guest reports). Its overlay is '
+                      'O_DIRECT, so such a guest reads its misses from the '
+                      'disk; dropping base data leaves its memory to its '
+                      'private data. It returns to its own caching once the '
+                      'base data it read over calm_seconds would fit in its '
+                      'free memory.\n\nPossible values: MiB a second; 0, '
+                      'the host\'s pressure alone decides.\n\n'
+                      'Related options: calm_seconds.'),
     cfg.IntOpt('calm_seconds', default=120, min=0,
                help='How long the pressure must stay low before auto '
                     'servers leave guest-private: a guest that flips back '

@@ -13,13 +13,21 @@ daemon connects to it. Over it:
   (:mod:`vmar_openstack.guest.status`): the mode it runs in and its
   counters.
 
-The host chooses the mode of ``auto`` servers from its memory pressure
-(:class:`Policy`): guest-private while PSI ``memory.some`` (avg10) is at
-or over ``pressure_high``, or MemAvailable under ``min_available_mb``;
-back to the guests' own caching once the pressure stayed under
-``pressure_low`` for ``calm_seconds``. All auto servers of a host follow
-one decision: the pressure is the host's. ``private`` servers are always
-told ``private``.
+The host chooses the mode of ``auto`` servers from memory pressure, the
+host's and each guest's own:
+
+* the host's (:class:`Policy`): every auto server is guest-private while
+  PSI ``memory.some`` (avg10) is at or over ``pressure_high``, or
+  MemAvailable under ``min_available_mb``; the decision stands until the
+  pressure stayed under ``pressure_low`` for ``calm_seconds``;
+* the guest's (:class:`GuestPressure`): a guest whose page cache is too
+  small for what it reads (it refaults ``guest_refault_mb`` a second) is
+  guest-private too, whatever the host's memory: its overlay is O_DIRECT,
+  so its misses go to the disk, and the base data it drops leaves its
+  memory to its private data. It goes back once the base data it dropped
+  over ``calm_seconds`` would fit in its free memory.
+
+``private`` servers are always told ``private``.
 
 What the host sees of each server comes from the QEMU at the other end of
 its socket (``SO_PEERCRED``): its anonymous memory (``RssAnon``, the
@@ -129,6 +137,52 @@ class Policy:
             self.changed_at = now
 
 
+class GuestPressure:
+    """Whether a guest's own page cache is too small for what it reads.
+
+    Fed the guest's status lines: its refaults (file pages read again soon
+    after they were reclaimed) while it runs in its own caching, and the
+    base data it drops and the memory it has free while it is private.
+    """
+
+    def __init__(self, refault_rate, calm):
+        self.rate, self.calm = refault_rate, calm
+        self.samples = collections.deque()    # (t, refaulted, dropped, free)
+        self.since = None                     # pressed since
+
+    def add(self, now, status):
+        self.samples.append((now, status['refaulted_bytes'],
+                             status['dropped_bytes'],
+                             status['mem_free_kb'] * 1024))
+        while (len(self.samples) > 2 and
+               now - self.samples[1][0] >= self.calm):
+            self.samples.popleft()
+
+    def refault_rate(self):
+        """Bytes a second refaulted between the last two status lines."""
+        if len(self.samples) < 2:
+            return 0.0
+        (t0, r0, *_), (t1, r1, *_) = self.samples[-2], self.samples[-1]
+        return (r1 - r0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def fits(self, now):
+        """Whether what it dropped over the calm would fit in its memory."""
+        t0, _r, d0, _f = self.samples[0]
+        _t, _r, d1, free = self.samples[-1]
+        return now - t0 >= self.calm and d1 - d0 <= free
+
+    def pressed(self, mode, now):
+        """Whether the guest should be guest-private, given its ``mode``."""
+        if self.rate <= 0 or not self.samples:
+            self.since = None
+        elif self.since is None:
+            if mode == DEFAULT and self.refault_rate() >= self.rate:
+                self.since = now
+        elif now - self.since >= self.calm and self.fits(now):
+            self.since = None
+        return self.since is not None
+
+
 @dataclasses.dataclass
 class GuestStatus:
     instance: str
@@ -136,6 +190,7 @@ class GuestStatus:
     connected: bool
     mode: object               # what the guest last said it runs in
     wanted: object             # what the host asks of it
+    reason: object             # of a private ask: flavor, host or guest
     heard_ago: object          # seconds since its last status line
     qemu_pid: object
     resident_bytes: object     # RssAnon of its QEMU
@@ -157,16 +212,17 @@ class GuestCacheStatus:
 class Channel:
     """The daemon's end of one server's channel."""
 
-    def __init__(self, path, channel):
+    def __init__(self, path, channel, pressure):
         self.path = path
         self.instance, self.flavor_mode = channel
+        self.pressure = pressure              # its GuestPressure
         self.sock = None
         self.pid = None
         self.buf = b''
         self.status = guest_status.parse('')
         self.mode = None
         self.heard_at = None
-        self.wanted = None
+        self.wanted = self.reason = None
         self.sent_mode = self.sent_at = None
 
     def connect(self):
@@ -214,7 +270,17 @@ class Channel:
                 self.mode = mode
                 self.status = guest_status.parse(text)
                 self.heard_at = now
+                self.pressure.add(now, self.status)
         return True
+
+    def want(self, host_mode, now):
+        """What to ask of the guest, and why: (mode, reason)."""
+        if self.flavor_mode == PRIVATE:
+            return PRIVATE, 'flavor'
+        guest = self.pressure.pressed(self.mode, now)
+        if host_mode == PRIVATE:
+            return PRIVATE, 'host'
+        return (PRIVATE, 'guest') if guest else (DEFAULT, None)
 
     def tell(self, wanted, now):
         """Ask the guest for ``wanted`` unless it runs in it already.
@@ -244,7 +310,7 @@ class Channel:
         hwm = read_meminfo(status, 'VmHWM') if status else None
         return GuestStatus(
             self.instance, self.flavor_mode, self.sock is not None,
-            self.mode, self.wanted,
+            self.mode, self.wanted, self.reason,
             None if self.heard_at is None else round(now - self.heard_at, 1),
             self.pid,
             read_meminfo(status, 'RssAnon') if status else None,
@@ -268,6 +334,8 @@ class Guests:
         self.pressure_file = g.pressure_file
         self.policy = Policy(g.pressure_high, g.pressure_low,
                              g.min_available_mb << 20, g.calm_seconds)
+        self.refault_rate = g.guest_refault_mb * (1 << 20)
+        self.calm = g.calm_seconds
         self.channels = {}
         self.sample = Sample(None, None)
         self.lock = threading.Lock()
@@ -293,7 +361,8 @@ class Guests:
                     continue
                 if not ch.read(now):
                     continue
-                ch.tell(PRIVATE if ch.flavor_mode == PRIVATE else auto, now)
+                wanted, ch.reason = ch.want(auto, now)
+                ch.tell(wanted, now)
 
     def _scan(self, now):
         try:
@@ -310,7 +379,8 @@ class Guests:
         for path, channel in found.items():
             if path in self.channels:
                 continue
-            ch = Channel(path, channel)
+            ch = Channel(path, channel,
+                         GuestPressure(self.refault_rate, self.calm))
             if not ch.connect():
                 self._stale(path)
                 continue

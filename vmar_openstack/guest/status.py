@@ -4,9 +4,11 @@ After each pass vmar-guest (vmar-guest.c, ``write_status``) replaces its
 status file with one line of ``key=value`` counters, cumulative since it
 started, after its ``mode`` (``private`` or ``default``): ``passes
 tracked events closes walks walked_files drops close_drops dropped_bytes
-mincores syscalls table_full compactions switches``, then two gauges,
+mincores syscalls table_full compactions switches``, two gauges,
 ``reporting_order`` (the guest kernel's page reporting order now) and
-``mem_free_kb``, and its CPU time, ``cpu_user_s cpu_sys_s``. The test
+``mem_free_kb``, the guest's ``refaulted_bytes`` (file pages read again
+soon after they were reclaimed, cumulative), and its CPU time,
+``cpu_user_s cpu_sys_s``. The test
 probe prints the same line on the console, and vmar-guest writes it into
 the host's channel (:mod:`vmar_openstack.export.guests`).
 """
@@ -15,7 +17,8 @@ PATH = '/run/vmar-guest.status'
 COUNTERS = ('passes', 'tracked', 'events', 'closes', 'walks',
             'walked_files', 'drops', 'close_drops', 'dropped_bytes',
             'mincores', 'syscalls', 'table_full', 'compactions', 'switches',
-            'reporting_order', 'mem_free_kb', 'cpu_user_s', 'cpu_sys_s')
+            'refaulted_bytes', 'reporting_order', 'mem_free_kb', 'cpu_user_s',
+            'cpu_sys_s')
 MODES = ('private', 'default')
 
 
