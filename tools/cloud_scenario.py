@@ -31,7 +31,7 @@ import uuid
 
 from tools.cloud import config
 from tools.cloud import stack
-from tools import memcg
+from tools import memhog
 from tools.vmarenv import qemu_env
 
 MARKER = re.compile(r'VMAR-BOOTED (\S+) ([0-9]+\.[0-9]+)')
@@ -478,12 +478,13 @@ class UserPath(Scenario):
         """An auto server turns guest-private under memory pressure, and back.
 
         vm-auto boots minbase with vmar:guest_cache=auto: vmar-guest waits
-        on its channel in the guest's own caching. The test raises the
-        host's memory pressure for real (a reader thrashing in a memory
-        cgroup of its own: tools/memcg.py Thrash) until the export
-        daemon's policy turns the guest private (this cloud's
-        [vmar_guest_cache] pressure_high is 5 %), then stops it and waits
-        for the calm (calm_seconds) to turn it back.
+        on its channel in the guest's own caching. The test then takes
+        the host's memory for real (tools/memhog.py) until MemAvailable
+        is under the export daemon's watermark ([vmar_guest_cache]
+        min_available_mb, which this cloud sets 3 GiB under what the
+        machine had free when it came up), and the daemon must turn the
+        guest private; once the memory is back and calm_seconds passed,
+        back to its own caching.
         """
         self.create('vm-auto', FLAVOR_AUTO, 'minbase')
         self.wait_status('vm-auto', 'ACTIVE')
@@ -504,14 +505,23 @@ class UserPath(Scenario):
                       in_mode('default', 0), timeout=120)
         check(g['wanted'] == 'default' and g['switches'] == 0,
               'vm-auto was switched before any pressure: %s', g)
+        conf = configparser.ConfigParser()
+        conf.read(self.cloud.etc('vmar', 'vmar-export.conf'))
+        watermark = conf.getint('vmar_guest_cache', 'min_available_mb') << 20
+        hog = memhog.mem_available() - watermark + (512 << 20)
+        check(hog > 0, 'MemAvailable is under the watermark already')
         t0 = time.monotonic()
-        with memcg.Thrash(self.cloud.path('run')):
+        with memhog.MemoryHog(hog):
             g = self.wait('vm-auto to turn guest-private under pressure',
                           in_mode('private', 1), timeout=180)
             took = time.monotonic() - t0
-            pressure = self.export_status()['guest_cache']['some_avg10']
-        self.echo('  vm-auto: guest-private %.0f s after the pressure '
-                  'began (PSI memory some avg10 %s %%)' % (took, pressure))
+            st = self.export_status()['guest_cache']
+        check(g['reason'] == 'host', 'vm-auto went private for %s, not '
+              'for the host\'s memory: %s', g['reason'], g)
+        self.echo('  vm-auto: guest-private %.0f s after %d MiB were taken '
+                  '(MemAvailable %d MiB, under the watermark of %d MiB)' % (
+                      took, hog >> 20, st['available_bytes'] >> 20,
+                      watermark >> 20))
         t0 = time.monotonic()
         g = self.wait('vm-auto to leave guest-private once calm',
                       in_mode('default', 2), timeout=300)

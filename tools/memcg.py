@@ -11,7 +11,6 @@ the budget bounds page cache only, however many processes join.
 """
 
 import os
-import subprocess
 import threading
 
 ROOT = '/sys/fs/cgroup/memory'
@@ -112,52 +111,3 @@ class CacheBudget:
         self._thread.join()
         self.group.set_limit(-1)
         self.group.write('memory.oom_control', 0)
-
-
-class Thrash:
-    """Real host memory pressure, for as long as it runs.
-
-    A reader in a memory cgroup of its own reads a file ``factor`` times
-    its limit over and over: every read reclaims what the last one cached
-    and waits for it (refaults of the reader's working set), which the
-    kernel counts as memory stall time in PSI (``/proc/pressure/memory``).
-    Nothing outside the group loses memory. Test scaffolding of the user
-    path (tools/cloud_scenario.py, the auto guest cache policy).
-    """
-
-    def __init__(self, work_dir, limit=32 << 20, factor=4, name=None):
-        self.path = os.path.join(work_dir, 'vmar-thrash.data')
-        self.limit, self.size = limit, limit * factor
-        self.group = MemoryCgroup(name or 'vmar-thrash-%d' % os.getpid())
-        self.proc = None
-
-    def __enter__(self):
-        with open(self.path, 'wb') as f:
-            for _ in range(self.size >> 20):
-                f.write(os.urandom(1 << 20))
-            f.flush()
-            os.fsync(f.fileno())
-        self.group.empty()
-        self.group.set_limit(self.limit)
-        # a shell loop of cat: started, then moved into the group before
-        # its first read (the parent waits for the move on the pipe)
-        r, w = os.pipe()
-        self.proc = subprocess.Popen(
-            ['sh', '-c', 'read go <&%d; while :; do cat "$1" >/dev/null; '
-             'done' % r, 'thrash', self.path], pass_fds=(r,),
-            stdin=subprocess.DEVNULL)
-        os.close(r)
-        self.group.add(self.proc.pid)
-        os.write(w, b'go\n')
-        os.close(w)
-        return self
-
-    def __exit__(self, *exc):
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-        self.group.remove()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
