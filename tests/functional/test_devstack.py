@@ -465,7 +465,7 @@ class TestDevstackPlugin(DevstackTestCase):
     def check_flavor(self):
         creates = [c for c in self.record('openstack.log')
                    if 'flavor create' in c]
-        self.assertEqual(2, len(creates), creates)
+        self.assertEqual(3, len(creates), creates)
         args = self.record('flavors/vmar')
         self.assertEqual('vmar', args[-1])
         self.assertIn('vmar:enabled=true',
@@ -473,6 +473,10 @@ class TestDevstackPlugin(DevstackTestCase):
         args = self.record('flavors/vmar.private')
         self.assertEqual('vmar.private', args[-1])
         self.assertIn('vmar:guest_cache=private', args)
+        self.assertIn('vmar:enabled=true', args)
+        args = self.record('flavors/vmar.auto')
+        self.assertEqual('vmar.auto', args[-1])
+        self.assertIn('vmar:guest_cache=auto', args)
         self.assertIn('vmar:enabled=true', args)
 
     def check_clean(self):

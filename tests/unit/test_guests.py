@@ -292,6 +292,26 @@ class TestGuests(testtools.TestCase):
         (view,) = self.guests.snapshot().guests
         self.assertEqual(('private', 'guest'), (view.wanted, view.reason))
 
+    def test_garbage_from_a_guest_is_ignored(self):
+        _inst, g = self.guest('auto')
+        self.guests.step(now=0)
+        self.wait_line(g, 1)
+        g.connected.wait(5)
+        flood = threading.Thread(target=g.conn.sendall, args=(
+            b'mode=evil dropped_bytes=9\n' + b'x' * (3 << 20) +
+            b'\n\xff\xfe dropped_bytes=7\n',))
+        flood.start()
+        for t in range(1, 40):
+            self.guests.step(now=t)
+            if not flood.is_alive():
+                break
+        flood.join(10)
+        self.guests.step(now=40)
+        (view,) = self.guests.snapshot().guests
+        # no line said a mode: nothing was taken for a status
+        self.assertEqual((None, 0), (view.mode, view.dropped_bytes))
+        self.assertTrue(view.connected)
+
     def test_a_guest_that_did_not_answer_is_asked_again_later(self):
         _inst, g = self.guest('private')
         self.guests.step(now=0)

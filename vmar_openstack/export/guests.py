@@ -54,6 +54,7 @@ LOG = logging.getLogger(__name__)
 PRIVATE, DEFAULT = guest_status.MODES
 RESEND = 30             # seconds before telling a guest its mode again
 STALE = 60              # seconds a refused socket may stay: QEMU starting
+READ_MAX = 1 << 20      # bytes read from one guest in one step
 _UCRED = struct.Struct('3i')    # pid, uid, gid
 
 Sample = collections.namedtuple('Sample', 'some_avg10 available')
@@ -249,8 +250,12 @@ class Channel:
             self.sock = None
 
     def read(self, now):
-        """Take the status lines the guest sent; False once QEMU is gone."""
-        while True:
+        """Take the status lines the guest sent; False once QEMU is gone.
+
+        At most READ_MAX bytes a step: a guest that writes without end
+        cannot hold the daemon (what is left waits for the next step).
+        """
+        for _ in range(READ_MAX // 65536):
             try:
                 data = self.sock.recv(65536)
             except BlockingIOError:
