@@ -58,7 +58,10 @@ def watch(binary, data, work, boot, paths, rounds, grace):
     """
     st_path = os.path.join(work, 'status-%s' % grace)
     proc = subprocess.Popen(
-        [binary, '--mode', 'private', '--root', data, '--grace', grace,
+        # this machine's kernel, not a guest's: leave its page reporting
+        # order alone
+        [binary, '--mode', 'private', '--reporting-order', '-1',
+         '--root', data, '--grace', grace,
          '--hold', '36000', '--linger', '36000', '--interval', '1',
          '--status', st_path, '--boot-time', str(boot)],
         stdout=subprocess.DEVNULL)
@@ -103,7 +106,8 @@ def main():
         dropping = watch(binary, data, work, boot, paths, args.rounds, '0')
         walk_st = os.path.join(work, 'walk-status')
         read_all(paths)                 # cached, so the walk drops them
-        subprocess.run([binary, '--mode', 'private', '--root', data,
+        subprocess.run([binary, '--mode', 'private',
+                        '--reporting-order', '-1', '--root', data,
                         '--once', '--grace', '0', '--status', walk_st,
                         '--boot-time', str(boot)], check=True,
                        stdout=subprocess.DEVNULL)

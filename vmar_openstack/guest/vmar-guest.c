@@ -658,65 +658,27 @@ static void maybe_compact(void)
     compacted_at = clock_ms();
 }
 
-static time_t read_boot_time(void)
-{
-    char line[256];
-    FILE *f = fopen("/proc/stat", "r");
-    long long t = 0;
-
-    if (!f) {
-        return 0;
-    }
-    while (fgets(line, sizeof(line), f)) {
-        if (sscanf(line, "btime %lld", &t) == 1) {
-            break;
-        }
-    }
-    fclose(f);
-    return (time_t)t;
-}
-
-/* MemFree of /proc/meminfo, in KiB; 0 if unknown */
-static long long mem_free_kb(void)
-{
-    char line[256];
-    long long kb = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-
-    if (!f) {
-        return 0;
-    }
-    while (fgets(line, sizeof(line), f)) {
-        if (sscanf(line, "MemFree: %lld kB", &kb) == 1) {
-            break;
-        }
-    }
-    fclose(f);
-    return kb;
-}
 
 /*
- * Bytes of file pages the guest read again soon after reclaiming them
- * (workingset_refault_file of /proc/vmstat, cumulative): a page cache too
- * small for what the guest reads.  The host turns an auto server
- * guest-private on it.
+ * The number of the first line of @path (a /proc file of "key value"
+ * lines) that @format, a scanf format with one %lld, matches; 0 if none.
  */
-static unsigned long long refaulted_bytes(void)
+static long long proc_value(const char *path, const char *format)
 {
     char line[256];
-    unsigned long long pages = 0;
-    FILE *f = fopen("/proc/vmstat", "r");
+    long long v = 0;
+    FILE *f = fopen(path, "r");
 
     if (!f) {
         return 0;
     }
     while (fgets(line, sizeof(line), f)) {
-        if (sscanf(line, "workingset_refault_file %llu", &pages) == 1) {
+        if (sscanf(line, format, &v) == 1) {
             break;
         }
     }
     fclose(f);
-    return pages * (unsigned long long)sysconf(_SC_PAGESIZE);
+    return v;
 }
 
 /* The status line, to the status file and to the host's channel */
@@ -736,7 +698,7 @@ static void write_status(void)
             " dropped_bytes=%" PRIu64 " mincores=%" PRIu64
             " syscalls=%" PRIu64 " table_full=%" PRIu64
             " compactions=%" PRIu64 " switches=%" PRIu64
-            " reporting_order=%d mem_free_kb=%lld refaulted_bytes=%llu"
+            " reporting_order=%d mem_free_kb=%lld refaulted_bytes=%lld"
             " cpu_user_s=%ld.%06ld cpu_sys_s=%ld.%06ld\n",
             active ? "private" : "default",
             stats.passes, tracked, stats.events, stats.closes, stats.walks,
@@ -744,7 +706,12 @@ static void write_status(void)
             stats.drops, stats.close_drops, stats.dropped_bytes,
             stats.mincores,
             stats.syscalls, stats.full, stats.compactions, stats.switches,
-            read_knob(ORDER_KNOB), mem_free_kb(), refaulted_bytes(),
+            read_knob(ORDER_KNOB), proc_value("/proc/meminfo",
+                                              "MemFree: %lld kB"),
+            /* file pages read again soon after they were reclaimed: a
+             * page cache too small for what the guest reads */
+            proc_value("/proc/vmstat", "workingset_refault_file %lld") *
+            page_size,
             (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec,
             (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec);
     if (chan >= 0 && write(chan, line, len) < 0) {
@@ -952,7 +919,7 @@ int main(int argc, char **argv)
     page_size = sysconf(_SC_PAGESIZE);
     self = getpid();
     if (!opt.boot_time) {
-        opt.boot_time = read_boot_time();
+        opt.boot_time = (time_t)proc_value("/proc/stat", "btime %lld");
     }
     if (!opt.boot_time) {
         fprintf(stderr, "vmar-guest: no boot time in /proc/stat\n");
