@@ -398,6 +398,13 @@ class UserPath(Scenario):
               'cached twice', cached[bases['python3']],
               cached[bases['minbase']])
 
+    def boot_one(self, name, flavor, image):
+        """Boot a server to its marker; its domain XML."""
+        self.create(name, flavor, image)
+        self.wait_status(name, 'ACTIVE')
+        self.wait_booted(name, image)
+        return self.virsh('dumpxml', self.domain(name))
+
     def guest_private(self):
         """A guest-private server keeps its private data, not base data.
 
@@ -406,10 +413,7 @@ class UserPath(Scenario):
         waits for vmar-guest's grace period and reports what the guest's
         page cache holds of each.
         """
-        self.create('vm-p', FLAVOR_PRIVATE, 'minbase')
-        self.wait_status('vm-p', 'ACTIVE')
-        self.wait_booted('vm-p', 'minbase')
-        xml = self.virsh('dumpxml', self.domain('vm-p'))
+        xml = self.boot_one('vm-p', FLAVOR_PRIVATE, 'minbase')
         check("<entry>vmar:guest_cache=private</entry>" in xml,
               'vm-p has no vmar:guest_cache OEM string: %s', xml)
         check(re.search(r"<memballoon model='virtio'[^>]*"
@@ -486,10 +490,7 @@ class UserPath(Scenario):
         guest private; once the memory is back and calm_seconds passed,
         back to its own caching.
         """
-        self.create('vm-auto', FLAVOR_AUTO, 'minbase')
-        self.wait_status('vm-auto', 'ACTIVE')
-        self.wait_booted('vm-auto', 'minbase')
-        xml = self.virsh('dumpxml', self.domain('vm-auto'))
+        xml = self.boot_one('vm-auto', FLAVOR_AUTO, 'minbase')
         check('<entry>vmar:guest_cache=auto</entry>' in xml,
               'vm-auto has no vmar:guest_cache=auto OEM string: %s', xml)
         check("name='org.opendev.vmar.guest.0'" in xml,
