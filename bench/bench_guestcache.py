@@ -301,16 +301,84 @@ def private_cached_share(per, args):
 def start_guests(config, args, work, images, host_uris, seconds, guests,
                  variant=None):
     """Boot ``config``'s guests into ``guests``; the workload's length."""
-    private = config in ('P+I', 'A')
-    vmar = config in ('I', 'P+I', 'A')
-    cache = 'writeback' if config == 'ON+ON' else 'none'
     for i, name in enumerate(images[:args.guests]):
-        backing = host_uris[name] if vmar else args.images[name]
-        channel = os.path.join(args.channel_dir, names.guest_channel(
-            str(uuid.uuid4()), 'auto')) if config == 'A' else None
-        guests.append(Guest(work, '%s-%d-%s' % (
-            config.replace('+', ''), i, name), backing, cache, private,
-            args, seconds, variant, channel))
+        guests.append(new_guest(config, i, name, args, work, host_uris,
+                                seconds, variant))
+
+
+def new_guest(config, i, name, args, work, host_uris, seconds,
+              variant=None):
+    """Boot guest ``i`` of ``config`` from image ``name``."""
+    vmar = config in ('I', 'P+I', 'A')
+    backing = host_uris[name] if vmar else args.images[name]
+    channel = os.path.join(args.channel_dir, names.guest_channel(
+        str(uuid.uuid4()), 'auto')) if config == 'A' else None
+    return Guest(work, '%s-%d-%s' % (config.replace('+', ''), i, name),
+                 backing, 'writeback' if config == 'ON+ON' else 'none',
+                 config in ('P+I', 'A'), args, seconds, variant, channel)
+
+
+def run_overcommit(config, args, work, images, host_uris, group):
+    """How many guests a fixed memory budget holds, one more at a time.
+
+    Guest n boots beside the n - 1 already running (images in turn).
+    With n running, each guest's throughput is measured without a limit
+    (its unpressured figure, at the same CPU share: TCG guests share two
+    cores) and then with the cgroup limited to --overcommit-budget MiB in
+    all (the QEMUs, the export daemon and the page cache). The host
+    "runs" n guests while every one keeps at least half its unpressured
+    figure; a limit the kernel cannot reach (the guests' own memory is
+    more) or a guest killed by the OOM killer ends it too.
+    """
+    guests, steps, fits = [], [], 0
+    budget = args.overcommit_budget * MiB
+    try:
+        for n in range(1, args.overcommit + 1):
+            group.set_limit(-1)
+            guests.append(new_guest(config, n - 1,
+                                    images[(n - 1) % len(images)], args,
+                                    work, host_uris, args.seconds))
+
+            def running():
+                for g in guests:
+                    g.check()
+                return len(guests[-1].loops()) >= 1
+            wait_for('%s: guest %d\'s workload' % (config, n), running,
+                     args.boot_timeout)
+            time.sleep(args.settle)
+            free = measure_window(guests, args.window)
+            step = {'n': n, 'free': free, 'limited': None, 'worst': 0.0}
+            try:
+                group.set_limit(budget)
+            except OSError as e:
+                step['unreachable'] = str(e)
+            else:
+                time.sleep(args.settle)
+                step['limited'] = measure_window(guests, args.window)
+                dead = [g.name for g in guests if g.proc.poll() is not None]
+                step['dead'] = dead
+                ratios = [(step['limited'][g.name]['MB_s'] or 0) /
+                          free[g.name]['MB_s']
+                          for g in guests if free[g.name]['MB_s']]
+                step['worst'] = 0.0 if dead or not ratios else min(ratios)
+            step['rss_anon'] = sum(rss_anon(g.proc.pid) for g in guests
+                                   if g.proc.poll() is None)
+            steps.append(step)
+            print('  %-6s %d guests in %d MiB: the slowest at %.2f of its '
+                  'unpressured figure%s; guests RssAnon %d MiB' % (
+                      config, n, args.overcommit_budget, step['worst'],
+                      ' (limit not reachable)' if 'unreachable' in step
+                      else ' (OOM: %s)' % ', '.join(step['dead'])
+                      if step.get('dead') else '',
+                      step['rss_anon'] // MiB), flush=True)
+            if step['worst'] < 0.5:
+                break
+            fits = n
+        return {'steps': steps, 'fits': fits}
+    finally:
+        for g in guests:
+            g.stop()
+        group.set_limit(-1)
 
 
 def run_config(config, args, work, images, host_uris, anon_ref, group,
@@ -542,6 +610,13 @@ def main():
                    help='how P+I guests return memory in the --idle run, '
                    'each measured: %s (order0 is vmar-guest\'s default)'
                    % ', '.join(VARIANTS))
+    p.add_argument('--overcommit', type=int, default=0,
+                   help='then, per configuration, add guests one at a '
+                   'time up to this many and find how many a memory '
+                   'budget of --overcommit-budget holds (0: not)')
+    p.add_argument('--overcommit-budget', type=int, default=1280,
+                   help='MiB for the guests\' QEMUs, the export daemon '
+                   'and the page cache in all, for --overcommit')
     p.add_argument('--json')
     args = p.parse_args()
     args.budgets = [int(b) for b in args.budgets.split(',') if b]
@@ -549,12 +624,12 @@ def main():
     if set(args.idle_variants) - set(VARIANTS):
         p.error('unknown --idle-variants: %s' % ', '.join(
             sorted(set(args.idle_variants) - set(VARIANTS))))
-    if not args.budgets and not args.idle:
-        p.error('nothing to measure: no --budgets and no --idle')
+    if not args.budgets and not args.idle and not args.overcommit:
+        p.error('nothing to measure: no --budgets, --idle or --overcommit')
     configs = args.configs.split(',')
     if configs[0] != 'ON+ON' and 'ON+ON' in configs:
         p.error('ON+ON goes first: its guests measure the memory reference')
-    names = IMAGES[:args.guests]
+    names = IMAGES[:max(args.guests, min(args.overcommit, len(IMAGES)))]
     args.images = {n: os.path.join(args.library, n + '.raw') for n in names}
     args.seconds = 3600 * 4             # the workload runs until stopped
 
@@ -615,6 +690,10 @@ def main():
             results[config], anon_ref = run_config(
                 config, args, work, names, uris, anon_ref, group, disk)
         results['anon_ref'] = anon_ref
+        for config in configs if args.overcommit else ():
+            drop_caches()
+            results.setdefault(config, {'budgets': {}})['overcommit'] = \
+                run_overcommit(config, args, work, names, uris, group)
         for config in configs if args.idle else ():
             res = results.setdefault(config, {'budgets': {}})
             for variant in (args.idle_variants if config == 'P+I'
@@ -702,6 +781,11 @@ def report(results, configs, args):
                           ' (%.2fx)' % (r['MB_s'] / base['MB_s'])
                           if base and r['MB_s'] and base['MB_s'] else '',
                           r['compactions'] or 0))
+    if args.overcommit:
+        print('guests a budget of %d MiB holds, each at half its '
+              'unpressured throughput or more:' % args.overcommit_budget)
+        for c in configs:
+            print('  %-6s %d' % (c, results[c]['overcommit']['fits']))
     if 'A' in results and 'P+I' in results:
         print('A (auto) against P+I (private) at the same budget, and the '
               'modes the guests ran in:')
