@@ -248,6 +248,7 @@ class Channel:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        self.pid = None         # a pid of a QEMU that is gone is no one's
 
     def read(self, now):
         """Take the status lines the guest sent; False once QEMU is gone.
@@ -363,6 +364,7 @@ class Guests:
             self._scan(now)
             for ch in list(self.channels.values()):
                 if ch.sock is None and not ch.connect():
+                    self._stale(ch.path)    # the next scan drops it
                     continue
                 if not ch.read(now):
                     continue
