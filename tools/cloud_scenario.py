@@ -461,6 +461,31 @@ class UserPath(Scenario):
         self.figures['guest_private_returned'] = g
         self.os.run('server', 'delete', '--wait', 'vm-p')
 
+    def guest_watermark(self, mib):
+        """Set (None: unset) the daemon's min_available_mb, and SIGHUP it.
+
+        As an operator would: edit vmar-export.conf and signal the daemon,
+        which takes new values of mutable options without a restart.
+        """
+        path = self.cloud.etc('vmar', 'vmar-export.conf')
+        with open(path) as f:
+            lines = [x for x in f if not x.startswith('min_available_mb')]
+        if mib is not None:
+            at = lines.index('[vmar_guest_cache]\n') + 1
+            lines.insert(at, 'min_available_mb = %d\n' % mib)
+        with open(path, 'w') as f:
+            f.writelines(lines)
+        # vmar-export serve itself: its qemu-storage-daemon would quit
+        for pid in {s.name: s for s in stack.services(self.cloud)}[
+                'vmar-export'].pids():
+            with open('/proc/%d/cmdline' % pid, 'rb') as f:
+                argv = f.read().split(b'\0')
+            if any(a.endswith(b'vmar-export') for a in argv) and \
+                    b'serve' in argv:
+                os.kill(pid, signal.SIGHUP)
+                return
+        raise ScenarioError('no vmar-export serve to signal')
+
     def export_status(self):
         """``vmar-export status --json`` of the compute host."""
         return json.loads(subprocess.run(
@@ -482,13 +507,13 @@ class UserPath(Scenario):
         """An auto server turns guest-private under memory pressure, and back.
 
         vm-auto boots minbase with vmar:guest_cache=auto: vmar-guest waits
-        on its channel in the guest's own caching. The test then takes
-        the host's memory for real (tools/memhog.py) until MemAvailable
-        is under the export daemon's watermark ([vmar_guest_cache]
-        min_available_mb, which this cloud sets 3 GiB under what the
-        machine had free when it came up), and the daemon must turn the
-        guest private; once the memory is back and calm_seconds passed,
-        back to its own caching.
+        on its channel in the guest's own caching. The operator sets the
+        export daemon's watermark ([vmar_guest_cache] min_available_mb)
+        1 GiB under what the host has free and sends the daemon SIGHUP
+        (the option is mutable); the test then takes the host's memory
+        for real (tools/memhog.py) until MemAvailable is under it, and
+        the daemon must turn the guest private; once the memory is back
+        and calm_seconds passed, back to its own caching.
         """
         xml = self.boot_one('vm-auto', FLAVOR_AUTO, 'minbase')
         check('<entry>vmar:guest_cache=auto</entry>' in xml,
@@ -506,26 +531,31 @@ class UserPath(Scenario):
                       in_mode('default', 0), timeout=120)
         check(g['wanted'] == 'default' and g['switches'] == 0,
               'vm-auto was switched before any pressure: %s', g)
-        conf = configparser.ConfigParser()
-        conf.read(self.cloud.etc('vmar', 'vmar-export.conf'))
-        watermark = conf.getint('vmar_guest_cache', 'min_available_mb') << 20
-        hog = memhog.mem_available() - watermark + (512 << 20)
-        check(hog > 0, 'MemAvailable is under the watermark already')
-        t0 = time.monotonic()
-        with memhog.MemoryHog(hog):
-            g = self.wait('vm-auto to turn guest-private under pressure',
-                          in_mode('private', 1), timeout=180)
-            took = time.monotonic() - t0
-            st = self.export_status()['guest_cache']
-        check(g['reason'] == 'host', 'vm-auto went private for %s, not '
-              'for the host\'s memory: %s', g['reason'], g)
-        self.echo('  vm-auto: guest-private %.0f s after %d MiB were taken '
-                  '(MemAvailable %d MiB, under the watermark of %d MiB)' % (
-                      took, hog >> 20, st['available_bytes'] >> 20,
-                      watermark >> 20))
-        t0 = time.monotonic()
-        g = self.wait('vm-auto to leave guest-private once calm',
-                      in_mode('default', 2), timeout=300)
+        watermark = memhog.mem_available() - (1 << 30)
+        self.guest_watermark(watermark >> 20)
+        try:
+            time.sleep(10)              # two of the daemon's steps
+            g = self.guest_view('vm-auto')
+            check(g['wanted'] == 'default', 'vm-auto was asked for %s '
+                  'before any pressure: %s', g['wanted'], g)
+            hog = memhog.mem_available() - watermark + (512 << 20)
+            t0 = time.monotonic()
+            with memhog.MemoryHog(hog):
+                g = self.wait('vm-auto to turn guest-private under '
+                              'pressure', in_mode('private', 1), timeout=180)
+                took = time.monotonic() - t0
+                st = self.export_status()['guest_cache']
+            check(g['reason'] == 'host', 'vm-auto went private for %s, '
+                  'not for the host\'s memory: %s', g['reason'], g)
+            self.echo('  vm-auto: guest-private %.0f s after %d MiB were '
+                      'taken (MemAvailable %d MiB, under the watermark of %d '
+                      'MiB)' % (took, hog >> 20, st['available_bytes'] >> 20,
+                                watermark >> 20))
+            t0 = time.monotonic()
+            g = self.wait('vm-auto to leave guest-private once calm',
+                          in_mode('default', 2), timeout=300)
+        finally:
+            self.guest_watermark(None)
         self.echo('  vm-auto: back to its own caching %.0f s after the '
                   'pressure ended; %d switches, vmar-guest dropped %d MiB '
                   'meanwhile' % (time.monotonic() - t0, g['switches'],

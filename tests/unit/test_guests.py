@@ -350,6 +350,22 @@ class TestGuests(testtools.TestCase):
         self.assertTrue(os.path.exists(other))
         self.assertEqual([], self.guests.snapshot().guests)
 
+    def test_new_thresholds_take_effect_at_the_next_step(self):
+        # what a SIGHUP's mutate_config_files does to mutable options
+        self.assertEqual(10.0, self.guests.policy.high)
+        self.conf.config(pressure_high=30.0, min_available_mb=100,
+                         calm_seconds=5, group='vmar_guest_cache')
+        self.guests.step(now=0)
+        p = self.guests.policy
+        self.assertEqual((30.0, 100 << 20, 5),
+                         (p.high, p.min_available, p.calm))
+        # a bad pair is refused and the thresholds of before are kept
+        logs = self.useFixture(fixtures.FakeLogger())
+        self.conf.config(pressure_low=50.0, group='vmar_guest_cache')
+        self.guests.step(now=1)
+        self.assertEqual(30.0, self.guests.policy.high)
+        self.assertIn('pressure_low', logs.output)
+
     def test_thresholds_that_cannot_work_are_refused(self):
         self.conf.config(pressure_low=20.0, pressure_high=10.0,
                          group='vmar_guest_cache')

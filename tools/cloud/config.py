@@ -245,9 +245,6 @@ class Cloud(object):
             # Nova's default; the user-path test runs it every few seconds
             'image_cache_interval': os.environ.get(
                 'VMAR_CLOUD_IMAGE_CACHE_INTERVAL', '2400'),
-            # the export daemon's watermark for auto servers: 3 GiB under
-            # what the machine has now (the user path's guest_auto step)
-            'guest_watermark_mb': max(512, _mem_available_mb() - 3072),
         }
         for name, port in self.settings['ports'].items():
             v['%s_port' % name] = port
@@ -324,11 +321,3 @@ class Cloud(object):
     def clean(self):
         """Remove the state directory (``down --purge``)."""
         shutil.rmtree(self.state_dir, ignore_errors=True)
-
-
-def _mem_available_mb():
-    with open('/proc/meminfo') as f:
-        for line in f:
-            if line.startswith('MemAvailable:'):
-                return int(line.split()[1]) // 1024
-    return 0

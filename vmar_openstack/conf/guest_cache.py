@@ -5,6 +5,9 @@ server whose flavor asks for guest-private caching (``private``) or leaves
 it to the host (``auto``), over a virtio-serial channel per server, and
 decides the mode of the ``auto`` ones from the host's memory pressure
 (:mod:`vmar_openstack.export.guests`; doc/source/guest.rst).
+
+The thresholds are mutable: a SIGHUP to ``vmar-export serve`` takes their
+new values without a restart.
 """
 
 from oslo_config import cfg
@@ -35,27 +38,29 @@ ALL_OPTS = [
                     '(the whole host); with cgroup v2, the memory.pressure '
                     'of the slice the guests run in (machine.slice).\n\n'
                     'Related options: pressure_high, pressure_low.'),
-    cfg.FloatOpt('pressure_high', default=10.0, min=0.0, max=100.0,
+    cfg.FloatOpt('pressure_high', mutable=True, default=10.0, min=0.0,
+                 max=100.0,
                  help='Auto servers go guest-private once the memory '
                       'pressure (percent of the last 10 s in which some '
                       'task waited for memory) reaches this.\n\n'
                       'Possible values: a percentage; 0 makes every auto '
                       'server guest-private at once.\n\n'
                       'Related options: pressure_low, min_available_mb.'),
-    cfg.FloatOpt('pressure_low', default=1.0, min=0.0, max=100.0,
+    cfg.FloatOpt('pressure_low', mutable=True, default=1.0, min=0.0,
+                 max=100.0,
                  help='Auto servers leave guest-private once the pressure '
                       'stayed below this for calm_seconds (and available '
                       'memory above min_available_mb).\n\n'
                       'Possible values: a percentage, at most '
                       'pressure_high.\n\nRelated options: pressure_high, '
                       'calm_seconds.'),
-    cfg.IntOpt('min_available_mb', default=0, min=0,
+    cfg.IntOpt('min_available_mb', mutable=True, default=0, min=0,
                help='Auto servers also go guest-private while the host\'s '
                     'MemAvailable is under this many MiB, the watermark '
                     'that acts before reclaim stalls anyone.\n\n'
                     'Possible values: MiB; 0, pressure alone decides.\n\n'
                     'Related options: pressure_high.'),
-    cfg.FloatOpt('guest_refault_mb', default=1.0, min=0.0,
+    cfg.FloatOpt('guest_refault_mb', mutable=True, default=1.0, min=0.0,
                  help='An auto server also goes guest-private while its '
                       'own page cache is too small for what it reads: when '
                       'its guest reads again this many MiB a second of '
@@ -68,7 +73,7 @@ ALL_OPTS = [
                       'free memory.\n\nPossible values: MiB a second; 0, '
                       'the host\'s pressure alone decides.\n\n'
                       'Related options: calm_seconds.'),
-    cfg.IntOpt('calm_seconds', default=120, min=0,
+    cfg.IntOpt('calm_seconds', mutable=True, default=120, min=0,
                help='How long the pressure must stay low before auto '
                     'servers leave guest-private: a guest that flips back '
                     'fills its cache with base data again, which is what '

@@ -331,22 +331,17 @@ class Guests:
 
     def __init__(self, conf):
         g = conf.vmar_guest_cache
-        if g.pressure_low > g.pressure_high:
-            raise ValueError('[vmar_guest_cache] pressure_low (%s) is above '
-                             'pressure_high (%s)' % (g.pressure_low,
-                                                     g.pressure_high))
+        self.conf = conf
         self.dir = g.channel_dir
         self.interval = g.interval
         self.pressure_file = g.pressure_file
-        self.policy = Policy(g.pressure_high, g.pressure_low,
-                             g.min_available_mb << 20, g.calm_seconds)
-        self.refault_rate = g.guest_refault_mb * (1 << 20)
-        self.calm = g.calm_seconds
+        self.policy = Policy(0, 0, 0, 0)
         self.channels = {}
         self.sample = Sample(None, None)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = None
+        self._configure()
 
     def prepare(self, gid=None):
         """Create the channel directory QEMU binds its sockets in."""
@@ -355,9 +350,28 @@ class Guests:
             os.chown(self.dir, -1, gid)
         os.chmod(self.dir, 0o2770)
 
+    def _configure(self):
+        """Take the thresholds (mutable: they change on SIGHUP)."""
+        g = self.conf.vmar_guest_cache
+        if g.pressure_low > g.pressure_high:
+            raise ValueError('[vmar_guest_cache] pressure_low (%s) is above '
+                             'pressure_high (%s)' % (g.pressure_low,
+                                                     g.pressure_high))
+        p = self.policy
+        p.high, p.low = g.pressure_high, g.pressure_low
+        p.min_available, p.calm = g.min_available_mb << 20, g.calm_seconds
+        self.refault_rate = g.guest_refault_mb * (1 << 20)
+        self.calm = g.calm_seconds
+        for ch in self.channels.values():
+            ch.pressure.rate, ch.pressure.calm = self.refault_rate, self.calm
+
     def step(self, now=None):
         now = time.monotonic() if now is None else now
         with self.lock:
+            try:
+                self._configure()
+            except ValueError as e:
+                LOG.error('%s: keeping the thresholds of before', e)
             self.sample = Sample(read_psi(self.pressure_file),
                                  read_meminfo())
             auto = self.policy.decide(self.sample, now)

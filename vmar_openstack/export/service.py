@@ -488,6 +488,16 @@ class ExportService:
                                           self.conf.vmar_host.fill_delay)
         return len(ready)
 
+    def reload_config(self):
+        """Take the new values of the mutable options (SIGHUP).
+
+        Only options marked mutable change ([vmar_guest_cache]'s
+        thresholds); oslo.config logs any other change, which needs a
+        restart.
+        """
+        LOG.info('SIGHUP: reloading the configuration files')
+        self.conf.mutate_config_files()
+
     def serve(self, stop_event=None, max_backoff=10):
         """Run and supervise the daemon until SIGTERM/SIGINT.
 

@@ -170,11 +170,18 @@ class Supervisor:
     def _serve(self, stop_event, max_backoff):
         stopping = []
 
+        reload = []
+
         def _stop(signum, frame):
             stopping.append(signum)
+
+        def _reload(signum, frame):
+            reload.append(signum)
         if stop_event is None:
             signal.signal(signal.SIGTERM, _stop)
             signal.signal(signal.SIGINT, _stop)
+            # oslo.config's mutable options, as OpenStack services do
+            signal.signal(signal.SIGHUP, _reload)
         backoff = 0.5
         while not stopping and not (stop_event and stop_event.is_set()):
             started = time.monotonic()
@@ -200,6 +207,9 @@ class Supervisor:
                     self.quit(proc)
                     break
                 self.prefetcher.poll()
+                if reload:
+                    reload.clear()
+                    self.service.reload_config()
                 if (self.service.unrestored
                         and time.monotonic() >= retry_at):
                     with contextlib.suppress(exception.ExportError):
