@@ -17,6 +17,7 @@ import testtools
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.export import guests
+from vmar_openstack.export import metrics as export_metrics
 from vmar_openstack import names
 
 STATUS = ('mode=%s passes=3 tracked=2 events=9 closes=4 walks=1 '
@@ -385,3 +386,28 @@ class TestNames(testtools.TestCase):
                           str(uuid.uuid4()), 'default')
         self.assertRaises(ValueError, names.guest_channel, 'x', 'auto')
         self.assertIsNone(names.parse_guest_channel('x.auto.sock'))
+
+
+class TestMetrics(testtools.TestCase):
+
+    def test_each_server_is_a_labelled_sample(self):
+        view = guests.GuestStatus(
+            'i-1', 'auto', True, 'private', 'private', 'host', 1.0, 123,
+            100, 50, 10, 1, 0, 0.1)
+        silent = guests.GuestStatus(
+            'i-2', 'private', False, None, 'private', 'flavor', None, None,
+            None, None, 0, 0, None, 0.0)
+        families = {f.name: f for f in export_metrics._guest_metrics(
+            guests.GuestCacheStatus('private', None, 1 << 30,
+                                    [view, silent]))}
+        self.assertNotIn('vmar_guest_cache_memory_pressure', families)
+        self.assertEqual(1, families['vmar_guest_cache_auto_private']
+                         .samples[0].value)
+
+        def values(name):
+            return {s.labels['instance']: s.value
+                    for s in families[name].samples}
+        self.assertEqual({'i-1': 1, 'i-2': 0}, values('vmar_guest_private'))
+        # a guest not heard from has no memory figures, not zeros
+        self.assertEqual({'i-1': 50}, values('vmar_guest_returned_bytes'))
+        self.assertEqual({'i-1': 100}, values('vmar_guest_resident_bytes'))
