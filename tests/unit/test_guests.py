@@ -144,6 +144,15 @@ class TestReaders(testtools.TestCase):
             'MemTotal: 9999 kB\nMemAvailable:     2048 kB\n')))
         self.assertIsNone(guests.read_meminfo(self.write('MemTotal: 1 kB\n')))
 
+    def test_a_process_status_read_once(self):
+        self.assertEqual(
+            {'VmRSS': 4096, 'VmHWM': 8192, 'RssAnon': None},
+            guests.read_kb_fields(self.write(
+                'Name: qemu\nVmHWM:\t   8 kB\nVmRSS:\t   4 kB\n'),
+                'VmRSS', 'VmHWM', 'RssAnon'))
+        self.assertEqual({'VmRSS': None},
+                         guests.read_kb_fields('/proc/0/none', 'VmRSS'))
+
 
 class FakeGuest:
     """A guest's channel as QEMU serves it: one client at a time.

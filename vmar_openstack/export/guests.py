@@ -40,12 +40,12 @@ import collections
 import dataclasses
 import os
 import socket
-import struct
 import threading
 import time
 
 from oslo_log import log as logging
 
+from vmar_openstack.export import api
 from vmar_openstack.guest import status as guest_status
 from vmar_openstack import names
 
@@ -55,7 +55,6 @@ PRIVATE, DEFAULT = guest_status.MODES
 RESEND = 30             # seconds before telling a guest its mode again
 STALE = 60              # seconds a refused socket may stay: QEMU starting
 READ_MAX = 1 << 20      # bytes read from one guest in one step
-_UCRED = struct.Struct('3i')    # pid, uid, gid
 
 Sample = collections.namedtuple('Sample', 'some_avg10 available')
 
@@ -74,16 +73,27 @@ def read_psi(path):
     return None
 
 
-def read_meminfo(path='/proc/meminfo', key='MemAvailable'):
-    """A /proc/meminfo (or /proc/<pid>/status) field in bytes; None."""
+def read_kb_fields(path, *keys):
+    """Fields in kB of /proc/meminfo or /proc/<pid>/status, as bytes.
+
+    One read of the file; a field it lacks (or a file that is gone) is
+    None.
+    """
+    found = dict.fromkeys(keys)
     try:
         with open(path) as f:
             for line in f:
-                if line.startswith(key + ':'):
-                    return int(line.split()[1]) * 1024
+                key, _colon, rest = line.partition(':')
+                if key in found:
+                    found[key] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    return found
+
+
+def read_meminfo(path='/proc/meminfo', key='MemAvailable'):
+    """One /proc/meminfo field in bytes; None."""
+    return read_kb_fields(path, key)[key]
 
 
 class Policy:
@@ -236,8 +246,7 @@ class Channel:
             s.close()
             return False
         s.setblocking(False)
-        self.pid = _UCRED.unpack(s.getsockopt(
-            socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[0]
+        self.pid = api.peer(s)[0]
         self.sock = s
         self.sent_mode = self.sent_at = None
         LOG.info('guest channel of %s (%s) connected, QEMU pid %d',
@@ -311,15 +320,15 @@ class Channel:
                  self.instance, self.flavor_mode, wanted)
 
     def view(self, now):
-        status = '/proc/%d/status' % self.pid if self.pid else None
-        rss = read_meminfo(status, 'VmRSS') if status else None
-        hwm = read_meminfo(status, 'VmHWM') if status else None
+        mem = read_kb_fields('/proc/%d/status' % self.pid, 'VmRSS',
+                             'VmHWM', 'RssAnon') if self.pid else {}
+        rss, hwm = mem.get('VmRSS'), mem.get('VmHWM')
         return GuestStatus(
             self.instance, self.flavor_mode, self.sock is not None,
             self.mode, self.wanted, self.reason,
             None if self.heard_at is None else round(now - self.heard_at, 1),
             self.pid,
-            read_meminfo(status, 'RssAnon') if status else None,
+            mem.get('RssAnon'),
             hwm - rss if rss is not None and hwm is not None else None,
             int(self.status['dropped_bytes']), int(self.status['switches']),
             int(self.status['reporting_order']) if self.mode else None,
