@@ -2,10 +2,11 @@
 # Run the whole vmar-openstack test suite on a fresh Debian 12 machine (as
 # root): installs what it needs, then runs style checks, unit tests, the
 # functional tests against real QEMU tools, libvirt, SQLite, MariaDB,
-# PostgreSQL, RabbitMQ, glance-api, a single-node Ceph and the all-in-one
-# cloud, and beside them
-# the fresh-machine stage: the README's demo command in a pristine Debian 12
-# root (tools/fresh-root.sh), then the packages of the vmar QEMU tools
+# PostgreSQL, RabbitMQ, glance-api and a single-node Ceph, and beside them
+# two stages that share nothing with those tests: the all-in-one cloud's
+# user path (tests/functional/test_cloud.py), and the fresh-machine stage:
+# the README's demo command in a pristine Debian 12 root
+# (tools/fresh-root.sh), then the packages of the vmar QEMU tools
 # (qemu/build.sh --deb) installed with apt alone in another
 # (tools/package-check.sh).
 #
@@ -123,14 +124,26 @@ if [ "$FRESH_ROOT" = 1 ]; then
     FRESH_PID=$!
 fi
 
-stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, Ceph, cloud)"
+# The all-in-one cloud's user path (tests/functional/test_cloud.py, the
+# longest test) runs beside the other functional tests: its cloud has its
+# own state directory, ports, database, broker and libvirtd (in a mount
+# namespace), so it shares nothing with them. Its output is printed after
+# them.
+CLOUD_TEST=tests.functional.test_cloud
+stage "the cloud's user path ($CLOUD_TEST), started"
+CLOUD_LOG=$(mktemp /tmp/vmar-cloud-test.XXXXXX)
+python3 -m testtools.run "$CLOUD_TEST" >"$CLOUD_LOG" 2>&1 &
+CLOUD_PID=$!
+
+stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, Ceph)"
 # The tests that run qemu-storage-daemon's vmar graph, run again on the other
 # QEMUs: exports, mirrors, Glance's lazy hosts and fills, Ceph
 DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph)\.'
 DAEMON_TESTS+='|^tests\.functional\.test_glance\..*\.test_lazy_'
 mkdir -p bench/out
 tests_status=0
-stestr --test-path=./tests/functional run --concurrency=1 || tests_status=$?
+stestr --test-path=./tests/functional run --concurrency=1 \
+    --exclude-regex "^${CLOUD_TEST//./\\.}\\." || tests_status=$?
 if [ "$MULTINODE" = 1 ]; then
     stage "multinode: every move between three compute hosts"
     VMAR_MULTINODE=1 stestr --test-path=./tests/functional run \
@@ -153,6 +166,14 @@ python3 bench/bench_boot.py --qemu-prefix "$VMAR_QEMU_PREFIX" --reduced \
     --out bench/out/boot-reduced --report bench/out/boot-reduced/REPORT.md \
     || bench_status=$?
 
+stage "the cloud's user path: waiting for $CLOUD_TEST"
+cloud_status=0
+wait "$CLOUD_PID" || cloud_status=$?
+cat "$CLOUD_LOG"
+rm -f "$CLOUD_LOG"
+echo "$CLOUD_TEST: exit status $cloud_status"
+[ "$cloud_status" = 0 ] || tests_status=$cloud_status
+
 fresh=0
 if [ "$FRESH_ROOT" = 1 ]; then
     stage "fresh machine: waiting for tools/fresh-root.sh tools/demo.sh"
@@ -166,6 +187,7 @@ fi
 if [ "$tests_status" != 0 ]; then
     stage "functional tests that failed (details above)"
     stestr --test-path=./tests/functional failing --list || true
+    [ "$cloud_status" = 0 ] || echo "$CLOUD_TEST"
 fi
 stage "done"
 [ "$tests_status" = 0 ] && [ "$fresh" = 0 ] && [ "$bench_status" = 0 ]
