@@ -14,6 +14,7 @@ import fixtures
 import testtools
 
 from vmar_openstack import exception
+from vmar_openstack.fingerprint import fstools
 from vmar_openstack.fingerprint import introspect
 from vmar_openstack.mapformat import bootset
 
@@ -121,7 +122,7 @@ class TestIntrospect(testtools.TestCase):
                        capture_output=True)
 
     def file_blocks(self, path, offset, rel):
-        out = introspect._Debugfs(path, offset).run(['blocks /' + rel])[0]
+        out = fstools.Debugfs(path, offset).run(['blocks /' + rel])[0]
         return {(offset + int(b) * BS) // BS for b in out.split()}
 
     def test_ext_root_on_the_whole_disk(self):

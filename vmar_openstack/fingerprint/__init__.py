@@ -5,9 +5,9 @@ This package owns deciding whether an image file is safe to read
 for non-raw formats), hashing its virtual disk in fixed-size blocks on every
 core (:mod:`.hashing`), the digest arrays that result (:mod:`.digests`: one
 digest per block, all-zero rows for zero blocks) and the fingerprint keys
-derived from them (:mod:`.keys`), and which blocks a boot of the image
-reads, found in its file systems (:mod:`.introspect`). It touches no
-database.
+derived from them (:mod:`.keys`), and what its file systems say of its
+blocks, read with well-kept tools (:mod:`.fstools`): which blocks a boot
+of the image reads (:mod:`.introspect`). It touches no database.
 """
 
 # still caught here by callers outside this package

@@ -6,30 +6,24 @@ FAT or ext boot partition whole, or ``/boot/vmlinuz*`` and
 ``/boot/initrd*`` of the root), then systemd, the services it starts
 early, the libraries they load (``DT_NEEDED`` and ``RUNPATH``, closed
 transitively) and the unit files and configuration it reads. Every tool
-is a well-kept one run on the image file without mounting it: ``sfdisk``
-for the partition table, ``blkid`` for file system types, ``debugfs``
-for ext2/3/4 and ``readelf`` for ELF dependencies. The image is
+is a well-kept one run on the image file without mounting it
+(:mod:`.fstools`), and ``readelf`` for ELF dependencies. The image is
 untrusted: every tool runs with a time limit, file counts and sizes are
 bounded, and anything unexpected yields fewer blocks, never an error.
 """
 
-import json
 import os
 import re
 import subprocess
 import tempfile
 
-from oslo_log import log as logging
+from vmar_openstack.fingerprint import fstools
 
-LOG = logging.getLogger(__name__)
-
-_TIMEOUT = 60
 # a boot partition read whole: an ESP or /boot, not a root file system
 MAX_BOOT_PARTITION = 512 << 20
 MAX_FILES = 4096
 MAX_ELF_SIZE = 64 << 20
 _MAX_ROUNDS = 8
-_EXT = ('ext2', 'ext3', 'ext4')
 
 # what a systemd boot runs and reads early, where Debian, Ubuntu and
 # Fedora put it (missing ones are skipped)
@@ -65,71 +59,6 @@ LIBRARY_DIRS = ('/usr/lib/x86_64-linux-gnu', '/lib/x86_64-linux-gnu',
 _LDSO = '/lib64/ld-linux-x86-64.so.2'
 
 
-def _run(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True,
-                          timeout=_TIMEOUT, check=False, **kw)
-
-
-def volumes(path, size):
-    """``(offset, length)`` of each partition, or of the whole disk."""
-    try:
-        r = _run(['sfdisk', '--json', path])
-        parts = json.loads(r.stdout)['partitiontable'] if r.returncode \
-            == 0 else None
-    except (subprocess.TimeoutExpired, ValueError, KeyError, OSError):
-        parts = None
-    if not parts:
-        return [(0, size)]
-    sector = int(parts.get('sectorsize', 512))
-    out = []
-    for p in parts.get('partitions', ()):
-        off, length = int(p['start']) * sector, int(p['size']) * sector
-        if 0 <= off < size and length > 0:
-            out.append((off, min(length, size - off)))
-    return out or [(0, size)]
-
-
-def fs_type(path, offset):
-    """``blkid``'s TYPE of the file system at ``offset``, or None."""
-    try:
-        r = _run(['blkid', '--probe', '--offset', str(offset), '--output',
-                  'export', path])
-    except (subprocess.TimeoutExpired, OSError):
-        return None
-    for line in r.stdout.splitlines():
-        if line.startswith('TYPE='):
-            return line[5:]
-    return None
-
-
-class _Debugfs:
-    """Batches of ``debugfs`` commands on one ext file system."""
-
-    def __init__(self, path, offset):
-        self.device = '%s?offset=%d' % (path, offset) if offset else path
-
-    def run(self, commands):
-        """Output of each command, in order (missing ones: '')."""
-        if not commands:
-            return []
-        with tempfile.NamedTemporaryFile('w', suffix='.debugfs') as f:
-            f.write(''.join(c + '\n' for c in commands))
-            f.flush()
-            try:
-                r = _run(['debugfs', '-f', f.name, self.device])
-            except (subprocess.TimeoutExpired, OSError) as e:
-                LOG.warning('debugfs on %s: %s', self.device, e)
-                return [''] * len(commands)
-        out, cur = {}, None
-        for line in r.stdout.splitlines():
-            if line.startswith('debugfs: '):
-                cur = line[len('debugfs: '):]
-                out.setdefault(cur, [])
-            elif cur is not None:
-                out[cur].append(line)
-        return ['\n'.join(out.get(c, ())) for c in commands]
-
-
 _STAT_TYPE = re.compile(r'Type: (\w+)')
 _STAT_SIZE = re.compile(r'Size: (\d+)\s*$', re.M)
 _LINK = re.compile(r'Fast link dest: "(.*)"')
@@ -150,18 +79,10 @@ def _join(directory, target):
     return os.path.normpath(os.path.join(directory, target))
 
 
-def _ls(text):
-    """(name, mode) of ``debugfs ls -p`` output, without . and .."""
-    for line in text.splitlines():
-        f = line.split('/')
-        if len(f) >= 7 and f[5] not in ('.', '..', ''):
-            yield f[5], int(f[2], 8)
-
-
 def _needed(path):
     """(NEEDED names, RUNPATH dirs) of an ELF file; empty if not ELF."""
     try:
-        r = _run(['readelf', '-d', '-W', path])
+        r = fstools.run(['readelf', '-d', '-W', path])
     except (subprocess.TimeoutExpired, OSError):
         return [], []
     needed = re.findall(r'\(NEEDED\)\s+Shared library: \[([^]]+)\]',
@@ -179,7 +100,7 @@ def ext_files(path, offset):
     Returns ``(block size, [block numbers])``, relative to the file
     system's start.
     """
-    fs = _Debugfs(path, offset)
+    fs = fstools.Debugfs(path, offset)
     head = fs.run(['stats -h'])[0]
     m = re.search(r'Block size:\s+(\d+)', head)
     if not m:
@@ -192,7 +113,9 @@ def ext_files(path, offset):
         listings = fs.run(['ls -p ' + d for d in dirs])
         below = []
         for d, text in zip(dirs, listings):
-            for name, mode in _ls(text):
+            for name, _ino, mode in fstools.ls_entries(text):
+                if '"' in name or '\n' in name:
+                    continue            # would not survive a command line
                 p = os.path.join(d, name)
                 if mode & 0o170000 == 0o040000:
                     if depth == 0 and (name.endswith('.wants')
@@ -249,12 +172,12 @@ def ext_files(path, offset):
 def boot_blocks(path, size, block_size):
     """Image blocks (of ``block_size``) the boot reads, as far as known."""
     out = set()
-    for off, length in volumes(path, size):
-        kind = fs_type(path, off)
+    for off, length in fstools.volumes(path, size):
+        kind = fstools.fs_type(path, off)
         if kind == 'vfat' and length <= MAX_BOOT_PARTITION:
             out.update(range(off // block_size,
                              -(-(off + length) // block_size)))
-        elif kind in _EXT:
+        elif kind in fstools.EXT:
             bsize, blocks = ext_files(path, off)
             for b in blocks:
                 start = off + b * bsize
