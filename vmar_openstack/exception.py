@@ -85,6 +85,11 @@ class BootsetFormatError(VmarException, ValueError):
     message = 'invalid boot working set of %(image_id)s: %(detail)s'
 
 
+class LayoutFormatError(VmarException, ValueError):
+    """A block layout breaks its specification."""
+    message = 'invalid block layout of %(image_id)s: %(detail)s'
+
+
 class SourceError(VmarException, RuntimeError):
     """A map or base image cannot be found, fetched or verified."""
     message = 'cannot get %(what)s: %(reason)s'

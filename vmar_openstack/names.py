@@ -73,6 +73,11 @@ def bootset_file(image_id):
     return '%s.vboot' % image_id
 
 
+def layout_file(image_id):
+    """File name of the block layout of an image: ``<id>.vlayout``."""
+    return '%s.vlayout' % image_id
+
+
 # the flavor extra specs of vmar servers (validated by nova-api through
 # vmar_openstack.nova_imagebackend.extra_specs)
 SPEC_ENABLED = 'vmar:enabled'
@@ -139,6 +144,7 @@ def parse_nbd_uri(uri):
 MAP_NAMESPACE = uuid.UUID('6f1c7a52-3f0e-5b8a-9a57-0c4d8e2b1d90')
 DIGESTS_NAMESPACE = uuid.UUID('0b6a3c8e-41d2-5f97-8e1a-6c2f9d4b7a35')
 BOOTSET_NAMESPACE = uuid.UUID('5d2e8f14-7a3b-5c69-b0d4-19e7c3a6f852')
+LAYOUT_NAMESPACE = uuid.UUID('8c41f0d2-93b5-5e7a-a6c8-2d1f7e9b4035')
 # properties of the hidden images (os_hidden): whose they are, which
 # version, and the SHA-256 of their data
 PROP_OF = 'vmar_map_of'
@@ -146,6 +152,7 @@ PROP_VERSION = 'vmar_map_version'
 PROP_SHA256 = 'vmar_map_sha256'
 PROP_DIGESTS_SHA256 = 'vmar_digests_sha256'
 PROP_BOOTSET_SHA256 = 'vmar_bootset_sha256'
+PROP_LAYOUT_SHA256 = 'vmar_layout_sha256'
 
 
 def map_image_id(image_id, version):
@@ -180,6 +187,15 @@ def bootset_image_id(image_id, source='introspected'):
 def bootset_image_name(image_id, source='introspected'):
     return 'vmar-bootset-%s%s' % ('' if source == 'introspected'
                                   else source + '-', image_id)
+
+
+def layout_image_id(image_id):
+    """The id of the hidden image of an image's block layout."""
+    return str(uuid.uuid5(LAYOUT_NAMESPACE, image_id))
+
+
+def layout_image_name(image_id):
+    return 'vmar-layout-%s' % image_id
 
 
 def published_by(image, owner):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from tests import base
+from tests import fsimages
 from vmar_openstack.db import hosts as db_hosts
 
 A = '0a000000-0000-4000-8000-0000000000a1'
@@ -79,6 +80,49 @@ class TestManage(base.LibraryTestCase):
         self.assertEqual([B], [t['image_id'] for t in show['targets']])
         self.manage('map', 'verify', B)
         self.assertIn('library consistent', self.manage('check').stdout)
+
+    def test_image_show_says_what_each_block_is(self):
+        self.manage('db', 'sync')
+        root = os.path.join(self.tmp, 'root')
+        os.makedirs(os.path.join(root, 'usr', 'bin'))
+        with open(os.path.join(root, 'usr', 'bin', 'tool'), 'wb') as f:
+            f.write(b'\x7f' * (3 << 20))
+        with open(os.path.join(root, 'motd'), 'wb') as f:
+            f.write(b'hello\n')
+        disk = os.path.join(self.tmp, 'disk.raw')
+        fsimages.partition(disk, 40 << 20, 'start=2048, type=83\n')
+        fsimages.mkfs_ext(disk, root, offset=1 << 20, size=39 << 20)
+        self.manage('image', 'add', '--id', A, disk)
+        self.manage('image', 'add', '--id', B,
+                    self.image('b.raw', [1, 2, 3, None]))
+        info = json.loads(self.manage('image', 'show', A, '--json').stdout)
+        lay = info['layout']
+        self.assertEqual([(1 << 20, 39 << 20, 'ext4', True)],
+                         [(v['offset'], v['length'], v['type'],
+                           v['classified']) for v in lay['volumes']])
+        kinds = lay['kinds']
+        # the tool's 768 blocks and motd's one, none of them zero
+        self.assertEqual(769, kinds['data']['blocks'])
+        self.assertEqual(769, kinds['data']['stored_blocks'])
+        for k in ('partition-table', 'superblock', 'group-header',
+                  'allocation', 'inode-table', 'journal', 'directory',
+                  'free', 'unknown'):
+            self.assertIn(k, kinds)
+        self.assertTrue(kinds['journal']['metadata'])
+        self.assertFalse(kinds['free']['metadata'])
+        self.assertEqual(2, lay['files'])
+        self.assertEqual({'path': '/usr/bin/tool', 'blocks': 768},
+                         lay['largest_files'][0])
+        text = self.manage('image', 'show', A).stdout
+        self.assertIn('all metadata', text)
+        self.assertIn('/usr/bin/tool', text)
+        # no file system: every block unknown, said so, not an error
+        info = json.loads(self.manage('image', 'show', B, '--json').stdout)
+        self.assertEqual(['unknown'], list(info['layout']['kinds']))
+        self.assertFalse(info['layout']['volumes'][0]['classified'])
+        err = self.manage('image', 'show', B.replace('b', 'c'),
+                          ok=False).stderr
+        self.assertIn('is not in the library', err)
 
     def test_hosts_list_and_shares(self):
         self.manage('db', 'sync')

@@ -18,6 +18,8 @@ from vmar_openstack.fingerprint import fstools
 from vmar_openstack.fingerprint import introspect
 from vmar_openstack.mapformat import bootset
 
+from tests import fsimages
+
 A = '00000000-0000-4000-8000-00000000000a'
 BS = 4096
 
@@ -67,18 +69,12 @@ class TestFormat(testtools.TestCase):
         self.assertEqual([(1, 3), (7, 1)], bootset.merge([3, 1, 2, 7, 2]))
 
 
-def _need(*tools):
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        raise AssertionError('missing tools (bindep.txt): %s' % missing)
-
-
 class TestIntrospect(testtools.TestCase):
 
     def setUp(self):
         super().setUp()
-        _need('mke2fs', 'debugfs', 'sfdisk', 'blkid', 'readelf',
-              'mkfs.fat')
+        fsimages.need('mke2fs', 'debugfs', 'sfdisk', 'blkid', 'readelf',
+                      'mkfs.fat')
         self.tmp = self.useFixture(fixtures.TempDir()).path
         root = self.root = os.path.join(self.tmp, 'root')
         # a root file system: systemd (an ELF needing libc and the
@@ -113,13 +109,8 @@ class TestIntrospect(testtools.TestCase):
         with open(os.path.join(self.root, rel), 'wb') as f:
             f.write(os.urandom(blocks * BS))
 
-    def mkfs(self, path, offset=0, size=64 << 20):
-        with open(path, 'ab') as f:
-            f.truncate(offset + size)
-        subprocess.run(['mke2fs', '-q', '-F', '-t', 'ext4', '-b', '4096',
-                        '-E', 'offset=%d' % offset, '-d', self.root, path,
-                        '%dk' % (size >> 10)], check=True,
-                       capture_output=True)
+    def mkfs(self, path, offset=0):
+        fsimages.mkfs_ext(path, self.root, offset)
 
     def file_blocks(self, path, offset, rel):
         out = fstools.Debugfs(path, offset).run(['blocks /' + rel])[0]
@@ -146,18 +137,13 @@ class TestIntrospect(testtools.TestCase):
         img = os.path.join(self.tmp, 'disk.raw')
         boot_off, boot_size = 1 << 20, 16 << 20
         root_off = boot_off + boot_size
-        with open(img, 'wb') as f:
-            f.truncate(root_off + (64 << 20))
-        subprocess.run(['sfdisk', '-q', img], check=True, text=True,
-                       capture_output=True,
-                       input='start=2048, size=32768, type=c\n'
-                             'start=34816, type=83\n')
+        fsimages.partition(img, root_off + (64 << 20),
+                           'start=2048, size=32768, type=c\n'
+                           'start=34816, type=83\n')
         fat = os.path.join(self.tmp, 'boot.fat')
         subprocess.run(['mkfs.fat', '-C', fat, str(boot_size >> 10)],
                        check=True, capture_output=True)
-        with open(fat, 'rb') as src, open(img, 'r+b') as dst:
-            dst.seek(boot_off)
-            dst.write(src.read())
+        fsimages.place(img, boot_off, fat)
         self.mkfs(img, root_off)
         got = set(introspect.boot_blocks(img, os.path.getsize(img), BS))
         # the boot partition whole, the root's boot files only

@@ -1,11 +1,12 @@
 """``vmar-manage``: operate the VMAR image library.
 
-Sub-commands: ``db sync|version``, ``image add|update|delete|list``,
+Sub-commands: ``db sync|version``, ``image add|update|delete|list|show``,
 ``map show|verify|gc``, ``hosts list|shares|forget``, ``failures
 list|retry|forget``, ``stats`` and ``check``. Options come from
 ``--config-file`` like any OpenStack service.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
+from vmar_openstack.mapformat import layout as layout_format
 from vmar_openstack.mapsource import glance as gsource
 
 CONF = vmar_conf.CONF
@@ -116,6 +118,81 @@ def image_list():
                 for i in db_api.list_images(s)]
     cmd.print_table(('seq', 'id', 'owner', 'visibility', 'format',
                      'virtual size', 'map', 'state'), rows)
+
+
+def image_show():
+    """One image of the library, and what its blocks are."""
+    a = CONF.category
+    with db_session.reader() as s:
+        store = db_store.ClusterStore(s)
+        img = store.get_image(a.id)
+        if img is None:
+            raise exception.CommandError('image %s is not in the library'
+                                         % a.id)
+        zero = ~store.load_digests(img).any(axis=1)
+        info = {'image_id': img.image_id, 'seq': img.seq,
+                'owner': img.owner, 'visibility': img.visibility,
+                'disk_format': img.disk_format,
+                'virtual_size': img.virtual_size,
+                'block_size': img.block_size, 'blocks': img.n_blocks,
+                'zero_blocks': img.zero_blocks,
+                'map_version': img.map_version, 'state': img.state,
+                'layout': None}
+    bs = info['block_size']
+    data = ingest.Library(CONF).layout(info['image_id'])
+    if data is not None:
+        lay = layout_format.decode(data, info['image_id'])
+        codes = lay.kind_codes()
+        kinds = {}
+        for kind, n in lay.counts().items():
+            if n:
+                mask = codes == layout_format.CODE[kind]
+                kinds[kind] = {
+                    'blocks': n,
+                    'stored_blocks': int((mask & ~zero[:len(mask)]).sum()),
+                    'metadata': kind in layout_format.METADATA}
+        files = sorted(lay.file_blocks().items(), key=lambda kv: -kv[1])
+        info['layout'] = {
+            'volumes': [dataclasses.asdict(v) for v in lay.volumes],
+            'kinds': kinds, 'files': len(lay.files),
+            'largest_files': [{'path': p, 'blocks': n}
+                              for p, n in files[:a.files]]}
+    if a.json:
+        _out(json.dumps(info, indent=2))
+        return
+    for key in ('image_id', 'seq', 'owner', 'visibility', 'disk_format',
+                'virtual_size', 'blocks', 'zero_blocks', 'map_version',
+                'state'):
+        _out('%-13s %s' % (key + ':', info[key]))
+    lay = info['layout']
+    if lay is None:
+        _out('layout:       none (added before block layouts, or its '
+             'file is missing: vmar-manage image update rewrites it)')
+        return
+    _out()
+    cmd.print_table(('volume offset', 'size', 'type', 'classified'),
+                    [(v['offset'], v['length'], v['type'] or '-',
+                      'yes' if v['classified'] else 'no')
+                     for v in lay['volumes']])
+    _out()
+    rows = [(k, 'metadata' if v['metadata'] else '', v['blocks'],
+             '%.1f' % (v['blocks'] * bs / 2.0 ** 20),
+             '%.1f%%' % (100.0 * v['blocks'] / info['blocks']),
+             '%.1f' % (v['stored_blocks'] * bs / 2.0 ** 20))
+            for k, v in lay['kinds'].items()]
+    meta = [v for v in lay['kinds'].values() if v['metadata']]
+    rows.append(('all metadata', '', sum(v['blocks'] for v in meta),
+                 '%.1f' % (sum(v['blocks'] for v in meta) * bs / 2.0 ** 20),
+                 '%.1f%%' % (100.0 * sum(v['blocks'] for v in meta)
+                             / info['blocks']),
+                 '%.1f' % (sum(v['stored_blocks'] for v in meta) * bs
+                           / 2.0 ** 20)))
+    cmd.print_table(('kind', '', 'blocks', 'MiB', 'of image',
+                     'MiB not zero'), rows)
+    _out()
+    _out('files with data: %d' % lay['files'])
+    for f in lay['largest_files']:
+        _out('  %10.1f MiB  %s' % (f['blocks'] * bs / 2.0 ** 20, f['path']))
 
 
 # -- map --------------------------------------------------------------------
@@ -416,6 +493,13 @@ def add_command_parsers(subparsers):
     p.add_argument('id')
     p.set_defaults(func=image_delete)
     imgs.add_parser('list', help='list images').set_defaults(func=image_list)
+    p = imgs.add_parser('show', help='an image and what its blocks are '
+                        '(file-system metadata by kind, file data, free)')
+    p.add_argument('id')
+    p.add_argument('--files', type=int, default=10,
+                   help='how many of the largest files to name')
+    p.add_argument('--json', action='store_true')
+    p.set_defaults(func=image_show)
 
     mp = subparsers.add_parser('map', help='block maps')
     mps = mp.add_subparsers(dest='action')

@@ -25,12 +25,14 @@ from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import classify
 from vmar_openstack.fingerprint import introspect
 from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack.ingest import ahead as ingest_ahead
 from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset as bootset_format
+from vmar_openstack.mapformat import layout as layout_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import mapgen
 
@@ -289,6 +291,7 @@ class Library:
                     placed = True
                 self._write_digests(image_id, fps)
             self._write_bootset(image_id, raw.path, raw.virtual_size)
+            self._write_layout(image_id, raw.path, raw.virtual_size)
         return fps, placed
 
     def _write_digests(self, image_id, fps):
@@ -320,10 +323,26 @@ class Library:
         LOG.info('image %s: boot working set of %d blocks in %d runs',
                  image_id, sum(n for _f, n in runs), len(runs))
 
+    def _write_layout(self, image_id, path, size):
+        """What each block is, by its file systems (hosts keep some warm)."""
+        fileutils.write_atomic(
+            paths.layout_path(self.conf, image_id),
+            layout_format.encode(classify.classify(
+                path, size, self.conf.vmar.block_size, image_id)),
+            mode=0o444)
+
     def bootset(self, image_id):
         """The image's boot working set file, bytes; None if it has none."""
+        return self._library_file(paths.bootset_path(self.conf, image_id))
+
+    def layout(self, image_id):
+        """The image's block layout file, bytes; None if it has none."""
+        return self._library_file(paths.layout_path(self.conf, image_id))
+
+    @staticmethod
+    def _library_file(path):
         try:
-            with open(paths.bootset_path(self.conf, image_id), 'rb') as f:
+            with open(path, 'rb') as f:
                 return f.read()
         except FileNotFoundError:
             return None
@@ -332,6 +351,7 @@ class Library:
         fileutils.unlink(paths.base_path(self.conf, image_id))
         fileutils.unlink(paths.digests_path(self.conf, image_id))
         fileutils.unlink(paths.bootset_path(self.conf, image_id))
+        fileutils.unlink(paths.layout_path(self.conf, image_id))
 
     def _fill_image(self, img, fps, disk_format):
         img.disk_format = disk_format

@@ -23,3 +23,8 @@ def digests_path(conf, image_id):
 def bootset_path(conf, image_id):
     """The boot working set of an image, next to its digest list."""
     return os.path.join(conf.vmar.digest_dir, names.bootset_file(image_id))
+
+
+def layout_path(conf, image_id):
+    """The block layout of an image, next to its digest list."""
+    return os.path.join(conf.vmar.digest_dir, names.layout_file(image_id))
