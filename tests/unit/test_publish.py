@@ -175,7 +175,7 @@ class TestPublishDigests(TestPublish):
         self.assertTrue(rec['os_hidden'])
         self.assertEqual(hashlib.sha256(rec['data']).hexdigest(),
                          rec[names.PROP_DIGESTS_SHA256])
-        path = os.path.join(self.tmp, 'digests')
+        path = os.path.join(self.tmp, 'published.vdig')
         with open(path, 'wb') as f:
             f.write(rec['data'])
         hdr, rows = mirror_format.read_digests(path)
