@@ -98,6 +98,19 @@ def status():
         [(e['name'], e['state'], e['host_cache'], len(e['holders']),
           e['requests'], _size(e['bytes_read'] + e['bytes_zero']),
           e['errors'], e['fetches'], _queued(e)) for e in st['exports']])
+    warm = st.get('warm')
+    if warm:
+        print()
+        print('metadata kept warm: %s locked in %d ranges, of %s wanted '
+              '(budget %s)%s' % (
+                  _size(warm['locked_bytes']), warm['ranges'],
+                  _size(warm['wanted_bytes']), _size(warm['budget_bytes']),
+                  '; ' + warm['error'] if warm['error'] else ''))
+        for base, n in sorted(warm['bases'].items()):
+            print('  %s  %s' % (base, _size(n)))
+        if warm['without_layout']:
+            print('  images without a block layout: %s'
+                  % ', '.join(warm['without_layout']))
     gc = st.get('guest_cache')
     if gc:
         _guest_cache(gc)

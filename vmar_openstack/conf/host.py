@@ -99,6 +99,25 @@ daemon_opts = [
                 help='Port of the daemon\'s Prometheus /metrics.\n\n'
                      'Possible values: a port; 0, no endpoint.\n\n'
                      'Related options: [vmar_metrics] bind_host.'),
+    cfg.IntOpt('warm_metadata_mb', default=128, min=0,
+               help='MiB of the file-system metadata of the bases the host '
+                    'serves (host_cache=base exports) that the daemon keeps '
+                    'locked in the page cache: superblocks, descriptors, '
+                    'bitmaps, inode tables, directories, extent trees, as '
+                    'each image\'s block layout (published by vmar-agent) '
+                    'names them; blocks shared by more images first. Idle '
+                    'reclaim and memory pressure then leave them, so every '
+                    'guest\'s find, du, package manager and service start '
+                    'finds them in memory. A lazy mirror\'s blocks are '
+                    'locked once present. The daemon needs RLIMIT_MEMLOCK '
+                    'for it (LimitMEMLOCK= of its unit) unless it runs as '
+                    'root.\n\nPossible values: MiB; 0 keeps nothing (and '
+                    'costs nothing).\n\nRelated options: warm_interval.'),
+    cfg.IntOpt('warm_interval', default=30, min=1,
+               help='Seconds between passes that re-plan the metadata kept '
+                    'warm (exports added or removed re-plan at once; a '
+                    'pass locks what lazy mirrors fetched since).\n\n'
+                    'Related options: warm_metadata_mb.'),
 ]
 
 source_opts = [

@@ -33,6 +33,7 @@ from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate as alt_format
 from vmar_openstack.mapformat import bootset as bootset_format
+from vmar_openstack.mapformat import layout as layout_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.mapsource import readers
 from vmar_openstack import names
@@ -41,6 +42,7 @@ LOG = logging.getLogger(__name__)
 
 _MAPS, _BASES, _MIRRORS = 'maps', 'bases', 'mirrors'
 _BOOTSETS, _SENT = 'bootsets', '.sent'
+_LAYOUTS = 'layouts'
 # the lock files of releases before the host API (nothing takes them now)
 _OLD_LOCKS = 'locks'
 # the files of a mirror, in the order they are created; deleted in reverse
@@ -73,6 +75,16 @@ class Layout:
     def bootset_file(self, image_id):
         return os.path.join(self.root, _BOOTSETS,
                             names.bootset_file(image_id))
+
+    def layout_file(self, image_id):
+        return os.path.join(self.root, _LAYOUTS, names.layout_file(image_id))
+
+    def layout(self, image_id):
+        """The host's block layout of an image, or None without one."""
+        try:
+            return layout_format.read(self.layout_file(image_id), image_id)
+        except (OSError, exception.LayoutFormatError):
+            return None
 
     def bootset_source(self, image_id):
         """Where the host's boot working set of an image came from.
@@ -246,22 +258,40 @@ class HostDir(Layout):
         Returns the file's path, or None. Call it holding the image's files
         (:meth:`hold`).
         """
-        path = self.bootset_file(image_id)
-        if os.path.exists(path):
-            return path
         if not self.source.has_bootsets:
             return None
+        return self._ensure_file(
+            image_id, self.bootset_file(image_id), self.source.fetch_bootset,
+            bootset_format.read, exception.BootsetFormatError,
+            'boot working set to prefetch')
+
+    def ensure_layout(self, image_id):
+        """The image's block layout from the source, if it has one.
+
+        Returns the file's path, or None. Call it holding the image's files
+        (:meth:`hold`).
+        """
+        if not self.source.has_layouts:
+            return None
+        return self._ensure_file(
+            image_id, self.layout_file(image_id), self.source.fetch_layout,
+            layout_format.read, exception.LayoutFormatError,
+            'block layout (its metadata is not kept warm)')
+
+    @staticmethod
+    def _ensure_file(image_id, path, fetch, read, invalid, what):
+        """``path`` fetched and checked, unless the host has it already."""
+        if os.path.exists(path):
+            return path
         # several exports of the image may be prepared at once (the hold
         # is shared): each fetches into a file of its own
         tmp = fileutils.new_temp(path)
         try:
-            self.source.fetch_bootset(image_id, tmp)
-            bootset_format.read(tmp, image_id)
-        except (exception.SourceError, exception.BootsetFormatError,
-                OSError) as e:
+            fetch(image_id, tmp)
+            read(tmp, image_id)
+        except (exception.SourceError, invalid, OSError) as e:
             fileutils.unlink(tmp)
-            LOG.info('image %s: no boot working set to prefetch (%s)',
-                     image_id, e)
+            LOG.info('image %s: no %s (%s)', image_id, what, e)
             return None
         fileutils.install(tmp, path)
         return path
@@ -452,7 +482,9 @@ class HostDir(Layout):
         bases = {tid for e in exports for tid, _s in e.targets}
         boots = {names.bootset_file(e.image_id) + suffix for e in exports
                  for suffix in ('', _SENT)}
-        for sub, keep in ((_MAPS, maps), (_BASES, bases), (_BOOTSETS, boots)):
+        layouts = {names.layout_file(e.image_id) for e in exports}
+        for sub, keep in ((_MAPS, maps), (_BASES, bases), (_BOOTSETS, boots),
+                          (_LAYOUTS, layouts)):
             d = os.path.join(self.root, sub)
             for name in os.listdir(d) if os.path.isdir(d) else ():
                 if name in keep or name.startswith('.'):

@@ -85,6 +85,23 @@ class ExportCollector(prom_registry.Collector):
             count_value=f.count, sum_value=f.seconds)
         if st.guest_cache is not None:
             yield from _guest_metrics(st.guest_cache)
+        if st.warm is not None:
+            yield from _warm_metrics(st.warm)
+
+
+def _warm_metrics(warm):
+    """The metadata the daemon keeps in memory (:mod:`.warm`)."""
+    for name, doc, value in (
+            ('locked_bytes', 'Bytes of base metadata locked in the page '
+             'cache.', warm.locked_bytes),
+            ('wanted_bytes', 'Bytes of the metadata of the exported images, '
+             'before the budget.', warm.wanted_bytes),
+            ('budget_bytes', '[vmar_host] warm_metadata_mb, in bytes.',
+             warm.budget_bytes),
+            ('images_without_layout', 'Exported images the host has no '
+             'block layout of.', len(warm.without_layout))):
+        yield core.GaugeMetricFamily('vmar_warm_metadata_' + name, doc,
+                                     value=value)
 
 
 def _guest_metrics(gc):

@@ -30,6 +30,7 @@ from vmar_openstack.export import qmp
 from vmar_openstack.export import report as export_report
 from vmar_openstack.export import state as export_state
 from vmar_openstack.export import supervisor
+from vmar_openstack.export import warm as export_warm
 from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset as bootset_format
@@ -57,6 +58,7 @@ class ExportService:
         # set while the daemon runs with every export it could restore
         self.ready = threading.Event()
         self.guests = None      # export_guests.Guests, while serving
+        self.warm = None        # export_warm.Warm, while serving
         # base id -> bytes_fetched of its mirror node when last counted
         self._fills_seen = {}
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
@@ -248,6 +250,8 @@ class ExportService:
             boot = (self.conf.vmar_host.prefetch and self.lazy(host_cache)
                     and known is None
                     and self.files.ensure_bootset(image_id))
+            if self.conf.vmar_host.warm_metadata_mb and host_cache == 'base':
+                self.files.ensure_layout(image_id)
             with export_state.State(self.host_dir) as state:
                 new = _existing(state, image_id, version, host_cache) is None
                 exp = self._add(state, bmap, fetched, host_cache, holder,
@@ -257,6 +261,8 @@ class ExportService:
                 if new and self.lazy(host_cache) and self.conf.vmar_host.fill:
                     prefetch.request_fill(self.host_dir, exp.name,
                                           self.conf.vmar_host.fill_delay)
+                if new and self.warm:
+                    self.warm.changed()
                 return exp
 
     def _add(self, state, bmap, fetched, host_cache, holder, key):
@@ -367,6 +373,8 @@ class ExportService:
                 graph.del_unused_nodes(mon, state.exports.values(),
                                        self.fetch_nodes)
             self.files.prune(state.exports.values())
+            if self.warm:
+                self.warm.changed()
         elif stale:
             # other holders keep the node: only the holder's own NBD export
             # goes, and a daemon that is down will not restore it anyway
@@ -513,11 +521,14 @@ class ExportService:
         group = self.conf.vmar_host.export_socket_group
         self.guests = export_guests.start(
             self.conf, grp.getgrnam(group).gr_gid if group else None)
+        self.warm = export_warm.start(self.conf, self.files, self.host_dir)
         server = api.ApiServer(self).start()
         try:
             supervisor.Supervisor(self).serve(stop_event, max_backoff)
         finally:
             server.stop()
+            if self.warm:
+                self.warm.stop()
             if self.guests:
                 self.guests.stop()
             if reporter:

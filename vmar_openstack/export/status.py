@@ -59,6 +59,7 @@ class HostStatus:
     exports: list
     fetched: object            # export.state.Fetched
     guest_cache: object        # export.guests.GuestCacheStatus, or None
+    warm: object               # export.warm.WarmStatus, or None
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -113,4 +114,5 @@ def collect(service):
             sorted({h for e in readers for h in e.holders})))
     return HostStatus(service.socket, counters is not None, bases, out,
                       fetched, service.guests.snapshot()
-                      if service.guests else None)
+                      if service.guests else None,
+                      service.warm.snapshot() if service.warm else None)

@@ -188,6 +188,7 @@ class Publisher:
         """Publish what hosts read beside an image's maps, once each."""
         self.digests(image_id)
         self.bootset(image_id)
+        self.layout(image_id)
 
     def digests(self, image_id):
         """Publish the digest list of an image's base, once.
@@ -213,6 +214,17 @@ class Publisher:
             names.bootset_image_name(image_id),
             self.library.bootset, names.PROP_BOOTSET_SHA256,
             'boot working set')
+
+    def layout(self, image_id):
+        """Publish the block layout of an image, once.
+
+        Hosts keep the metadata blocks it names warm. Returns its id, or
+        None when the library has none for the image.
+        """
+        return self._publish_file(
+            image_id, names.layout_image_id(image_id),
+            names.layout_image_name(image_id),
+            self.library.layout, names.PROP_LAYOUT_SHA256, 'block layout')
 
     def recorded_bootset(self, image_id, data):
         """Publish the boot working set a host recorded, once.

@@ -11,6 +11,8 @@ methods:
   lazy``);
 * ``has_bootsets``: ``fetch_bootset``, the boot working set the host
   prefetches;
+* ``has_layouts``: ``fetch_layout``, the block layout the host keeps the
+  metadata of its bases warm by;
 * ``needs_range_server``: ``range_server_command``, the nbdkit the export
   daemon runs for its base readers.
 

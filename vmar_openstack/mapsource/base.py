@@ -21,6 +21,8 @@ class MapSource(abc.ABC):
     can_mirror = False
     #: publishes images' boot working sets (:meth:`fetch_bootset`)
     has_bootsets = False
+    #: publishes images' block layouts (:meth:`fetch_layout`)
+    has_layouts = False
     #: its base readers are exports of a range server the export daemon
     #: runs beside qemu-storage-daemon (:meth:`range_server_command`)
     needs_range_server = False
@@ -51,6 +53,10 @@ class MapSource(abc.ABC):
     def fetch_bootset(self, image_id, dest):
         """The image's boot working set at ``dest`` (``has_bootsets``)."""
         raise self._cannot('publish boot working sets')
+
+    def fetch_layout(self, image_id, dest):
+        """The image's block layout at ``dest`` (``has_layouts``)."""
+        raise self._cannot('publish block layouts')
 
     def range_server_command(self):
         """``(argv, socket, env)`` of the range server.

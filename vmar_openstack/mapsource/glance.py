@@ -141,6 +141,7 @@ class GlanceSource(base.MapSource):
 
     can_mirror = True
     has_bootsets = True
+    has_layouts = True
 
     @property
     def needs_range_server(self):
@@ -270,6 +271,14 @@ class GlanceSource(base.MapSource):
             self._fetch_file(names.bootset_image_id(image_id), image_id,
                              names.PROP_BOOTSET_SHA256, 'boot working set',
                              dest)
+
+    def fetch_layout(self, image_id, dest):
+        """The block layout vmar-agent published for an image, at dest.
+
+        :raises SourceError: none published, or not the agent's.
+        """
+        self._fetch_file(names.layout_image_id(image_id), image_id,
+                         names.PROP_LAYOUT_SHA256, 'block layout', dest)
 
     def _fetch_file(self, did, image_id, sha_prop, what, dest):
         """A hidden file image of vmar-agent's, checked, at ``dest``."""

@@ -19,6 +19,7 @@ class LocalDirSource(base.MapSource):
 
     can_mirror = True
     has_bootsets = True
+    has_layouts = True
 
     def __init__(self, root):
         self.root = root
@@ -52,6 +53,10 @@ class LocalDirSource(base.MapSource):
     def fetch_bootset(self, image_id, dest):
         self._copy(os.path.join(self.root, 'digests',
                                 names.bootset_file(image_id)), dest)
+
+    def fetch_layout(self, image_id, dest):
+        self._copy(os.path.join(self.root, 'digests',
+                                names.layout_file(image_id)), dest)
 
     def base_reader(self, image_id, size):
         """The library's base file: a mirror fetches missing blocks there.
