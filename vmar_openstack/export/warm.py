@@ -27,6 +27,7 @@ Why locking a mapping, not prefetching or cgroup protection, is in
 import collections
 import dataclasses
 import mmap
+import os
 import platform
 import threading
 
@@ -180,6 +181,7 @@ class Warm:
         self.host_dir = host_dir
         self.locked = {}        # (path, offset, length) -> mmap
         self.cache = {}         # (image, version) -> base_blocks()
+        self.dropped = set()    # base files whose large folios went
         self.status = WarmStatus(self.budget, 0, 0, 0, {}, [], '')
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -221,6 +223,7 @@ class Warm:
             path, offset, length = key
             try:
                 with open(path, 'rb') as f:
+                    self._small_pages(f.fileno(), path)
                     self.locked[key] = mmap.mmap(
                         f.fileno(), length,
                         flags=mmap.MAP_SHARED | _MAP_LOCKED,
@@ -233,6 +236,21 @@ class Warm:
                             offset, e)
                 break
         return error
+
+    def _small_pages(self, fd, path):
+        """Make the pages this daemon locks in ``path`` 4 KiB ones.
+
+        read(2) caches a file in large folios (up to 2 MiB); locking one
+        4 KiB block of a folio pins all of it (7 times the blocks on this
+        machine's kernel: bench/RESULTS.md). So the first time it locks
+        blocks of a base, the daemon drops the base's cached pages (once:
+        locked ones stay), and faults its own blocks in without
+        read-around, one page each.
+        """
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        if path not in self.dropped:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            self.dropped.add(path)
 
     def snapshot(self):
         with self.lock:
