@@ -8,6 +8,7 @@ a killed process leaves at most unreferenced files, which ``vmar-manage
 check`` reports.
 """
 
+from concurrent import futures
 import contextlib
 import dataclasses
 import hashlib
@@ -279,20 +280,31 @@ class Library:
                 max_virtual_size=c.max_virtual_size_gb << 30) as raw:
             if ahead is not None:
                 ahead.expect(-(-raw.virtual_size // c.block_size))
-            fps = fingerprint.hash_file(
-                raw.path, raw.virtual_size, c.block_size, c.hash_algorithm,
-                c.hash_workers, progress,
-                on_chunk=ahead.chunk if ahead else None)
-            placed = False
-            if keep_base:
-                dest = paths.base_path(self.conf, image_id)
-                if os.path.realpath(raw.path) != os.path.realpath(dest):
-                    fileutils.copy_readonly(raw.path, dest)
-                    placed = True
-                self._write_digests(image_id, fps)
-            self._write_bootset(image_id, raw.path, raw.virtual_size)
-            self._write_layout(image_id, raw.path, raw.virtual_size)
+            # the file systems are read (by debugfs, xfs_db: processes of
+            # their own) while the blocks are hashed; leaving the block
+            # waits for both, so a failure leaves no reader behind
+            with futures.ThreadPoolExecutor(
+                    1, thread_name_prefix='vmar-introspect') as pool:
+                read_fs = pool.submit(self._write_introspected, image_id,
+                                      raw.path, raw.virtual_size)
+                fps = fingerprint.hash_file(
+                    raw.path, raw.virtual_size, c.block_size,
+                    c.hash_algorithm, c.hash_workers, progress,
+                    on_chunk=ahead.chunk if ahead else None)
+                placed = False
+                if keep_base:
+                    dest = paths.base_path(self.conf, image_id)
+                    if os.path.realpath(raw.path) != os.path.realpath(dest):
+                        fileutils.copy_readonly(raw.path, dest)
+                        placed = True
+                    self._write_digests(image_id, fps)
+            read_fs.result()
         return fps, placed
+
+    def _write_introspected(self, image_id, path, size):
+        """What the image's file systems say: boot set and block layout."""
+        self._write_bootset(image_id, path, size)
+        self._write_layout(image_id, path, size)
 
     def _write_digests(self, image_id, fps):
         """The digest list hosts check lazily fetched blocks against."""
