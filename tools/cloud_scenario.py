@@ -36,6 +36,7 @@ from tools.vmarenv import qemu_env
 
 MARKER = re.compile(r'VMAR-BOOTED (\S+) ([0-9]+\.[0-9]+)')
 BOOT_TIMEOUT = 600       # TCG, two cores, other guests booting
+IDLE = 60                # seconds the host idles before metadata_warm
 FLAVOR_VMAR = 'vmar.small'
 FLAVOR_PLAIN = 'plain.small'
 FLAVOR_PRIVATE = 'vmar.private'
@@ -390,6 +391,7 @@ class UserPath(Scenario):
                           own[name] / 2**20))
         self.figures['page_cache'] = {n: (cached[bases[n]], own[n])
                                       for n in own}
+        self.booted_at = time.monotonic()
         # Both boots read nearly the same blocks (kernel, initramfs,
         # systemd, libc): without VMAR each base would hold about as much
         # as the other. Through VMAR, vm-b's reads of shared blocks land
@@ -402,6 +404,38 @@ class UserPath(Scenario):
               'python3 base holds %d bytes, minbase %d: shared blocks are '
               'cached twice', cached[bases['python3']],
               cached[bases['minbase']])
+
+    def metadata_warm(self):
+        """The host keeps the metadata of its servers' images in memory.
+
+        After an idle minute (this machine's reclaim pages out what was
+        not touched for 60 s, where it runs), the export daemon holds the
+        file-system metadata vm-a's and vm-b's boots brought into their
+        bases' mirrors locked in the page cache (doc/source/export.rst,
+        "Metadata kept warm"): evicting the bases leaves it there.
+        """
+        from vmar_openstack import pagecache
+        time.sleep(max(0.0, self.booted_at + IDLE - time.monotonic()))
+        warm = self.export_status()['warm']
+        check(warm and warm['locked_bytes'] > 0 and warm['error'] == '',
+              'no metadata kept warm: %s', warm)
+        check(not warm['without_layout'], 'the host has no block layout '
+              'of %s', warm['without_layout'])
+        for name in ('minbase', 'python3'):
+            image = self.ids[name]
+            check(warm['bases'].get(image, 0) > 0, '%s: none of its '
+                  'metadata locked: %s', name, warm)
+            base = self._base_file(image)
+            pagecache.evict(base)
+            left = pagecache.resident_bytes([base])[base]
+            check(left >= warm['bases'][image], '%s: %d bytes of its base '
+                  'cached after eviction, %d locked', name, left,
+                  warm['bases'][image])
+            self.echo('  %s: %.1f MiB of metadata locked; %.1f MiB of its '
+                      'base still cached after eviction' % (
+                          name, warm['bases'][image] / 2**20,
+                          left / 2**20))
+        self.figures['metadata_warm'] = warm
 
     def boot_one(self, name, flavor, image):
         """Boot a server to its marker; its domain XML."""
@@ -720,7 +754,8 @@ class UserPath(Scenario):
             return whole
         return os.path.join(self.host_dir, 'mirrors', image_id)
 
-    def _vmar_files(self, subs=('maps', 'bases', 'mirrors', 'bootsets')):
+    def _vmar_files(self, subs=('maps', 'bases', 'mirrors', 'bootsets',
+                                'layouts')):
         found = set()
         for sub in subs:
             d = os.path.join(self.host_dir, sub)
@@ -843,7 +878,8 @@ class UserPath(Scenario):
                     for f in os.listdir(d)]
             # mirrors stay, unreferenced, up to [vmar_host] mirror_cache_gb
             return (not self.map_images() and not left
-                    and not self._vmar_files(('maps', 'bases', 'bootsets')))
+                    and not self._vmar_files(('maps', 'bases', 'bootsets',
+                                              'layouts')))
         self.wait('maps and bases to go', clean, timeout=300)
         state = os.path.join(self.host_dir, 'exports.json')
         if os.path.exists(state):
@@ -854,7 +890,8 @@ class UserPath(Scenario):
                   'Glance, no map or base file on the host or in the '
                   'agent\'s library')
 
-    STEPS = ('upload', 'flavors', 'boot', 'page_cache', 'guest_private',
+    STEPS = ('upload', 'flavors', 'boot', 'page_cache', 'metadata_warm',
+             'guest_private',
              'guest_auto', 'lifecycle',
              'restart_compute',
              'kill_export_daemon', 'delete_canonical', 'delete_all')
