@@ -7,6 +7,7 @@ not those of other files.
 """
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -132,6 +133,17 @@ class TestIntrospect(testtools.TestCase):
             self.assertLessEqual(blocks, got, rel)
         for rel in ('srv/data', 'usr/lib/x86_64-linux-gnu/libunused.so'):
             self.assertFalse(self.file_blocks(img, 0, rel) & got, rel)
+        # and the metadata on the way: the superblock, the directories
+        # to a boot file and the inode-table blocks of its inodes, not
+        # those of a directory no boot file is in
+        fs = fstools.Debugfs(img, 0)
+        self.assertIn(0, got)
+        for rel in ('usr', 'usr/lib', 'usr/lib/systemd'):
+            self.assertLessEqual(self.file_blocks(img, 0, rel), got, rel)
+        imap = fs.run(['imap /usr/lib/systemd/systemd'])[0]
+        self.assertIn(int(re.search(r'located at block (\d+)',
+                                    imap).group(1)), got)
+        self.assertFalse(self.file_blocks(img, 0, 'srv') & got)
 
     def test_partitioned_disk_with_a_fat_boot_partition(self):
         img = os.path.join(self.tmp, 'disk.raw')

@@ -113,9 +113,6 @@ _HEADER_INODES = (
     (re.compile(r'^Group quota inode:\s+(\d+)', re.M), 'quota'),
     (re.compile(r'^Project quota inode:\s+(\d+)', re.M), 'quota'),
 )
-# (logical[-logical][[u]]):physical[-physical], or (ETBn|IND|DIND|TIND):n
-_EXTENT = re.compile(r'\((ETB\d+|IND|DIND|TIND|\d+(?:-\d+)?(?:\[u\])?)\):'
-                     r'(\d+)(?:-(\d+))?')
 _ACL = re.compile(r'File ACL: (\d+)')
 S_IFMT, S_IFDIR = 0o170000, 0o040000
 
@@ -129,17 +126,10 @@ def _ranges(text, regex):
 
 def _ext(path, offset, length, marks, files):
     """Classify the ext file system at ``offset``; False if unreadable."""
-    try:
-        r = fstools.run(['dumpe2fs', fstools.device(path, offset)])
-    except (subprocess.TimeoutExpired, OSError) as e:
-        LOG.warning('dumpe2fs on %s at %d: %s', path, offset, e)
-        return False
-    head = r.stdout
+    head = fstools.dumpe2fs(path, offset)
     m = re.search(r'^Block size:\s+(\d+)', head, re.M)
     count = re.search(r'^Block count:\s+(\d+)', head, re.M)
-    if r.returncode != 0 or not m or not count:
-        LOG.warning('dumpe2fs on %s at %d failed: %s', path, offset,
-                    r.stderr.strip()[-300:])
+    if not m or not count:
         return False
     bsize, n_fs = int(m.group(1)), int(count.group(1))
 
@@ -205,14 +195,9 @@ def _ext_inode(text, kind, path, mark, files):
     if acl and int(acl.group(1)):
         b = int(acl.group(1))
         mark(b, b, 'xattr')
-    at = max(text.find('\nEXTENTS:'), text.find('\nBLOCKS:'))
-    if at < 0:
-        return                  # inline data, a fast symlink, nothing
     file = -1
-    for m in _EXTENT.finditer(text, at):
-        first = int(m.group(2))
-        last = int(m.group(3)) if m.group(3) else first
-        if m.group(1)[0] in 'EIDT':     # ETBn, IND, DIND, TIND
+    for what, first, last in fstools.stat_extents(text):
+        if what == 'map':
             mark(first, last, 'group-header' if kind == 'group-header'
                  else 'file-map')
             continue

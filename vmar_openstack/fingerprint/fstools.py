@@ -10,6 +10,7 @@ yields nothing (the caller knows less), never an exception.
 """
 
 import json
+import re
 import subprocess
 import tempfile
 
@@ -76,6 +77,24 @@ def device(path, offset):
     return '%s?offset=%d' % (path, offset) if offset else path
 
 
+def dumpe2fs(path, offset):
+    """``dumpe2fs``'s text of the ext file system at ``offset`` ('' if none).
+
+    The superblock, then each group's metadata and free blocks.
+    """
+    dev = device(path, offset)
+    try:
+        r = run(['dumpe2fs', dev])
+    except (subprocess.TimeoutExpired, OSError) as e:
+        LOG.warning('dumpe2fs on %s: %s', dev, e)
+        return ''
+    if r.returncode != 0:
+        LOG.warning('dumpe2fs on %s failed: %s', dev,
+                    r.stderr.strip()[-300:])
+        return ''
+    return r.stdout
+
+
 class Debugfs:
     """Batches of ``debugfs`` commands on one ext file system (read-only)."""
 
@@ -117,3 +136,24 @@ def ls_entries(text):
                 yield f[5], int(f[1]), int(f[2], 8)
             except ValueError:
                 continue
+
+
+# (logical[-logical][[u]]):physical[-physical], or (ETBn|IND|DIND|TIND):n
+_EXTENT = re.compile(r'\((ETB\d+|IND|DIND|TIND|\d+(?:-\d+)?(?:\[u\])?)\):'
+                     r'(\d+)(?:-(\d+))?')
+
+
+def stat_extents(text):
+    """``(kind, first, last)`` of the blocks in ``debugfs stat`` output.
+
+    ``kind`` is ``'map'`` for extent-tree and indirect blocks, ``'data'``
+    for the inode's own blocks; ``first`` and ``last`` are file system
+    block numbers. Nothing for inline data or a fast symlink.
+    """
+    at = max(text.find('\nEXTENTS:'), text.find('\nBLOCKS:'))
+    if at < 0:
+        return
+    for m in _EXTENT.finditer(text, at):
+        first = int(m.group(2))
+        last = int(m.group(3)) if m.group(3) else first
+        yield ('map' if m.group(1)[0] in 'EIDT' else 'data'), first, last

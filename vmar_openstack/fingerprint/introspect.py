@@ -126,6 +126,8 @@ def ext_files(path, offset):
                     wanted.append(p)
         dirs = below
     files, seen, elf_seen = set(), set(), set()
+    found = set()               # every path that exists: files, symlinks
+    meta = set()                # extent-tree blocks of the files
     with tempfile.TemporaryDirectory(prefix='vmar-introspect-') as tmp:
         for _round in range(_MAX_ROUNDS):
             todo = [p for p in dict.fromkeys(wanted) if p not in seen]
@@ -138,6 +140,10 @@ def ext_files(path, offset):
             for p, text in zip(todo, fs.run(['stat "%s"' % p
                                              for p in todo])):
                 kind, size, link = _parse_stat(text)
+                if kind:
+                    found.add(p)
+                    meta.update(b for k, b, _l in fstools.stat_extents(text)
+                                if k == 'map')
                 if kind == 'symlink' and link:
                     wanted.append(_join(os.path.dirname(p), link))
                 elif kind == 'regular':
@@ -166,7 +172,48 @@ def ext_files(path, offset):
     blocks = []
     for text in fs.run(['blocks "%s"' % p for p in sorted(files)]):
         blocks += [int(b) for b in text.split() if b.isdigit()]
-    return bsize, blocks
+    meta |= _ext_metadata(path, offset, fs, found)
+    return bsize, blocks + sorted(meta)
+
+
+_GROUP0 = re.compile(r'Primary superblock at (\d+), Group descriptors at '
+                     r'(\d+)-(\d+)')
+_BITMAP = re.compile(r'(?:Block|Inode) bitmap at (\d+)')
+_IMAP = re.compile(r'located at block (\d+)')
+
+
+def _ext_metadata(path, offset, fs, found):
+    """The metadata a boot reads to reach the files ``found``.
+
+    The superblock and the primary group descriptors, the bitmaps (read
+    as the boot writes), the journal's superblock (read at mount), the
+    directories on the way to every file, and the inode-table blocks of
+    those files and directories.
+    """
+    out = set()
+    stats = fstools.dumpe2fs(path, offset)
+    m = _GROUP0.search(stats)
+    if m:
+        out.update(range(int(m.group(1)), int(m.group(3)) + 1))
+    out.update(int(b) for b in _BITMAP.findall(stats))
+    journal = fs.run(['stat <8>'])[0]
+    first = [b for k, b, _l in fstools.stat_extents(journal) if k == 'data']
+    if first:
+        out.add(min(first))
+    dirs = {'/'}
+    for p in found:
+        while p not in ('/', ''):
+            p = os.path.dirname(p)
+            dirs.add(p)
+    dirs = sorted(dirs)
+    for text in fs.run(['stat "%s"' % d for d in dirs]):
+        for _k, first, last in fstools.stat_extents(text):
+            out.update(range(first, last + 1))
+    for text in fs.run(['imap "%s"' % p for p in dirs + sorted(found)]):
+        m = _IMAP.search(text)
+        if m:
+            out.add(int(m.group(1)))
+    return out
 
 
 def boot_blocks(path, size, block_size):
