@@ -408,11 +408,13 @@ class UserPath(Scenario):
     def metadata_warm(self):
         """The host keeps the metadata of its servers' images in memory.
 
-        After an idle minute (this machine's reclaim pages out what was
-        not touched for 60 s, where it runs), the export daemon holds the
-        file-system metadata vm-a's and vm-b's boots brought into their
-        bases' mirrors locked in the page cache (doc/source/export.rst,
-        "Metadata kept warm"): evicting the bases leaves it there.
+        vm-a and vm-b have idled for a minute at least since their last
+        boots (page_cache), through guest_auto's memory pressure (reclaim
+        pages out what was not touched for 60 s, where it runs): the
+        export daemon holds the file-system metadata their boots brought
+        into their bases' mirrors locked in the page cache
+        (doc/source/export.rst, "Metadata kept warm"), and evicting the
+        bases leaves it there.
         """
         from vmar_openstack import pagecache
         time.sleep(max(0.0, self.booted_at + IDLE - time.monotonic()))
@@ -890,9 +892,8 @@ class UserPath(Scenario):
                   'Glance, no map or base file on the host or in the '
                   'agent\'s library')
 
-    STEPS = ('upload', 'flavors', 'boot', 'page_cache', 'metadata_warm',
-             'guest_private',
-             'guest_auto', 'lifecycle',
+    STEPS = ('upload', 'flavors', 'boot', 'page_cache', 'guest_private',
+             'guest_auto', 'metadata_warm', 'lifecycle',
              'restart_compute',
              'kill_export_daemon', 'delete_canonical', 'delete_all')
 
