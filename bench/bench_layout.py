@@ -23,7 +23,8 @@ Three figures of issue 36, each against a baseline of the same run:
 
 Usage::
 
-    python3 bench/bench_layout.py [--repeat 3] [--boots] [--json OUT]
+    python3 bench/bench_layout.py [--repeat 3] [--boots] [--images A,B]
+        [--no-ingest] [--json OUT]
 """
 
 import argparse
@@ -151,10 +152,20 @@ def boot_sets(images, tmp, timeout):
         codes = lay.kind_codes()
         kinds = collections.Counter(layout.KINDS[codes[b]] for b in read)
         covered, over = len(read & guess), len(guess - read)
+        # where the over-fetch is: by file (data) or by kind
+        file_of = np.full(lay.n_blocks, -1, dtype=np.int64)
+        for first, n, _kind, file in lay.runs:
+            file_of[first:first + n] = file
+        by_file = collections.Counter()
+        for b in guess - read:
+            f = int(file_of[b])
+            by_file[lay.files[f] if f >= 0 else
+                    '<%s>' % layout.KINDS[codes[b]]] += 1
         out[name] = {'read': len(read), 'set': len(guess),
                      'covered': covered, 'over': over,
                      'fetch_ratio': (len(read) + over) / len(read),
-                     'read_kinds': dict(kinds), 'booted': trace['booted']}
+                     'read_kinds': dict(kinds), 'booted': trace['booted'],
+                     'over_by_file': dict(by_file.most_common(40))}
         print('%-11s boot read %5d blocks (%d metadata); introspected set '
               '%5d: covers %5.1f %%, over-fetches %5d -> %.3f x the read '
               '(goal <= 1.15)' % (
@@ -162,6 +173,8 @@ def boot_sets(images, tmp, timeout):
                                        if k in layout.METADATA),
                   len(guess), 100.0 * covered / len(read), over,
                   out[name]['fetch_ratio']), flush=True)
+        for what, n in by_file.most_common(8):
+            print('    over-fetched: %5d blocks of %s' % (n, what))
     return out
 
 
@@ -171,15 +184,22 @@ def main():
     p.add_argument('--boots', action='store_true',
                    help='also boot each image for real (TCG, ~1 min each)')
     p.add_argument('--boot-timeout', type=int, default=600)
+    p.add_argument('--images', help='comma-separated library images '
+                   '(default: all)')
+    p.add_argument('--no-ingest', action='store_true',
+                   help='skip the ingest timing')
     p.add_argument('--json', help='write the figures here')
     args = p.parse_args()
     images = qemu_env.image_library()
+    if args.images:
+        images = {n: images[n] for n in args.images.split(',')}
     with tempfile.TemporaryDirectory(prefix='bench-layout-') as tmp:
         print('== classified shares and time', flush=True)
         res = {'shares': shares(images)}
-        print('== ingest time, with and without the block layout',
-              flush=True)
-        res['ingest'] = ingest_times(images, args.repeat, tmp)
+        if not args.no_ingest:
+            print('== ingest time, with and without the block layout',
+                  flush=True)
+            res['ingest'] = ingest_times(images, args.repeat, tmp)
         if args.boots:
             print('== the introspected boot set against real boots',
                   flush=True)
