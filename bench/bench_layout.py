@@ -148,6 +148,8 @@ def boot_sets(images, tmp, timeout):
         read = {b for b in read if b < len(stored) and stored[b]}
         guess = {b for b in introspect.boot_blocks(path, size, BS)
                  if stored[b]}
+        before = {b for b in introspect.boot_blocks(path, size, BS, False)
+                  if stored[b]}
         lay = classify.classify(path, size, BS, image_id(name))
         codes = lay.kind_codes()
         kinds = collections.Counter(layout.KINDS[codes[b]] for b in read)
@@ -161,9 +163,15 @@ def boot_sets(images, tmp, timeout):
             f = int(file_of[b])
             by_file[lay.files[f] if f >= 0 else
                     '<%s>' % layout.KINDS[codes[b]]] += 1
+        missed = collections.Counter(layout.KINDS[codes[b]]
+                                     for b in read - guess)
         out[name] = {'read': len(read), 'set': len(guess),
                      'covered': covered, 'over': over,
                      'fetch_ratio': (len(read) + over) / len(read),
+                     'before': {'set': len(before),
+                                'covered': len(read & before),
+                                'over': len(before - read)},
+                     'missed_kinds': dict(missed),
                      'read_kinds': dict(kinds), 'booted': trace['booted'],
                      'over_by_file': dict(by_file.most_common(40))}
         print('%-11s boot read %5d blocks (%d metadata); introspected set '
@@ -173,6 +181,17 @@ def boot_sets(images, tmp, timeout):
                                        if k in layout.METADATA),
                   len(guess), 100.0 * covered / len(read), over,
                   out[name]['fetch_ratio']), flush=True)
+        print('    metadata the boot read: %d, in the set %d (the set '
+              'without metadata: %d); set without metadata: covers %.1f %%, '
+              '%.3f x' % (
+                  sum(n for k, n in kinds.items() if k in layout.METADATA),
+                  sum(n for k, n in kinds.items() if k in layout.METADATA)
+                  - sum(n for k, n in missed.items()
+                        if k in layout.METADATA),
+                  len({b for b in read & before
+                       if layout.KINDS[codes[b]] in layout.METADATA}),
+                  100.0 * len(read & before) / len(read),
+                  (len(read) + len(before - read)) / len(read)))
         for what, n in by_file.most_common(8):
             print('    over-fetched: %5d blocks of %s' % (n, what))
     return out

@@ -94,11 +94,12 @@ def _needed(path):
     return needed, runpath
 
 
-def ext_files(path, offset):
+def ext_files(path, offset, metadata=True):
     """File system blocks of the boot files of an ext file system.
 
     Returns ``(block size, [block numbers])``, relative to the file
-    system's start.
+    system's start. With ``metadata``, the metadata a boot reads to
+    reach them too (:func:`_ext_metadata`).
     """
     fs = fstools.Debugfs(path, offset)
     head = fs.run(['stats -h'])[0]
@@ -172,7 +173,8 @@ def ext_files(path, offset):
     blocks = []
     for text in fs.run(['blocks "%s"' % p for p in sorted(files)]):
         blocks += [int(b) for b in text.split() if b.isdigit()]
-    meta |= _ext_metadata(path, offset, fs, found)
+    if metadata:
+        meta |= _ext_metadata(path, offset, fs, found)
     return bsize, blocks + sorted(meta)
 
 
@@ -216,8 +218,12 @@ def _ext_metadata(path, offset, fs, found):
     return out
 
 
-def boot_blocks(path, size, block_size):
-    """Image blocks (of ``block_size``) the boot reads, as far as known."""
+def boot_blocks(path, size, block_size, metadata=True):
+    """Image blocks (of ``block_size``) the boot reads, as far as known.
+
+    ``metadata=False`` leaves out the file-system metadata (the set of
+    before, for ``bench/bench_layout.py``'s baseline).
+    """
     out = set()
     for off, length in fstools.volumes(path, size):
         kind = fstools.fs_type(path, off)
@@ -225,7 +231,7 @@ def boot_blocks(path, size, block_size):
             out.update(range(off // block_size,
                              -(-(off + length) // block_size)))
         elif kind in fstools.EXT:
-            bsize, blocks = ext_files(path, off)
+            bsize, blocks = ext_files(path, off, metadata)
             for b in blocks:
                 start = off + b * bsize
                 out.update(range(start // block_size,
