@@ -146,11 +146,12 @@ def boot_sets(images, tmp, timeout):
         read = set(bench_boot.trace_blocks(trace).tolist())
         stored = nonzero_blocks(path, size)
         read = {b for b in read if b < len(stored) and stored[b]}
-        guess = {b for b in introspect.boot_blocks(path, size, BS)
+        lay = classify.classify(path, size, BS, image_id(name))
+        guess = {b for b in introspect.boot_blocks(path, size, BS,
+                                                   layout=lay)
                  if stored[b]}
         before = {b for b in introspect.boot_blocks(path, size, BS, False)
                   if stored[b]}
-        lay = classify.classify(path, size, BS, image_id(name))
         codes = lay.kind_codes()
         kinds = collections.Counter(layout.KINDS[codes[b]] for b in read)
         covered, over = len(read & guess), len(guess - read)

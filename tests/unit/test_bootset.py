@@ -15,6 +15,7 @@ import fixtures
 import testtools
 
 from vmar_openstack import exception
+from vmar_openstack.fingerprint import classify
 from vmar_openstack.fingerprint import fstools
 from vmar_openstack.fingerprint import introspect
 from vmar_openstack.mapformat import bootset
@@ -144,6 +145,27 @@ class TestIntrospect(testtools.TestCase):
         self.assertIn(int(re.search(r'located at block (\d+)',
                                     imap).group(1)), got)
         self.assertFalse(self.file_blocks(img, 0, 'srv') & got)
+
+    def test_with_its_layout_the_set_holds_the_inode_tables(self):
+        img = os.path.join(self.tmp, 'disk.raw')
+        self.mkfs(img)
+        size = os.path.getsize(img)
+        lay = classify.classify(img, size, BS,
+                                '00000000-0000-4000-8000-0000000000aa')
+        without = set(introspect.boot_blocks(img, size, BS))
+        got = set(introspect.boot_blocks(img, size, BS, layout=lay))
+        self.assertLessEqual(without, got)
+        for first, n in lay.extents(introspect.SKELETON):
+            self.assertLessEqual(set(range(first, first + n)), got)
+        # not the journal (but its superblock, read at mount), free
+        # blocks or the data of other files
+        journal = sorted(b for first, n in lay.extents(['journal'])
+                         for b in range(first, first + n))
+        self.assertIn(journal[0], got)
+        self.assertFalse(set(journal[1:]) & got)
+        for first, n in lay.extents(['free']):
+            self.assertFalse(set(range(first, first + n)) & got)
+        self.assertFalse(self.file_blocks(img, 0, 'srv/data') & got)
 
     def test_partitioned_disk_with_a_fat_boot_partition(self):
         img = os.path.join(self.tmp, 'disk.raw')

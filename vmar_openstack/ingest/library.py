@@ -302,9 +302,9 @@ class Library:
         return fps, placed
 
     def _write_introspected(self, image_id, path, size):
-        """What the image's file systems say: boot set and block layout."""
-        self._write_bootset(image_id, path, size)
-        self._write_layout(image_id, path, size)
+        """What the image's file systems say: block layout and boot set."""
+        lay = self._write_layout(image_id, path, size)
+        self._write_bootset(image_id, path, size, lay)
 
     def _write_digests(self, image_id, fps):
         """The digest list hosts check lazily fetched blocks against."""
@@ -319,10 +319,11 @@ class Library:
                                                                  fps),
                                mode=0o444)
 
-    def _write_bootset(self, image_id, path, size):
+    def _write_bootset(self, image_id, path, size, lay=None):
         """The blocks its file systems say a boot reads (hosts prefetch)."""
         bs = self.conf.vmar.block_size
-        runs = bootset_format.merge(introspect.boot_blocks(path, size, bs))
+        runs = bootset_format.merge(introspect.boot_blocks(path, size, bs,
+                                                           layout=lay))
         dest = paths.bootset_path(self.conf, image_id)
         if not runs:
             LOG.info('image %s: no boot files found; no boot working set',
@@ -336,12 +337,15 @@ class Library:
                  image_id, sum(n for _f, n in runs), len(runs))
 
     def _write_layout(self, image_id, path, size):
-        """What each block is, by its file systems (hosts keep some warm)."""
-        fileutils.write_atomic(
-            paths.layout_path(self.conf, image_id),
-            layout_format.encode(classify.classify(
-                path, size, self.conf.vmar.block_size, image_id)),
-            mode=0o444)
+        """What each block is, by its file systems (hosts keep some warm).
+
+        Returns the :class:`~vmar_openstack.mapformat.layout.Layout`.
+        """
+        lay = classify.classify(path, size, self.conf.vmar.block_size,
+                                image_id)
+        fileutils.write_atomic(paths.layout_path(self.conf, image_id),
+                               layout_format.encode(lay), mode=0o444)
+        return lay
 
     def bootset(self, image_id):
         """The image's boot working set file, bytes; None if it has none."""
