@@ -29,20 +29,9 @@ _MAX_ROUNDS = 8
 # Fedora put it (missing ones are skipped)
 START_FILES = (
     '/sbin/init', '/vmlinuz', '/initrd.img',
-    '/usr/lib/systemd/systemd-journald', '/usr/lib/systemd/systemd-udevd',
-    '/usr/lib/systemd/systemd-logind', '/usr/lib/systemd/systemd-fsck',
-    '/usr/lib/systemd/systemd-remount-fs', '/usr/lib/systemd/systemd-sysctl',
-    '/usr/lib/systemd/systemd-modules-load',
-    '/usr/lib/systemd/systemd-random-seed',
-    '/usr/lib/systemd/systemd-update-utmp',
-    '/usr/lib/systemd/systemd-user-sessions',
-    '/usr/lib/systemd/systemd-timesyncd',
-    '/usr/lib/systemd/systemd-networkd', '/usr/lib/systemd/systemd-resolved',
-    '/usr/lib/systemd/systemd-executor', '/usr/bin/systemd-tmpfiles',
-    '/usr/bin/udevadm', '/usr/bin/kmod', '/usr/bin/systemctl',
-    '/usr/bin/dbus-daemon', '/usr/bin/mount', '/usr/sbin/agetty',
-    '/usr/bin/login', '/usr/bin/bash', '/usr/sbin/sshd',
-    '/usr/bin/cloud-init', '/usr/bin/python3',
+    '/usr/lib/systemd/systemd-executor', '/usr/lib/systemd/systemd-fsck',
+    '/usr/lib/systemd/systemd-remount-fs', '/usr/bin/kmod',
+    '/usr/bin/mount', '/usr/bin/login', '/usr/bin/bash', '/usr/bin/sh',
     '/etc/ld.so.cache', '/etc/fstab', '/etc/passwd', '/etc/group',
     '/etc/shadow', '/etc/nsswitch.conf', '/etc/os-release',
     '/usr/lib/os-release', '/etc/machine-id', '/etc/hostname',
@@ -54,6 +43,11 @@ START_DIRS = ('/boot', '/usr/lib/systemd/system', '/etc/systemd/system',
               '/etc/systemd', '/usr/lib/udev/rules.d', '/etc/udev/rules.d',
               '/etc/pam.d', '/etc/security', '/usr/lib/tmpfiles.d',
               '/usr/lib/sysctl.d', '/usr/lib/modules-load.d')
+# the programs the enabled units start (their Exec*= lines) are read too:
+# the units linked from the *.wants/ and *.requires/ directories above
+_EXEC = re.compile(r'^Exec(?:Start|StartPre|StartPost|Condition)=\s*'
+                   r'[-@:+!]*(\S+)', re.M)
+_EXEC_PATH = ('/usr/bin', '/usr/sbin', '/bin', '/sbin')
 LIBRARY_DIRS = ('/usr/lib/x86_64-linux-gnu', '/lib/x86_64-linux-gnu',
                 '/usr/lib64', '/lib64', '/usr/lib', '/lib')
 _LDSO = '/lib64/ld-linux-x86-64.so.2'
@@ -110,6 +104,7 @@ def ext_files(path, offset, metadata=True):
     # directories: their listing, then their files and one level below
     wanted = list(START_FILES)
     dirs = list(START_DIRS)
+    enabled = set()             # unit links of the targets, and their files
     for depth in range(2):
         listings = fs.run(['ls -p ' + d for d in dirs])
         below = []
@@ -125,6 +120,8 @@ def ext_files(path, offset, metadata=True):
                         below.append(p)
                 else:
                     wanted.append(p)
+                    if d.endswith(('.wants', '.requires')):
+                        enabled.add(p)
         dirs = below
     files, seen, elf_seen = set(), set(), set()
     found = set()               # every path that exists: files, symlinks
@@ -147,6 +144,8 @@ def ext_files(path, offset, metadata=True):
                                 if k == 'map')
                 if kind == 'symlink' and link:
                     wanted.append(_join(os.path.dirname(p), link))
+                    if p in enabled:
+                        enabled.add(wanted[-1])
                 elif kind == 'regular':
                     files.add(p)
                     if 0 < size <= MAX_ELF_SIZE and p not in elf_seen:
@@ -162,6 +161,8 @@ def ext_files(path, offset, metadata=True):
                     continue
                 with open(local, 'rb') as f:
                     is_elf = f.read(4) == b'\x7fELF'
+                if not is_elf and p in enabled:
+                    wanted += _unit_programs(local)
                 if is_elf:
                     needed, runpath = _needed(local)
                     if needed:
@@ -218,6 +219,22 @@ def _ext_metadata(path, offset, fs, found):
         m = _IMAP.search(text)
         if m:
             out.add(int(m.group(1)))
+    return out
+
+
+def _unit_programs(path):
+    """The programs a unit file's Exec*= lines start (candidate paths)."""
+    try:
+        with open(path, errors='replace') as f:
+            text = f.read(1 << 16)
+    except OSError:
+        return []
+    out = []
+    for prog in _EXEC.findall(text):
+        if prog.startswith('/'):
+            out.append(os.path.normpath(prog))
+        elif '/' not in prog and '$' not in prog:
+            out += [os.path.join(d, prog) for d in _EXEC_PATH]
     return out
 
 
