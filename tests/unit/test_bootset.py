@@ -170,7 +170,8 @@ class TestIntrospect(testtools.TestCase):
         lay = classify.classify(img, size, BS,
                                 '00000000-0000-4000-8000-0000000000aa')
         without = set(introspect.boot_blocks(img, size, BS))
-        got = set(introspect.boot_blocks(img, size, BS, layout=lay))
+        got = set(introspect.with_skeleton(
+            introspect.boot_blocks(img, size, BS), lay))
         self.assertLessEqual(without, got)
         for first, n in lay.extents(introspect.SKELETON):
             self.assertLessEqual(set(range(first, first + n)), got)

@@ -106,18 +106,24 @@ class Debugfs:
         """Output of each command, in order (missing ones: '')."""
         if not commands:
             return []
-        with tempfile.NamedTemporaryFile('w', suffix='.debugfs') as f:
+        # the output goes to a file: tens of MB through a pipe cost more
+        # in the reader's polling than debugfs takes to write them
+        with tempfile.NamedTemporaryFile('w', suffix='.debugfs') as f, \
+                tempfile.TemporaryFile('w+', errors='replace') as out:
             f.write(''.join(c + '\n' for c in commands))
             f.flush()
             try:
-                r = run(['debugfs', '-f', f.name, self.device],
-                        timeout=self.timeout)
+                subprocess.run(['debugfs', '-f', f.name, self.device],
+                               stdout=out, stderr=subprocess.DEVNULL,
+                               timeout=self.timeout, check=False)
             except (subprocess.TimeoutExpired, OSError) as e:
                 LOG.warning('debugfs on %s: %s', self.device, e)
                 return [''] * len(commands)
+            out.seek(0)
+            text = out.read()
         # each command's output follows its echo, "debugfs: <command>"
         outs, cur = [], None
-        for line in r.stdout.splitlines():
+        for line in text.splitlines():
             if line.startswith('debugfs: '):
                 cur = []
                 outs.append(cur)

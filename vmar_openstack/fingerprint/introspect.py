@@ -238,20 +238,15 @@ def _unit_programs(path):
     return out
 
 
-def boot_blocks(path, size, block_size, metadata=True, layout=None):
+def boot_blocks(path, size, block_size, metadata=True):
     """Image blocks (of ``block_size``) the boot reads, as far as known.
 
-    With the image's block layout (:mod:`.classify`), every block of the
-    metadata a boot reads most of (:data:`SKELETON`: a boot reads 80-95 %
-    of the inode tables in use and all the reserved GDT blocks,
-    ``bench/bench_layout.py``) is in the set; zero blocks among them cost
-    a host nothing. ``metadata=False`` leaves out the file-system
-    metadata (the set of before, for the bench's baseline).
+    ``metadata=False`` leaves out the file-system metadata on the way to
+    the boot files (the set of before, for ``bench/bench_layout.py``'s
+    baseline). :func:`with_skeleton` adds the rest of the metadata a
+    boot reads from the image's block layout.
     """
     out = set()
-    if metadata and layout is not None and layout.block_size == block_size:
-        for first, n in layout.extents(SKELETON):
-            out.update(range(first, first + n))
     for off, length in fstools.volumes(path, size):
         kind = fstools.fs_type(path, off)
         if kind == 'vfat' and length <= MAX_BOOT_PARTITION:
@@ -265,3 +260,16 @@ def boot_blocks(path, size, block_size, metadata=True, layout=None):
                                  -(-(start + bsize) // block_size)))
     n_blocks = -(-size // block_size)
     return sorted(b for b in out if b < n_blocks)
+
+
+def with_skeleton(blocks, layout):
+    """``blocks`` and every block of the layout's :data:`SKELETON` kinds.
+
+    A boot reads 80-95 % of the inode tables in use and all the reserved
+    GDT blocks (``bench/bench_layout.py``); zero blocks among them cost
+    a host nothing.
+    """
+    out = set(blocks)
+    for first, n in layout.extents(SKELETON):
+        out.update(range(first, first + n))
+    return sorted(out)

@@ -281,12 +281,15 @@ class Library:
             if ahead is not None:
                 ahead.expect(-(-raw.virtual_size // c.block_size))
             # the file systems are read (by debugfs, xfs_db: processes of
-            # their own) while the blocks are hashed; leaving the block
-            # waits for both, so a failure leaves no reader behind
+            # their own) while the blocks are hashed, the layout and the
+            # boot files at once; leaving the block waits for all, so a
+            # failure leaves no reader behind
             with futures.ThreadPoolExecutor(
-                    1, thread_name_prefix='vmar-introspect') as pool:
-                read_fs = pool.submit(self._write_introspected, image_id,
-                                      raw.path, raw.virtual_size)
+                    2, thread_name_prefix='vmar-introspect') as pool:
+                lay = pool.submit(classify.classify, raw.path,
+                                  raw.virtual_size, c.block_size, image_id)
+                boot = pool.submit(introspect.boot_blocks, raw.path,
+                                   raw.virtual_size, c.block_size)
                 fps = fingerprint.hash_file(
                     raw.path, raw.virtual_size, c.block_size,
                     c.hash_algorithm, c.hash_workers, progress,
@@ -298,13 +301,10 @@ class Library:
                         fileutils.copy_readonly(raw.path, dest)
                         placed = True
                     self._write_digests(image_id, fps)
-            read_fs.result()
+            self._write_layout(image_id, lay.result())
+            self._write_bootset(image_id, raw.virtual_size, boot.result(),
+                                lay.result())
         return fps, placed
-
-    def _write_introspected(self, image_id, path, size):
-        """What the image's file systems say: block layout and boot set."""
-        lay = self._write_layout(image_id, path, size)
-        self._write_bootset(image_id, path, size, lay)
 
     def _write_digests(self, image_id, fps):
         """The digest list hosts check lazily fetched blocks against."""
@@ -319,11 +319,14 @@ class Library:
                                                                  fps),
                                mode=0o444)
 
-    def _write_bootset(self, image_id, path, size, lay=None):
-        """The blocks its file systems say a boot reads (hosts prefetch)."""
+    def _write_bootset(self, image_id, size, blocks, lay):
+        """The blocks its file systems say a boot reads (hosts prefetch).
+
+        ``blocks`` are the boot files' (:func:`introspect.boot_blocks`);
+        the metadata skeleton of the layout ``lay`` joins them.
+        """
         bs = self.conf.vmar.block_size
-        runs = bootset_format.merge(introspect.boot_blocks(path, size, bs,
-                                                           layout=lay))
+        runs = bootset_format.merge(introspect.with_skeleton(blocks, lay))
         dest = paths.bootset_path(self.conf, image_id)
         if not runs:
             LOG.info('image %s: no boot files found; no boot working set',
@@ -336,16 +339,10 @@ class Library:
         LOG.info('image %s: boot working set of %d blocks in %d runs',
                  image_id, sum(n for _f, n in runs), len(runs))
 
-    def _write_layout(self, image_id, path, size):
-        """What each block is, by its file systems (hosts keep some warm).
-
-        Returns the :class:`~vmar_openstack.mapformat.layout.Layout`.
-        """
-        lay = classify.classify(path, size, self.conf.vmar.block_size,
-                                image_id)
+    def _write_layout(self, image_id, lay):
+        """What each block is, by its file systems (hosts keep some warm)."""
         fileutils.write_atomic(paths.layout_path(self.conf, image_id),
                                layout_format.encode(lay), mode=0o444)
-        return lay
 
     def bootset(self, image_id):
         """The image's boot working set file, bytes; None if it has none."""
