@@ -106,20 +106,26 @@ class TestIntrospect(testtools.TestCase):
         self.write('etc/fstab', 1)
         self.write('srv/data', 256)
         self.write('usr/lib/x86_64-linux-gnu/libunused.so', 64)
-        # an enabled unit (linked from a target's .wants/) and one that
-        # is not: the program of the first is read at boot, not the other
+        # enabled units (linked from a target's .wants/) and one that is
+        # not: the programs of the enabled ones whose path conditions hold
+        # are read at boot, not the others
         os.makedirs(os.path.join(root, 'etc/systemd/system/'
                                  'multi-user.target.wants'))
-        for unit, prog in (('b.service', 'bdaemon'), ('c.service',
-                                                      'cdaemon')):
+        for unit, prog, cond in (
+                ('b.service', 'bdaemon', '/etc/fstab'),
+                ('c.service', 'cdaemon', ''),
+                ('d.service', 'ddaemon', '!/etc/fstab')):
             with open(os.path.join(root, 'usr/lib/systemd/system', unit),
                       'w') as f:
-                f.write('[Service]\nExecStartPre=/usr/bin/true\n'
-                        'ExecStart=-/usr/sbin/%s --flag\n' % prog)
+                f.write('[Unit]\n%s[Service]\nExecStartPre=/usr/bin/true\n'
+                        'ExecStart=-/usr/sbin/%s --flag\n' % (
+                            'ConditionPathExists=%s\n' % cond if cond
+                            else '', prog))
             self.write('usr/sbin/' + prog, 32)
-        os.symlink('/usr/lib/systemd/system/b.service',
-                   os.path.join(root, 'etc/systemd/system/'
-                                'multi-user.target.wants/b.service'))
+        for unit in ('b.service', 'd.service'):
+            os.symlink('/usr/lib/systemd/system/' + unit,
+                       os.path.join(root, 'etc/systemd/system/'
+                                    'multi-user.target.wants', unit))
 
     def write(self, rel, blocks):
         with open(os.path.join(self.root, rel), 'wb') as f:
@@ -149,7 +155,7 @@ class TestIntrospect(testtools.TestCase):
         self.assertLessEqual(self.file_blocks(img, 0, 'usr/sbin/bdaemon'),
                              got)
         for rel in ('srv/data', 'usr/lib/x86_64-linux-gnu/libunused.so',
-                    'usr/sbin/cdaemon'):
+                    'usr/sbin/cdaemon', 'usr/sbin/ddaemon'):
             self.assertFalse(self.file_blocks(img, 0, rel) & got, rel)
         # and the metadata on the way: the superblock, the directories
         # to a boot file and the inode-table blocks of its inodes, not

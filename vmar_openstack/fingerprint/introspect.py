@@ -48,6 +48,9 @@ START_DIRS = ('/boot', '/usr/lib/systemd/system', '/etc/systemd/system',
 _EXEC = re.compile(r'^Exec(?:Start|StartPre|StartPost|Condition)=\s*'
                    r'[-@:+!]*(\S+)', re.M)
 _EXEC_PATH = ('/usr/bin', '/usr/sbin', '/bin', '/sbin')
+# the path conditions a unit is skipped by (not the triggering "|" ones)
+_CONDITION = re.compile(r'^Condition(PathExists|PathIsDirectory)='
+                        r'(!?)(/\S*)\s*$', re.M)
 LIBRARY_DIRS = ('/usr/lib/x86_64-linux-gnu', '/lib/x86_64-linux-gnu',
                 '/usr/lib64', '/lib64', '/usr/lib', '/lib')
 _LDSO = '/lib64/ld-linux-x86-64.so.2'
@@ -162,7 +165,7 @@ def ext_files(path, offset, metadata=True):
                 with open(local, 'rb') as f:
                     is_elf = f.read(4) == b'\x7fELF'
                 if not is_elf and p in enabled:
-                    wanted += _unit_programs(local)
+                    wanted += _unit_programs(local, fs)
                 if is_elf:
                     needed, runpath = _needed(local)
                     if needed:
@@ -222,13 +225,28 @@ def _ext_metadata(path, offset, fs, found):
     return out
 
 
-def _unit_programs(path):
-    """The programs a unit file's Exec*= lines start (candidate paths)."""
+def _unit_programs(path, fs):
+    """The programs a unit file's Exec*= lines start (candidate paths).
+
+    None if one of its path conditions (``ConditionPathExists=`` and the
+    like, not the triggering ``|`` ones) is false in the image: the unit
+    is skipped at boot (Debian's getty-static.service where logind is).
+    """
     try:
         with open(path, errors='replace') as f:
             text = f.read(1 << 16)
     except OSError:
         return []
+    conds = _CONDITION.findall(text)
+    if conds:
+        outs = fs.run(['stat "%s"' % c for _kind, _neg, c in conds
+                       if '"' not in c])
+        for (kind, neg, _c), out in zip(conds, outs):
+            found = _parse_stat(out)[0]
+            holds = (found is not None if kind == 'PathExists'
+                     else found == 'directory')
+            if holds == bool(neg):
+                return []
     out = []
     for prog in _EXEC.findall(text):
         if prog.startswith('/'):
