@@ -46,6 +46,7 @@ import time
 from oslo_log import log as logging
 
 from vmar_openstack.export import api
+from vmar_openstack.export import periodic
 from vmar_openstack.guest import status as guest_status
 from vmar_openstack import names
 
@@ -335,21 +336,21 @@ class Channel:
             guest_status.cpu_seconds(self.status))
 
 
-class Guests:
+class Guests(periodic.Periodic):
     """The daemon's guest channels and auto policy: one step per interval."""
+
+    name = 'vmar-guests'
 
     def __init__(self, conf):
         g = conf.vmar_guest_cache
+        super().__init__(g.interval)
         self.conf = conf
         self.dir = g.channel_dir
-        self.interval = g.interval
         self.pressure_file = g.pressure_file
         self.policy = Policy(0, 0, 0, 0)
         self.channels = {}
         self.sample = Sample(None, None)
         self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.thread = None
         self._configure()
 
     def prepare(self, gid=None):
@@ -439,23 +440,9 @@ class Guests:
 
     def start(self, gid=None):
         self.prepare(gid)
-        self.thread = threading.Thread(target=self._run, daemon=True,
-                                       name='vmar-guests')
-        self.thread.start()
-        return self
+        return super().start()
 
-    def _run(self):
-        while not self.stopping.is_set():
-            try:
-                self.step()
-            except Exception:
-                LOG.exception('guest channels: step failed')
-            self.stopping.wait(self.interval)
-
-    def stop(self):
-        self.stopping.set()
-        if self.thread is not None:
-            self.thread.join()
+    def close(self):
         with self.lock:
             for ch in self.channels.values():
                 ch.close()

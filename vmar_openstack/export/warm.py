@@ -35,6 +35,7 @@ import numpy as np
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack.export import periodic
 from vmar_openstack.export import state as export_state
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate
@@ -170,13 +171,15 @@ def present_only(files, base, ranges):
     return whole, out
 
 
-class Warm:
+class Warm(periodic.Periodic):
     """The daemon's locked metadata: re-planned every interval."""
+
+    name = 'vmar-warm'
 
     def __init__(self, conf, files, host_dir):
         c = conf.vmar_host
+        super().__init__(c.warm_interval)
         self.budget = c.warm_metadata_mb << 20
-        self.interval = c.warm_interval
         self.files = files
         self.host_dir = host_dir
         self.locked = {}        # (path, offset, length) -> mmap
@@ -184,9 +187,6 @@ class Warm:
         self.dropped = set()    # base files whose large folios went
         self.status = WarmStatus(self.budget, 0, 0, 0, {}, [], '')
         self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.wake = threading.Event()
-        self.thread = None
 
     def step(self):
         with export_state.State(self.host_dir) as state:
@@ -260,28 +260,9 @@ class Warm:
 
     def changed(self):
         """Exports changed: plan again now."""
-        self.wake.set()
+        self.wake()
 
-    def start(self):
-        self.thread = threading.Thread(target=self._run, daemon=True,
-                                       name='vmar-warm')
-        self.thread.start()
-        return self
-
-    def _run(self):
-        while not self.stopping.is_set():
-            try:
-                self.step()
-            except Exception:
-                LOG.exception('warm metadata: step failed')
-            self.wake.wait(self.interval)
-            self.wake.clear()
-
-    def stop(self):
-        self.stopping.set()
-        self.wake.set()
-        if self.thread is not None:
-            self.thread.join()
+    def close(self):
         with self.lock:
             for m in self.locked.values():
                 m.close()

@@ -11,9 +11,9 @@ specification.
 
 import dataclasses
 import json
-import uuid
 
 from vmar_openstack import exception
+from vmar_openstack.mapformat import jsonfile
 
 FORMAT = 'vmar-bootset'
 VERSION = 1
@@ -85,25 +85,15 @@ def decode(data, image_id):
 
     :raises BootsetFormatError: anything out of place.
     """
-    if len(data) > MAX_FILE_SIZE:
-        raise _error(image_id, 'larger than %d bytes' % MAX_FILE_SIZE)
+    raw, size, bs = jsonfile.parse(data, image_id, FORMAT, VERSION,
+                                   MAX_FILE_SIZE, _error)
     try:
-        raw = json.loads(data)
-        if raw['format'] != FORMAT or raw['version'] != VERSION:
-            raise _error(image_id, 'not a %s file of version %d'
-                         % (FORMAT, VERSION))
-        got = str(uuid.UUID(raw['image_id']))
-        size, bs = int(raw['virtual_size']), int(raw['block_size'])
         source = raw['source']
         extents = tuple((int(f), int(n)) for f, n in raw['extents'])
     except (ValueError, KeyError, TypeError) as e:
         raise _error(image_id, 'malformed: %s' % e)
-    if got != image_id:
-        raise _error(image_id, 'describes image %s' % got)
     if source not in SOURCES:
         raise _error(image_id, 'source %r' % (source,))
-    if size <= 0 or bs < 512 or bs & (bs - 1):
-        raise _error(image_id, 'virtual size %d, block size %d' % (size, bs))
     n_blocks, end = -(-size // bs), -1
     for first, n in extents:
         if n < 1 or first <= end or first + n > n_blocks:
@@ -111,7 +101,7 @@ def decode(data, image_id):
                          'past the image\'s %d blocks'
                          % (first, n, n_blocks))
         end = first + n
-    return Bootset(got, size, bs, source, extents)
+    return Bootset(image_id, size, bs, source, extents)
 
 
 def read(path, image_id):

@@ -13,11 +13,11 @@ specification.
 import collections
 import dataclasses
 import json
-import uuid
 
 import numpy as np
 
 from vmar_openstack import exception
+from vmar_openstack.mapformat import jsonfile
 
 FORMAT = 'vmar-layout'
 VERSION = 1
@@ -157,15 +157,9 @@ def decode(data, image_id):
 
     :raises LayoutFormatError: anything out of place.
     """
-    if len(data) > MAX_FILE_SIZE:
-        raise _error(image_id, 'larger than %d bytes' % MAX_FILE_SIZE)
+    raw, size, bs = jsonfile.parse(data, image_id, FORMAT, VERSION,
+                                   MAX_FILE_SIZE, _error)
     try:
-        raw = json.loads(data)
-        if raw['format'] != FORMAT or raw['version'] != VERSION:
-            raise _error(image_id, 'not a %s file of version %d'
-                         % (FORMAT, VERSION))
-        got = str(uuid.UUID(raw['image_id']))
-        size, bs = int(raw['virtual_size']), int(raw['block_size'])
         kinds = [str(k) for k in raw['kinds']]
         files = tuple(raw['files'])
         volumes = tuple(Volume(int(v['offset']), int(v['length']),
@@ -175,10 +169,6 @@ def decode(data, image_id):
                      for f, n, k, file in raw['runs'])
     except (ValueError, KeyError, TypeError) as e:
         raise _error(image_id, 'malformed: %s' % e)
-    if got != image_id:
-        raise _error(image_id, 'describes image %s' % got)
-    if size <= 0 or bs < 512 or bs & (bs - 1):
-        raise _error(image_id, 'virtual size %d, block size %d' % (size, bs))
     unknown = [k for k in kinds if k not in CODE]
     if unknown or len(set(kinds)) != len(kinds):
         raise _error(image_id, 'kinds %r' % (kinds,))
@@ -201,7 +191,7 @@ def decode(data, image_id):
     if end != n_blocks:
         raise _error(image_id, 'runs cover %d of the image\'s %d blocks'
                      % (end, n_blocks))
-    return Layout(got, size, bs, volumes, files, tuple(out))
+    return Layout(image_id, size, bs, volumes, files, tuple(out))
 
 
 def read(path, image_id):
