@@ -14,6 +14,7 @@ from tests import base
 from vmar_openstack.glance_hooks import agent
 from vmar_openstack.glance_hooks import publish
 from vmar_openstack import ingest
+from vmar_openstack.mapformat import layout as layout_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import names
 
@@ -194,6 +195,21 @@ class TestPublishDigests(TestPublish):
         self.assertEqual('active', self.glance.images.store[
             names.map_image_id(ID, 1)]['status'])
         self.assertEqual('active', self.glance.images.store[did]['status'])
+
+    def test_activate_publishes_the_block_layout(self):
+        self.handler._add(ID, self.meta, self.path, 'it')
+        self.handler.activate(dict(self.meta, id=ID, status='active'))
+        rec = self.glance.images.store[names.layout_image_id(ID)]
+        self.assertEqual('active', rec['status'])
+        self.assertTrue(rec['os_hidden'])
+        self.assertEqual(ID, rec[names.PROP_OF])
+        self.assertEqual(hashlib.sha256(rec['data']).hexdigest(),
+                         rec[names.PROP_LAYOUT_SHA256])
+        lay = layout_format.decode(rec['data'], ID)
+        self.assertEqual(lay.n_blocks, sum(n for _f, n, _k, _i in lay.runs))
+        # it goes with the image
+        self.handler.publisher.delete_all(ID)
+        self.assertNotIn(names.layout_image_id(ID), self.glance.images.store)
 
     def test_a_record_left_queued_is_filled(self):
         # an agent killed between create and upload
