@@ -84,10 +84,28 @@ def _contents(path, blocks):
     return len(seen)
 
 
+def _data_bytes(path):
+    """Bytes of ``path`` that are data, not holes (SEEK_DATA/SEEK_HOLE).
+
+    Not ``st_blocks``: that counts the file's own extent-tree blocks too,
+    which a sparse file of more than four extents has.
+    """
+    out, pos = 0, 0
+    with open(path, 'rb') as f:
+        fd = f.fileno()
+        while True:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:         # ENXIO: no data past pos
+                return out
+            pos = os.lseek(fd, start, os.SEEK_HOLE)
+            out += pos - start
+
+
 def _held(host):
     """Bytes the mirrors of a host hold."""
     d = os.path.join(host, 'mirrors')
-    return sum(os.stat(os.path.join(d, n)).st_blocks * 512
+    return sum(_data_bytes(os.path.join(d, n))
                for n in os.listdir(d) if '.' not in n)
 
 
