@@ -21,6 +21,7 @@ from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import layout
 from vmar_openstack.mapformat import mirror as mirror_format
+from vmar_openstack.mapsource import local
 from vmar_openstack import names
 
 A = '00000000-0000-4000-8000-00000000000a'
@@ -157,6 +158,32 @@ class TestWarm(testtools.TestCase):
         w.step()
         self.assertEqual({A: 2 * BS, B: BS}, w.snapshot().bases)
         self.assertEqual(4, self.locked_kb()[m.data])
+
+    def test_a_layout_the_host_lacks_is_fetched_then_locked(self):
+        # B's layout is only in the library (exports restored after an
+        # upgrade have none on the host)
+        lib = self.useFixture(fixtures.TempDir()).path
+        os.makedirs(os.path.join(lib, 'digests'))
+        os.rename(self.files.layout_file(B),
+                  os.path.join(lib, 'digests', names.layout_file(B)))
+        files = hostdir.HostDir(self.root, local.LocalDirSource(lib))
+        self.exports((A, 'base'), (B, 'base'))
+        w = warm.Warm(self.conf_fixture(1), files, self.root)
+        self.addCleanup(w.stop)
+        w.step()
+        st = w.snapshot()
+        self.assertEqual([], st.without_layout)
+        self.assertEqual({A: 2 * BS, B: 2 * BS}, st.bases)
+        self.assertIsNotNone(files.layout(B))
+        # one the source has not either is asked for again only later
+        self.exports((C, 'base'))
+        w.step()
+        self.assertEqual([C], w.snapshot().without_layout)
+        asked = w.asked[C]
+        w.step()
+        self.assertEqual(asked, w.asked[C])
+        w._fetch_layouts(self.exports(), now=asked + warm.LAYOUT_RETRY)
+        self.assertEqual(asked + warm.LAYOUT_RETRY, w.asked[C])
 
     def test_budget_zero_runs_nothing(self):
         self.assertIsNone(warm.start(self.conf_fixture(0), self.files,

@@ -30,6 +30,7 @@ import mmap
 import os
 import platform
 import threading
+import time
 
 import numpy as np
 from oslo_log import log as logging
@@ -52,6 +53,8 @@ _MAP_LOCKED = {'ppc64le': 0x80, 'ppc64': 0x80, 'sparc64': 0x100,
 _PAGE = mmap.PAGESIZE
 # locked mappings at most (vm.max_map_count is 65530 by default)
 MAX_RANGES = 16384
+# seconds between two fetches of the layout of an image the host lacks
+LAYOUT_RETRY = 300
 
 
 @dataclasses.dataclass
@@ -185,12 +188,14 @@ class Warm(periodic.Periodic):
         self.locked = {}        # (path, offset, length) -> mmap
         self.cache = {}         # (image, version) -> base_blocks()
         self.dropped = set()    # base files whose large folios went
+        self.asked = {}         # image -> when its layout was last fetched
         self.status = WarmStatus(self.budget, 0, 0, 0, {}, [], '')
         self.lock = threading.Lock()
 
     def step(self):
         with export_state.State(self.host_dir) as state:
             exports = list(state.exports.values())
+        self._fetch_layouts(exports)
         ranges, wanted, missing = plan(self.files, exports, self.budget,
                                        self.cache)
         want, bases = {}, {}
@@ -212,6 +217,27 @@ class Warm(periodic.Periodic):
             self.status = WarmStatus(
                 self.budget, wanted, sum(k[2] for k in self.locked),
                 len(self.locked), bases, sorted(set(missing)), error)
+
+    def _fetch_layouts(self, exports, now=None):
+        """Fetch the layouts the host lacks, at most every LAYOUT_RETRY.
+
+        Exports restored after an upgrade, or added while the map source
+        had no layout to give, have none: this fetches them from the
+        daemon's thread, never from the export's own path.
+        """
+        now = time.monotonic() if now is None else now
+        for image in sorted({e.image_id for e in exports
+                             if e.host_cache == 'base'}):
+            if (self.files.layout(image) is not None
+                    or now - self.asked.get(image, -LAYOUT_RETRY)
+                    < LAYOUT_RETRY):
+                continue
+            self.asked[image] = now
+            try:
+                self.files.ensure_layout(image)
+            except Exception as e:
+                LOG.info('warm metadata: no block layout of %s: %s', image,
+                         e)
 
     def _apply(self, want):
         for key in set(self.locked) - set(want):
