@@ -159,13 +159,14 @@ def ext_files(path, offset, metadata=True):
                 elf_seen.add(p)
                 dumped.append((p, os.path.join(tmp, str(i))))
             fs.run(['dump "%s" %s' % pd for pd in dumped])
+            units = []
             for p, local in dumped:
                 if not os.path.exists(local):
                     continue
                 with open(local, 'rb') as f:
                     is_elf = f.read(4) == b'\x7fELF'
                 if not is_elf and p in enabled:
-                    wanted += _unit_programs(local, fs)
+                    units.append(_unit(local))
                 if is_elf:
                     needed, runpath = _needed(local)
                     if needed:
@@ -174,6 +175,7 @@ def ext_files(path, offset, metadata=True):
                         wanted += [os.path.join(d, lib) for d in
                                    runpath + list(LIBRARY_DIRS)]
                 os.unlink(local)
+            wanted += _programs_that_run(fs, units)
     blocks = []
     for text in fs.run(['blocks "%s"' % p for p in sorted(files)]):
         blocks += [int(b) for b in text.split() if b.isdigit()]
@@ -225,34 +227,45 @@ def _ext_metadata(path, offset, fs, found):
     return out
 
 
-def _unit_programs(path, fs):
-    """The programs a unit file's Exec*= lines start (candidate paths).
+def _unit(path):
+    """``(programs, path conditions)`` of a unit file.
 
-    None if one of its path conditions (``ConditionPathExists=`` and the
-    like, not the triggering ``|`` ones) is false in the image: the unit
-    is skipped at boot (Debian's getty-static.service where logind is).
+    The programs its Exec*= lines start (candidate paths); its
+    ``ConditionPathExists=``-like lines as ``(kind, '!' or '', path)``,
+    not the triggering ``|`` ones.
     """
     try:
         with open(path, errors='replace') as f:
             text = f.read(1 << 16)
     except OSError:
-        return []
-    conds = _CONDITION.findall(text)
-    if conds:
-        outs = fs.run(['stat "%s"' % c for _kind, _neg, c in conds
-                       if '"' not in c])
-        for (kind, neg, _c), out in zip(conds, outs):
-            found = _parse_stat(out)[0]
-            holds = (found is not None if kind == 'PathExists'
-                     else found == 'directory')
-            if holds == bool(neg):
-                return []
-    out = []
+        return [], []
+    programs = []
     for prog in _EXEC.findall(text):
         if prog.startswith('/'):
-            out.append(os.path.normpath(prog))
+            programs.append(os.path.normpath(prog))
         elif '/' not in prog and '$' not in prog:
-            out += [os.path.join(d, prog) for d in _EXEC_PATH]
+            programs += [os.path.join(d, prog) for d in _EXEC_PATH]
+    conds = [c for c in _CONDITION.findall(text)
+             if '"' not in c[2] and '\n' not in c[2]]
+    return programs, conds
+
+
+def _programs_that_run(fs, units):
+    """The programs of the ``units`` whose path conditions hold.
+
+    One ``debugfs`` run answers every condition of the batch: a unit
+    with a false one is skipped at boot (Debian's getty-static.service
+    where logind is).
+    """
+    paths = sorted({c for _p, conds in units for _k, _n, c in conds})
+    kinds = dict(zip(paths, (_parse_stat(out)[0] for out in
+                             fs.run(['stat "%s"' % c for c in paths]))))
+    out = []
+    for programs, conds in units:
+        if all((kinds[c] is not None if kind == 'PathExists'
+                else kinds[c] == 'directory') != bool(neg)
+               for kind, neg, c in conds):
+            out += programs
     return out
 
 
