@@ -228,7 +228,7 @@ class Warm(periodic.Periodic):
         now = time.monotonic() if now is None else now
         for image in sorted({e.image_id for e in exports
                              if e.host_cache == 'base'}):
-            if (self.files.layout(image) is not None
+            if (os.path.exists(self.files.layout_file(image))
                     or now - self.asked.get(image, -LAYOUT_RETRY)
                     < LAYOUT_RETRY):
                 continue
