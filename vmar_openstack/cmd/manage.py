@@ -143,14 +143,12 @@ def image_show():
     if data is not None:
         lay = layout_format.decode(data, info['image_id'])
         codes = lay.kind_codes()
-        kinds = {}
-        for kind, n in lay.counts().items():
-            if n:
-                mask = codes == layout_format.CODE[kind]
-                kinds[kind] = {
-                    'blocks': n,
-                    'stored_blocks': int((mask & ~zero[:len(mask)]).sum()),
-                    'metadata': kind in layout_format.METADATA}
+        stored = np.bincount(codes[~zero[:len(codes)]],
+                             minlength=len(layout_format.KINDS))
+        kinds = {kind: {'blocks': n,
+                        'stored_blocks': int(stored[layout_format.CODE[kind]]),
+                        'metadata': kind in layout_format.METADATA}
+                 for kind, n in lay.counts().items() if n}
         files = sorted(lay.file_blocks().items(), key=lambda kv: -kv[1])
         info['layout'] = {
             'volumes': [dataclasses.asdict(v) for v in lay.volumes],
@@ -175,18 +173,16 @@ def image_show():
                       'yes' if v['classified'] else 'no')
                      for v in lay['volumes']])
     _out()
-    rows = [(k, 'metadata' if v['metadata'] else '', v['blocks'],
-             '%.1f' % (v['blocks'] * bs / 2.0 ** 20),
-             '%.1f%%' % (100.0 * v['blocks'] / info['blocks']),
-             '%.1f' % (v['stored_blocks'] * bs / 2.0 ** 20))
-            for k, v in lay['kinds'].items()]
+
+    def row(name, tag, blocks, stored):
+        return (name, tag, blocks, '%.1f' % (blocks * bs / 2.0 ** 20),
+                '%.1f%%' % (100.0 * blocks / info['blocks']),
+                '%.1f' % (stored * bs / 2.0 ** 20))
+    rows = [row(k, 'metadata' if v['metadata'] else '', v['blocks'],
+                v['stored_blocks']) for k, v in lay['kinds'].items()]
     meta = [v for v in lay['kinds'].values() if v['metadata']]
-    rows.append(('all metadata', '', sum(v['blocks'] for v in meta),
-                 '%.1f' % (sum(v['blocks'] for v in meta) * bs / 2.0 ** 20),
-                 '%.1f%%' % (100.0 * sum(v['blocks'] for v in meta)
-                             / info['blocks']),
-                 '%.1f' % (sum(v['stored_blocks'] for v in meta) * bs
-                           / 2.0 ** 20)))
+    rows.append(row('all metadata', '', sum(v['blocks'] for v in meta),
+                    sum(v['stored_blocks'] for v in meta)))
     cmd.print_table(('kind', '', 'blocks', 'MiB', 'of image',
                      'MiB not zero'), rows)
     _out()
