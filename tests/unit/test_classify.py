@@ -19,6 +19,7 @@ import testtools
 
 from vmar_openstack import exception
 from vmar_openstack.fingerprint import classify
+from vmar_openstack.fingerprint import fstools
 from vmar_openstack.mapformat import layout
 
 from tests import fsimages
@@ -269,6 +270,16 @@ class TestClassify(testtools.TestCase):
         lay = self.classify(img)
         self.assertEqual({'unknown': lay.n_blocks},
                          {k: v for k, v in lay.counts().items() if v})
+
+    def test_a_stalled_xfs_db_is_killed_and_its_volume_left_unknown(self):
+        # 'sleep' stands in for an xfs_db a hostile image hung
+        self.useFixture(fixtures.MockPatchObject(fstools, 'TIMEOUT', 0.2))
+        marks = classify._Marks(1 << 20, BS)
+        sb = {'blocksize': BS, 'agblocks': 256}
+        self.assertFalse(classify._xfs_blockuse(
+            ['sleep', '30'], sb, 0, 1 << 20, marks, classify._Files()))
+        self.assertIn('xfs_db past its time', self.logs.output)
+        self.assertFalse(marks.codes.any())
 
     def test_a_damaged_ext_file_system_is_left_unknown(self):
         img = os.path.join(self.tmp, 'disk.raw')

@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -303,18 +304,21 @@ def _xfs_blockuse(cmd, sb, offset, length, marks, files):
                        min(offset + (run[1] + 1) * bsize, offset + length),
                        run[2], run[3])
 
-    deadline = time.monotonic() + fstools.TIMEOUT * 5
     with subprocess.Popen(cmd, stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True) as p:
+        # a hostile image may stall xfs_db: killed, its output ends
+        expired = threading.Event()
+
+        def expire():
+            expired.set()
+            p.kill()
+        watchdog = threading.Timer(fstools.TIMEOUT * 5, expire)
+        watchdog.start()
         try:
             for line in p.stdout:
                 m = _BLOCKUSE.match(line.rstrip('\n'))
                 if not m:
                     continue
-                if time.monotonic() > deadline:
-                    LOG.warning('xfs_db past its time; the rest of the '
-                                'volume at %d stays unknown', offset)
-                    break
                 seen += 1
                 b = int(m.group(1)) * per_ag + int(m.group(2))
                 kind = _XFS_KIND.get(m.group(3), 'fs-other')
@@ -329,7 +333,11 @@ def _xfs_blockuse(cmd, sb, offset, length, marks, files):
                     run = [b, b, kind, file]
             flush()
         finally:
+            watchdog.cancel()
             p.kill()
+    if expired.is_set():
+        LOG.warning('xfs_db past its time; the rest of the volume at %d '
+                    'stays unknown', offset)
     return seen > 0
 
 
