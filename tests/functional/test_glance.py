@@ -915,7 +915,7 @@ class TestGlance(GlanceTestCase):
         self.rebuild(image_id, v, out)
         self.assertEqual(_sha(raw), _sha(out))
         self.assertIn('resync: %s is not in the library' % image_id,
-                      self.agent_log())
+                      self.agent_log(full=True))
 
     def manage(self, *args, conf=None, check=True):
         """``vmar-manage`` with the class's configuration (and ``conf``)."""
