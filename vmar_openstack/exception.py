@@ -90,6 +90,16 @@ class LayoutFormatError(VmarException, ValueError):
     message = 'invalid block layout of %(image_id)s: %(detail)s'
 
 
+class DeltaFormatError(VmarException, ValueError):
+    """A snapshot delta breaks its specification or its digests."""
+    message = 'invalid snapshot delta %(what)s: %(detail)s'
+
+
+class SnapshotError(VmarException, RuntimeError):
+    """A snapshot's delta cannot be made, sent or assembled."""
+    message = 'snapshot %(image_id)s: %(reason)s'
+
+
 class SourceError(VmarException, RuntimeError):
     """A map or base image cannot be found, fetched or verified."""
     message = 'cannot get %(what)s: %(reason)s'

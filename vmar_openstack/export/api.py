@@ -101,9 +101,13 @@ def _health(svc, args):
             'served': sorted(asked & (live or set()))}
 
 
+def _digests(svc, args):
+    return {'path': svc.digest_list(args['image_id'], args['version'])}
+
+
 OPS = {'hello': _hello, 'add': _add, 'remove': _remove,
        'release': _release, 'holders': _holders, 'list': _list,
-       'status': _status, 'health': _health}
+       'status': _status, 'health': _health, 'digests': _digests}
 assert set(OPS) == set(protocol.OPS)
 
 _UCRED = struct.Struct('3i')    # pid, uid, gid

@@ -418,6 +418,23 @@ class HostDir(Layout):
                  hdr.size)
         return True
 
+    def ensure_digests(self, target):
+        """The path of ``target``'s digest list, fetched if missing.
+
+        Kept with the base's mirror files (a mirror made later uses it)
+        and evicted with them. Call it holding the image (:meth:`hold`).
+
+        :raises ExportError: the source has none.
+        """
+        m = self.mirror(target.image_id)
+        if not os.path.exists(m.digests):
+            os.makedirs(os.path.dirname(m.digests), exist_ok=True)
+            if self._fetch_digests(target, m.digests) is None:
+                raise exception.ExportError(
+                    'no digest list of %s from the map source'
+                    % target.image_id)
+        return m.digests
+
     def _has_source(self, target, m, via):
         if self._ensure_reader(target, m):
             return True

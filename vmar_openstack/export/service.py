@@ -265,6 +265,23 @@ class ExportService:
                     self.warm.changed()
                 return exp
 
+    def digest_list(self, image_id, version):
+        """The path of an image's digest list, fetched if missing.
+
+        The host must hold map v``version`` of the image (a server's).
+        """
+        image_id = str(uuid.UUID(image_id))
+        with contextlib.ExitStack() as held:
+            self.files.hold(image_id, held)
+            try:
+                bmap = mapformat.read(self.map_file(image_id, version))
+            except (OSError, exception.MapFormatError) as e:
+                raise exception.ExportError(
+                    'map v%s of %s is not on this host: %s'
+                    % (version, image_id, e))
+            return self.files.ensure_digests(
+                mapformat.Target(image_id, bmap.virtual_size))
+
     def _add(self, state, bmap, fetched, host_cache, holder, key):
         image_id, version = bmap.image_id, bmap.map_version
         exp = _existing(state, image_id, version, host_cache)

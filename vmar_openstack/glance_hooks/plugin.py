@@ -24,18 +24,124 @@ the failure logged and recorded (``vmar-agent`` retries on
 ``image.activate``). ``[vmar_import] mapgen_failure_fatal = True`` fails
 the import instead. The map is published to Glance by ``vmar-agent`` when
 it sees the image become active.
+
+A staged **snapshot delta** (:mod:`vmar_openstack.mapformat.delta`, what
+a compute host stages for a snapshot of a vmar server) is first built into
+the whole image from the parent's stored bytes (:mod:`.assemble`), which
+Glance then stores as the image's data; its library entry is its parent's
+plus the delta (:meth:`Library.add_delta`), and these properties record
+where it came from:
+
+============================ =================================================
+``vmar_parent``              the image the server was booted from
+``vmar_parent_map_version``  the map version its disk read
+``vmar_delta_blocks``        data blocks the delta held
+``vmar_delta_zero_blocks``   blocks the delta zeroed
+``vmar_assembled_hash``      ``<algorithm>:<hex>`` of the whole image built;
+                             vmar-agent compares it with Glance's
+                             ``os_hash_value`` before it publishes the map
+============================ =================================================
+
+A delta that fails a check, a parent that is gone or whose stored bytes
+are not what Glance recorded, or a full staging disk fail the import
+(Glance puts the image back to ``queued``) and leave no staged data.
 """
 
+import os
+
+from oslo_config import cfg
 from oslo_log import log as logging
 from taskflow.patterns import linear_flow as lf
 from taskflow import task
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
+from vmar_openstack.glance_hooks import assemble
 from vmar_openstack import ingest
+from vmar_openstack.mapformat import delta as delta_format
 
 LOG = logging.getLogger(__name__)
 CONF = vmar_conf.CONF
+# the property that says which whole image a delta was built into
+PROP_ASSEMBLED = 'vmar_assembled_hash'
+
+
+def _local(file_path):
+    return file_path[len('file://'):] if file_path.startswith(
+        'file://') else file_path
+
+
+class _AssembleDelta(task.Task):
+    """A staged snapshot delta becomes the whole image; else nothing."""
+
+    default_provides = ('file_path', 'vmar_delta')
+
+    def __init__(self, task_id, task_type, image_id, action_wrapper,
+                 image_repo):
+        self.image_id = image_id
+        self.action_wrapper = action_wrapper
+        self.image_repo = image_repo
+        self.src_path = self.dest_path = None
+        super().__init__(name='%s-VmarAssembleDelta-%s' % (task_type,
+                                                           task_id))
+
+    def execute(self, file_path):
+        path = _local(file_path)
+        if not delta_format.is_delta(path):
+            return file_path, None
+        self.src_path = path
+        with self.action_wrapper as action:
+            fmt = action.image_disk_format
+        if fmt != 'raw':
+            raise exception.SnapshotError(
+                image_id=self.image_id, reason='a snapshot delta is '
+                'imported as a raw image, not %s' % fmt)
+        d = delta_format.read_index(
+            path, max_virtual_size=CONF.vmar.max_virtual_size_gb << 30)
+        hdr = d.header
+        try:
+            parent = self.image_repo.get(hdr.parent_id)
+        except Exception as e:  # glance's NotFound/Forbidden: not ours
+            raise exception.SnapshotError(
+                image_id=self.image_id, reason='its parent %s cannot be '
+                'read (%s): deleted while the snapshot was being made?'
+                % (hdr.parent_id, type(e).__name__))
+        if parent.status != 'active':
+            raise exception.SnapshotError(
+                image_id=self.image_id, reason='its parent %s is %s, not '
+                'active' % (hdr.parent_id, parent.status))
+        record = {'id': hdr.parent_id, 'size': parent.size,
+                  'os_hash_algo': parent.os_hash_algo,
+                  'os_hash_value': parent.os_hash_value,
+                  'checksum': parent.checksum}
+        self.dest_path = path + '.vmar'
+        out = assemble.assemble(d, record, parent.get_data(),
+                                self.dest_path, cfg.CONF.hashing_algorithm)
+        with self.action_wrapper as action:
+            action.set_image_attribute(size=out.size,
+                                       virtual_size=out.size)
+            action.set_image_extra_properties({
+                'vmar_parent': hdr.parent_id,
+                'vmar_parent_map_version': str(hdr.parent_map_version),
+                'vmar_delta_blocks': str(d.n_data),
+                'vmar_delta_zero_blocks': str(len(d.zero_blocks)),
+                PROP_ASSEMBLED: '%s:%s' % (out.hash_algo, out.hash_value)})
+        os.unlink(path)
+        LOG.info('image %s: built from parent %s and a delta of %d blocks '
+                 '(%d zeroed): %d bytes, %d of them data', self.image_id,
+                 hdr.parent_id, d.n_data, len(d.zero_blocks), out.size,
+                 out.data_bytes)
+        return 'file://' + self.dest_path, d
+
+    def revert(self, result=None, **kwargs):
+        # the import failed here or later: no staged data is left behind
+        # (Glance puts the image back to queued)
+        for path in (self.dest_path, self.src_path):
+            if path:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
 
 
 class _Mapgen(task.Task):
@@ -50,16 +156,13 @@ class _Mapgen(task.Task):
         self.image_repo = image_repo
         super().__init__(name='%s-VmarMapgen-%s' % (task_type, task_id))
 
-    def execute(self, file_path):
-        path = file_path[len('file://'):] if file_path.startswith(
-            'file://') else file_path
+    def execute(self, file_path, vmar_delta=None):
+        path = _local(file_path)
         image = self.image_repo.get(self.image_id)
         with self.action_wrapper as action:
             fmt = action.image_disk_format or 'raw'
         try:
-            out = ingest.Library(CONF).add(
-                self.image_id, path, disk_format=fmt, owner=image.owner,
-                visibility=image.visibility, keep_base=False)
+            out = self._ingest(path, fmt, image, vmar_delta)
         except exception.ImageExists:
             LOG.info('image %s is already in the VMAR library',
                      self.image_id)
@@ -81,9 +184,23 @@ class _Mapgen(task.Task):
                  self.image_id, out.map_version, 100 * out.shared_fraction)
         return props
 
+    def _ingest(self, path, fmt, image, delta):
+        lib = ingest.Library(CONF)
+        if delta is not None:
+            try:
+                return lib.add_delta(self.image_id, delta, owner=image.owner,
+                                     visibility=image.visibility)
+            except (exception.ImageNotFound, exception.ImageRejected) as e:
+                LOG.warning('image %s: not ingested from its parent (%s); '
+                            'hashing it whole', self.image_id, e)
+        return lib.add(self.image_id, path, disk_format=fmt,
+                       owner=image.owner, visibility=image.visibility,
+                       keep_base=False)
+
 
 def get_flow(**kwargs):
     """The ``glance.image_import.plugins`` entry point."""
-    return lf.Flow(kwargs['task_type']).add(_Mapgen(
-        kwargs['task_id'], kwargs['task_type'], kwargs['image_id'],
-        kwargs['action_wrapper'], kwargs['image_repo']))
+    args = (kwargs['task_id'], kwargs['task_type'], kwargs['image_id'],
+            kwargs['action_wrapper'], kwargs['image_repo'])
+    return lf.Flow(kwargs['task_type']).add(_AssembleDelta(*args),
+                                            _Mapgen(*args))

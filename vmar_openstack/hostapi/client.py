@@ -162,6 +162,15 @@ class Client:
     def status(self):
         return self.call('status')
 
+    def digests(self, image_id, version):
+        """The path of ``image_id``'s digest list on this host.
+
+        ``version``: a map version of the image the host holds (a
+        server's pinned one).
+        """
+        return self.call('digests', image_id=image_id,
+                         version=version)['path']
+
     def health(self, names=()):
         """Whether the daemon is up, and which of ``names`` it serves."""
         return self.call('health', names=sorted(names))

@@ -33,6 +33,11 @@ arguments and replies):
     the export records, each with its state (up, missing, down).
 ``status``
     bases, exports and their counters (``vmar-export status --json``).
+``digests``
+    the path on the host of an image's digest list (one SHA-256 per
+    block, ``doc/source/mirror-format.rst``), fetched if the host lacks
+    it, for a map version the host holds: what a snapshot's delta is
+    compared against.
 ``health``
     whether qemu-storage-daemon answers, and which of the NBD names
     asked about it serves now: what the resumer of paused guests waits
@@ -49,7 +54,7 @@ VERSIONS = (1,)
 MAX_LINE = 1 << 20
 
 OPS = ('hello', 'add', 'remove', 'release', 'holders', 'list', 'status',
-       'health')
+       'health', 'digests')
 
 # the errors a reply may carry, by name: the client raises the same class
 ERRORS = {cls.__name__: cls for cls in (

@@ -33,6 +33,7 @@ from vmar_openstack.ingest import ahead as ingest_ahead
 from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset as bootset_format
+from vmar_openstack.mapformat import delta as delta_format
 from vmar_openstack.mapformat import layout as layout_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import mapgen
@@ -108,6 +109,78 @@ class Library:
                 raise
         finally:
             ahead.close()
+
+    def add_delta(self, image_id, delta, owner=None, visibility='private'):
+        """Ingest a snapshot from its parent's entry and its delta.
+
+        ``delta``: the :class:`~vmar_openstack.mapformat.delta.Delta`
+        whose data blocks the caller has checked against their digests
+        (:mod:`vmar_openstack.glance_hooks.assemble` does as it builds the
+        image). Only the delta's blocks were hashed: every other block's
+        digest is the parent's. The parent's block layout and boot working
+        set are the snapshot's too (the delta's blocks are not classified
+        again). Returns the :class:`Outcome`.
+
+        :raises ImageNotFound: the parent is not in the library.
+        :raises ImageRejected: the parent's entry cannot describe it
+            (another block size or algorithm, another size).
+        """
+        image_id = _check_uuid(image_id)
+        hdr = delta.header
+        if visibility not in db_api.VISIBILITIES:
+            raise ValueError('visibility must be one of %s'
+                             % ', '.join(db_api.VISIBILITIES))
+        with db_session.reader(self.conf) as s:
+            store = db_store.ClusterStore(s)
+            if store.get_image(image_id) is not None:
+                raise exception.ImageExists(image_id=image_id)
+            parent = self._get(store, hdr.parent_id)
+            if (parent.algorithm, parent.block_size, parent.virtual_size) != (
+                    delta_format.ALGORITHM, hdr.block_size, hdr.parent_size):
+                raise exception.ImageRejected(
+                    reason='the delta describes %s %d-byte blocks of %d '
+                    'bytes of %s; the library holds %s %d-byte blocks of %d'
+                    % (delta_format.ALGORITHM, hdr.block_size,
+                       hdr.parent_size, hdr.parent_id, parent.algorithm,
+                       parent.block_size, parent.virtual_size))
+            rows = store.load_digests(parent)
+        digests = np.zeros((hdr.n_blocks, rows.shape[1]), np.uint8)
+        digests[:len(rows)] = rows
+        digests[delta.zero_blocks.astype(np.intp)] = 0
+        digests[delta.data_blocks.astype(np.intp)] = delta.digests
+        fps = fingerprint.Fingerprints(delta_format.ALGORITHM, hdr.block_size,
+                                       hdr.virtual_size, digests)
+        self._derive_files(hdr.parent_id, image_id, hdr.virtual_size)
+        ahead = ingest_ahead.Ahead(self.conf, fps.algorithm, fps.block_size)
+        try:
+            ahead.expect(fps.n_blocks)
+            return self._commit_add(image_id, fps, 'raw', owner, visibility,
+                                    None, ahead)
+        except BaseException:
+            self._unplace(image_id)
+            raise
+        finally:
+            ahead.close()
+
+    def _derive_files(self, parent_id, image_id, size):
+        """The parent's layout and boot set, as the snapshot's."""
+        lay = self.layout(parent_id)
+        if lay is not None:
+            lay = layout_format.decode(lay, parent_id)
+            runs = lay.runs
+            grown = -(-size // lay.block_size) - -(-lay.virtual_size
+                                                   // lay.block_size)
+            if grown > 0:   # a larger disk: its new blocks are unknown
+                runs += ((runs[-1][0] + runs[-1][1], grown, 'unknown', -1),)
+            self._write_layout(image_id, dataclasses.replace(
+                lay, image_id=image_id, virtual_size=size, runs=runs))
+        boot = self.bootset(parent_id)
+        if boot is not None:
+            boot = bootset_format.decode(boot, parent_id)
+            fileutils.write_atomic(
+                paths.bootset_path(self.conf, image_id),
+                bootset_format.encode(dataclasses.replace(
+                    boot, image_id=image_id, virtual_size=size)), mode=0o444)
 
     def update_content(self, image_id, path, disk_format='raw',
                        expected_size=None, progress=None, keep_base=True):
