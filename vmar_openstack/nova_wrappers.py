@@ -32,8 +32,11 @@ doc/source/multinode.rst):
 * ``delete_instance_files``, ``confirm_migration``,
   ``rollback_live_migration_at_destination``: the host's references go
   with the instance;
-* ``_live_snapshot``: a live snapshot whose delta has the disk's pinned NBD
-  backing (:mod:`~vmar_openstack.nova_imagebackend.snapshot`);
+* ``_live_snapshot``: Nova's own live snapshot, whose copy of the disk's
+  top layer has its pinned NBD backing
+  (:mod:`~vmar_openstack.nova_imagebackend.snapshot`; the first route is
+  the backend's ``direct_snapshot``, which sends the delta only);
+* ``_create_snapshot_metadata``: a vmar server's snapshot is raw;
 * ``get_instance_disk_info`` / ``_create_images_and_backing``: a live
   migration carries the overlay's backing, and the destination adopts it;
 * ``migrate_disk_and_power_off``: a resize that would switch the backend
@@ -108,6 +111,7 @@ def by_libvirt_path(original, self, instance, path, image_type=None):
 
 def init_host(original, self, host):
     result = original(self, host)
+    driver_access.register(self)
     exports = vimage.host()
     reconcile.release_stale(exports, nova_conf.CONF.instances_path,
                             self.list_instance_uuids())
@@ -152,8 +156,18 @@ def live_snapshot(original, self, context, instance, guest, disk_path,
     if not (vimage.is_root_disk(disk_path) and _is_vmar(instance)):
         return original(self, context, instance, guest, disk_path,
                         out_path, source_format, image_format, image_meta)
-    return snapshot.live_snapshot(self, instance, guest, disk_path,
-                                  out_path, image_format)
+    return snapshot.live_snapshot(
+        self, vimage.VmarImage(instance=instance, path=disk_path), guest,
+        disk_path, out_path)
+
+
+def create_snapshot_metadata(original, self, image_meta, instance, img_fmt,
+                             snp_name):
+    # a vmar server's snapshot is raw on either route, whatever
+    # [libvirt] snapshot_image_format says (as Nova saves lvm and rbd)
+    if _is_vmar(instance):
+        img_fmt = 'raw'
+    return original(self, image_meta, instance, img_fmt, snp_name)
 
 
 def get_instance_disk_info(original, self, instance, block_device_info=None):
@@ -252,6 +266,8 @@ TABLE = (
     Wrapped(COMPUTE, D, '_get_guest_config', get_guest_config),
     Wrapped(COMPUTE, D, 'delete_instance_files', delete_instance_files),
     Wrapped(COMPUTE, D, '_live_snapshot', live_snapshot),
+    Wrapped(COMPUTE, D, '_create_snapshot_metadata',
+            create_snapshot_metadata),
     Wrapped(COMPUTE, D, 'get_instance_disk_info', get_instance_disk_info),
     Wrapped(COMPUTE, D, '_create_images_and_backing',
             create_images_and_backing),
@@ -267,6 +283,7 @@ TABLE = (
 
 PRIVATE = (
     Private(D, '_host', driver_access.connection),
+    Private(D, '_host', driver_access.guest),
     Private(D, '_delete_guest_configuration',
             driver_access.delete_guest_configuration),
     Private(libvirt_host.Host, 'write_instance_config',

@@ -50,9 +50,12 @@ from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset
+from vmar_openstack.mapformat import delta as delta_format
+from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.mapsource import glance as gsource
 from vmar_openstack.mapsource import readers
 from vmar_openstack import names
+from vmar_openstack.nova_imagebackend import delta as nova_delta
 
 
 def _sha(path):
@@ -797,6 +800,116 @@ class TestGlance(GlanceTestCase):
         # with the image's activation
         self.wait_handled('image.activate', image_id)
         self.assertEqual(1, self.library_image(image_id).map_version)
+
+    # -- snapshots sent as deltas (issue 33) -----------------------------
+
+    def _delta_of(self, parent_id, parent_raw, *writes):
+        """The delta of an overlay on ``parent_raw`` after ``writes``.
+
+        Returns (delta path, the whole disk as raw).
+        """
+        overlay = os.path.join(self.tmp, 'disk-%s.qcow2' % uuid.uuid4().hex)
+        subprocess.run(['qemu-img', 'create', '-q', '-f', 'qcow2', '-b',
+                        parent_raw, '-F', 'raw', overlay], check=True)
+        cmd = ['qemu-io', '-f', 'qcow2']
+        for w in writes:
+            cmd += ['-c', w]
+        subprocess.run(cmd + [overlay], check=True, capture_output=True)
+        digests = os.path.join(self.tmp, 'parent.digests')
+        self.source.fetch_digests(parent_id, digests)
+        hdr, rows = mirror_format.read_digests(digests)
+        header = delta_format.Header(hdr.block_size, hdr.size, parent_id,
+                                     hdr.size, 1)
+        made = nova_delta.write(overlay, overlay + '.vdelta', header, rows)
+        whole = overlay + '.raw'
+        subprocess.run(['qemu-img', 'convert', '-f', 'qcow2', '-O', 'raw',
+                        overlay, whole], check=True)
+        return made.path, whole
+
+    def _import_delta(self, path):
+        """A new image with the delta staged and imported (glance-direct)."""
+        img = self.client.images.create(
+            name='vmar-snap-%s' % uuid.uuid4().hex[:6], disk_format='raw',
+            container_format='bare')
+        with open(path, 'rb') as f:
+            self.client.images.stage(img['id'], f)
+        self.client.images.image_import(img['id'], method='glance-direct')
+        return img['id']
+
+    def _import_ended(self, image_id, timeout=120):
+        deadline = time.time() + timeout
+        while True:
+            img = self.client.images.get(image_id)
+            if img['status'] not in ('uploading', 'importing'):
+                return img
+            self.assertLess(time.time(), deadline, img)
+            time.sleep(0.3)
+
+    def _staged(self, image_id):
+        return [n for n in os.listdir(self.glance.staging_dir)
+                if n.startswith(image_id)]
+
+    def test_snapshot_delta_becomes_the_whole_image(self):
+        parent_raw = self.image('p.raw', list(range(30001, 31025))
+                                + [None] * 256)
+        parent = self.create(parent_raw, '--public')
+        self.wait_map(parent)
+        delta, whole = self._delta_of(
+            parent, parent_raw, 'write -P 0x5a 64k 12k', 'write -z 1M 64k',
+            'write -P 0x33 4300k 8k')
+        child = self._import_delta(delta)
+        img = self.wait_status(child, 'active')
+        # the whole disk, stored as any image is, and its checksums
+        got = os.path.join(self.tmp, 'got.raw')
+        with open(got, 'wb') as f:
+            for chunk in self.client.images.data(child):
+                f.write(chunk)
+        self.assertEqual(_sha(whole), _sha(got))
+        self.assertEqual(os.path.getsize(whole), img['size'])
+        self.assertEqual('%s:%s' % (img['os_hash_algo'],
+                                    img['os_hash_value']),
+                         img['vmar_assembled_hash'])
+        self.assertEqual(parent, img['vmar_parent'])
+        self.assertEqual(['5', '16'], [img['vmar_delta_blocks'],
+                                       img['vmar_delta_zero_blocks']])
+        self.assertEqual([], self._staged(child))
+        # its library entry came from the parent's: the agent only
+        # published its map, which reads the parent's blocks from it
+        v = self.wait_map(child)
+        self.wait_handled('image.activate', child)
+        self.assertNotIn('ingested %s' % child, self.agent_log(full=True))
+        out = os.path.join(self.tmp, 'rebuilt.raw')
+        bmap = self.rebuild(child, v, out)
+        self.assertEqual(_sha(whole), _sha(out))
+        self.assertIn(parent, [t.image_id for t in bmap.targets])
+        self.assert_consistent()
+
+    def test_snapshot_delta_refused(self):
+        parent_raw = self.image('q.raw', list(range(40001, 41025)))
+        parent = self.create(parent_raw, '--public')
+        self.wait_map(parent)
+        delta, _whole = self._delta_of(parent, parent_raw,
+                                       'write -P 0x77 128k 4k')
+        # a corrupted data block: the import fails, nothing is left
+        bad = delta + '.bad'
+        shutil.copy(delta, bad)
+        with open(bad, 'r+b') as f:
+            f.seek(-100, os.SEEK_END)
+            f.write(b'corrupt')
+        child = self._import_delta(bad)
+        img = self._import_ended(child)
+        self.assertEqual('queued', img['status'])
+        self.assertEqual([], self._staged(child))
+        self.assertIsNone(self.library_image(child))
+        with open(self.glance.api_log, errors='replace') as f:
+            self.assertIn('does not match its digest', f.read())
+        # the parent gone meanwhile: the same
+        self.glance.openstack('image', 'delete', parent)
+        child = self._import_delta(delta)
+        img = self._import_ended(child)
+        self.assertEqual('queued', img['status'])
+        self.assertEqual([], self._staged(child))
+        self.assertIsNone(self.library_image(child))
 
     def test_delete_of_a_canonical_image(self):
         seeds = list(range(10001, 11025))

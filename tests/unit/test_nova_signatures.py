@@ -37,6 +37,8 @@ WRAPPED = {
     (D, '_live_snapshot'):
         '(self, context, instance, guest, disk_path, out_path, '
         'source_format, image_format, image_meta)',
+    (D, '_create_snapshot_metadata'):
+        '(self, image_meta, instance, img_fmt, snp_name)',
     (D, 'migrate_disk_and_power_off'):
         '(self, context, instance, dest, flavor, network_info, '
         'block_device_info=None, timeout=0, retry_interval=0)',
@@ -73,6 +75,15 @@ CALLED = {
     (libvirt_host.Host, 'write_instance_config'): '(self, xml)',
     # resume.start() uses the driver's connection
     (libvirt_host.Host, 'get_connection'): '(self)',
+    # snapshot.send_delta(): the guest, Glance as the user, and the
+    # backend method Nova calls for it
+    (libvirt_host.Host, 'get_guest'): '(self, instance)',
+    (glance.GlanceClientWrapper, 'call'):
+        '(self, context, version, method, controller=None, args=None, '
+        'kwargs=None)',
+    (imagebackend.Image, 'direct_snapshot'):
+        '(self, context, snapshot_name, image_format, image_id, '
+        'base_image_id)',
 }
 
 

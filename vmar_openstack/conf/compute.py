@@ -42,6 +42,23 @@ ALL_OPTS = [
                help='qemu-img that makes and inspects the instances\' qcow2 '
                     'overlays.\n\nPossible values: a path, or a name on '
                     'PATH.'),
+    cfg.BoolOpt('snapshot_delta', default=True,
+                help='Snapshots (and shelve) of a vmar server send Glance '
+                     'only the blocks the server changed, with the image '
+                     'it was booted from: glance-api builds the whole image '
+                     '(the vmar_mapgen import plugin, glance-direct). On any '
+                     'failure of that route the snapshot falls back to '
+                     'Nova\'s own, which uploads the whole disk.\n\n'
+                     'Possible values: true (default); false, always Nova\'s '
+                     'own route.\n\nRelated options: snapshot_import_timeout; '
+                     'glance-api\'s enabled_import_methods must list '
+                     'glance-direct and image_import_plugins vmar_mapgen.'),
+    cfg.IntOpt('snapshot_import_timeout', default=1800, min=1,
+               help='Seconds a snapshot waits for glance-api to build and '
+                    'store the image from its delta. Past it the snapshot '
+                    'fails (and Nova deletes the image).\n\n'
+                    'Possible values: seconds.\n\nRelated options: '
+                    'snapshot_delta.'),
     cfg.IntOpt('guest_reporting_order', min=-1, max=10,
                help='The page reporting order vmar-guest sets in '
                     'guest-private and auto servers while they drop base '

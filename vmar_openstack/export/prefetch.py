@@ -229,9 +229,10 @@ class Prefetcher:
         with export_state.State(self.service.host_dir) as state:
             return any(e.name == name for e in state.exports.values())
 
-    def fill(self, name):
+    def fill(self, name, only=None):
         """Read every block export ``name``'s map reads into its mirrors.
 
+        ``only``: from that base alone, at full speed (the caller waits).
         Returns the bytes read (0 if the export is gone).
         """
         image_id, version, _key = names.parse_export(name)
@@ -242,14 +243,16 @@ class Prefetcher:
         bmap = mapformat.read(files.map_file(image_id, version))
         c = self.conf.vmar_host
         start, total = time.monotonic(), 0
+        rate = 0 if only else c.fill_rate * 1000000
         for i, t in enumerate(bmap.targets):
-            if not files.is_mirror(t.image_id):
+            if (not files.is_mirror(t.image_id)
+                    or only not in (None, t.image_id)):
                 continue
             ranges = missing_ranges(bmap, i, mirror_format.read_present(
                 files.mirror(t.image_id).present)[1], c.prefetch_request)
             if ranges:
                 total += self._read_mirror(name, t.image_id, ranges,
-                                           rate=c.fill_rate * 1000000)
+                                           rate=rate)
         LOG.info('filled %s: %d bytes read in %.1f s (%d MB/s at most)',
                  name, total, time.monotonic() - start, c.fill_rate)
         return total

@@ -224,8 +224,11 @@ class ExportService:
 
         Idempotent per holder. A new holder gets a new key (the secret part
         of the name its QEMU opens) unless ``key`` gives it the one its
-        overlay already names. ``whole``: copy the image's own base whole
-        even on a lazy host (it is about to be deleted from the source).
+        overlay already names. ``whole``: the image is about to be deleted
+        from the source: before this returns, the host holds every block
+        its map reads from the image itself (the blocks no other image
+        holds): on a lazy host those blocks are read into its mirror, not
+        the whole image copied; elsewhere the image's base is copied.
         Returns the :class:`.state.Export`.
         """
         image_id = str(uuid.UUID(image_id))
@@ -241,12 +244,13 @@ class ExportService:
                                         % (version,))
         with export_state.State(self.host_dir) as state:
             known = _existing(state, image_id, version, host_cache)
+        own_blocks = whole and self.lazy(host_cache) and self.can_mirror()
         with contextlib.ExitStack() as held:
             # the map source's I/O, outside the host-wide state lock: other
             # images' exports go on meanwhile
             bmap, fetched = self.files.ensure(
                 image_id, version, self.lazy(host_cache), hold=held,
-                whole=(image_id,) if whole else ())
+                whole=(image_id,) if whole and not own_blocks else ())
             boot = (self.conf.vmar_host.prefetch and self.lazy(host_cache)
                     and known is None
                     and self.files.ensure_bootset(image_id))
@@ -263,7 +267,9 @@ class ExportService:
                                           self.conf.vmar_host.fill_delay)
                 if new and self.warm:
                     self.warm.changed()
-                return exp
+            if own_blocks and self.files.is_mirror(image_id):
+                prefetch.Prefetcher(self).fill(exp.name, only=image_id)
+            return exp
 
     def digest_list(self, image_id, version):
         """The path of an image's digest list, fetched if missing.

@@ -96,10 +96,39 @@ class Handler:
             return
         if (payload.get('properties') or {}).get(names.PROP_OF):
             return                     # one of our own map images
+        if self._known(image_id) is not None and not self._assembled_ok(
+                image_id, payload):
+            self.library.delete(image_id)
         if self._known(image_id) is None:
             self._ingest(image_id, payload)
         if self.publisher.current(image_id) is not None:
             self.publisher.files(image_id)
+
+    def _assembled_ok(self, image_id, payload):
+        """Whether a snapshot built from its delta is what Glance stored.
+
+        The import plugin entered it in the library from its parent's
+        digests and the delta's (:meth:`Library.add_delta`) and recorded
+        the hash of the whole image it built (``vmar_assembled_hash``);
+        Glance hashed what it stored (``os_hash_value``). They must agree,
+        else the entry describes other bytes: it is dropped, and the
+        image ingested from Glance like any other. Images without the
+        property are not the plugin's snapshots: True.
+        """
+        claimed = (payload.get('properties') or {}).get(
+            names.PROP_ASSEMBLED)
+        if not claimed:
+            return True
+        meta = self.glance.images.get(image_id)
+        stored = '%s:%s' % (meta.get('os_hash_algo'),
+                            meta.get('os_hash_value'))
+        if stored == claimed:
+            return True
+        metrics.ASSEMBLED_MISMATCH.inc()
+        LOG.error('image %s: Glance stored %s, its delta was built into %s; '
+                  'the library entry made from its parent is dropped and '
+                  'the image ingested whole', image_id, stored, claimed)
+        return False
 
     def _ingest(self, image_id, payload):
         local = self._local_store_file(image_id, payload)

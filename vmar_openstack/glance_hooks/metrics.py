@@ -27,6 +27,10 @@ INGEST_SECONDS = prometheus_client.Histogram(
 INGESTED_BYTES = prometheus_client.Counter(
     'vmar_agent_ingested_bytes', 'Bytes of image files ingested.',
     registry=None)
+ASSEMBLED_MISMATCH = prometheus_client.Counter(
+    'vmar_agent_assembled_mismatch', 'Snapshots built from a delta whose '
+    'stored bytes were not the image built (entry dropped, ingested '
+    'whole).', registry=None)
 
 
 class FailureCollector(prom_registry.Collector):
@@ -51,6 +55,6 @@ def registry(conf):
     """The agent's metrics, with the failure records of ``conf``."""
     reg = prom_registry.CollectorRegistry()
     for m in (EVENTS, DOWNLOAD_SECONDS, INGEST_SECONDS, INGESTED_BYTES,
-              FailureCollector(conf)):
+              ASSEMBLED_MISMATCH, FailureCollector(conf)):
         reg.register(m)
     return reg

@@ -59,11 +59,10 @@ from vmar_openstack import exception
 from vmar_openstack.glance_hooks import assemble
 from vmar_openstack import ingest
 from vmar_openstack.mapformat import delta as delta_format
+from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 CONF = vmar_conf.CONF
-# the property that says which whole image a delta was built into
-PROP_ASSEMBLED = 'vmar_assembled_hash'
 
 
 def _local(file_path):
@@ -125,7 +124,8 @@ class _AssembleDelta(task.Task):
                 'vmar_parent_map_version': str(hdr.parent_map_version),
                 'vmar_delta_blocks': str(d.n_data),
                 'vmar_delta_zero_blocks': str(len(d.zero_blocks)),
-                PROP_ASSEMBLED: '%s:%s' % (out.hash_algo, out.hash_value)})
+                names.PROP_ASSEMBLED: '%s:%s' % (out.hash_algo,
+                                                 out.hash_value)})
         os.unlink(path)
         LOG.info('image %s: built from parent %s and a delta of %d blocks '
                  '(%d zeroed): %d bytes, %d of them data', self.image_id,

@@ -7,6 +7,30 @@ still there, with the signatures vmar expects, in every Nova release it
 supports.
 """
 
+from nova import exception
+
+
+# the libvirt driver of this nova-compute process, once it started
+_DRIVER = []
+
+
+def register(driver):
+    """Remember the process's driver (its ``init_host``)."""
+    _DRIVER[:] = [driver]
+
+
+def current():
+    """The process's libvirt driver, or None before ``init_host``."""
+    return _DRIVER[0] if _DRIVER else None
+
+
+def guest(driver, instance):
+    """The instance's libvirt guest (``driver._host``), None if none."""
+    try:
+        return driver._host.get_guest(instance)
+    except exception.InstanceNotFound:
+        return None
+
 
 def connection(driver):
     """The driver's libvirt connection (``driver._host``)."""
