@@ -664,10 +664,9 @@ class UserPath(Scenario):
         check(self.ids['nginx'] in self.export_pin(name),
               'rebuilt %s does not read nginx: %s', name,
               self.export_pin(name))
-        # a snapshot, and a server from it, which gets its own map
-        snap = self.os.json('server', 'image', 'create', '--name',
-                            'snap-a', '--wait', name)
-        self.ids['snap-a'] = snap['id']
+        # a live snapshot, sent as its delta, and a server from it, which
+        # gets its own map
+        self.snapshot(name, 'snap-a', 'nginx')
         self.wait_map('snap-a')
         self.create('vm-snap', FLAVOR_VMAR, 'snap-a')
         self.wait_status('vm-snap', 'ACTIVE')
@@ -675,9 +674,58 @@ class UserPath(Scenario):
         check(self.ids['snap-a'] in self.export_pin('vm-snap'),
               'vm-snap does not read its own map')
         self.echo('  snapshot snap-a has its own map; vm-snap booted it')
-        # shelve offloads (shelved_offload_time = 0) through a snapshot
+        # the snapshot is a standalone image: a plain server boots it
+        self.create('vm-plainsnap', FLAVOR_PLAIN, 'snap-a')
+        self.wait_status('vm-plainsnap', 'ACTIVE')
+        self.wait_booted('vm-plainsnap', 'nginx')
+        self.os.run('server', 'delete', '--wait', 'vm-plainsnap')
+        self.echo('  a plain server booted snap-a')
+        # a cold one: the image saved whole is the disk the guest left
+        op('stop', name, status='SHUTOFF', boots=False)
+        self.snapshot(name, 'snap-b', 'nginx')
+        saved = self.cloud.path('snap-b.raw')
+        self.os.run('image', 'save', '--file', saved, 'snap-b')
+        disk = os.path.join(self.cloud.path('nova', 'instances'),
+                            self.server(name)['id'], 'disk')
+        r = subprocess.run(['qemu-img', 'compare', '-U', '-f', 'qcow2',
+                            '-F', 'raw', disk, saved], capture_output=True,
+                           text=True)
+        os.unlink(saved)
+        check(r.returncode == 0, 'snap-b saved whole is not the disk of '
+              '%s: %s', name, r.stdout + r.stderr)
+        self.echo('  snap-b saved whole equals the stopped disk')
+        self.os.run('image', 'delete', 'snap-b')
+        op('start', name)
+        # shelve offloads (shelved_offload_time = 0) through a snapshot,
+        # sent as its delta too
+        size = self.compute_log()
         op('shelve', name, status='SHELVED_OFFLOADED', boots=False)
+        self.check_delta(self.compute_log(size), '%s-shelved' % name)
         op('unshelve', name)
+
+    def snapshot(self, server, name, parent):
+        """``server image create``; checks it went as a delta."""
+        size = self.compute_log()
+        t0 = time.monotonic()
+        snap = self.os.json('server', 'image', 'create', '--name', name,
+                            '--wait', server)
+        self.ids[name] = snap['id']
+        props = self.os.json('image', 'show', name)['properties']
+        check(props.get('vmar_parent') == self.ids[parent],
+              '%s was not built from a delta on %s: %s', name, parent,
+              props)
+        self.check_delta(self.compute_log(size), name)
+        self.echo('  %s: a delta of %s blocks (%s zeroed) on %s, active in '
+                  '%.1f s' % (name, props['vmar_delta_blocks'],
+                              props['vmar_delta_zero_blocks'], parent,
+                              time.monotonic() - t0))
+
+    def check_delta(self, log, name):
+        check('Performing standard snapshot' not in log,
+              'the snapshot %s took Nova\'s own route:\n%s', name,
+              log[-3000:])
+        check(re.search(r'snapshot \S+: delta of \d+ blocks', log),
+              'nova-compute logged no delta for %s', name)
 
     def restart_compute(self):
         """Restart nova-compute under the image cache manager.

@@ -148,10 +148,8 @@ LAYOUT_NAMESPACE = uuid.UUID('8c41f0d2-93b5-5e7a-a6c8-2d1f7e9b4035')
 # properties of the hidden images (os_hidden): whose they are, which
 # version, and the SHA-256 of their data
 PROP_OF = 'vmar_map_of'
-# of a snapshot built from its delta by the import plugin: the
-# "<algorithm>:<hex>" of the whole image it built, which Glance's
-# os_hash_value must match
-PROP_ASSEMBLED = 'vmar_assembled_hash'
+# of a snapshot built from its delta by the import plugin: its parent
+PROP_PARENT = 'vmar_parent'
 PROP_VERSION = 'vmar_map_version'
 PROP_SHA256 = 'vmar_map_sha256'
 PROP_DIGESTS_SHA256 = 'vmar_digests_sha256'

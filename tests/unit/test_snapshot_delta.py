@@ -20,7 +20,9 @@ from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
 from vmar_openstack.glance_hooks import assemble
+from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack.mapformat import delta as delta_format
+from vmar_openstack.mapformat import layout as layout_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.nova_imagebackend import delta as nova_delta
 
@@ -147,11 +149,8 @@ class TestChain(base.LibraryTestCase):
         with open(out, 'rb') as f:
             return f.read()
 
-    def _record(self):
-        with open(self.parent, 'rb') as f:
-            data = f.read()
-        return {'id': PARENT, 'size': len(data), 'os_hash_algo': 'sha512',
-                'os_hash_value': hashlib.sha512(data).hexdigest()}
+    def _rows(self):
+        return self.lib.fingerprints(PARENT).digests
 
     def _chunks(self, size=20000):
         with open(self.parent, 'rb') as f:
@@ -191,22 +190,21 @@ class TestChain(base.LibraryTestCase):
         self._change()
         made = self._write_delta()
         d = delta_format.read_index(made.path)
-        out = assemble.assemble(d, self._record(), self._chunks(),
-                                os.path.join(self.tmp, 'whole'), 'sha512')
+        out = assemble.assemble(d, self._rows(), self._chunks(),
+                                os.path.join(self.tmp, 'whole'))
         with open(out.path, 'rb') as f:
             got = f.read()
         want = self._whole()
         self.assertEqual(len(want), len(got))
         self.assertEqual(want, got)
-        self.assertEqual(hashlib.sha512(want).hexdigest(), out.hash_value)
         # sparse: zero blocks were not written
         self.assertLess(out.data_bytes, len(want))
 
     def test_entry_from_the_delta_is_a_full_ingest(self):
         self._change()
         d = delta_format.read_index(self._write_delta().path)
-        out = assemble.assemble(d, self._record(), self._chunks(),
-                                os.path.join(self.tmp, 'whole'), 'sha512')
+        out = assemble.assemble(d, self._rows(), self._chunks(),
+                                os.path.join(self.tmp, 'whole'))
         self.lib.add_delta(CHILD, d)
         self.lib.add(OTHER, out.path)
         with db_session.reader(self.conf) as s:
@@ -223,17 +221,27 @@ class TestChain(base.LibraryTestCase):
         self.assertEqual((0, 0, 0), (made.top_blocks, made.data_blocks,
                                      made.zero_blocks))
 
-    def test_parent_bytes_not_as_recorded(self):
+    def test_parent_bytes_not_as_hashed(self):
         self._change()
         d = delta_format.read_index(self._write_delta().path)
-        rec = dict(self._record(), os_hash_value='0' * 128)
         dest = os.path.join(self.tmp, 'whole')
+        # a data block of the parent changed in its store, or a zero one
+        # that is not zero any more
+        for at in (4, 3):
+            with open(self.parent, 'r+b') as f:
+                f.seek(at * BS + 100)
+                f.write(b'rot')
+            e = self.assertRaises(exception.SnapshotError, assemble.assemble,
+                                  d, self._rows(), self._chunks(), dest)
+            self.assertIn('stored block %d is not what the library hashed'
+                          % at, str(e))
+            self.assertFalse(os.path.exists(dest))
+            self.assertEqual([], [n for n in os.listdir(self.tmp)
+                                  if n.startswith('.')])
+        # a stream cut short
         e = self.assertRaises(exception.SnapshotError, assemble.assemble, d,
-                              rec, self._chunks(), dest, 'sha512')
-        self.assertIn('do not match its sha512', str(e))
-        self.assertFalse(os.path.exists(dest))
-        self.assertEqual([], [n for n in os.listdir(self.tmp)
-                              if n.startswith('.')])
+                              self._rows(), iter([b'x' * BS]), dest)
+        self.assertIn('its store gave 4096 bytes', str(e))
 
     def test_a_corrupted_block_fails_the_assembly(self):
         self._change()
@@ -246,7 +254,7 @@ class TestChain(base.LibraryTestCase):
         d = delta_format.read_index(path)
         dest = os.path.join(self.tmp, 'whole')
         self.assertRaises(exception.DeltaFormatError, assemble.assemble, d,
-                          self._record(), self._chunks(), dest, 'sha512')
+                          self._rows(), self._chunks(), dest)
         self.assertFalse(os.path.exists(dest))
         self.assertEqual([], [n for n in os.listdir(self.tmp)
                               if n.startswith('.')])
@@ -258,3 +266,30 @@ class TestChain(base.LibraryTestCase):
         self.assertRaises(exception.ImageNotFound, self.lib.add_delta, CHILD,
                           d)
         self.assertFalse(self.lib.has_image(CHILD))
+
+
+class TestDerivedFiles(base.LibraryTestCase):
+    """A snapshot's layout and boot set are its parent's, renamed."""
+
+    def test_layout_and_bootset_for_a_snapshot(self):
+        parent = base.write_image(os.path.join(self.images, 'p'),
+                                  list(range(1, 33)))
+        self.lib.add(PARENT, parent)
+        lay = layout_format.decode(self.lib.layout(PARENT), PARENT)
+        for size in (lay.virtual_size, lay.virtual_size + 8 * BS):
+            out = layout_format.decode(layout_format.for_image(
+                self.lib.layout(PARENT), PARENT, CHILD, size), CHILD)
+            self.assertEqual((CHILD, size), (out.image_id, out.virtual_size))
+            self.assertEqual(lay.runs, out.runs[:len(lay.runs)])
+            self.assertEqual(size // BS, sum(r[1] for r in out.runs))
+        boot = bootset_format.Bootset(PARENT, 32 * BS, BS, 'introspected',
+                                      ((1, 3), (10, 2)))
+        for size in (32 * BS, 64 * BS):
+            out = bootset_format.decode(bootset_format.for_image(
+                bootset_format.encode(boot), PARENT, CHILD, size), CHILD)
+            self.assertEqual((CHILD, size, boot.extents),
+                             (out.image_id, out.virtual_size, out.extents))
+        # another image's file is refused
+        self.assertRaises(exception.LayoutFormatError,
+                          layout_format.for_image, self.lib.layout(PARENT),
+                          OTHER, CHILD, 32 * BS)

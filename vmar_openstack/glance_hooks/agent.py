@@ -46,12 +46,14 @@ is a no-op; publishing is idempotent). Failures are recorded in
   any event succeeds. The first retry that fails ends the pass.
 """
 
+import hashlib
 import os
 import threading
 import time
 import uuid
 
 from glanceclient import exc as glance_exc
+import numpy as np
 from oslo_log import log as logging
 import oslo_messaging
 
@@ -71,14 +73,18 @@ from vmar_openstack import names
 LOG = logging.getLogger(__name__)
 
 INGEST_EVENTS = ('image.activate', 'image.upload')
+# blocks of a snapshot built from its delta read back from Glance
+SAMPLE_BLOCKS = 16
 
 
 class Handler:
     """What each event does; independent of the messaging layer."""
 
-    def __init__(self, conf, glance, library=None):
+    def __init__(self, conf, glance, library=None, ranges=None):
         self.conf = conf
         self.glance = glance
+        # byte ranges of Glance images (mapsource.glance.RangeReader)
+        self.ranges = ranges
         self.library = library or ingest.Library(conf)
         self.publisher = publish.Publisher(conf, glance, self.library)
         self._locks = {}
@@ -96,7 +102,7 @@ class Handler:
             return
         if (payload.get('properties') or {}).get(names.PROP_OF):
             return                     # one of our own map images
-        if self._known(image_id) is not None and not self._assembled_ok(
+        if self._known(image_id) is not None and not self._snapshot_ok(
                 image_id, payload):
             self.library.delete(image_id)
         if self._known(image_id) is None:
@@ -104,31 +110,39 @@ class Handler:
         if self.publisher.current(image_id) is not None:
             self.publisher.files(image_id)
 
-    def _assembled_ok(self, image_id, payload):
+    def _snapshot_ok(self, image_id, payload):
         """Whether a snapshot built from its delta is what Glance stored.
 
         The import plugin entered it in the library from its parent's
-        digests and the delta's (:meth:`Library.add_delta`) and recorded
-        the hash of the whole image it built (``vmar_assembled_hash``);
-        Glance hashed what it stored (``os_hash_value``). They must agree,
-        else the entry describes other bytes: it is dropped, and the
-        image ingested from Glance like any other. Images without the
-        property are not the plugin's snapshots: True.
+        digests and the delta's (:meth:`Library.add_delta`), having
+        checked every block it wrote against them. What it wrote is what
+        Glance stored; :data:`SAMPLE_BLOCKS` of its non-zero blocks, drawn
+        at random, are read back from Glance and hashed to confirm it
+        (a file swapped or shifted on its way to the store). If one
+        differs the entry is dropped and the image ingested from Glance
+        like any other. Images without ``vmar_parent`` are not the
+        plugin's snapshots: True.
         """
-        claimed = (payload.get('properties') or {}).get(
-            names.PROP_ASSEMBLED)
-        if not claimed:
+        if self.ranges is None or not (payload.get('properties') or {}).get(
+                names.PROP_PARENT):
             return True
-        meta = self.glance.images.get(image_id)
-        stored = '%s:%s' % (meta.get('os_hash_algo'),
-                            meta.get('os_hash_value'))
-        if stored == claimed:
-            return True
-        metrics.ASSEMBLED_MISMATCH.inc()
-        LOG.error('image %s: Glance stored %s, its delta was built into %s; '
-                  'the library entry made from its parent is dropped and '
-                  'the image ingested whole', image_id, stored, claimed)
-        return False
+        fps = self.library.fingerprints(image_id)
+        bs, size = fps.block_size, fps.virtual_size
+        nonzero = np.flatnonzero(~fps.zero_mask)
+        rng = np.random.default_rng(uuid.UUID(image_id).int)
+        for b in sorted(rng.choice(nonzero, min(SAMPLE_BLOCKS, len(nonzero)),
+                                   replace=False).tolist()):
+            n = min(bs, size - b * bs)
+            data = self.ranges.read(image_id, b * bs, n).ljust(bs, b'\0')
+            if hashlib.new(fps.algorithm, data).digest() != \
+                    fps.digests[b].tobytes():
+                metrics.SNAPSHOT_MISMATCH.inc()
+                LOG.error('image %s: its stored block %d is not the one its '
+                          'delta was built into; the library entry made from '
+                          'its parent is dropped and the image ingested '
+                          'whole', image_id, b)
+                return False
+        return True
 
     def _ingest(self, image_id, payload):
         local = self._local_store_file(image_id, payload)

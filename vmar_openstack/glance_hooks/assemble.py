@@ -12,12 +12,12 @@ What is checked on the way, so that nothing is taken on trust:
 
 * the delta's structure and index checksum (:func:`delta.read_index`),
   and every data block against its SHA-256 as it is copied;
-* the parent's stream against the parent's ``os_hash_value`` (or its MD5
-  ``checksum`` when it has none): the blocks not in the delta are the
-  bytes the parent's library entry was hashed from;
-* the result's own hash, in Glance's algorithm, is returned: once Glance
-  has stored the image, its ``os_hash_value`` must be this value
-  (vmar-agent compares them before it publishes the snapshot's map).
+* every block of the parent's stream against the parent's digests in the
+  library (``parent_rows``): a zero row must be a zero block, any other
+  the block's SHA-256. These are the digests the snapshot's library entry
+  takes for the blocks the delta leaves alone
+  (:meth:`~vmar_openstack.ingest.Library.add_delta`), so the entry
+  describes exactly the bytes written here.
 """
 
 import dataclasses
@@ -37,30 +37,32 @@ WINDOW_BLOCKS = 256
 class Assembled:
     path: str
     size: int
-    hash_algo: str
-    hash_value: str
     data_bytes: int        # non-zero bytes written
 
 
 class _Writer:
-    """Writes windows of blocks, sparse, and hashes what it writes."""
+    """Writes windows of blocks, sparse, checking the parent's."""
 
-    def __init__(self, f, delta, df, algo, size):
+    def __init__(self, f, delta, df, parent_rows):
         self.f, self.delta, self.df = f, delta, df
-        self.h = hashlib.new(algo)
-        self.size = size
+        self.rows = parent_rows
+        self.parent_zero = ~parent_rows.any(axis=1)
         self.bs = delta.header.block_size
+        self.size = delta.header.virtual_size
         self.data_bytes = 0
 
-    def window(self, first, buf):
+    def window(self, first, buf, parent=True):
         """Write blocks ``first``.. of the result.
 
-        ``buf``: the parent's blocks there (or zeros), a bytearray of
-        whole blocks, changed here.
+        ``buf``: the parent's blocks there (``parent``), else zeros; a
+        bytearray of whole blocks, changed here.
         """
         bs, d = self.bs, self.delta
         k = len(buf) // bs
         end = first + k
+        rows = np.frombuffer(buf, np.uint64).reshape(k, bs // 8)
+        if parent:
+            self._check_parent(first, buf, rows.any(axis=1))
         lo, hi = np.searchsorted(d.zero_blocks, [first, end])
         for b in d.zero_blocks[lo:hi]:
             j = (int(b) - first) * bs
@@ -71,13 +73,25 @@ class _Writer:
             buf[j:j + bs] = d.block(self.df, i)
         at = first * bs
         view = memoryview(buf)[:max(0, min(len(buf), self.size - at))]
-        self.h.update(view)
-        rows = np.frombuffer(buf, np.uint64).reshape(k, bs // 8)
-        nonzero = rows.any(axis=1)
-        for b0, b1 in _runs(nonzero):
+        for b0, b1 in _runs(rows.any(axis=1)):
             self.f.seek(at + b0 * bs)
             self.f.write(view[b0 * bs:b1 * bs])
             self.data_bytes += min(b1 * bs, len(view)) - b0 * bs
+
+    def _check_parent(self, first, buf, nonzero):
+        bs = self.bs
+        zero = self.parent_zero[first:first + len(nonzero)]
+        bad = np.flatnonzero(zero & nonzero)
+        for j in np.flatnonzero(~zero).tolist():
+            if hashlib.sha256(buf[j * bs:(j + 1) * bs]).digest() != \
+                    self.rows[first + j].tobytes():
+                bad = np.append(bad, j)
+        if len(bad):
+            raise exception.SnapshotError(
+                image_id=self.delta.header.parent_id, reason='its stored '
+                'block %d is not what the library hashed of it: the '
+                'parent\'s data changed in its store'
+                % (first + int(bad.min())))
 
 
 def _runs(mask):
@@ -87,49 +101,36 @@ def _runs(mask):
     return zip(edges[::2].tolist(), edges[1::2].tolist())
 
 
-def _expected_parent_hash(parent):
-    """(hashlib name, hex digest) Glance recorded of the parent's bytes."""
-    if parent.get('os_hash_algo') and parent.get('os_hash_value'):
-        return parent['os_hash_algo'], parent['os_hash_value']
-    if parent.get('checksum'):
-        return 'md5', parent['checksum']
-    raise exception.SnapshotError(
-        image_id=parent.get('id'), reason='the parent image has no checksum '
-        'to check its stored bytes against')
-
-
-def assemble(delta, parent, chunks, out_path, algo):
+def assemble(delta, parent_rows, chunks, out_path):
     """Write the whole image of ``delta`` to ``out_path``.
 
-    ``parent``: a dict of the parent's Glance record (``id``, ``size``,
-    ``os_hash_algo``, ``os_hash_value``, ``checksum``); ``chunks``: an
-    iterator of its stored bytes; ``algo``: the hash of the result
-    (Glance's ``hashing_algorithm``). Returns :class:`Assembled`. On
-    failure nothing is left at ``out_path``.
+    ``parent_rows``: the parent's digests in the library (``(n, 32)``
+    uint8, SHA-256); ``chunks``: an iterator of the parent's stored bytes.
+    Returns :class:`Assembled`. On failure nothing is left at
+    ``out_path``.
 
     :raises DeltaFormatError: a data block does not match its digest.
-    :raises SnapshotError: the parent's stored bytes are not what Glance
-        recorded of them.
+    :raises SnapshotError: the parent's stored bytes are not the ones its
+        digests describe.
     """
     hdr = delta.header
     bs = hdr.block_size
-    if int(parent.get('size') or 0) != hdr.parent_size:
+    if len(parent_rows) != hdr.parent_blocks:
         raise exception.SnapshotError(
-            image_id=parent.get('id'), reason='the delta was made on %d '
-            'bytes of parent %s; Glance stores %s' % (
-                hdr.parent_size, hdr.parent_id, parent.get('size')))
-    palgo, pvalue = _expected_parent_hash(parent)
-    ph = hashlib.new(palgo)
+            image_id=hdr.parent_id, reason='the library holds %d blocks of '
+            'it, the delta was made on %d' % (len(parent_rows),
+                                              hdr.parent_blocks))
     tmp = fileutils.new_temp(out_path)
     try:
         with open(tmp, 'r+b') as f, open(delta.path, 'rb') as df:
             f.truncate(hdr.virtual_size)
-            w = _Writer(f, delta, df, algo, hdr.virtual_size)
+            w = _Writer(f, delta, df, parent_rows)
             win = WINDOW_BLOCKS * bs
             pending, block, got = bytearray(), 0, 0
             for chunk in chunks:
-                ph.update(chunk)
                 got += len(chunk)
+                if got > hdr.parent_size:
+                    break
                 pending += chunk
                 while len(pending) >= win:
                     w.window(block, pending[:win])
@@ -137,19 +138,16 @@ def assemble(delta, parent, chunks, out_path, algo):
                     block += WINDOW_BLOCKS
             if got != hdr.parent_size:
                 raise exception.SnapshotError(
-                    image_id=parent.get('id'), reason='its store gave %d '
-                    'bytes, not %d' % (got, hdr.parent_size))
-            if ph.hexdigest() != pvalue:
-                raise exception.SnapshotError(
-                    image_id=parent.get('id'), reason='its stored bytes do '
-                    'not match its %s in Glance' % palgo)
+                    image_id=hdr.parent_id, reason='its store gave %s bytes, '
+                    'not %d' % ('more' if got > hdr.parent_size else got,
+                                hdr.parent_size))
             if pending:
                 pending += bytes(-len(pending) % bs)
                 w.window(block, pending)
                 block += len(pending) // bs
             while block < hdr.n_blocks:
                 k = min(WINDOW_BLOCKS, hdr.n_blocks - block)
-                w.window(block, bytearray(k * bs))
+                w.window(block, bytearray(k * bs), parent=False)
                 block += k
             f.truncate(hdr.virtual_size)
             f.flush()
@@ -158,5 +156,4 @@ def assemble(delta, parent, chunks, out_path, algo):
     except BaseException:
         fileutils.unlink(tmp)
         raise
-    return Assembled(out_path, hdr.virtual_size, algo, w.h.hexdigest(),
-                     w.data_bytes)
+    return Assembled(out_path, hdr.virtual_size, w.data_bytes)

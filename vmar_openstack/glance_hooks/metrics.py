@@ -27,8 +27,8 @@ INGEST_SECONDS = prometheus_client.Histogram(
 INGESTED_BYTES = prometheus_client.Counter(
     'vmar_agent_ingested_bytes', 'Bytes of image files ingested.',
     registry=None)
-ASSEMBLED_MISMATCH = prometheus_client.Counter(
-    'vmar_agent_assembled_mismatch', 'Snapshots built from a delta whose '
+SNAPSHOT_MISMATCH = prometheus_client.Counter(
+    'vmar_agent_snapshot_mismatch', 'Snapshots built from a delta whose '
     'stored bytes were not the image built (entry dropped, ingested '
     'whole).', registry=None)
 
@@ -55,6 +55,6 @@ def registry(conf):
     """The agent's metrics, with the failure records of ``conf``."""
     reg = prom_registry.CollectorRegistry()
     for m in (EVENTS, DOWNLOAD_SECONDS, INGEST_SECONDS, INGESTED_BYTES,
-              ASSEMBLED_MISMATCH, FailureCollector(conf)):
+              SNAPSHOT_MISMATCH, FailureCollector(conf)):
         reg.register(m)
     return reg

@@ -37,9 +37,6 @@ where it came from:
 ``vmar_parent_map_version``  the map version its disk read
 ``vmar_delta_blocks``        data blocks the delta held
 ``vmar_delta_zero_blocks``   blocks the delta zeroed
-``vmar_assembled_hash``      ``<algorithm>:<hex>`` of the whole image built;
-                             vmar-agent compares it with Glance's
-                             ``os_hash_value`` before it publishes the map
 ============================ =================================================
 
 A delta that fails a check, a parent that is gone or whose stored bytes
@@ -49,7 +46,6 @@ are not what Glance recorded, or a full staging disk fail the import
 
 import os
 
-from oslo_config import cfg
 from oslo_log import log as logging
 from taskflow.patterns import linear_flow as lf
 from taskflow import task
@@ -99,6 +95,12 @@ class _AssembleDelta(task.Task):
             path, max_virtual_size=CONF.vmar.max_virtual_size_gb << 30)
         hdr = d.header
         try:
+            rows = ingest.Library(CONF).delta_parent(d)
+        except (exception.ImageNotFound, exception.ImageRejected) as e:
+            raise exception.SnapshotError(
+                image_id=self.image_id, reason='its parent %s has no usable '
+                'entry in the VMAR library: %s' % (hdr.parent_id, e))
+        try:
             parent = self.image_repo.get(hdr.parent_id)
         except Exception as e:  # glance's NotFound/Forbidden: not ours
             raise exception.SnapshotError(
@@ -109,29 +111,22 @@ class _AssembleDelta(task.Task):
             raise exception.SnapshotError(
                 image_id=self.image_id, reason='its parent %s is %s, not '
                 'active' % (hdr.parent_id, parent.status))
-        record = {'id': hdr.parent_id, 'size': parent.size,
-                  'os_hash_algo': parent.os_hash_algo,
-                  'os_hash_value': parent.os_hash_value,
-                  'checksum': parent.checksum}
         self.dest_path = path + '.vmar'
-        out = assemble.assemble(d, record, parent.get_data(),
-                                self.dest_path, cfg.CONF.hashing_algorithm)
+        out = assemble.assemble(d, rows, parent.get_data(), self.dest_path)
         with self.action_wrapper as action:
             action.set_image_attribute(size=out.size,
                                        virtual_size=out.size)
             action.set_image_extra_properties({
-                'vmar_parent': hdr.parent_id,
+                names.PROP_PARENT: hdr.parent_id,
                 'vmar_parent_map_version': str(hdr.parent_map_version),
                 'vmar_delta_blocks': str(d.n_data),
-                'vmar_delta_zero_blocks': str(len(d.zero_blocks)),
-                names.PROP_ASSEMBLED: '%s:%s' % (out.hash_algo,
-                                                 out.hash_value)})
+                'vmar_delta_zero_blocks': str(len(d.zero_blocks))})
         os.unlink(path)
         LOG.info('image %s: built from parent %s and a delta of %d blocks '
                  '(%d zeroed): %d bytes, %d of them data', self.image_id,
                  hdr.parent_id, d.n_data, len(d.zero_blocks), out.size,
                  out.data_bytes)
-        return 'file://' + self.dest_path, d
+        return 'file://' + self.dest_path, (d, rows)
 
     def revert(self, result=None, **kwargs):
         # the import failed here or later: no staged data is left behind
@@ -188,8 +183,10 @@ class _Mapgen(task.Task):
         lib = ingest.Library(CONF)
         if delta is not None:
             try:
-                return lib.add_delta(self.image_id, delta, owner=image.owner,
-                                     visibility=image.visibility)
+                return lib.add_delta(self.image_id, delta[0],
+                                     owner=image.owner,
+                                     visibility=image.visibility,
+                                     parent_rows=delta[1])
             except (exception.ImageNotFound, exception.ImageRejected) as e:
                 LOG.warning('image %s: not ingested from its parent (%s); '
                             'hashing it whole', self.image_id, e)

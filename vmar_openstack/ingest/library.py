@@ -110,40 +110,32 @@ class Library:
         finally:
             ahead.close()
 
-    def add_delta(self, image_id, delta, owner=None, visibility='private'):
+    def add_delta(self, image_id, delta, owner=None, visibility='private',
+                  parent_rows=None):
         """Ingest a snapshot from its parent's entry and its delta.
 
         ``delta``: the :class:`~vmar_openstack.mapformat.delta.Delta`
-        whose data blocks the caller has checked against their digests
-        (:mod:`vmar_openstack.glance_hooks.assemble` does as it builds the
-        image). Only the delta's blocks were hashed: every other block's
-        digest is the parent's. The parent's block layout and boot working
-        set are the snapshot's too (the delta's blocks are not classified
-        again). Returns the :class:`Outcome`.
+        whose data blocks the caller has checked against their digests,
+        and the parent's other blocks against ``parent_rows`` (the
+        parent's digests, :meth:`delta_parent`, read again if not given):
+        :mod:`vmar_openstack.glance_hooks.assemble` does both as it
+        builds the image. Only the delta's blocks were hashed: every other
+        block's digest is the parent's. The parent's block layout and boot
+        working set are the snapshot's too (the delta's blocks are not
+        classified again). Returns the :class:`Outcome`.
 
         :raises ImageNotFound: the parent is not in the library.
-        :raises ImageRejected: the parent's entry cannot describe it
-            (another block size or algorithm, another size).
+        :raises ImageRejected: the parent's entry cannot describe it.
         """
         image_id = _check_uuid(image_id)
         hdr = delta.header
         if visibility not in db_api.VISIBILITIES:
             raise ValueError('visibility must be one of %s'
                              % ', '.join(db_api.VISIBILITIES))
-        with db_session.reader(self.conf) as s:
-            store = db_store.ClusterStore(s)
-            if store.get_image(image_id) is not None:
-                raise exception.ImageExists(image_id=image_id)
-            parent = self._get(store, hdr.parent_id)
-            if (parent.algorithm, parent.block_size, parent.virtual_size) != (
-                    delta_format.ALGORITHM, hdr.block_size, hdr.parent_size):
-                raise exception.ImageRejected(
-                    reason='the delta describes %s %d-byte blocks of %d '
-                    'bytes of %s; the library holds %s %d-byte blocks of %d'
-                    % (delta_format.ALGORITHM, hdr.block_size,
-                       hdr.parent_size, hdr.parent_id, parent.algorithm,
-                       parent.block_size, parent.virtual_size))
-            rows = store.load_digests(parent)
+        if self.has_image(image_id):
+            raise exception.ImageExists(image_id=image_id)
+        rows = (self.delta_parent(delta) if parent_rows is None
+                else parent_rows)
         digests = np.zeros((hdr.n_blocks, rows.shape[1]), np.uint8)
         digests[:len(rows)] = rows
         digests[delta.zero_blocks.astype(np.intp)] = 0
@@ -162,25 +154,38 @@ class Library:
         finally:
             ahead.close()
 
+    def delta_parent(self, delta):
+        """The digests of a delta's parent, ``(n, 32)`` uint8.
+
+        :raises ImageNotFound: the parent is not in the library.
+        :raises ImageRejected: its entry is of another block size,
+            algorithm or size than the delta says.
+        """
+        hdr = delta.header
+        with db_session.reader(self.conf) as s:
+            store = db_store.ClusterStore(s)
+            parent = self._get(store, hdr.parent_id)
+            if (parent.algorithm, parent.block_size, parent.virtual_size) != (
+                    delta_format.ALGORITHM, hdr.block_size, hdr.parent_size):
+                raise exception.ImageRejected(
+                    reason='the delta describes %s %d-byte blocks of %d '
+                    'bytes of %s; the library holds %s %d-byte blocks of %d'
+                    % (delta_format.ALGORITHM, hdr.block_size,
+                       hdr.parent_size, hdr.parent_id, parent.algorithm,
+                       parent.block_size, parent.virtual_size))
+            return store.load_digests(parent)
+
     def _derive_files(self, parent_id, image_id, size):
         """The parent's layout and boot set, as the snapshot's."""
-        lay = self.layout(parent_id)
-        if lay is not None:
-            lay = layout_format.decode(lay, parent_id)
-            runs = lay.runs
-            grown = -(-size // lay.block_size) - -(-lay.virtual_size
-                                                   // lay.block_size)
-            if grown > 0:   # a larger disk: its new blocks are unknown
-                runs += ((runs[-1][0] + runs[-1][1], grown, 'unknown', -1),)
-            self._write_layout(image_id, dataclasses.replace(
-                lay, image_id=image_id, virtual_size=size, runs=runs))
-        boot = self.bootset(parent_id)
-        if boot is not None:
-            boot = bootset_format.decode(boot, parent_id)
-            fileutils.write_atomic(
-                paths.bootset_path(self.conf, image_id),
-                bootset_format.encode(dataclasses.replace(
-                    boot, image_id=image_id, virtual_size=size)), mode=0o444)
+        for read, fmt, path in (
+                (self.layout, layout_format, paths.layout_path),
+                (self.bootset, bootset_format, paths.bootset_path)):
+            data = read(parent_id)
+            if data is not None:
+                fileutils.write_atomic(
+                    path(self.conf, image_id),
+                    fmt.for_image(data, parent_id, image_id, size),
+                    mode=0o444)
 
     def update_content(self, image_id, path, disk_format='raw',
                        expected_size=None, progress=None, keep_base=True):
@@ -328,15 +333,19 @@ class Library:
         None when the library hashes with another algorithm than mirrors
         check (hosts then copy the base whole).
         """
+        fps = self.fingerprints(image_id)
+        if fps.algorithm != mirror_format.ALGORITHM:
+            return None
+        return mirror_format.digests_bytes(image_id, fps)
+
+    def fingerprints(self, image_id):
+        """The image's :class:`Fingerprints` in the library."""
         with db_session.reader(self.conf) as s:
             store = db_store.ClusterStore(s)
             img = self._get(store, image_id)
-            if img.algorithm != mirror_format.ALGORITHM:
-                return None
-            fps = fingerprint.Fingerprints(img.algorithm, img.block_size,
-                                           img.virtual_size,
-                                           store.load_digests(img))
-        return mirror_format.digests_bytes(image_id, fps)
+            return fingerprint.Fingerprints(img.algorithm, img.block_size,
+                                            img.virtual_size,
+                                            store.load_digests(img))
 
     def _get(self, store, image_id):
         img = store.get_image(image_id)

@@ -80,6 +80,17 @@ def _error(image_id, detail):
     return exception.BootsetFormatError(image_id=image_id, detail=detail)
 
 
+def for_image(data, parent_id, image_id, size):
+    """The parent's boot set file ``data`` as ``image_id``'s (a snapshot)."""
+    same = jsonfile.renamed_same_size(data, parent_id, image_id, FORMAT,
+                                      VERSION, MAX_FILE_SIZE, _error)
+    if same is not None and same[1] == size:
+        return same[0]
+    raw, _old, _bs = jsonfile.renamed(data, parent_id, image_id, size,
+                                      FORMAT, VERSION, MAX_FILE_SIZE, _error)
+    return jsonfile.dump(raw)
+
+
 def decode(data, image_id):
     """The :class:`Bootset` in ``data``, which must describe ``image_id``.
 

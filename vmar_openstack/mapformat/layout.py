@@ -152,6 +152,27 @@ def _error(image_id, detail):
     return exception.LayoutFormatError(image_id=image_id, detail=detail)
 
 
+def for_image(data, parent_id, image_id, size):
+    """The parent's layout file ``data`` as ``image_id``'s (a snapshot).
+
+    Blocks past the parent's size are unknown. Nothing else is looked at
+    again: the parent's file was checked when it was written.
+    """
+    same = jsonfile.renamed_same_size(data, parent_id, image_id, FORMAT,
+                                      VERSION, MAX_FILE_SIZE, _error)
+    if same is not None and same[1] == size:
+        return same[0]
+    raw, old, bs = jsonfile.renamed(data, parent_id, image_id, size, FORMAT,
+                                    VERSION, MAX_FILE_SIZE, _error)
+    start, grown = -(-old // bs), -(-size // bs) - -(-old // bs)
+    if grown > 0:
+        if 'unknown' not in raw['kinds']:
+            raw['kinds'].append('unknown')
+        raw['runs'].append([start, grown, raw['kinds'].index('unknown'),
+                            -1])
+    return jsonfile.dump(raw)
+
+
 def decode(data, image_id):
     """The :class:`Layout` in ``data``, which must describe ``image_id``.
 
