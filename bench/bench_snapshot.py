@@ -37,8 +37,10 @@ past its file system (the issue's larger image).
 """
 
 import argparse
+import datetime
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -52,6 +54,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 
 import bench_ingest  # noqa: E402
 
+from tools.cloud import config  # noqa: E402
+from tools import cloud_scenario  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
 from vmar_openstack.glance_hooks import assemble  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
@@ -213,6 +217,110 @@ def route(images, mibs, tmp, repeat):
     return out
 
 
+# nova-compute's log lines that open and close a snapshot in the driver
+_BEGIN = re.compile(r'^(\S+ \S+) .*Beginning (cold|live) snapshot process')
+_END = re.compile(r'^(\S+ \S+) .*Snapshot image upload complete')
+_DELTA = re.compile(r'delta of (\d+) blocks \((\d+) zeroed.*\), (\d+) bytes')
+_FALLBACK = 'Performing standard snapshot'
+
+
+def _stamp(text):
+    return datetime.datetime.strptime(text, '%Y-%m-%d %H:%M:%S.%f')
+
+
+def _snapshot_log(log):
+    """(seconds in the driver, delta bytes or None) of one snapshot."""
+    begin = end = None
+    for line in log.splitlines():
+        m = _BEGIN.match(line)
+        if m:
+            begin = _stamp(m.group(1))
+        m = _END.match(line)
+        if m:
+            end = _stamp(m.group(1))
+    if begin is None or end is None:
+        raise RuntimeError('no snapshot in nova-compute\'s log:\n%s'
+                           % log[-3000:])
+    if _FALLBACK in log:
+        raise RuntimeError('the vmar snapshot took Nova\'s own route:\n%s'
+                           % log[-3000:])
+    m = _DELTA.search(log)
+    return (end - begin).total_seconds(), int(m.group(3)) if m else None
+
+
+def cloud(state_dir, images, mibs, tmp):
+    """vmar and plain servers' snapshots after D MiB written, timed."""
+    c = config.Cloud(state_dir)
+    path = cloud_scenario.UserPath(c.state_dir, c.path('openrc'), images,
+                                   echo=lambda t: print(t, flush=True))
+    cli = path.os
+    flavors = {'vmar': 'bench.snap.vmar', 'plain': 'bench.snap.plain'}
+    disk = max(-(-os.path.getsize(p) // (1 << 30)) for p in images.values())
+    for kind, flavor in flavors.items():
+        extra = (['--property', 'vmar:enabled=true'] if kind == 'vmar'
+                 else [])
+        cli.run('flavor', 'create', '--vcpus', '1', '--ram', '512',
+                '--disk', str(disk), *extra, flavor)
+    out = {}
+    try:
+        for name, raw in images.items():
+            image = 'bench-snap-' + name
+            cli.run('image', 'create', '--disk-format', 'raw',
+                    '--container-format', 'bare', '--file', raw, image)
+            path.ids[image] = cli.value('image', 'show', '-c', 'id', image)
+            path.wait_map(image)
+            for i, mib in enumerate(mibs):
+                order = ('vmar', 'plain') if i % 2 == 0 else ('plain',
+                                                              'vmar')
+                for kind in order:
+                    row = _cloud_snapshot(path, c, kind, flavors[kind],
+                                          image, name, raw, mib, tmp)
+                    out.setdefault(name, {}).setdefault(
+                        str(mib), {})[kind] = row
+                    print('%-8s D=%3d MiB %-5s snapshot %.1f s in the driver,'
+                          ' %.1f MiB sent, Glance stores %.1f MiB' % (
+                              name, mib, kind, row['seconds'],
+                              row['sent'] / MIB, row['stored'] / MIB),
+                          flush=True)
+                r = out[name][str(mib)]
+                print('%-8s D=%3d MiB vmar/plain: time %.2f x (goal <= 0.25 '
+                      'at 16 MiB), bytes sent %.3f x' % (
+                          name, mib, r['vmar']['seconds']
+                          / r['plain']['seconds'], r['vmar']['sent']
+                          / r['plain']['sent']), flush=True)
+            cli.run('image', 'delete', image, check_rc=False)
+    finally:
+        for flavor in flavors.values():
+            cli.run('flavor', 'delete', flavor, check_rc=False)
+    return out
+
+
+def _cloud_snapshot(path, c, kind, flavor, image, name, raw, mib, tmp):
+    cli = path.os
+    server = 'bench-snap-%s-%s-%d' % (kind, name, mib)
+    path.create(server, flavor, image)
+    path.wait_status(server, 'ACTIVE')
+    path.wait_booted(server, name if name != 'big' else 'mariadb')
+    cli.run('server', 'stop', server)
+    path.wait_status(server, 'SHUTOFF')
+    disk = os.path.join(c.path('nova', 'instances'),
+                        path.server(server)['id'], 'disk')
+    change(disk, raw, mib, tmp)
+    size = path.compute_log()
+    snap = server + '-snap'
+    cli.run('server', 'image', 'create', '--name', snap, '--wait', server)
+    seconds, delta = _snapshot_log(path.compute_log(size))
+    info = cli.json('image', 'show', snap)
+    stored = os.stat(os.path.join(c.path('glance', 'images'),
+                                  info['id'])).st_blocks * 512
+    row = {'seconds': seconds, 'image_size': info['size'],
+           'sent': delta if kind == 'vmar' else info['size'],
+           'stored': stored, 'disk_format': info['disk_format']}
+    cli.run('image', 'delete', snap)
+    cli.run('server', 'delete', '--wait', server)
+    return row
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--images', default='minbase,big')
@@ -220,6 +328,11 @@ def main():
     p.add_argument('--repeat', type=int, default=3)
     p.add_argument('--json')
     p.add_argument('--tmp', default='/var/tmp')
+    p.add_argument('--cloud', metavar='STATE',
+                   help='also the cloud part, on the cloud of tools/cloud.sh '
+                   'with this state directory')
+    p.add_argument('--no-route', action='store_true',
+                   help='skip the route part')
     args = p.parse_args()
     library = os.environ.get('VMAR_IMAGE_LIBRARY',
                              '/var/cache/vmar-openstack/images')
@@ -229,9 +342,12 @@ def main():
         for name in args.images.split(','):
             images[name] = (big_image(library, tmp) if name == 'big'
                             else os.path.join(library, name + '.raw'))
-        result = {'route': route(images, [int(m) for m in
-                                          args.mib.split(',')], tmp,
-                                 args.repeat)}
+        mibs = [int(m) for m in args.mib.split(',')]
+        result = {}
+        if not args.no_route:
+            result['route'] = route(images, mibs, tmp, args.repeat)
+        if args.cloud:
+            result['cloud'] = cloud(args.cloud, images, mibs, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
