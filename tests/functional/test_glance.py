@@ -728,6 +728,29 @@ class TestGlance(GlanceTestCase):
         self.assertEqual([ib], [t.image_id for t in self.rebuild(
             ib, v2, os.path.join(self.tmp, 'b2.raw')).targets])
 
+    def test_lazy_host_holds_own_blocks_before_a_delete(self):
+        # b (an unshelved snapshot, say) shares its first half with a;
+        # Nova deletes it from Glance right after the spawn
+        a = self.image('lo-a.raw', list(range(8001, 8513)) + [None] * 256)
+        b = self.image('lo-b.raw', list(range(8001, 8513))
+                       + list(range(8601, 8729)) + [None] * 128)
+        ia, ib, vb = self.publish_pair(a, b)
+        host, cmd, _proxy = self.lazy_host()
+        mirrors = os.path.join(host, 'mirrors')
+        r = subprocess.run(cmd + ['add', ib, '--own-blocks'],
+                           capture_output=True, text=True)
+        self.assertEqual(0, r.returncode, r.stderr + self.serve_log())
+        uri = r.stdout.strip().split()[-1]
+
+        def held(image_id):
+            return os.stat(os.path.join(mirrors, image_id)).st_blocks * 512
+        # b's own 128 blocks are there, nothing of a, and no whole copy
+        self.assertEqual((0, 128 * 4096), (held(ia), held(ib)))
+        self.assertFalse(os.path.exists(os.path.join(host, 'bases', ib)))
+        self.glance.openstack('image', 'delete', ib)
+        self.assert_same(uri, b)
+        self.assertEqual((512 * 4096, 128 * 4096), (held(ia), held(ib)))
+
     def test_lazy_host_reads_qcow2_images_through_qemus_driver(self):
         a = self.image('lq-a.raw', list(range(7601, 8113)) + [None] * 256)
         b_raw = self.image('lq-b.raw', list(range(7601, 8113))

@@ -33,7 +33,7 @@ def serve():
 def add():
     a = CONF.category
     exp = _client().add(a.id, host_cache=a.host_cache, holder=a.holder,
-                        version=a.map_version)
+                        version=a.map_version, whole=a.own_blocks)
     print('exported %s map v%d (host_cache=%s) for %s: %s'
           % (exp['image_id'], exp['map_version'], exp['host_cache'],
              a.holder, exp['uri']))
@@ -159,6 +159,10 @@ def add_command_parsers(subparsers):
                    help='who holds this reference (e.g. an instance uuid)')
     p.add_argument('--map-version', type=int,
                    help='export this map version (default: the current)')
+    p.add_argument('--own-blocks', action='store_true',
+                   help='hold every block only this image holds before '
+                   'returning (it is about to be deleted from Glance, as '
+                   'a shelved snapshot after unshelve)')
     p.set_defaults(func=add)
     p = subparsers.add_parser('remove', help='drop a reference to an export')
     p.add_argument('id')
