@@ -851,12 +851,13 @@ class TestGlance(GlanceTestCase):
 
     def _import_delta(self, path):
         """A new image with the delta staged and imported (glance-direct)."""
-        img = self.client.images.create(
+        client = self.glance.glanceclient()     # one per thread
+        img = client.images.create(
             name='vmar-snap-%s' % uuid.uuid4().hex[:6], disk_format='raw',
             container_format='bare')
         with open(path, 'rb') as f:
-            self.client.images.stage(img['id'], f)
-        self.client.images.image_import(img['id'], method='glance-direct')
+            client.images.stage(img['id'], f)
+        client.images.image_import(img['id'], method='glance-direct')
         return img['id']
 
     def _import_ended(self, image_id, timeout=120):
@@ -902,6 +903,30 @@ class TestGlance(GlanceTestCase):
         bmap = self.rebuild(child, v, out)
         self.assertEqual(_sha(whole), _sha(out))
         self.assertIn(parent, [t.image_id for t in bmap.targets])
+        self.assert_consistent()
+
+    def test_snapshot_deltas_at_once(self):
+        # three servers of one image snapshotted together (seed 004's
+        # multisnapshotting): each sends and gets its own delta
+        parent_raw = self.image('m.raw', list(range(50001, 51025)))
+        parent = self.create(parent_raw, '--public')
+        self.wait_map(parent)
+        made = [self._delta_of(parent, parent_raw,
+                               'write -P 0x%02x %dk 8k' % (0x40 + i,
+                                                           64 * (i + 1)))
+                for i in range(3)]
+        with futures.ThreadPoolExecutor(3) as pool:
+            children = list(pool.map(self._import_delta,
+                                     [d for d, _w in made]))
+        for child, (_d, whole) in zip(children, made):
+            img = self.wait_status(child, 'active')
+            self.assertEqual('2', img['vmar_delta_blocks'])
+            got = os.path.join(self.tmp, child)
+            with open(got, 'wb') as f:
+                for chunk in self.client.images.data(child):
+                    f.write(chunk)
+            self.assertEqual(_sha(whole), _sha(got))
+            self.wait_map(child)
         self.assert_consistent()
 
     def test_snapshot_delta_refused(self):
