@@ -25,6 +25,7 @@ from vmar_openstack import exception as vmar_exception
 from vmar_openstack import hostapi
 from vmar_openstack import names
 from vmar_openstack.nova_imagebackend import image as vimage
+from vmar_openstack.nova_imagebackend import snapshot
 from vmar_openstack import nova_wrappers
 
 objects.register_all()
@@ -731,3 +732,77 @@ class TestApiChecks(testtools.TestCase):
         self.bfv.return_value = True
         for name, call in self.moves(self.vmar_server(None))[1:]:
             self.assertEqual('accepted', call())
+
+
+class TestSnapshotRoute(BackendTestCase):
+    """The direct snapshot of a vmar disk: when it runs, how it ends."""
+
+    def setUp(self):
+        super().setUp()
+        self.img = vimage.VmarImage(instance=instance(VMAR),
+                                    path=os.path.join(self.tmp, 'disk'),
+                                    exports=client())
+        self.glance = mock.Mock()
+        self.useFixture(fixtures.MockPatchObject(
+            glance, 'GlanceClientWrapper', return_value=self.glance))
+        self.useFixture(fixtures.MockPatchObject(snapshot, 'POLL', 0))
+
+    def test_off_is_nova_own_route(self):
+        self.cfg.config(snapshot_delta=False, group='vmar_compute')
+        self.assertRaises(NotImplementedError, self.img.direct_snapshot,
+                          None, 'n', 'qcow2', 'id', 'base')
+        self.glance.call.assert_not_called()
+
+    def test_no_delta_falls_back(self):
+        # the daemon cannot give the image's digest list
+        self.useFixture(fixtures.MockPatchObject(
+            vimage.VmarImage, 'inspect', return_value=(
+                names.parse_export(names.export(str(uuid.uuid4()), 3, KEY)),
+                1 << 30)))
+        self.img.exports.digests.side_effect = vmar_exception.ExportError(
+            'no digest list')
+        e = self.assertRaises(exception.ImageUnacceptable,
+                              self.img.direct_snapshot, None, 'n', 'qcow2',
+                              'id', 'base')
+        self.assertIn('no delta of the disk: no digest list', str(e))
+        self.glance.call.assert_not_called()
+
+    def _statuses(self, *statuses, failed=''):
+        self.glance.call.side_effect = [
+            {'status': s, 'os_glance_failed_import': failed}
+            for s in statuses]
+
+    def test_wait_until_active(self):
+        self._statuses('uploading', 'importing', 'active')
+        snapshot._wait_active(self.glance, None, 'id')
+        self.assertEqual(3, self.glance.call.call_count)
+
+    def test_a_failed_import_falls_back(self):
+        self._statuses('importing', 'queued', failed='fs')
+        e = self.assertRaises(exception.ImageUnacceptable,
+                              snapshot._wait_active, self.glance, None, 'id')
+        self.assertIn('status queued, failed stores fs', str(e))
+
+    def test_an_import_that_never_ends_fails(self):
+        self.cfg.config(snapshot_import_timeout=1, group='vmar_compute')
+        self.glance.call.return_value = {'status': 'importing'}
+        clock = iter(range(0, 100, 2))
+        self.useFixture(fixtures.MockPatch(
+            'time.monotonic', side_effect=lambda: next(clock)))
+        e = self.assertRaises(vmar_exception.SnapshotError,
+                              snapshot._wait_active, self.glance, None, 'id')
+        self.assertIn('not active 1 s after', str(e))
+
+    def test_snapshots_of_vmar_servers_are_raw(self):
+        drv = mock.Mock(spec=libvirt_driver.LibvirtDriver)
+        meta = objects.ImageMeta.from_dict({'container_format': 'bare'})
+        for inst, fmt in ((instance(VMAR), 'raw'), (instance(), 'qcow2')):
+            inst.kernel_id = inst.ramdisk_id = inst.os_type = None
+            inst.project_id = 'p'
+            out = nova_wrappers.original(
+                libvirt_driver.LibvirtDriver, '_create_snapshot_metadata')
+            got = libvirt_driver.LibvirtDriver._create_snapshot_metadata(
+                drv, meta, inst, 'qcow2', 'snap')
+            self.assertEqual(fmt, got['disk_format'])
+            self.assertEqual('qcow2', out(drv, meta, inst, 'qcow2',
+                                          'snap')['disk_format'])
