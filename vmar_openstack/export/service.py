@@ -244,7 +244,8 @@ class ExportService:
                                         % (version,))
         with export_state.State(self.host_dir) as state:
             known = _existing(state, image_id, version, host_cache)
-        own_blocks = whole and self.lazy(host_cache) and self.can_mirror()
+        own_blocks = (whole and self.lazy(host_cache)
+                      and self.files.can_mirror())
         with contextlib.ExitStack() as held:
             # the map source's I/O, outside the host-wide state lock: other
             # images' exports go on meanwhile

@@ -72,10 +72,11 @@ class _AssembleDelta(task.Task):
     default_provides = ('file_path', 'vmar_delta')
 
     def __init__(self, task_id, task_type, image_id, action_wrapper,
-                 image_repo):
+                 image_repo, stores=()):
         self.image_id = image_id
         self.action_wrapper = action_wrapper
         self.image_repo = image_repo
+        self.stores = [s for s in stores if s]
         self.src_path = self.dest_path = None
         super().__init__(name='%s-VmarAssembleDelta-%s' % (task_type,
                                                            task_id))
@@ -129,8 +130,16 @@ class _AssembleDelta(task.Task):
         return 'file://' + self.dest_path, (d, rows)
 
     def revert(self, result=None, **kwargs):
-        # the import failed here or later: no staged data is left behind
-        # (Glance puts the image back to queued)
+        # the import of a delta failed here or later: the image goes back
+        # to queued, its stores to failed (as image_conversion does: the
+        # store tasks never ran), and no staged data is left behind
+        if self.src_path is None:
+            return      # not a delta: nothing of ours to undo
+        with self.action_wrapper as action:
+            action.set_image_attribute(status='queued')
+            if self.stores:
+                action.remove_importing_stores(self.stores)
+                action.add_failed_stores(self.stores)
         for path in (self.dest_path, self.src_path):
             if path:
                 try:
@@ -199,5 +208,6 @@ def get_flow(**kwargs):
     """The ``glance.image_import.plugins`` entry point."""
     args = (kwargs['task_id'], kwargs['task_type'], kwargs['image_id'],
             kwargs['action_wrapper'], kwargs['image_repo'])
-    return lf.Flow(kwargs['task_type']).add(_AssembleDelta(*args),
-                                            _Mapgen(*args))
+    return lf.Flow(kwargs['task_type']).add(
+        _AssembleDelta(*args, stores=kwargs.get('backend') or ()),
+        _Mapgen(*args))
