@@ -112,9 +112,17 @@ def send_delta(img, context, image_id):
     client = glance.GlanceClientWrapper()
     with tempfile.TemporaryDirectory(
             dir=CONF.libvirt.snapshots_directory) as work:
+        # QEMU opens the copy of a running disk's top layer in it (as in
+        # Nova's live snapshot's directory)
+        os.chmod(work, 0o701)
         try:
             made = _make_delta(img, work)
-        except (vmar_exception.VmarException, OSError) as e:
+        except Exception as e:
+            # a block job libvirt refused, a daemon without the digest
+            # list, ...: Nova's own route may still work
+            LOG.warning('snapshot %s: no delta of the disk (%s); Nova\'s '
+                        'own route follows', image_id, e,
+                        instance=img.instance)
             raise exception.ImageUnacceptable(
                 image_id=image_id, reason='no delta of the disk: %s' % e)
         LOG.info('snapshot %s: delta of %d blocks (%d zeroed, %d of the '
