@@ -219,7 +219,7 @@ def route(images, mibs, tmp, repeat):
 
 # nova-compute's log lines that open and close a snapshot in the driver
 _BEGIN = re.compile(r'^(\S+ \S+) .*Beginning (cold|live) snapshot process')
-_END = re.compile(r'^(\S+ \S+) .*Snapshot image upload complete')
+_END = re.compile(r'^(\S+ \S+) .*Snapshot image upload complete', re.M)
 _DELTA = re.compile(r'delta of (\d+) blocks \((\d+) zeroed.*\), (\d+) bytes')
 _FALLBACK = 'Performing standard snapshot'
 
@@ -309,7 +309,11 @@ def _cloud_snapshot(path, c, kind, flavor, image, name, raw, mib, tmp):
     size = path.compute_log()
     snap = server + '-snap'
     cli.run('server', 'image', 'create', '--name', snap, '--wait', server)
-    seconds, delta = _snapshot_log(path.compute_log(size))
+    # the image is active a moment before nova-compute logs the end
+    seconds, delta = path.wait(
+        'the end of the snapshot in nova-compute\'s log',
+        lambda: _END.search(path.compute_log(size)) and _snapshot_log(
+            path.compute_log(size)), timeout=120)
     info = cli.json('image', 'show', snap)
     stored = os.stat(os.path.join(c.path('glance', 'images'),
                                   info['id'])).st_blocks * 512

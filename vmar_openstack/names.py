@@ -148,8 +148,11 @@ LAYOUT_NAMESPACE = uuid.UUID('8c41f0d2-93b5-5e7a-a6c8-2d1f7e9b4035')
 # properties of the hidden images (os_hidden): whose they are, which
 # version, and the SHA-256 of their data
 PROP_OF = 'vmar_map_of'
-# of a snapshot built from its delta by the import plugin: its parent
+# of a snapshot built from its delta by the import plugin: its parent,
+# and "<algorithm>:<hex>" of the file it handed Glance, which Glance's
+# os_hash_value must match
 PROP_PARENT = 'vmar_parent'
+PROP_STORED_HASH = 'vmar_stored_hash'
 PROP_VERSION = 'vmar_map_version'
 PROP_SHA256 = 'vmar_map_sha256'
 PROP_DIGESTS_SHA256 = 'vmar_digests_sha256'

@@ -36,7 +36,6 @@ doc/source/multinode.rst):
   top layer has its pinned NBD backing
   (:mod:`~vmar_openstack.nova_imagebackend.snapshot`; the first route is
   the backend's ``direct_snapshot``, which sends the delta only);
-* ``_create_snapshot_metadata``: a vmar server's snapshot is raw;
 * ``get_instance_disk_info`` / ``_create_images_and_backing``: a live
   migration carries the overlay's backing, and the destination adopts it;
 * ``migrate_disk_and_power_off``: a resize that would switch the backend
@@ -158,16 +157,7 @@ def live_snapshot(original, self, context, instance, guest, disk_path,
                         out_path, source_format, image_format, image_meta)
     return snapshot.live_snapshot(
         self, vimage.VmarImage(instance=instance, path=disk_path), guest,
-        disk_path, out_path)
-
-
-def create_snapshot_metadata(original, self, image_meta, instance, img_fmt,
-                             snp_name):
-    # a vmar server's snapshot is raw on either route, whatever
-    # [libvirt] snapshot_image_format says (as Nova saves lvm and rbd)
-    if _is_vmar(instance):
-        img_fmt = 'raw'
-    return original(self, image_meta, instance, img_fmt, snp_name)
+        disk_path, out_path, image_format)
 
 
 def get_instance_disk_info(original, self, instance, block_device_info=None):
@@ -266,8 +256,6 @@ TABLE = (
     Wrapped(COMPUTE, D, '_get_guest_config', get_guest_config),
     Wrapped(COMPUTE, D, 'delete_instance_files', delete_instance_files),
     Wrapped(COMPUTE, D, '_live_snapshot', live_snapshot),
-    Wrapped(COMPUTE, D, '_create_snapshot_metadata',
-            create_snapshot_metadata),
     Wrapped(COMPUTE, D, 'get_instance_disk_info', get_instance_disk_info),
     Wrapped(COMPUTE, D, '_create_images_and_backing',
             create_images_and_backing),

@@ -849,11 +849,11 @@ class TestGlance(GlanceTestCase):
                         overlay, whole], check=True)
         return made.path, whole
 
-    def _import_delta(self, path):
+    def _import_delta(self, path, fmt='raw'):
         """A new image with the delta staged and imported (glance-direct)."""
         client = self.glance.glanceclient()     # one per thread
         img = client.images.create(
-            name='vmar-snap-%s' % uuid.uuid4().hex[:6], disk_format='raw',
+            name='vmar-snap-%s' % uuid.uuid4().hex[:6], disk_format=fmt,
             container_format='bare')
         with open(path, 'rb') as f:
             client.images.stage(img['id'], f)
@@ -881,15 +881,23 @@ class TestGlance(GlanceTestCase):
         delta, whole = self._delta_of(
             parent, parent_raw, 'write -P 0x5a 64k 12k', 'write -z 1M 64k',
             'write -P 0x33 4300k 8k')
-        child = self._import_delta(delta)
+        # qcow2, as Nova's snapshots are by default
+        child = self._import_delta(delta, fmt='qcow2')
         img = self.wait_status(child, 'active')
         # the whole disk, stored as any image is, and its checksums
-        got = os.path.join(self.tmp, 'got.raw')
+        got = os.path.join(self.tmp, 'got.qcow2')
         with open(got, 'wb') as f:
             for chunk in self.client.images.data(child):
                 f.write(chunk)
-        self.assertEqual(_sha(whole), _sha(got))
-        self.assertEqual(os.path.getsize(whole), img['size'])
+        r = subprocess.run(['qemu-img', 'compare', '-f', 'raw', '-F',
+                            'qcow2', whole, got], capture_output=True,
+                           text=True)
+        self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        self.assertEqual(os.path.getsize(got), img['size'])
+        self.assertEqual(os.path.getsize(whole), img['virtual_size'])
+        self.assertEqual('%s:%s' % (img['os_hash_algo'],
+                                    img['os_hash_value']),
+                         img['vmar_stored_hash'])
         self.assertEqual(parent, img['vmar_parent'])
         self.assertEqual(['5', '16'], [img['vmar_delta_blocks'],
                                        img['vmar_delta_zero_blocks']])
@@ -899,11 +907,22 @@ class TestGlance(GlanceTestCase):
         v = self.wait_map(child)
         self.wait_handled('image.activate', child)
         self.assertNotIn('ingested %s' % child, self.agent_log(full=True))
-        out = os.path.join(self.tmp, 'rebuilt.raw')
-        bmap = self.rebuild(child, v, out)
-        self.assertEqual(_sha(whole), _sha(out))
+        bmap = mapformat.read(self._fetched_map(child, v))
         self.assertIn(parent, [t.image_id for t in bmap.targets])
+        self.assertIn(child, [t.image_id for t in bmap.targets])
         self.assert_consistent()
+        # a raw snapshot: downloaded as it is, and rebuilt through its map
+        child = self._import_delta(delta)
+        self.wait_status(child, 'active')
+        v = self.wait_map(child)
+        out = os.path.join(self.tmp, 'rebuilt.raw')
+        self.rebuild(child, v, out)
+        self.assertEqual(_sha(whole), _sha(out))
+
+    def _fetched_map(self, image_id, version):
+        path = os.path.join(self.tmp, 'map-%s' % image_id)
+        self.source.fetch_map(image_id, version, path)
+        return path
 
     def test_snapshot_deltas_at_once(self):
         # three servers of one image snapshotted together (seed 004's

@@ -793,16 +793,7 @@ class TestSnapshotRoute(BackendTestCase):
                               snapshot._wait_active, self.glance, None, 'id')
         self.assertIn('not active 1 s after', str(e))
 
-    def test_snapshots_of_vmar_servers_are_raw(self):
-        drv = mock.Mock(spec=libvirt_driver.LibvirtDriver)
-        meta = objects.ImageMeta.from_dict({'container_format': 'bare'})
-        for inst, fmt in ((instance(VMAR), 'raw'), (instance(), 'qcow2')):
-            inst.kernel_id = inst.ramdisk_id = inst.os_type = None
-            inst.project_id = 'p'
-            out = nova_wrappers.original(
-                libvirt_driver.LibvirtDriver, '_create_snapshot_metadata')
-            got = libvirt_driver.LibvirtDriver._create_snapshot_metadata(
-                drv, meta, inst, 'qcow2', 'snap')
-            self.assertEqual(fmt, got['disk_format'])
-            self.assertEqual('qcow2', out(drv, meta, inst, 'qcow2',
-                                          'snap')['disk_format'])
+    def test_other_formats_take_nova_own_route(self):
+        self.assertRaises(NotImplementedError, self.img.direct_snapshot,
+                          None, 'n', 'vmdk', 'id', 'base')
+        self.glance.call.assert_not_called()

@@ -37,8 +37,6 @@ WRAPPED = {
     (D, '_live_snapshot'):
         '(self, context, instance, guest, disk_path, out_path, '
         'source_format, image_format, image_meta)',
-    (D, '_create_snapshot_metadata'):
-        '(self, image_meta, instance, img_fmt, snp_name)',
     (D, 'migrate_disk_and_power_off'):
         '(self, context, instance, dest, flavor, network_info, '
         'block_device_info=None, timeout=0, retry_interval=0)',

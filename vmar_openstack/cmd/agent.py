@@ -41,8 +41,7 @@ def main(argv=None):
     try:
         metrics.serve(CONF, CONF.vmar_agent.metrics_port,
                       agent_metrics.registry(CONF))
-        handler = agent.Handler(CONF, gsource.client(CONF),
-                                ranges=gsource.RangeReader(CONF))
+        handler = agent.Handler(CONF, gsource.client(CONF))
         clean = agent.run(CONF, handler, stop, started)
     except (cfg.Error, exception.VmarException) as e:
         print('vmar-agent: error: %s' % e, file=sys.stderr)

@@ -46,14 +46,12 @@ is a no-op; publishing is idempotent). Failures are recorded in
   any event succeeds. The first retry that fails ends the pass.
 """
 
-import hashlib
 import os
 import threading
 import time
 import uuid
 
 from glanceclient import exc as glance_exc
-import numpy as np
 from oslo_log import log as logging
 import oslo_messaging
 
@@ -73,18 +71,14 @@ from vmar_openstack import names
 LOG = logging.getLogger(__name__)
 
 INGEST_EVENTS = ('image.activate', 'image.upload')
-# blocks of a snapshot built from its delta read back from Glance
-SAMPLE_BLOCKS = 16
 
 
 class Handler:
     """What each event does; independent of the messaging layer."""
 
-    def __init__(self, conf, glance, library=None, ranges=None):
+    def __init__(self, conf, glance, library=None):
         self.conf = conf
         self.glance = glance
-        # byte ranges of Glance images (mapsource.glance.RangeReader)
-        self.ranges = ranges
         self.library = library or ingest.Library(conf)
         self.publisher = publish.Publisher(conf, glance, self.library)
         self._locks = {}
@@ -115,34 +109,43 @@ class Handler:
 
         The import plugin entered it in the library from its parent's
         digests and the delta's (:meth:`Library.add_delta`), having
-        checked every block it wrote against them. What it wrote is what
-        Glance stored; :data:`SAMPLE_BLOCKS` of its non-zero blocks, drawn
-        at random, are read back from Glance and hashed to confirm it
-        (a file swapped or shifted on its way to the store). If one
-        differs the entry is dropped and the image ingested from Glance
-        like any other. Images without ``vmar_parent`` are not the
-        plugin's snapshots: True.
+        checked every block it wrote against them, and recorded the hash
+        of the file it handed Glance (``vmar_stored_hash``); Glance hashed
+        what it stored (``os_hash_value``). They must agree, else the
+        entry describes other bytes: it is dropped, and the image
+        ingested from Glance like any other. Images without the property
+        are not the plugin's snapshots: True.
         """
-        if self.ranges is None or not (payload.get('properties') or {}).get(
-                names.PROP_PARENT):
+        claimed = (payload.get('properties') or {}).get(
+            names.PROP_STORED_HASH)
+        if not claimed:
             return True
-        fps = self.library.fingerprints(image_id)
-        bs, size = fps.block_size, fps.virtual_size
-        nonzero = np.flatnonzero(~fps.zero_mask)
-        rng = np.random.default_rng(uuid.UUID(image_id).int)
-        for b in sorted(rng.choice(nonzero, min(SAMPLE_BLOCKS, len(nonzero)),
-                                   replace=False).tolist()):
-            n = min(bs, size - b * bs)
-            data = self.ranges.read(image_id, b * bs, n).ljust(bs, b'\0')
-            if hashlib.new(fps.algorithm, data).digest() != \
-                    fps.digests[b].tobytes():
-                metrics.SNAPSHOT_MISMATCH.inc()
-                LOG.error('image %s: its stored block %d is not the one its '
-                          'delta was built into; the library entry made from '
-                          'its parent is dropped and the image ingested '
-                          'whole', image_id, b)
-                return False
-        return True
+        stored = self._stored_hash(image_id)
+        if stored == claimed:
+            return True
+        metrics.SNAPSHOT_MISMATCH.inc()
+        LOG.error('image %s: Glance stored %s, its delta was built into %s; '
+                  'the library entry made from its parent is dropped and '
+                  'the image ingested whole', image_id, stored, claimed)
+        return False
+
+    def _stored_hash(self, image_id, tries=20, pause=0.5):
+        """``<os_hash_algo>:<os_hash_value>`` of an image, once recorded.
+
+        Glance notifies ``image.upload`` from inside the import, before it
+        has saved the hash it computed: a moment later it is there.
+
+        :raises PublishError: still not there (the event is retried).
+        """
+        for _ in range(tries):
+            meta = self.glance.images.get(image_id)
+            if meta.get('os_hash_value'):
+                return '%s:%s' % (meta['os_hash_algo'],
+                                  meta['os_hash_value'])
+            time.sleep(pause)
+        raise exception.PublishError(
+            image_id=image_id, reason='Glance has recorded no '
+            'os_hash_value of it yet')
 
     def _ingest(self, image_id, payload):
         local = self._local_store_file(image_id, payload)

@@ -37,6 +37,10 @@ where it came from:
 ``vmar_parent_map_version``  the map version its disk read
 ``vmar_delta_blocks``        data blocks the delta held
 ``vmar_delta_zero_blocks``   blocks the delta zeroed
+``vmar_stored_hash``         ``<algorithm>:<hex>`` of the file handed to
+                             Glance (raw, or qcow2 as Nova's snapshots are by
+                             default); vmar-agent compares it with
+                             ``os_hash_value`` before it trusts the entry
 ============================ =================================================
 
 A delta that fails a check, a parent that is gone or whose stored bytes
@@ -46,6 +50,7 @@ are not what Glance recorded, or a full staging disk fail the import
 
 import os
 
+from oslo_config import cfg
 from oslo_log import log as logging
 from taskflow.patterns import linear_flow as lf
 from taskflow import task
@@ -88,10 +93,10 @@ class _AssembleDelta(task.Task):
         self.src_path = path
         with self.action_wrapper as action:
             fmt = action.image_disk_format
-        if fmt != 'raw':
+        if fmt not in ('raw', 'qcow2'):
             raise exception.SnapshotError(
                 image_id=self.image_id, reason='a snapshot delta is '
-                'imported as a raw image, not %s' % fmt)
+                'imported as a raw or qcow2 image, not %s' % fmt)
         d = delta_format.read_index(
             path, max_virtual_size=CONF.vmar.max_virtual_size_gb << 30)
         hdr = d.header
@@ -114,20 +119,28 @@ class _AssembleDelta(task.Task):
                 'active' % (hdr.parent_id, parent.status))
         self.dest_path = path + '.vmar'
         out = assemble.assemble(d, rows, parent.get_data(), self.dest_path)
+        stored, digest = assemble.stored_file(
+            self.dest_path, fmt, CONF.vmar.qemu_img,
+            cfg.CONF.hashing_algorithm)
+        if stored != self.dest_path:
+            os.unlink(self.dest_path)
+            self.dest_path = stored
         with self.action_wrapper as action:
-            action.set_image_attribute(size=out.size,
+            action.set_image_attribute(size=os.path.getsize(stored),
                                        virtual_size=out.size)
             action.set_image_extra_properties({
                 names.PROP_PARENT: hdr.parent_id,
                 'vmar_parent_map_version': str(hdr.parent_map_version),
                 'vmar_delta_blocks': str(d.n_data),
-                'vmar_delta_zero_blocks': str(len(d.zero_blocks))})
+                'vmar_delta_zero_blocks': str(len(d.zero_blocks)),
+                names.PROP_STORED_HASH: '%s:%s' % (
+                    cfg.CONF.hashing_algorithm, digest)})
         os.unlink(path)
         LOG.info('image %s: built from parent %s and a delta of %d blocks '
                  '(%d zeroed): %d bytes, %d of them data', self.image_id,
                  hdr.parent_id, d.n_data, len(d.zero_blocks), out.size,
                  out.data_bytes)
-        return 'file://' + self.dest_path, (d, rows)
+        return 'file://' + stored, (d, rows)
 
     def revert(self, result=None, **kwargs):
         # the import of a delta failed here or later: the image goes back
@@ -140,7 +153,8 @@ class _AssembleDelta(task.Task):
             if self.stores:
                 action.remove_importing_stores(self.stores)
                 action.add_failed_stores(self.stores)
-        for path in (self.dest_path, self.src_path):
+        for path in (self.dest_path, self.src_path,
+                     self.src_path + '.vmar', self.src_path + '.vmar.qcow2'):
             if path:
                 try:
                     os.unlink(path)

@@ -305,13 +305,10 @@ class VmarImage(imagebackend.Image):
             imgmodel.LocalFileImage(self.path, imgmodel.FORMAT_QCOW2), size)
 
     def snapshot_extract(self, target, out_format):
-        """A standalone raw image: the overlay flattened onto its view.
-
-        Raw whatever ``out_format`` (Nova's snapshot metadata says raw for
-        a vmar server, ``nova_wrappers.create_snapshot_metadata``).
-        """
+        """A standalone image: the overlay flattened onto its view."""
         self.pinned()
-        libvirt_utils.extract_snapshot(self.path, 'qcow2', target, 'raw')
+        libvirt_utils.extract_snapshot(self.path, 'qcow2', target,
+                                       out_format)
 
     def direct_snapshot(self, context, snapshot_name, image_format,
                         image_id, base_image_id):
@@ -319,7 +316,7 @@ class VmarImage(imagebackend.Image):
 
         Returns no location: the image is active when this returns.
         """
-        snapshot.send_delta(self, context, image_id)
+        snapshot.send_delta(self, context, image_id, image_format)
         return None
 
     def empty_copy(self, dest):

@@ -1,6 +1,7 @@
 """Snapshots of a vmar root disk.
 
-Two routes, both giving a standalone raw image:
+Two routes, both giving a standalone image in Nova's snapshot format
+(qcow2 by default; raw with ``[libvirt] snapshot_image_format = raw``):
 
 * :func:`send_delta`, Nova's *direct snapshot* of the disk
   (``VmarImage.direct_snapshot``): only the blocks the server changed go
@@ -39,7 +40,9 @@ LOG = logging.getLogger(__name__)
 CONF = vmar_conf.CONF
 # Glance's import states while the delta is being built and stored
 IMPORTING = ('uploading', 'importing')
-POLL = 2
+POLL = 0.5
+# what glance-api builds from a delta
+FORMATS = ('qcow2', 'raw')
 
 
 def copy_top(driver, guest, disk_path, img, dest):
@@ -66,8 +69,8 @@ def copy_top(driver, guest, disk_path, img, dest):
     return pin, virtual_size
 
 
-def live_snapshot(driver, img, guest, disk_path, out_path):
-    """Nova's live snapshot of a vmar disk, flattened to a raw file.
+def live_snapshot(driver, img, guest, disk_path, out_path, image_format):
+    """Nova's live snapshot of a vmar disk, flattened to ``image_format``.
 
     Nova's own creates the copy with ``qemu-img create -b <backing>``
     after inspecting the backing as a local file, which an NBD URI is not.
@@ -75,7 +78,8 @@ def live_snapshot(driver, img, guest, disk_path, out_path):
     top = out_path + '.delta'
     copy_top(driver, guest, disk_path, img, top)
     try:
-        libvirt_utils.extract_snapshot(top, 'qcow2', out_path, 'raw')
+        libvirt_utils.extract_snapshot(top, 'qcow2', out_path,
+                                       image_format)
     finally:
         os.unlink(top)
 
@@ -98,8 +102,11 @@ def _point_in_time(img, workdir):
             os.unlink(top)
 
 
-def send_delta(img, context, image_id):
+def send_delta(img, context, image_id, image_format):
     """Snapshot ``img`` into Glance image ``image_id`` by its delta.
+
+    ``image_format``: Nova's (``[libvirt] snapshot_image_format``, by
+    default the disk's: qcow2); glance-api builds raw or qcow2.
 
     Returns once the image is active. Raises ``NotImplementedError`` when
     the route is off, ``ImageUnacceptable`` when it failed in a way Nova's
@@ -108,6 +115,9 @@ def send_delta(img, context, image_id):
     """
     if not CONF.vmar_compute.snapshot_delta:
         raise NotImplementedError('[vmar_compute] snapshot_delta is off')
+    if image_format not in FORMATS:
+        raise NotImplementedError('snapshots by delta are %s, not %s'
+                                  % (' or '.join(FORMATS), image_format))
     os.makedirs(CONF.libvirt.snapshots_directory, exist_ok=True)
     client = glance.GlanceClientWrapper()
     with tempfile.TemporaryDirectory(
@@ -131,7 +141,7 @@ def send_delta(img, context, image_id):
                  made.unchanged_blocks, made.size, instance=img.instance)
         try:
             client.call(context, 2, 'update', kwargs={
-                'image_id': image_id, 'disk_format': 'raw',
+                'image_id': image_id, 'disk_format': image_format,
                 'container_format': 'bare'})
             with open(made.path, 'rb') as f:
                 client.call(context, 2, 'stage', args=(image_id, f,
