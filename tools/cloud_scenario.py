@@ -683,12 +683,13 @@ class UserPath(Scenario):
         # a cold one: the image saved whole is the disk the guest left
         op('stop', name, status='SHUTOFF', boots=False)
         self.snapshot(name, 'snap-b', 'nginx')
-        saved = self.cloud.path('snap-b.raw')
+        saved = self.cloud.path('snap-b.img')
         self.os.run('image', 'save', '--file', saved, 'snap-b')
+        fmt = self.os.value('image', 'show', '-c', 'disk_format', 'snap-b')
         disk = os.path.join(self.cloud.path('nova', 'instances'),
                             self.server(name)['id'], 'disk')
         r = subprocess.run(['qemu-img', 'compare', '-U', '-f', 'qcow2',
-                            '-F', 'raw', disk, saved], capture_output=True,
+                            '-F', fmt, disk, saved], capture_output=True,
                            text=True)
         os.unlink(saved)
         check(r.returncode == 0, 'snap-b saved whole is not the disk of '
