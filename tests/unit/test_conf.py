@@ -73,9 +73,13 @@ class TestConf(testtools.TestCase):
 
     def test_nova_compute_holds_no_credentials(self):
         groups = self.groups(conf_opts.list_compute_opts)
+        # (a snapshot by delta reaches Glance as the user, with Nova's
+        # own client and token: no option of vmar's holds a credential)
         self.assertEqual({'vmar_compute': {'api_socket', 'api_timeout',
                                            'resume_interval', 'qemu_img',
-                                           'guest_reporting_order'}},
+                                           'guest_reporting_order',
+                                           'snapshot_delta',
+                                           'snapshot_import_timeout'}},
                          groups)
 
     def test_the_daemons_sample_has_its_store_access(self):
