@@ -5,6 +5,7 @@ and rename, so a reader (or a process killed half way) never sees part of a
 file.
 """
 
+import contextlib
 import grp
 import os
 import subprocess
@@ -48,6 +49,25 @@ def new_temp(path):
     fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=directory)
     os.close(fd)
     return tmp
+
+
+@contextlib.contextmanager
+def atomic_file(path):
+    """A new file (``w+b``) that becomes ``path`` if the block ends well.
+
+    Synced before it is renamed; on any failure it is removed and ``path``
+    is untouched.
+    """
+    tmp = new_temp(path)
+    try:
+        with open(tmp, 'w+b') as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        install(tmp, path)
+    except BaseException:
+        unlink(tmp)
+        raise
 
 
 def install(tmp, path):

@@ -22,7 +22,6 @@ What is checked on the way, so that nothing is taken on trust:
 
 import dataclasses
 import hashlib
-import os
 import subprocess
 
 import numpy as np
@@ -157,44 +156,36 @@ def assemble(delta, parent_rows, chunks, out_path):
             image_id=hdr.parent_id, reason='the library holds %d blocks of '
             'it, the delta was made on %d' % (len(parent_rows),
                                               hdr.parent_blocks))
-    tmp = fileutils.new_temp(out_path)
-    try:
-        with open(tmp, 'r+b') as f, open(delta.path, 'rb') as df:
-            f.truncate(hdr.virtual_size)
-            w = _Writer(f, delta, df, parent_rows)
-            win = WINDOW_BLOCKS * bs
-            pending, block, got = bytearray(), 0, 0
-            for chunk in chunks:
-                got += len(chunk)
-                if got > hdr.parent_size:
-                    break
-                pending += chunk
-                while len(pending) >= win:
-                    w.window(block, pending[:win])
-                    del pending[:win]
-                    block += WINDOW_BLOCKS
-            if got != hdr.parent_size:
-                raise exception.SnapshotError(
-                    image_id=hdr.parent_id, reason='its store gave %s bytes, '
-                    'not %d' % ('more' if got > hdr.parent_size else got,
-                                hdr.parent_size))
-            if pending:
-                pending += bytes(-len(pending) % bs)
-                w.window(block, pending)
-                block += len(pending) // bs
-            # past the parent: only where the delta has blocks (the rest
-            # of the file is a hole)
-            past = np.concatenate((d_past(delta.data_blocks, block),
-                                   d_past(delta.zero_blocks, block)))
-            for first in np.unique(past // WINDOW_BLOCKS).tolist():
-                first *= WINDOW_BLOCKS
-                k = min(WINDOW_BLOCKS, hdr.n_blocks - first)
-                w.window(first, bytearray(k * bs), parent=False)
-            f.truncate(hdr.virtual_size)
-            f.flush()
-            os.fsync(f.fileno())
-        fileutils.install(tmp, out_path)
-    except BaseException:
-        fileutils.unlink(tmp)
-        raise
+    with fileutils.atomic_file(out_path) as f, open(delta.path, 'rb') as df:
+        f.truncate(hdr.virtual_size)
+        w = _Writer(f, delta, df, parent_rows)
+        win = WINDOW_BLOCKS * bs
+        pending, block, got = bytearray(), 0, 0
+        for chunk in chunks:
+            got += len(chunk)
+            if got > hdr.parent_size:
+                break
+            pending += chunk
+            while len(pending) >= win:
+                w.window(block, pending[:win])
+                del pending[:win]
+                block += WINDOW_BLOCKS
+        if got != hdr.parent_size:
+            raise exception.SnapshotError(
+                image_id=hdr.parent_id, reason='its store gave %s bytes, '
+                'not %d' % ('more' if got > hdr.parent_size else got,
+                            hdr.parent_size))
+        if pending:
+            pending += bytes(-len(pending) % bs)
+            w.window(block, pending)
+            block += len(pending) // bs
+        # past the parent: only where the delta has blocks (the rest of
+        # the file is a hole)
+        past = np.concatenate((d_past(delta.data_blocks, block),
+                               d_past(delta.zero_blocks, block)))
+        for first in np.unique(past // WINDOW_BLOCKS).tolist():
+            first *= WINDOW_BLOCKS
+            k = min(WINDOW_BLOCKS, hdr.n_blocks - first)
+            w.window(first, bytearray(k * bs), parent=False)
+        f.truncate(hdr.virtual_size)
     return Assembled(out_path, hdr.virtual_size, w.data_bytes)

@@ -134,18 +134,10 @@ def write(overlay, out_path, header, parent_digests, qemu_img='qemu-img'):
         header, np.array(data_idx, np.uint64),
         np.frombuffer(b''.join(digests), np.uint8).reshape(-1, 32),
         np.array(zero_idx, np.uint64))
-    tmp = fileutils.new_temp(out_path)
-    try:
-        with open(overlay, 'rb') as src, open(tmp, 'wb') as out:
-            out.write(index)
-            for at in data_at:
-                src.seek(at)
-                out.write(src.read(bs).ljust(bs, b'\0'))
-            out.flush()
-            os.fsync(out.fileno())
-        fileutils.install(tmp, out_path)
-    except BaseException:
-        fileutils.unlink(tmp)
-        raise
+    with open(overlay, 'rb') as src, fileutils.atomic_file(out_path) as out:
+        out.write(index)
+        for at in data_at:
+            src.seek(at)
+            out.write(src.read(bs).ljust(bs, b'\0'))
     return Made(out_path, top, len(data_idx), len(zero_idx),
                 os.path.getsize(out_path))
