@@ -86,17 +86,18 @@ def live_snapshot(driver, img, guest, disk_path, out_path, image_format):
 
 @contextlib.contextmanager
 def _point_in_time(img, workdir):
-    """The disk's own layer, as of now: a copy if its guest runs."""
+    """The path of the disk's own layer, as of now: a copy if it runs."""
     driver = driver_access.current()
     guest = driver_access.guest(driver, img.instance) if driver else None
     if guest is None or not guest.is_active():
         # shut off, or suspended by Nova for a cold snapshot: the file
         # is quiescent
-        yield img.path, img.inspect()
+        yield img.path
         return
     top = os.path.join(workdir, 'top.qcow2')
     try:
-        yield top, copy_top(driver, guest, img.path, img, top)
+        copy_top(driver, guest, img.path, img, top)
+        yield top
     finally:
         if os.path.exists(top):
             os.unlink(top)
@@ -157,10 +158,11 @@ def send_delta(img, context, image_id, image_format):
 
 
 def _make_delta(img, work):
-    pin, _size = img.inspect()
+    # the overlay names its pin and size, the same for a copy of it
+    pin, virtual_size = img.inspect()
     hdr, rows = mirror_format.read_digests(
         img.exports.digests(pin.image_id, pin.version))
-    with _point_in_time(img, work) as (top, (pin, virtual_size)):
+    with _point_in_time(img, work) as top:
         header = delta_format.Header(
             hdr.block_size, virtual_size, pin.image_id, hdr.size,
             pin.version)
