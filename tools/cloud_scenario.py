@@ -489,13 +489,19 @@ class UserPath(Scenario):
                   % ', '.join(sorted(features)))
 
         # the host's side: what vmar-guest freed came back to the host
+        seen = {}
+
         def returned():
-            g = self.guest_view('vm-p')
+            g = seen['view'] = self.guest_view('vm-p')
             return (g and g['mode'] == 'private' and
                     (g['returned_bytes'] or 0) >= RETURNED_MIN and g)
-        g = self.wait('vm-p\'s QEMU to give back %d MiB' % (
-            RETURNED_MIN >> 20), returned, timeout=180)
-        self.echo('  vm-p: the host got %d MiB back (QEMU anonymous memory '
+        try:
+            g = self.wait('vm-p\'s QEMU to give back %d MiB' % (
+                RETURNED_MIN >> 20), returned, timeout=180)
+        except ScenarioError as e:
+            raise ScenarioError('%s; the daemon\'s last view of vm-p: %s'
+                                % (e, seen.get('view')))
+        self.echo('  vm-p: the host got %d MiB back (guest RAM it holds '
                   '%d MiB now); vmar-guest dropped %d MiB, reporting order '
                   '%s' % (g['returned_bytes'] >> 20, g['resident_bytes'] >> 20,
                           g['dropped_bytes'] >> 20, g['reporting_order']))

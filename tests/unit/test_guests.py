@@ -6,6 +6,7 @@ behind it); tests/functional/test_guest_channel.py runs the real QEMU and
 the real vmar-guest in a guest.
 """
 
+import mmap
 import os
 import socket
 import threading
@@ -19,6 +20,8 @@ from vmar_openstack import conf as vmar_conf
 from vmar_openstack.export import guests
 from vmar_openstack.export import metrics as export_metrics
 from vmar_openstack import names
+
+MIB = 1 << 20
 
 STATUS = ('mode=%s passes=3 tracked=2 events=9 closes=4 walks=1 '
           'walked_files=7 drops=5 close_drops=4 dropped_bytes=%d '
@@ -154,6 +157,29 @@ class TestReaders(testtools.TestCase):
                          guests.read_kb_fields('/proc/0/none', 'VmRSS'))
 
 
+class TestGuestRam(testtools.TestCase):
+    """The guest RAM of a process: its large writable mappings only."""
+
+    def test_resident_bytes_of_large_writable_mappings(self):
+        before = guests.guest_ram_resident(os.getpid()) or 0
+        ram = mmap.mmap(-1, guests.RAM_MAPPING_MIN)
+        self.addCleanup(ram.close)
+        # a large mapping the process cannot write is not guest RAM
+        ro = mmap.mmap(-1, guests.RAM_MAPPING_MIN, prot=mmap.PROT_READ)
+        self.addCleanup(ro.close)
+        for off in range(0, 8 * MIB, mmap.PAGESIZE):
+            ram[off] = 1
+        self.assertEqual(before + 8 * MIB,
+                         guests.guest_ram_resident(os.getpid()))
+        # what free page reporting does: the pages go back to the host
+        ram.madvise(mmap.MADV_DONTNEED, 0, 2 * MIB)
+        self.assertEqual(before + 6 * MIB,
+                         guests.guest_ram_resident(os.getpid()))
+
+    def test_a_process_without_guest_ram(self):
+        self.assertIsNone(guests.guest_ram_resident(1 << 30))
+
+
 class FakeGuest:
     """A guest's channel as QEMU serves it: one client at a time.
 
@@ -287,8 +313,20 @@ class TestGuests(testtools.TestCase):
                           st[private].dropped_bytes))
         # the peer is this process: its memory is what the view reads
         self.assertEqual(os.getpid(), st[private].qemu_pid)
-        self.assertGreater(st[private].resident_bytes, 0)
-        self.assertGreaterEqual(st[private].returned_bytes, 0)
+        ram = mmap.mmap(-1, guests.RAM_MAPPING_MIN)     # "guest RAM"
+        self.addCleanup(ram.close)
+        for off in range(0, 4 * MIB, mmap.PAGESIZE):
+            ram[off] = 1
+        held = self.view(private).resident_bytes
+        self.assertGreaterEqual(held, 4 * MIB)
+        ram.madvise(mmap.MADV_DONTNEED, 0, MIB)     # reported free pages
+        v = self.view(private)
+        self.assertEqual((held - MIB, MIB),
+                         (v.resident_bytes, v.returned_bytes))
+
+    def view(self, instance):
+        return {g.instance: g
+                for g in self.guests.snapshot().guests}[instance]
 
     def test_a_thrashing_auto_guest_goes_private_without_host_pressure(self):
         inst, g = self.guest('auto')

@@ -126,7 +126,7 @@ def _guest_cache(gc):
               '-' if gc['available_bytes'] is None
               else _size(gc['available_bytes'])))
     cmd.print_table(
-        ('server', 'flavor', 'mode', 'asked', 'why', 'QEMU anon',
+        ('server', 'flavor', 'mode', 'asked', 'why', 'guest RAM',
          'returned', 'dropped', 'switches', 'heard'),
         [(g['instance'], g['flavor_mode'], g['mode'] or '-',
           g['wanted'] or '-', g['reason'] or '-',

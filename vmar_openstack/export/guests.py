@@ -30,10 +30,13 @@ host's and each guest's own:
 ``private`` servers are always told ``private``.
 
 What the host sees of each server comes from the QEMU at the other end of
-its socket (``SO_PEERCRED``): its anonymous memory (``RssAnon``, the
-guest's RAM the host holds) and what the guest gave back since its peak
-(``VmHWM - VmRSS``: free page reporting discards pages, which lowers the
-resident set and not the high-water mark).
+its socket (``SO_PEERCRED``): the guest RAM the host holds (the resident
+bytes of QEMU's RAM mappings, :func:`guest_ram_resident`) and what the
+guest gave back since its peak (the highest of those the daemon sampled,
+less now: free page reporting discards guest pages). Not ``VmHWM -
+VmRSS``: the QEMU's own memory grows beside the guest's (under TCG its
+translation buffer, hundreds of MiB), which hides what the guest gave
+back.
 """
 
 import collections
@@ -56,6 +59,7 @@ PRIVATE, DEFAULT = guest_status.MODES
 RESEND = 30             # seconds before telling a guest its mode again
 STALE = 60              # seconds a refused socket may stay: QEMU starting
 READ_MAX = 1 << 20      # bytes read from one guest in one step
+RAM_MAPPING_MIN = 128 << 20     # a QEMU mapping this large is guest RAM
 
 Sample = collections.namedtuple('Sample', 'some_avg10 available')
 
@@ -75,7 +79,7 @@ def read_psi(path):
 
 
 def read_kb_fields(path, *keys):
-    """Fields in kB of /proc/meminfo or /proc/<pid>/status, as bytes.
+    """Fields in kB of /proc/meminfo (or a file like it), as bytes.
 
     One read of the file; a field it lacks (or a file that is gone) is
     None.
@@ -90,6 +94,31 @@ def read_kb_fields(path, *keys):
     except (OSError, ValueError, IndexError):
         pass
     return found
+
+
+def guest_ram_resident(pid):
+    """Bytes of a QEMU's guest RAM resident on the host; None if unknown.
+
+    Guest RAM is the process's writable, non-executable mappings of
+    RAM_MAPPING_MIN or more (QEMU's RAM blocks; its heap arenas are 64 MiB
+    and TCG's translation buffer is executable). One read of
+    ``/proc/<pid>/smaps``.
+    """
+    total, ram, found = 0, False, False
+    try:
+        with open('/proc/%d/smaps' % pid) as f:
+            for line in f:
+                if not line[0].isupper():       # a mapping's first line
+                    addr, perms = line.split(None, 2)[:2]
+                    lo, _dash, hi = addr.partition('-')
+                    ram = ('w' in perms and 'x' not in perms and
+                           int(hi, 16) - int(lo, 16) >= RAM_MAPPING_MIN)
+                    found |= ram
+                elif ram and line.startswith('Rss:'):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return total if found else None
 
 
 def read_meminfo(path='/proc/meminfo', key='MemAvailable'):
@@ -205,8 +234,8 @@ class GuestStatus:
     reason: object             # of a private ask: flavor, host or guest
     heard_ago: object          # seconds since its last status line
     qemu_pid: object
-    resident_bytes: object     # RssAnon of its QEMU
-    returned_bytes: object     # VmHWM - VmRSS of its QEMU
+    resident_bytes: object     # its guest RAM the host holds
+    returned_bytes: object     # the highest of those sampled, less now
     dropped_bytes: int         # by vmar-guest, cumulative
     switches: int              # of its mode, at run time
     reporting_order: object
@@ -236,6 +265,7 @@ class Channel:
         self.heard_at = None
         self.wanted = self.reason = None
         self.sent_mode = self.sent_at = None
+        self.ram = self.ram_peak = None
 
     def connect(self):
         """Connect to QEMU; False if nobody listens."""
@@ -250,6 +280,7 @@ class Channel:
         self.pid = api.peer(s)[0]
         self.sock = s
         self.sent_mode = self.sent_at = None
+        self.ram = self.ram_peak = None     # perhaps another QEMU now
         LOG.info('guest channel of %s (%s) connected, QEMU pid %d',
                  self.instance, self.flavor_mode, self.pid)
         return True
@@ -289,6 +320,12 @@ class Channel:
                 self.pressure.add(now, self.status)
         return True
 
+    def sample_memory(self):
+        """Read the guest RAM its QEMU holds; keep the highest seen."""
+        self.ram = guest_ram_resident(self.pid) if self.pid else None
+        if self.ram is not None:
+            self.ram_peak = max(self.ram_peak or 0, self.ram)
+
     def want(self, host_mode, now):
         """What to ask of the guest, and why: (mode, reason)."""
         if self.flavor_mode == PRIVATE:
@@ -321,16 +358,14 @@ class Channel:
                  self.instance, self.flavor_mode, wanted)
 
     def view(self, now):
-        mem = read_kb_fields('/proc/%d/status' % self.pid, 'VmRSS',
-                             'VmHWM', 'RssAnon') if self.pid else {}
-        rss, hwm = mem.get('VmRSS'), mem.get('VmHWM')
+        self.sample_memory()
         return GuestStatus(
             self.instance, self.flavor_mode, self.sock is not None,
             self.mode, self.wanted, self.reason,
             None if self.heard_at is None else round(now - self.heard_at, 1),
             self.pid,
-            mem.get('RssAnon'),
-            hwm - rss if rss is not None and hwm is not None else None,
+            self.ram,
+            None if self.ram is None else self.ram_peak - self.ram,
             int(self.status['dropped_bytes']), int(self.status['switches']),
             int(self.status['reporting_order']) if self.mode else None,
             guest_status.cpu_seconds(self.status))
@@ -392,6 +427,7 @@ class Guests(periodic.Periodic):
                     continue
                 if not ch.read(now):
                     continue
+                ch.sample_memory()
                 wanted, ch.reason = ch.want(auto, now)
                 ch.tell(wanted, now)
 

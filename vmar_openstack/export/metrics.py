@@ -120,11 +120,11 @@ def _guest_metrics(gc):
         (core.GaugeMetricFamily, 'private', 'Whether the server\'s guest '
          'runs guest-private now (as it last said).',
          lambda g: int(g.mode == 'private')),
-        (core.GaugeMetricFamily, 'resident_bytes', 'Anonymous memory of '
-         'the server\'s QEMU: the guest RAM the host holds.',
+        (core.GaugeMetricFamily, 'resident_bytes', 'Guest RAM of the '
+         'server the host holds (its QEMU\'s RAM mappings, resident).',
          lambda g: g.resident_bytes),
-        (core.GaugeMetricFamily, 'returned_bytes', 'Memory the server\'s '
-         'QEMU gave back since its peak (VmHWM - VmRSS).',
+        (core.GaugeMetricFamily, 'returned_bytes', 'Guest RAM the server '
+         'gave back since its peak (free page reporting).',
          lambda g: g.returned_bytes),
         (core.CounterMetricFamily, 'dropped_bytes', 'Base data vmar-guest '
          'dropped from the guest\'s cache.', lambda g: g.dropped_bytes),
