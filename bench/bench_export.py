@@ -104,6 +104,13 @@ def qemu_img_bench(prefix, spec, size, fmt=None, count=None):
     return count * (1 << 20) / (time.perf_counter() - t) / 1e6
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process so far."""
+    with open('/proc/%d/stat' % pid) as f:
+        fields = f.read().rpartition(')')[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
 def read_bytes(pid):
     with open('/proc/%d/io' % pid) as f:
         return int(re.search(r'^read_bytes: (\d+)', f.read(), re.M)[1])
@@ -172,11 +179,18 @@ def run(args, work, conf, sock, machine_ra):
         for uri in (uri_v, uri_r):
             fio(uri, 'read', '1M', size=size)
         seq_v, seq_r, rnd_v, rnd_r = [], [], [], []
+        # the daemon's CPU seconds per GB read sequentially: steadier than
+        # throughput on a machine whose other tenants come and go
+        cpu_v, cpu_r = [], []
+
+        def seq(uri, cpu):
+            t = cpu_seconds(proc.pid)
+            r = fio(uri, 'read', '1M', size=size, runtime=args.runtime)
+            cpu.append((cpu_seconds(proc.pid) - t) / (r['bytes'] / 1e9))
+            return r['MB_s']
         for _ in range(args.rounds):
-            seq_v.append(fio(uri_v, 'read', '1M', size=size,
-                             runtime=args.runtime)['MB_s'])
-            seq_r.append(fio(uri_r, 'read', '1M', size=size,
-                             runtime=args.runtime)['MB_s'])
+            seq_v.append(seq(uri_v, cpu_v))
+            seq_r.append(seq(uri_r, cpu_r))
             rnd_v.append(fio(uri_v, 'randread', '4k',
                              runtime=args.runtime)['iops'])
             rnd_r.append(fio(uri_r, 'randread', '4k',
@@ -187,8 +201,13 @@ def run(args, work, conf, sock, machine_ra):
             'seq_ratio': med(seq_v) / med(seq_r),
             'rand_4k_vmar_iops': med(rnd_v), 'rand_4k_raw_iops': med(rnd_r),
             'rand_ratio': med(rnd_v) / med(rnd_r),
+            'seq_cpu_s_per_GB_vmar': med(cpu_v),
+            'seq_cpu_s_per_GB_raw': med(cpu_r),
+            'seq_round_ratios_median': med(
+                v / r for v, r in zip(seq_v, seq_r)),
             'rounds': {'seq_vmar': seq_v, 'seq_raw': seq_r,
-                       'rand_vmar': rnd_v, 'rand_raw': rnd_r}}
+                       'rand_vmar': rnd_v, 'rand_raw': rnd_r,
+                       'seq_cpu_vmar': cpu_v, 'seq_cpu_raw': cpu_r}}
 
         # 4. probes: counters of a fresh node per pattern
         svc.remove(second)
@@ -250,6 +269,11 @@ def run(args, work, conf, sock, machine_ra):
     print('hot  seq 1 MiB : vmar %7.0f MB/s  raw %7.0f MB/s  ratio %.2f '
           '(goal >= 0.95)' % (h['seq_1M_vmar_MB_s'], h['seq_1M_raw_MB_s'],
                               h['seq_ratio']))
+    print('     seq, median of round ratios %.2f; daemon CPU per GB: vmar '
+          '%.3f s  raw %.3f s  ratio %.2f' % (
+              h['seq_round_ratios_median'], h['seq_cpu_s_per_GB_vmar'],
+              h['seq_cpu_s_per_GB_raw'],
+              h['seq_cpu_s_per_GB_vmar'] / h['seq_cpu_s_per_GB_raw']))
     print('hot  rand 4 KiB: vmar %7.0f IOPS  raw %7.0f IOPS  ratio %.2f '
           '(goal >= 0.95)' % (h['rand_4k_vmar_iops'], h['rand_4k_raw_iops'],
                               h['rand_ratio']))
