@@ -978,6 +978,69 @@ class TestGlance(GlanceTestCase):
         self.assertEqual([], self._staged(child))
         self.assertIsNone(self.library_image(child))
 
+    def test_snapshot_delta_after_the_parent_map_changed(self):
+        # the delta was made on the parent's map v1; before its import the
+        # image the parent shared blocks with is deleted, the parent's map
+        # becomes v2 and v1 goes: the delta names content, not a map, so
+        # the snapshot is still the whole disk
+        seeds = list(range(60001, 61025))
+        a = self.create(self.image('ca.raw', seeds))
+        self.wait_map(a)
+        parent_raw = self.image('cp.raw', seeds[:512] + list(
+            range(62001, 62513)))
+        parent = self.create(parent_raw, '--public')
+        v1 = self.wait_map(parent)
+        delta, whole = self._delta_of(parent, parent_raw,
+                                      'write -P 0x21 8k 8k',
+                                      'write -P 0x22 3000k 4k')
+        self.glance.openstack('image', 'delete', a)
+        self.wait_map(parent, newer_than=v1)
+        child = self._import_delta(delta)
+        img = self.wait_status(child, 'active')
+        self.assertEqual(('1', '3'), (img['vmar_parent_map_version'],
+                                      img['vmar_delta_blocks']))
+        got = os.path.join(self.tmp, 'got.raw')
+        with open(got, 'wb') as f:
+            for chunk in self.client.images.data(child):
+                f.write(chunk)
+        self.assertEqual(_sha(whole), _sha(got))
+        v = self.wait_map(child)
+        out = os.path.join(self.tmp, 'rebuilt.raw')
+        bmap = self.rebuild(child, v, out)
+        self.assertNotIn(a, [t.image_id for t in bmap.targets])
+        self.assertEqual(_sha(whole), _sha(out))
+        self.assert_consistent()
+
+    def test_snapshot_delta_on_a_full_staging_disk(self):
+        # the delta fits the staging file system, the whole image does not:
+        # the import fails with the reason, and nothing half-built is left
+        parent_raw = self.image('f.raw', list(range(70001, 71025)))
+        parent = self.create(parent_raw, '--public')
+        self.wait_map(parent)
+        delta, _whole = self._delta_of(parent, parent_raw,
+                                       'write -P 0x44 64k 4k')
+        staging = self.glance.staging_dir
+        self.assertEqual([], os.listdir(staging))
+        subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m',
+                        'vmar-full', staging], check=True)
+        self.addCleanup(subprocess.run, ['umount', staging])
+        child = self._import_delta(delta)
+        img = self._import_ended(child)
+        self.assertEqual('queued', img['status'])
+        self.assertEqual([], os.listdir(staging))
+        self.assertIsNone(self.library_image(child))
+        with open(self.glance.api_log, errors='replace') as f:
+            log = f.read()
+        self.assertIn('snapshot %s: building the whole image beside the '
+                      'staged delta in %s failed: [Errno 28] No space left '
+                      'on device' % (child, staging), log)
+        # room again: the same delta imports
+        subprocess.run(['umount', staging], check=True)
+        subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64m',
+                        'vmar-room', staging], check=True)
+        child = self._import_delta(delta)
+        self.wait_status(child, 'active')
+
     def test_delete_of_a_canonical_image(self):
         seeds = list(range(10001, 11025))
         a = self.create(self.image('c.raw', seeds))

@@ -106,8 +106,8 @@ def _runs(mask):
     return zip(edges[::2].tolist(), edges[1::2].tolist())
 
 
-def stored_file(raw, fmt, qemu_img, algo):
-    """The file Glance stores: ``raw`` as ``fmt``, and its hash.
+def stored_file(image_id, raw, fmt, qemu_img, algo):
+    """The file Glance stores of image ``image_id``: ``raw`` as ``fmt``.
 
     qcow2 (Nova's default snapshot format) holds the disk's data without
     its holes, as Nova's own route uploads it; ``qemu-img compare``
@@ -125,11 +125,12 @@ def stored_file(raw, fmt, qemu_img, algo):
             if r.returncode:
                 fileutils.unlink(path)
                 raise exception.SnapshotError(
-                    image_id='?', reason='%s failed: %s' % (
+                    image_id=image_id, reason='%s failed: %s' % (
                         ' '.join(cmd[:2]), (r.stdout + r.stderr).strip()))
     elif fmt != 'raw':
         raise exception.SnapshotError(
-            image_id='?', reason='snapshots are raw or qcow2, not %s' % fmt)
+            image_id=image_id,
+            reason='snapshots are raw or qcow2, not %s' % fmt)
     h = hashlib.new(algo)
     with open(path, 'rb') as f:
         for chunk in iter(lambda: f.read(1 << 22), b''):

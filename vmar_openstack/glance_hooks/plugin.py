@@ -118,10 +118,17 @@ class _AssembleDelta(task.Task):
                 image_id=self.image_id, reason='its parent %s is %s, not '
                 'active' % (hdr.parent_id, parent.status))
         self.dest_path = path + '.vmar'
-        out = assemble.assemble(d, rows, parent.get_data(), self.dest_path)
-        stored, digest = assemble.stored_file(
-            self.dest_path, fmt, CONF.vmar.qemu_img,
-            cfg.CONF.hashing_algorithm)
+        try:
+            out = assemble.assemble(d, rows, parent.get_data(),
+                                    self.dest_path)
+            stored, digest = assemble.stored_file(
+                self.image_id, self.dest_path, fmt, CONF.vmar.qemu_img,
+                cfg.CONF.hashing_algorithm)
+        except OSError as e:    # a full staging disk, mostly
+            raise exception.SnapshotError(
+                image_id=self.image_id, reason='building the whole image '
+                'beside the staged delta in %s failed: %s'
+                % (os.path.dirname(path), e))
         if stored != self.dest_path:
             os.unlink(self.dest_path)
             self.dest_path = stored
