@@ -38,27 +38,29 @@ def write_temp(path, data, mode=0o644):
     return tmp
 
 
-def new_temp(path):
+def new_temp(path, prefix='.tmp-'):
     """A new empty temporary file next to ``path``, for a writer to fill.
 
     Unique per call (threads of one process included); :func:`install`
     moves it to ``path``, the caller removes it if it never does.
+    ``prefix`` starts its name.
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.tmp-', dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
     os.close(fd)
     return tmp
 
 
 @contextlib.contextmanager
-def atomic_file(path):
+def atomic_file(path, prefix='.tmp-'):
     """A new file (``w+b``) that becomes ``path`` if the block ends well.
 
     Synced before it is renamed; on any failure it is removed and ``path``
-    is untouched.
+    is untouched. ``prefix`` starts the temporary file's name (a process
+    killed meanwhile leaves that file behind).
     """
-    tmp = new_temp(path)
+    tmp = new_temp(path, prefix)
     try:
         with open(tmp, 'w+b') as f:
             yield f

@@ -1041,6 +1041,46 @@ class TestGlance(GlanceTestCase):
         child = self._import_delta(delta)
         self.wait_status(child, 'active')
 
+    def test_snapshot_delta_import_killed(self):
+        # glance-api dies while it builds the whole image: what it wrote is
+        # named after the image, so once the operator deletes the stuck
+        # image Glance's own staging cleaner removes it at the next start
+        parent_raw = self.image('k.raw', list(range(80001, 96385)))
+        parent = self.create(parent_raw, '--public')
+        self.wait_map(parent)
+        delta, whole = self._delta_of(parent, parent_raw,
+                                      'write -P 0x66 1M 4k')
+        staging = self.glance.staging_dir
+        child = self._import_delta(delta)
+        deadline = time.time() + 60
+        while not any(n.startswith(child + '.vmar')
+                      for n in os.listdir(staging)):
+            self.assertLess(time.time(), deadline, os.listdir(staging))
+            time.sleep(0.005)
+        self.glance.kill()
+        left = os.listdir(staging)
+        self.assertTrue(left)
+        self.assertEqual([], [n for n in left if not n.startswith(child)])
+        self.glance.start()
+        self.assertEqual('importing', self.client.images.get(child)['status'])
+        self.glance.openstack('image', 'delete', child)
+        self.glance.stop()
+        self.glance.start()
+        deadline = time.time() + 60
+        while [n for n in os.listdir(staging) if n.startswith(child)]:
+            self.assertLess(time.time(), deadline, os.listdir(staging))
+            time.sleep(0.2)
+        self.assertIsNone(self.library_image(child))
+        # the same delta, imported again, is the whole disk
+        child = self._import_delta(delta)
+        self.wait_status(child, 'active')
+        got = os.path.join(self.tmp, 'got.raw')
+        with open(got, 'wb') as f:
+            for chunk in self.client.images.data(child):
+                f.write(chunk)
+        self.assertEqual(_sha(whole), _sha(got))
+        self.assertEqual([], self._staged(child))
+
     def test_delete_of_a_canonical_image(self):
         seeds = list(range(10001, 11025))
         a = self.create(self.image('c.raw', seeds))

@@ -237,11 +237,30 @@ class TestChain(base.LibraryTestCase):
                           % at, str(e))
             self.assertFalse(os.path.exists(dest))
             self.assertEqual([], [n for n in os.listdir(self.tmp)
-                                  if n.startswith('.')])
+                              if n.startswith('whole')])
         # a stream cut short
         e = self.assertRaises(exception.SnapshotError, assemble.assemble, d,
                               self._rows(), iter([b'x' * BS]), dest)
         self.assertIn('its store gave 4096 bytes', str(e))
+
+    def test_the_file_being_written_is_named_after_the_image(self):
+        # what a killed glance-api leaves: Glance's staging cleaner takes
+        # a name that starts with the image id for that image's
+        self._change()
+        d = delta_format.read_index(self._write_delta().path)
+        dest = os.path.join(self.tmp, 'whole')
+        seen = []
+
+        def chunks():
+            for c in self._chunks():
+                seen.append([n for n in os.listdir(self.tmp)
+                             if n.startswith(('whole', '.'))])
+                yield c
+        assemble.assemble(d, self._rows(), chunks(), dest)
+        self.assertEqual(1, len(seen[-1]), seen)
+        self.assertTrue(seen[-1][0].startswith('whole.tmp-'), seen)
+        self.assertEqual(['whole'], [n for n in os.listdir(self.tmp)
+                                     if n.startswith(('whole', '.'))])
 
     def test_a_corrupted_block_fails_the_assembly(self):
         self._change()
@@ -257,7 +276,7 @@ class TestChain(base.LibraryTestCase):
                           self._rows(), self._chunks(), dest)
         self.assertFalse(os.path.exists(dest))
         self.assertEqual([], [n for n in os.listdir(self.tmp)
-                              if n.startswith('.')])
+                              if n.startswith('whole')])
 
     def test_entry_needs_the_parent(self):
         self._change()

@@ -305,7 +305,8 @@ class GlanceAPI(process.Service):
                      self.tasks_dir, self.log_dir,
                      os.path.join(self.work_dir, 'lock')):
             os.makedirs(path, exist_ok=True)
-        self.port = process.free_port()
+        # a restart keeps the address clients and agents were given
+        self.port = self.port or process.free_port()
         self.endpoint = 'http://127.0.0.1:%d' % self.port
         write_conf(self.api_conf, self.api_config())
         write_conf(self.import_conf, self.image_import_config())
@@ -353,6 +354,10 @@ class GlanceAPI(process.Service):
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 pass
+        self._kill_all()
+
+    def kill(self):
+        """SIGKILL glance-api and its workers, as a crash would."""
         self._kill_all()
 
     # -- clients ------------------------------------------------------------

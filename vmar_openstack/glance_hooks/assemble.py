@@ -22,6 +22,7 @@ What is checked on the way, so that nothing is taken on trust:
 
 import dataclasses
 import hashlib
+import os
 import subprocess
 
 import numpy as np
@@ -157,7 +158,11 @@ def assemble(delta, parent_rows, chunks, out_path):
             image_id=hdr.parent_id, reason='the library holds %d blocks of '
             'it, the delta was made on %d' % (len(parent_rows),
                                               hdr.parent_blocks))
-    with fileutils.atomic_file(out_path) as f, open(delta.path, 'rb') as df:
+    # a process killed meanwhile leaves "<out_path>.tmp-*": named after the
+    # image, Glance's staging cleaner knows whose it is
+    with fileutils.atomic_file(
+            out_path, prefix=os.path.basename(out_path) + '.tmp-') as f, \
+            open(delta.path, 'rb') as df:
         f.truncate(hdr.virtual_size)
         w = _Writer(f, delta, df, parent_rows)
         win = WINDOW_BLOCKS * bs

@@ -48,6 +48,7 @@ are not what Glance recorded, or a full staging disk fail the import
 (Glance puts the image back to ``queued``) and leave no staged data.
 """
 
+import glob
 import os
 
 from oslo_config import cfg
@@ -57,6 +58,7 @@ from taskflow import task
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
+from vmar_openstack import fileutils
 from vmar_openstack.glance_hooks import assemble
 from vmar_openstack import ingest
 from vmar_openstack.mapformat import delta as delta_format
@@ -91,6 +93,7 @@ class _AssembleDelta(task.Task):
         if not delta_format.is_delta(path):
             return file_path, None
         self.src_path = path
+        self._remove_ours()     # of an import of it killed before
         with self.action_wrapper as action:
             fmt = action.image_disk_format
         if fmt not in ('raw', 'qcow2'):
@@ -160,13 +163,13 @@ class _AssembleDelta(task.Task):
             if self.stores:
                 action.remove_importing_stores(self.stores)
                 action.add_failed_stores(self.stores)
-        for path in (self.dest_path, self.src_path,
-                     self.src_path + '.vmar', self.src_path + '.vmar.qcow2'):
-            if path:
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+        self._remove_ours()
+        fileutils.unlink(self.src_path)
+
+    def _remove_ours(self):
+        """What this task wrote beside the staged delta: "<id>.vmar*"."""
+        for path in glob.glob(glob.escape(self.src_path) + '.vmar*'):
+            fileutils.unlink(path)
 
 
 class _Mapgen(task.Task):
