@@ -285,6 +285,7 @@ configure_qemu() {
         --enable-tools \
         --enable-linux-aio --enable-linux-io-uring \
         --enable-zstd --enable-attr --enable-cap-ng \
+        --enable-gnutls \
         --disable-docs --disable-werror \
         --disable-guest-agent --disable-install-blobs) ||
         die "configure failed"

@@ -183,8 +183,9 @@ SIDE_PID=$!
 
 stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, Ceph)"
 # The tests that run qemu-storage-daemon's vmar graph, run again on the other
-# QEMUs: exports, mirrors, Glance's lazy hosts and fills, Ceph
-DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph)\.'
+# QEMUs: exports, mirrors, Glance's lazy hosts and fills, Ceph, the peer
+# server's TLS clients
+DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph|test_peers)\.'
 DAEMON_TESTS+='|^tests\.functional\.test_glance\..*\.test_lazy_'
 tests_status=0
 stestr --test-path=./tests/functional run --concurrency=1 \

@@ -46,7 +46,7 @@ class TestConf(testtools.TestCase):
         samples = {
             conf_opts.list_opts: {'vmar', 'vmar_database'},
             conf_opts.list_host_opts: {'vmar_host', 'vmar_guest_cache',
-                                       'vmar_reports',
+                                       'vmar_peers', 'vmar_reports',
                                        'vmar_glance', 'vmar_rbd',
                                        'vmar_metrics'},
             conf_opts.list_compute_opts: {'vmar_compute'},

@@ -237,7 +237,7 @@ class TestChain(base.LibraryTestCase):
                           % at, str(e))
             self.assertFalse(os.path.exists(dest))
             self.assertEqual([], [n for n in os.listdir(self.tmp)
-                              if n.startswith('whole')])
+                                  if n.startswith('whole')])
         # a stream cut short
         e = self.assertRaises(exception.SnapshotError, assemble.assemble, d,
                               self._rows(), iter([b'x' * BS]), dest)

@@ -11,8 +11,9 @@ Groups by audience:
   (:mod:`.glance_import`), vmar-agent ``[vmar_agent]`` (:mod:`.agent`);
 * a compute host's export daemon: ``[vmar_host]`` (:mod:`.host`), with
   ``[vmar_glance]`` (:mod:`.glance`) or ``[vmar_rbd]`` (:mod:`.rbd`) for
-  its store, and ``[vmar_guest_cache]`` (:mod:`.guest_cache`) for the
-  guests of guest-private and auto servers;
+  its store, ``[vmar_guest_cache]`` (:mod:`.guest_cache`) for the
+  guests of guest-private and auto servers, and ``[vmar_peers]``
+  (:mod:`.peers`) for what it serves other hosts;
 * vmar-nova-compute: ``[vmar_compute]`` (:mod:`.compute`) alone;
 * nova-scheduler's weigher: ``[vmar_scheduler]`` (:mod:`.scheduler`);
 * shared: ``[vmar_reports]`` (:mod:`.reports`: hosts send, the agent
@@ -34,6 +35,7 @@ from vmar_openstack.conf import glance_import
 from vmar_openstack.conf import guest_cache
 from vmar_openstack.conf import host
 from vmar_openstack.conf import metrics
+from vmar_openstack.conf import peers
 from vmar_openstack.conf import rbd
 from vmar_openstack.conf import reports
 from vmar_openstack.conf import scheduler
@@ -42,7 +44,7 @@ from vmar_openstack.conf import vmar
 CONF = cfg.CONF
 
 GROUPS = (vmar, database, glance_import, agent, host, guest_cache, glance,
-          rbd, compute, scheduler, reports, metrics)
+          rbd, compute, scheduler, reports, metrics, peers)
 
 
 def register_opts(conf=CONF, groups=GROUPS):

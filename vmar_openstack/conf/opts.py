@@ -29,6 +29,7 @@ from vmar_openstack.conf import glance
 from vmar_openstack.conf import guest_cache
 from vmar_openstack.conf import host
 from vmar_openstack.conf import metrics
+from vmar_openstack.conf import peers
 from vmar_openstack.conf import rbd
 from vmar_openstack.conf import reports
 from vmar_openstack.conf import scheduler
@@ -46,7 +47,7 @@ def list_opts():
 
 
 def list_host_opts():
-    return _listed(host, guest_cache, reports, glance, rbd, metrics)
+    return _listed(host, guest_cache, peers, reports, glance, rbd, metrics)
 
 
 def list_compute_opts():

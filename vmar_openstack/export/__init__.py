@@ -17,7 +17,10 @@ touches.
   (``add``, ``remove``, ``release``, ``list``, ``restore``);
 * :mod:`.supervisor`: ``vmar-export serve``, which runs the daemon and
   restores every export when it restarts;
-* :mod:`.prefetch`: the prefetch of boot working sets ``serve`` runs.
+* :mod:`.prefetch`: the prefetch of boot working sets ``serve`` runs;
+* :mod:`.peers` and :mod:`.nbdkit_peer`: the peer server ``serve`` runs
+  with ``[vmar_peers] listen_address``: what the host holds, for the
+  cloud's other hosts over NBD with TLS.
 
 Export names and NBD URIs are built by :mod:`vmar_openstack.names`, errors
 are :class:`vmar_openstack.exception.ExportError`.

@@ -17,6 +17,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import exception
 from vmar_openstack.export import graph
+from vmar_openstack.export import peers
 from vmar_openstack.export import prefetch
 
 LOG = logging.getLogger(__name__)
@@ -24,6 +25,7 @@ LOG = logging.getLogger(__name__)
 # seconds between two counts of what the mirrors fetched (the bytes a
 # daemon that dies fetched since the last count go uncounted)
 FILL_COUNT_INTERVAL = 5
+PEERS_RETRY = 10        # seconds between two starts of a failed peer server
 
 
 class _Adopted:
@@ -62,7 +64,8 @@ class Supervisor:
         self.host_dir = service.host_dir
         self.qmp_socket = service.qmp_socket
         self.pid_file = service.pid_file
-        self.fetcher = None
+        self.fetcher = self.peers = None
+        self.peers_retry_at = 0
         self.prefetcher = prefetch.Prefetcher(service)
 
     def _running_daemon(self):
@@ -160,12 +163,36 @@ class Supervisor:
     def serve(self, stop_event=None, max_backoff=10):
         """Run and supervise the daemon until SIGTERM/SIGINT."""
         self.fetcher = self.start_fetcher()
+        self._check_peers()
         try:
             self._serve(stop_event, max_backoff)
         finally:
-            if self.fetcher:
-                self.fetcher.terminate()
-                self.fetcher.wait()
+            for proc in (self.fetcher, self.peers):
+                if proc:
+                    proc.terminate()
+                    proc.wait()
+
+    def _check_peers(self):
+        """(Re)start the peer server, if on and not running.
+
+        A peer server that cannot start (its TLS files missing, its
+        address taken) is logged and tried again every PEERS_RETRY
+        seconds: this host's own guests do not depend on it, and other
+        hosts fall back to the store meanwhile.
+        """
+        if not peers.enabled(self.conf) or (
+                self.peers and self.peers.poll() is None) or (
+                time.monotonic() < self.peers_retry_at):
+            return
+        if self.peers:
+            LOG.error('the peer server exited with %d; restarting',
+                      self.peers.returncode)
+        try:
+            self.peers = peers.start(self.conf)
+        except exception.ExportError as e:
+            LOG.error('%s', e)
+            self.peers = None
+            self.peers_retry_at = time.monotonic() + PEERS_RETRY
 
     def _serve(self, stop_event, max_backoff):
         stopping = []
@@ -216,6 +243,7 @@ class Supervisor:
                         self.service.restore()
                     retry_at = time.monotonic() + retry_backoff
                     retry_backoff = min(max_backoff, retry_backoff * 2)
+                self._check_peers()
                 if self.fetcher and self.fetcher.poll() is not None:
                     # reads of missing blocks fail until it is back; the
                     # daemon's NBD clients reconnect by themselves

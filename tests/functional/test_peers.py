@@ -1,0 +1,188 @@
+"""The peer server on the real thing: nbdkit, TLS, QEMU's NBD client.
+
+A host's peer server (:mod:`vmar_openstack.export.peers`) serves what its
+mirrors and whole bases hold to hosts with a certificate of the cloud's
+host CA; here a "host" is qemu-io of the built QEMU with the x509
+credentials the export daemon would use. The certificates are made with
+openssl for each run.
+"""
+
+import json
+import os
+import subprocess
+import uuid
+
+import fixtures
+from oslo_config import cfg
+import testtools
+
+from tools.vmarenv import process
+from tools.vmarenv import qemu_env
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack import exception
+from vmar_openstack.export import peers
+
+BS = 4096
+MIB = 1 << 20
+
+
+def _openssl(*args, cwd):
+    subprocess.run(['openssl'] + list(args), cwd=cwd, check=True,
+                   capture_output=True)
+
+
+def make_ca(d, name):
+    os.makedirs(d, exist_ok=True)
+    _openssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '2',
+             '-subj', '/CN=%s' % name, '-keyout', 'ca-key.pem', '-out',
+             'ca-cert.pem', cwd=d)
+
+
+def make_cert(ca, d, role, cn, san=None):
+    """``<role>-cert.pem`` and ``<role>-key.pem`` in ``d``, signed by ca."""
+    os.makedirs(d, exist_ok=True)
+    _openssl('req', '-newkey', 'rsa:2048', '-nodes', '-subj', '/CN=%s' % cn,
+             '-keyout', '%s-key.pem' % role, '-out', '%s.csr' % role, cwd=d)
+    ext = os.path.join(d, '%s.ext' % role)
+    with open(ext, 'w') as f:
+        f.write('basicConstraints=CA:FALSE\n')
+        usage = 'serverAuth' if role == 'server' else 'clientAuth'
+        f.write('extendedKeyUsage=%s\n' % usage)
+        if san:
+            f.write('subjectAltName=%s\n' % san)
+    _openssl('x509', '-req', '-in', '%s.csr' % role, '-CA',
+             os.path.join(ca, 'ca-cert.pem'), '-CAkey',
+             os.path.join(ca, 'ca-key.pem'), '-CAcreateserial', '-days', '2',
+             '-extfile', ext, '-out', '%s-cert.pem' % role, cwd=d)
+    subprocess.run(['cp', os.path.join(ca, 'ca-cert.pem'), d], check=True)
+
+
+class TestPeerServer(testtools.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = self.useFixture(fixtures.TempDir()).path
+        ca = os.path.join(self.tmp, 'ca')
+        make_ca(ca, 'vmar test host CA')
+        self.server_tls = os.path.join(self.tmp, 'server')
+        make_cert(ca, self.server_tls, 'server', '127.0.0.1',
+                  'IP:127.0.0.1')
+        self.client_tls = os.path.join(self.tmp, 'client')
+        make_cert(ca, self.client_tls, 'client', 'compute-2')
+        rogue = os.path.join(self.tmp, 'rogue-ca')
+        make_ca(rogue, 'not the cloud')
+        self.rogue_tls = os.path.join(self.tmp, 'rogue')
+        make_cert(rogue, self.rogue_tls, 'client', 'guest')
+        # the rogue client trusts both CAs (QEMU checks its own certificate
+        # and the server's against that file), so only the server can
+        # refuse it
+        with open(os.path.join(self.rogue_tls, 'ca-cert.pem'), 'a') as out, \
+                open(os.path.join(ca, 'ca-cert.pem')) as real:
+            out.write(real.read())
+
+        self.host_dir = os.path.join(self.tmp, 'host')
+        for d in ('mirrors', 'bases'):
+            os.makedirs(os.path.join(self.host_dir, d))
+        # a mirror holding blocks 0-1 and 16 of 64, and a whole base
+        self.mirror_id, self.base_id = str(uuid.uuid4()), str(uuid.uuid4())
+        self.size = 64 * BS
+        path = os.path.join(self.host_dir, 'mirrors', self.mirror_id)
+        with open(path, 'wb') as f:
+            f.truncate(self.size)
+            f.write(b'\x11' * 2 * BS)
+            f.seek(16 * BS)
+            f.write(b'\x22' * BS)
+        with open(os.path.join(self.host_dir, 'bases', self.base_id),
+                  'wb') as f:
+            f.write(b'\x33' * self.size)
+
+        self.conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(self.conf)
+        self.conf([], project='vmar', default_config_files=[])
+        self.conf.set_override('host_dir', self.host_dir, group='vmar_host')
+        self.port = process.free_port()
+        for k, v in (('listen_address', '127.0.0.1'),
+                     ('listen_port', self.port),
+                     ('tls_dir', self.server_tls), ('max_clients', 2)):
+            self.conf.set_override(k, v, group='vmar_peers')
+        self.proc = peers.start(self.conf)
+        self.addCleanup(self.proc.wait)
+        self.addCleanup(self.proc.terminate)
+
+    def qemu(self, tool, image_id, *args, tls=None, with_tls=True):
+        """Run a QEMU tool on a peer's export, as another host would."""
+        tls = tls or self.client_tls
+        opts = {'driver': 'nbd', 'export': image_id, 'read-only': 'on',
+                'server.type': 'inet', 'server.host': '127.0.0.1',
+                'server.port': str(self.port)}
+        cmd = [qemu_env.qemu_bin(tool)]
+        cmd += ['map', '--output=json'] if tool == 'qemu-img' else ['-r']
+        if with_tls:
+            cmd += ['--object', 'tls-creds-x509,id=tls0,endpoint=client,'
+                    'dir=%s' % tls]
+            opts['tls-creds'] = 'tls0'
+        cmd += ['--image-opts', ','.join('%s=%s' % kv for kv in opts.items())]
+        return subprocess.run(cmd + list(args), capture_output=True,
+                              text=True, timeout=60)
+
+    def test_a_host_reads_what_a_peer_holds(self):
+        r = self.qemu('qemu-io', self.mirror_id, '-c', 'read -P 0x11 0 8k',
+                      '-c', 'read -P 0x22 64k 4k')
+        self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        self.assertNotIn('Pattern verification failed', r.stdout)
+        r = self.qemu('qemu-io', self.base_id, '-c',
+                      'read -P 0x33 0 %d' % self.size)
+        self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        self.assertNotIn('Pattern verification failed', r.stdout)
+
+    def test_block_status_says_what_a_mirror_lacks(self):
+        r = self.qemu('qemu-img', self.mirror_id)
+        self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        data = [(e['start'], e['length']) for e in json.loads(r.stdout)
+                if e['data']]
+        self.assertEqual([(0, 2 * BS), (16 * BS, BS)], data)
+
+    def assert_refused(self, r, why):
+        self.assertNotEqual(0, r.returncode, r.stdout)
+        self.assertNotIn('read 4096/4096', r.stdout)
+        self.assertIn(why, r.stderr)
+
+    def test_only_hosts_of_the_cloud_can_read(self):
+        # the host's own certificate works (so what fails below is the
+        # refusal, not the setup)
+        r = self.qemu('qemu-io', self.mirror_id, '-c', 'read 0 4k')
+        self.assertIn('read 4096/4096', r.stdout, r.stderr)
+        # no TLS: nbdkit asks for it before anything else
+        self.assert_refused(
+            self.qemu('qemu-io', self.mirror_id, '-c', 'read 0 4k',
+                      with_tls=False),
+            'TLS negotiation required')
+        # TLS with a certificate of another CA (a guest's, say): the server
+        # ends the handshake (the client's words differ by QEMU version;
+        # the server's log says why)
+        self.assert_refused(
+            self.qemu('qemu-io', self.mirror_id, '-c', 'read 0 4k',
+                      tls=self.rogue_tls), 'Failed to read option reply')
+        with open(os.path.join(self.host_dir, 'peers.log')) as f:
+            self.assertIn('gnutls_handshake: Error in the certificate',
+                          f.read())
+
+    def test_only_image_ids_it_holds(self):
+        r = self.qemu('qemu-io', self.base_id, '-c', 'read 0 4k')
+        self.assertIn('read 4096/4096', r.stdout, r.stderr)
+        for name in (str(uuid.uuid4()), '../host/bases/' + self.base_id,
+                     self.mirror_id + '.digests'):
+            self.assert_refused(
+                self.qemu('qemu-io', name, '-c', 'read 0 4k'),
+                'Requested export not available')
+        with open(os.path.join(self.host_dir, 'peers.log')) as f:
+            log = f.read()
+        self.assertIn('this host holds no base of image', log)
+        self.assertIn('is not an image id', log)
+
+    def test_a_peer_server_without_its_credentials_says_so(self):
+        self.conf.set_override('tls_dir', os.path.join(self.tmp, 'none'),
+                               group='vmar_peers')
+        e = self.assertRaises(exception.ExportError, peers.start, self.conf)
+        self.assertIn('the peer server needs ca-cert.pem, server-cert.pem, '
+                      'server-key.pem in [vmar_peers] tls_dir', str(e))

@@ -1,0 +1,44 @@
+"""``[vmar_peers]``: what a compute host serves other hosts (issue 34).
+
+The export daemon (``vmar-export serve``) reads it: with ``listen`` set
+it runs a peer server, an NBD server on the host's management network
+that serves the blocks its base files and mirrors hold to other hosts of
+the cloud, over TLS with client certificates. See doc/source/peers.rst.
+"""
+
+from oslo_config import cfg
+
+GROUP = cfg.OptGroup(
+    'vmar_peers', title='VMAR peer server',
+    help='What a compute host serves to the other hosts of the cloud.')
+
+ALL_OPTS = [
+    cfg.HostAddressOpt(
+        'listen_address', default=None,
+        help='Address of the peer server: the host\'s address on the '
+             'management network, never one guests reach.\n\n'
+             'Possible values: an IP address or host name; unset, the host '
+             'serves no peer.\n\nRelated options: listen_port, tls_dir.'),
+    cfg.PortOpt('listen_port', default=10810,
+                help='TCP port of the peer server.\n\nPossible values: a '
+                     'port number, the same on every host.\n\nRelated '
+                     'options: listen_address.'),
+    cfg.StrOpt('tls_dir', default='/etc/vmar/pki',
+               help='Directory of the peer TLS credentials, laid out as '
+                    'QEMU\'s and nbdkit\'s x509 credentials are: '
+                    'ca-cert.pem (the cloud\'s host CA), server-cert.pem '
+                    'and server-key.pem (this host as a server), '
+                    'client-cert.pem and client-key.pem (this host as a '
+                    'client). A peer must present a certificate of that CA: '
+                    'only hosts of the cloud can read.\n\nPossible values: '
+                    'a directory readable by the export daemon alone.'),
+    cfg.IntOpt('rate_mib', default=100, min=0,
+               help='Bandwidth the peer server gives all peers together, '
+                    'in MiB/s, so that peer traffic never starves the '
+                    'host\'s own guests.\n\nPossible values: 0 (no limit) '
+                    'or a rate.\n\nRelated options: max_clients.'),
+    cfg.IntOpt('max_clients', default=16, min=1,
+               help='Peer connections served at once; more are refused '
+                    'and their host falls back to the store.\n\nPossible '
+                    'values: a count.\n\nRelated options: rate_mib.'),
+]

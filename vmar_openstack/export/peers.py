@@ -1,0 +1,84 @@
+"""The peer server: what this host holds, served to the cloud's hosts.
+
+With ``[vmar_peers] listen_address`` set, ``vmar-export serve`` runs nbdkit
+on that address with :mod:`.nbdkit_peer`: one read-only NBD export per
+image whose base or mirror the host holds, TLS with client certificates
+required (the cloud's host CA, ``[vmar_peers] tls_dir``), at most
+``max_clients`` connections (nbdkit's ``limit`` filter) sharing
+``rate_mib`` (its ``rate`` filter). See doc/source/peers.rst.
+"""
+
+import contextlib
+import os
+import subprocess
+import time
+
+from oslo_log import log as logging
+
+from vmar_openstack import exception
+
+LOG = logging.getLogger(__name__)
+
+PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                      'nbdkit_peer.py')
+# the files nbdkit's --tls-certificates needs of a server
+SERVER_FILES = ('ca-cert.pem', 'server-cert.pem', 'server-key.pem')
+
+
+def enabled(conf):
+    return bool(conf.vmar_peers.listen_address)
+
+
+def command(conf, pid_file):
+    """nbdkit's argv for the peer server; the pid file says it is ready."""
+    p = conf.vmar_peers
+    missing = [f for f in SERVER_FILES
+               if not os.path.isfile(os.path.join(p.tls_dir, f))]
+    if missing:
+        raise exception.ExportError(
+            'the peer server needs %s in [vmar_peers] tls_dir %s'
+            % (', '.join(missing), p.tls_dir))
+    cmd = [conf.vmar_host.nbdkit, '--foreground', '--exit-with-parent',
+           '--ipaddr', p.listen_address, '--port', str(p.listen_port),
+           '--pidfile', pid_file, '--tls=require',
+           '--tls-certificates=%s' % p.tls_dir, '--tls-verify-peer',
+           '--threads', str(max(4, p.max_clients)), '--filter=limit']
+    if p.rate_mib:
+        cmd += ['--filter=rate']
+    cmd += ['python', PLUGIN, 'host-dir=%s' % conf.vmar_host.host_dir,
+            'limit=%d' % p.max_clients]
+    if p.rate_mib:
+        cmd += ['rate=%d' % (p.rate_mib * 8 * 1024 * 1024)]
+    return cmd
+
+
+def start(conf):
+    """Start the peer server; its process once it accepts connections."""
+    host_dir = conf.vmar_host.host_dir
+    os.makedirs(host_dir, exist_ok=True)
+    pid_file = os.path.join(host_dir, 'peers.pid')
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pid_file)
+    cmd = command(conf, pid_file)
+    # the system's Python, as for the range server (nbdkit embeds it)
+    env = dict(os.environ, PATH='/usr/sbin:/usr/bin:/sbin:/bin')
+    env.pop('PYTHONHOME', None)
+    env.pop('PYTHONPATH', None)
+    log = open(os.path.join(host_dir, 'peers.log'), 'ab')
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env,
+                            stdin=subprocess.DEVNULL)
+    log.close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(pid_file):
+        if proc.poll() is not None:
+            raise exception.ExportError(
+                'the peer server (nbdkit) exited with %d; see %s/peers.log'
+                % (proc.returncode, host_dir))
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise exception.ExportError('the peer server did not start')
+        time.sleep(0.05)
+    LOG.info('peer server %d on %s:%d', proc.pid,
+             conf.vmar_peers.listen_address, conf.vmar_peers.listen_port)
+    return proc
