@@ -10,6 +10,7 @@ openssl for each run.
 import json
 import os
 import subprocess
+import time
 import uuid
 
 import fixtures
@@ -20,7 +21,12 @@ from tools.vmarenv import process
 from tools.vmarenv import qemu_env
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
+from vmar_openstack.export import hostdir
 from vmar_openstack.export import peers
+from vmar_openstack import fingerprint
+from vmar_openstack.mapformat import mirror as mirror_format
+from vmar_openstack.mapsource import glance as glance_source
+from vmar_openstack import names
 
 BS = 4096
 MIB = 1 << 20
@@ -57,7 +63,8 @@ def make_cert(ca, d, role, cn, san=None):
     subprocess.run(['cp', os.path.join(ca, 'ca-cert.pem'), d], check=True)
 
 
-class TestPeerServer(testtools.TestCase):
+class PeerServerTestCase(testtools.TestCase):
+    """A peer host's server, with a mirror and a whole base it holds."""
 
     def setUp(self):
         super().setUp()
@@ -125,6 +132,9 @@ class TestPeerServer(testtools.TestCase):
         return subprocess.run(cmd + list(args), capture_output=True,
                               text=True, timeout=60)
 
+
+class TestPeerServer(PeerServerTestCase):
+
     def test_a_host_reads_what_a_peer_holds(self):
         r = self.qemu('qemu-io', self.mirror_id, '-c', 'read -P 0x11 0 8k',
                       '-c', 'read -P 0x22 64k 4k')
@@ -186,3 +196,107 @@ class TestPeerServer(testtools.TestCase):
         e = self.assertRaises(exception.ExportError, peers.start, self.conf)
         self.assertIn('the peer server needs ca-cert.pem, server-cert.pem, '
                       'server-key.pem in [vmar_peers] tls_dir', str(e))
+
+
+class TestRangeServerReadsPeers(PeerServerTestCase):
+    """A lazy host's range server asks its peer first, then the store.
+
+    The reading host's range server is the real one (nbdkit with
+    ``nbdkit_glance.py`` in the system Python, libnbd as the peer client)
+    with its Glance store unreachable: whatever it serves came from the
+    peer, and whatever the peer lacks fails.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.reader_dir = os.path.join(self.tmp, 'reader-host')
+        layout = hostdir.Layout(self.reader_dir)
+        # the reading host's digest lists: the images' true contents (the
+        # peer's mirror holds blocks 0, 1 and 16 of its image)
+        whole = bytearray(b'\x44' * self.size)
+        whole[0:2 * BS] = b'\x11' * 2 * BS
+        whole[16 * BS:17 * BS] = b'\x22' * BS
+        for image_id, data in ((self.mirror_id, bytes(whole)),
+                               (self.base_id, b'\x33' * self.size)):
+            src = os.path.join(self.tmp, image_id + '.raw')
+            with open(src, 'wb') as f:
+                f.write(data)
+            fps = fingerprint.hash_file(src, self.size)
+            path = layout.mirror(image_id).digests
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, 'wb') as f:
+                f.write(mirror_format.digests_bytes(image_id, fps))
+        conf_file = os.path.join(self.tmp, 'reader.conf')
+        self.closed = closed = process.free_port()     # the store
+        with open(conf_file, 'w') as f:
+            f.write('[vmar_host]\nhost_dir = %s\nbase_fetch = lazy\n'
+                    'fetch_retries = 0\n'
+                    '[vmar_glance]\nauth_type = none\n'
+                    'endpoint = http://127.0.0.1:%d\n'
+                    'endpoint_override = http://127.0.0.1:%d\n'
+                    '[vmar_peers]\npeers = 127.0.0.1:%d\ntls_dir = %s\n'
+                    'bad_peer_seconds = 600\n'
+                    % (self.reader_dir, closed, closed, self.port,
+                       self.client_tls))
+        conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(conf)
+        conf(['--config-file', conf_file], project='vmar')
+        cmd, self.sock, env = glance_source.GlanceSource(
+            conf).range_server_command()
+        self.log = os.path.join(self.tmp, 'fetch.log')
+        with open(self.log, 'ab') as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env,
+                                    stdin=subprocess.DEVNULL)
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.terminate)
+        deadline = time.time() + 60
+        while not os.path.exists(self.sock):
+            self.assertIsNone(proc.poll(), self.fetch_log())
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.05)
+
+    def fetch_log(self):
+        with open(self.log, errors='replace') as f:
+            return f.read()
+
+    def fetch(self, image_id, *commands):
+        """qemu-io on the range server's export of an image, as a mirror."""
+        spec = ('driver=nbd,server.type=unix,server.path=%s,export=%s'
+                % (self.sock, names.glance_fetch_export(image_id,
+                                                        self.size)))
+        cmd = [qemu_env.qemu_bin('qemu-io'), '-r', '--image-opts', spec]
+        for c in commands:
+            cmd += ['-c', c]
+        return subprocess.run(cmd, capture_output=True, text=True,
+                              timeout=120)
+
+    def assert_read(self, image_id, command):
+        r = self.fetch(image_id, command)
+        self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        self.assertNotIn('fail', r.stdout + r.stderr, self.fetch_log())
+
+    def assert_failed(self, image_id, command):
+        r = self.fetch(image_id, command)
+        self.assertIn('Input/output error', r.stdout + r.stderr)
+
+    def test_runs_a_peer_holds_come_from_it(self):
+        self.assert_read(self.mirror_id, 'read -P 0x11 0 8k')
+        self.assert_read(self.mirror_id, 'read -P 0x22 64k 4k')
+        self.assert_read(self.base_id, 'read -P 0x33 0 %d' % self.size)
+
+    def test_a_run_the_peer_lacks_comes_from_the_store(self):
+        # block 2 is a hole in the peer's mirror: the store, unreachable
+        self.assert_failed(self.mirror_id, 'read 8k 4k')
+        self.assertIn('127.0.0.1:%d' % self.closed, self.fetch_log())
+
+    def test_a_peer_that_sends_a_bad_block_is_not_asked_for_a_while(self):
+        path = os.path.join(self.host_dir, 'mirrors', self.mirror_id)
+        with open(path, 'r+b') as f:
+            f.seek(16 * BS + 100)
+            f.write(b'\x99')
+        self.assert_failed(self.mirror_id, 'read 64k 4k')
+        self.assertIn('sent block 16 of image %s that does not match its '
+                      'digest: not asked again for 600 s' % self.mirror_id,
+                      self.fetch_log())
+        # its good blocks are not asked for either now
+        self.assert_failed(self.mirror_id, 'read 0 4k')

@@ -5,9 +5,11 @@ tests/functional/test_peers.py; here, what the export daemon asks of
 them and how it keeps the server up.
 """
 
+import hashlib
 import os
 
 import fixtures
+import numpy as np
 from oslo_config import cfg
 import testtools
 
@@ -15,6 +17,7 @@ from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
 from vmar_openstack.export import peers
 from vmar_openstack.export import supervisor
+from vmar_openstack.mapsource import peers as peer_source
 
 
 class TestPeers(testtools.TestCase):
@@ -121,3 +124,32 @@ class TestSupervision(testtools.TestCase):
         self.conf.set_override('listen_address', None, group='vmar_peers')
         self.sup._check_peers()
         self.assertEqual([], self.started)
+
+
+class TestPeerReaderChecks(testtools.TestCase):
+    """What the range server checks of a peer's run (no peer needed)."""
+
+    def rows(self, *blocks):
+        out = [bytes(32) if not any(b) else hashlib.sha256(
+            b.ljust(4096, b'\0')).digest() for b in blocks]
+        return np.frombuffer(b''.join(out), np.uint8).reshape(-1, 32)
+
+    def test_each_block_against_its_digest(self):
+        a, z, t = b'a' * 4096, bytes(4096), b'tail'
+        rows = self.rows(a, z, t)
+        self.assertIsNone(peer_source._first_bad(a + z + t, 0, 4096, rows))
+        # a zero row must be a zero block; the partial tail is padded
+        self.assertEqual(1, peer_source._first_bad(a + a, 0, 4096, rows))
+        self.assertIsNone(peer_source._first_bad(t, 8192, 4096, rows))
+        self.assertEqual(2, peer_source._first_bad(b'tall', 8192, 4096,
+                                                   rows))
+        # past the image: bad
+        self.assertEqual(3, peer_source._first_bad(a, 12288, 4096, rows))
+
+    def test_addresses(self):
+        self.assertEqual(('10.0.0.2', 10810),
+                         peer_source._address('10.0.0.2:10810'))
+        self.assertEqual(('fd00::2', 10810),
+                         peer_source._address('[fd00::2]:10810'))
+        for bad in ('10.0.0.2', 'host:port', ':10810'):
+            self.assertRaises(ValueError, peer_source._address, bad)

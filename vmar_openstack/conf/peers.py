@@ -1,9 +1,12 @@
-"""``[vmar_peers]``: what a compute host serves other hosts (issue 34).
+"""``[vmar_peers]``: blocks between compute hosts (issue 34).
 
-The export daemon (``vmar-export serve``) reads it: with ``listen`` set
-it runs a peer server, an NBD server on the host's management network
-that serves the blocks its base files and mirrors hold to other hosts of
-the cloud, over TLS with client certificates. See doc/source/peers.rst.
+The export daemon (``vmar-export serve``) reads it. With
+``listen_address`` set it runs a peer server, an NBD server on the host's
+management network that serves the blocks its base files and mirrors hold
+to other hosts of the cloud, over TLS with client certificates. With
+``peers`` set its range server reads the runs its mirrors miss from those
+hosts first, and from the store when none holds them. See
+doc/source/peers.rst.
 """
 
 from oslo_config import cfg
@@ -37,6 +40,19 @@ ALL_OPTS = [
                     'in MiB/s, so that peer traffic never starves the '
                     'host\'s own guests.\n\nPossible values: 0 (no limit) '
                     'or a rate.\n\nRelated options: max_clients.'),
+    cfg.ListOpt('peers', default=[],
+                help='Peer servers this host reads the blocks its mirrors '
+                     'miss from, before the store (base_fetch = lazy, '
+                     'map_source = glance), asked in this order. Every '
+                     'block a peer sends is checked against the image\'s '
+                     'digest list.\n\nPossible values: host:port of '
+                     'other hosts\' peer servers; empty, the store '
+                     'only.\n\nRelated options: tls_dir (the client '
+                     'credentials), bad_peer_seconds.'),
+    cfg.IntOpt('bad_peer_seconds', default=300, min=0,
+               help='How long a peer that sent a block failing its digest '
+                    'is not asked again.\n\nPossible values: seconds.\n\n'
+                    'Related options: peers.'),
     cfg.IntOpt('max_clients', default=16, min=1,
                help='Peer connections served at once; more are refused '
                     'and their host falls back to the store.\n\nPossible '

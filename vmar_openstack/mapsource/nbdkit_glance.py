@@ -8,9 +8,10 @@ miss. An export named by an image id and size
 (:func:`vmar_openstack.names.glance_fetch_export`) reads through Glance,
 one range request a read (:class:`.glance.RangeReader`); one named by an
 RBD snapshot (:func:`.rbd.fetch_export`) reads the snapshot from Ceph
-(:class:`.rbd.Reader`). nbdkit's retry-request filter tries a failed read
-again; the mirror checks every block against the digest list before a
-guest can read it.
+(:class:`.rbd.Reader`). With ``[vmar_peers] peers`` a Glance image's run
+comes from a peer host that holds it when one does (:mod:`.peers`).
+nbdkit's retry-request filter tries a failed read again; the mirror checks
+every block against the digest list before a guest can read it.
 
 Keys: ``site=DIR`` (the site directory vmar is installed in; nbdkit runs
 the system's Python) and ``config-file=FILE`` (repeatable: the service's
@@ -53,6 +54,16 @@ def config_complete():
         args += ['--config-file', f]
     conf(args, project='vmar')
     _readers['glance'] = glance.RangeReader(conf)
+    if conf.vmar_peers.peers:
+        # this is the export daemon's range server: it knows the host's
+        # layout (the digest lists of its mirrors)
+        from vmar_openstack.export import hostdir
+        from vmar_openstack.mapsource import peers
+        layout = hostdir.Layout(conf.vmar_host.host_dir)
+        _readers['peers'] = peers.PeerReader(
+            conf.vmar_peers.peers, conf.vmar_peers.tls_dir,
+            lambda image_id: layout.mirror(image_id).digests,
+            conf.vmar_peers.bad_peer_seconds)
     if conf.vmar_rbd.ceph_conf:
         try:
             import rados  # noqa: F401 -- Debian's, in the system Python
@@ -91,8 +102,20 @@ def open(readonly):
     except ValueError as e:
         nbdkit.set_error(errno.ENOENT)
         raise RuntimeError(str(e))
-    return {'read': _readers['glance'].read, 'key': image_id, 'size': size,
-            'what': 'image %s' % image_id}
+    return {'read': _peers_then(_readers['glance'].read), 'key': image_id,
+            'size': size, 'what': 'image %s' % image_id}
+
+
+def _peers_then(store):
+    """The peers' read of a run, else ``store``'s (see .peers)."""
+    peer = _readers.get('peers')
+    if peer is None:
+        return store
+
+    def read(image_id, offset, length):
+        data = peer.read(image_id, offset, length)
+        return store(image_id, offset, length) if data is None else data
+    return read
 
 
 def get_size(h):

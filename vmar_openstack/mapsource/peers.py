@@ -1,0 +1,188 @@
+"""Runs a mirror misses, read from peer hosts that hold them (issue 34).
+
+The range server asks a :class:`PeerReader` before the store: the first
+peer (``[vmar_peers] peers``, in order) whose peer server
+(:mod:`vmar_openstack.export.peers`) holds the whole run, by NBD block
+status, sends it over NBD with TLS (libnbd, the system Python's
+``python3-libnbd``), and every block is checked against the image's
+digest list before it is returned. A peer that cannot be reached or does
+not hold the run costs nothing but the question; one that sent a block
+that fails its digest is not asked again for ``bad_seconds`` and is
+logged. ``None`` means "read it from the store".
+
+The vmar-mirror driver checks the run again before it writes or serves
+it: a peer's bytes are never taken on trust, and a bad peer costs one
+more read from the store instead of a failed guest read.
+"""
+
+import hashlib
+import os
+import threading
+import time
+
+from oslo_log import log as logging
+
+from vmar_openstack.mapformat import mirror as mirror_format
+
+LOG = logging.getLogger(__name__)
+
+ZERO_DIGEST = bytes(mirror_format.DIGEST_SIZE)
+
+
+class PeerReader:
+    """Reads verified runs of images from peer hosts.
+
+    ``peers``: ``host:port`` addresses; ``tls_dir``: the host's x509
+    client credentials (``ca-cert.pem``, ``client-cert.pem``,
+    ``client-key.pem``); ``digests_path(image_id)``: the path of an
+    image's digest list on this host.
+    """
+
+    def __init__(self, peers, tls_dir, digests_path, bad_seconds=300,
+                 clock=time.monotonic):
+        self.peers = [_address(p) for p in peers]
+        self.tls_dir = tls_dir
+        self.digests_path = digests_path
+        self.bad_seconds = bad_seconds
+        self.clock = clock
+        self.bad_until = {}         # peer -> clock time
+        self.counts = {'peer_reads': 0, 'peer_bytes': 0, 'bad_blocks': 0,
+                       'not_held': 0, 'unreachable': 0}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._digests = {}
+
+    def read(self, image_id, offset, length):
+        """The run's bytes from a peer, verified; None if no peer has it."""
+        rows = self._rows(image_id)
+        if rows is None:
+            return None
+        block_size, rows = rows
+        if offset % block_size:
+            return None
+        for peer in self.peers:
+            if self.clock() < self.bad_until.get(peer, 0):
+                continue
+            data = self._read_from(peer, image_id, offset, length)
+            if data is None:
+                continue
+            bad = _first_bad(data, offset, block_size, rows)
+            if bad is None:
+                with self._lock:
+                    self.counts['peer_reads'] += 1
+                    self.counts['peer_bytes'] += length
+                return data
+            with self._lock:
+                self.counts['bad_blocks'] += 1
+                self.bad_until[peer] = self.clock() + self.bad_seconds
+            LOG.error('peer %s:%d sent block %d of image %s that does not '
+                      'match its digest: not asked again for %d s',
+                      peer[0], peer[1], bad, image_id, self.bad_seconds)
+            self._drop(peer, image_id)
+        return None
+
+    def _rows(self, image_id):
+        with self._lock:
+            if image_id not in self._digests:
+                path = self.digests_path(image_id)
+                if not os.path.exists(path):
+                    return None
+                hdr, rows = mirror_format.read_digests(path)
+                self._digests[image_id] = (hdr.block_size, rows)
+            return self._digests[image_id]
+
+    def _handles(self):
+        if not hasattr(self._local, 'handles'):
+            self._local.handles = {}
+        return self._local.handles
+
+    def _handle(self, peer, image_id):
+        import nbd      # python3-libnbd: only where peers are configured
+        key = (peer, image_id)
+        h = self._handles().get(key)
+        if h is None:
+            h = nbd.NBD()
+            h.set_tls(nbd.TLS_REQUIRE)
+            h.set_tls_certificates(self.tls_dir)
+            h.set_export_name(image_id)
+            h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+            h.connect_tcp(peer[0], str(peer[1]))
+            self._handles()[key] = h
+        return h
+
+    def _drop(self, peer, image_id):
+        h = self._handles().pop((peer, image_id), None)
+        if h is not None:
+            try:
+                h.shutdown()
+            except Exception:   # nbd.Error; the connection is gone anyway
+                pass
+
+    def _read_from(self, peer, image_id, offset, length):
+        import nbd
+        try:
+            h = self._handle(peer, image_id)
+            if not _holds(h, nbd, offset, length):
+                with self._lock:
+                    self.counts['not_held'] += 1
+                return None
+            return h.pread(length, offset)
+        except nbd.Error as e:
+            # not held at all ("export not available"), unreachable,
+            # refused: the store instead
+            with self._lock:
+                self.counts['unreachable'] += 1
+            LOG.debug('peer %s:%d, image %s: %s', peer[0], peer[1],
+                      image_id, e)
+            self._drop(peer, image_id)
+            return None
+
+
+def _address(text):
+    host, _colon, port = text.rpartition(':')
+    if not host or not port.isdigit():
+        raise ValueError('peer %r is not host:port' % text)
+    return host.strip('[]'), int(port)
+
+
+def _holds(h, nbd, offset, length):
+    """Whether the peer's block status says it holds the whole run."""
+    holes = []
+    covered = [0]
+
+    def extent(context, start, entries, err):
+        if context != nbd.CONTEXT_BASE_ALLOCATION:
+            return 0
+        for n, flags in zip(entries[::2], entries[1::2]):
+            if flags & nbd.STATE_HOLE:
+                holes.append(start)
+            start += n
+            covered[0] += n
+        return 0
+    done = 0
+    while done < length:
+        covered[0] = 0
+        h.block_status(length - done, offset + done, extent)
+        if holes or not covered[0]:
+            return False
+        done += covered[0]
+    return True
+
+
+def _first_bad(data, offset, block_size, rows):
+    """The first block of the run that fails its digest, or None."""
+    first = offset // block_size
+    for i in range(0, len(data), block_size):
+        # a partial last block is hashed zero-padded (mirror-format.rst)
+        block = data[i:i + block_size].ljust(block_size, b'\0')
+        n = first + i // block_size
+        if n >= len(rows):
+            return n
+        want = rows[n].tobytes()
+        if want == ZERO_DIGEST:
+            ok = not any(block)
+        else:
+            ok = hashlib.sha256(block).digest() == want
+        if not ok:
+            return n
+    return None
