@@ -1,0 +1,44 @@
+"""A host's range server (nbdkit with nbdkit_glance.py), started alone.
+
+What ``vmar-export serve`` starts before its daemon
+(:meth:`vmar_openstack.export.supervisor.Supervisor.start_fetcher`), for
+tests and benches of what it reads: the same command, from a
+configuration file.
+"""
+
+import os
+import subprocess
+import time
+
+from oslo_config import cfg
+
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.mapsource import glance as glance_source
+
+
+def start(conf_file, log_path, timeout=60):
+    """Start the range server of ``conf_file``; (process, socket path)."""
+    conf = cfg.ConfigOpts()
+    vmar_conf.register_opts(conf)
+    conf(['--config-file', conf_file], project='vmar')
+    cmd, sock, env = glance_source.GlanceSource(conf).range_server_command()
+    if os.path.exists(sock):
+        os.unlink(sock)
+    with open(log_path, 'ab') as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env,
+                                stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            with open(log_path, errors='replace') as f:
+                raise RuntimeError('the range server did not start: %s'
+                                   % f.read()[-2000:])
+        time.sleep(0.05)
+    return proc, sock
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait()
