@@ -269,7 +269,7 @@ class TestNovaBackend(NovaTestCase):
             class _host:
                 write_instance_config = staticmethod(written.append)
         out = os.path.join(self.tmp, 'live.raw')
-        snapshot.live_snapshot(Driver, inst, guest, disk.path, out, 'raw')
+        snapshot.live_snapshot(Driver, disk, guest, disk.path, out, 'raw')
         self.assertEqual(1, len(written))   # the domain XML, put back
         data = self.read(self.raw[self.b])
         self.assertEqual(marked(data, 4096),

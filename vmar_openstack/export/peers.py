@@ -8,14 +8,12 @@ required (the cloud's host CA, ``[vmar_peers] tls_dir``), at most
 ``rate_mib`` (its ``rate`` filter). See doc/source/peers.rst.
 """
 
-import contextlib
 import os
-import subprocess
-import time
 
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack.export import nbdkit_proc
 
 LOG = logging.getLogger(__name__)
 
@@ -57,28 +55,13 @@ def start(conf):
     host_dir = conf.vmar_host.host_dir
     os.makedirs(host_dir, exist_ok=True)
     pid_file = os.path.join(host_dir, 'peers.pid')
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(pid_file)
     cmd = command(conf, pid_file)
     # the system's Python, as for the range server (nbdkit embeds it)
     env = dict(os.environ, PATH='/usr/sbin:/usr/bin:/sbin:/bin')
     env.pop('PYTHONHOME', None)
     env.pop('PYTHONPATH', None)
-    log = open(os.path.join(host_dir, 'peers.log'), 'ab')
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env,
-                            stdin=subprocess.DEVNULL)
-    log.close()
-    deadline = time.monotonic() + 60
-    while not os.path.exists(pid_file):
-        if proc.poll() is not None:
-            raise exception.ExportError(
-                'the peer server (nbdkit) exited with %d; see %s/peers.log'
-                % (proc.returncode, host_dir))
-        if time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            raise exception.ExportError('the peer server did not start')
-        time.sleep(0.05)
+    proc = nbdkit_proc.start(cmd, env, os.path.join(host_dir, 'peers.log'),
+                             pid_file, 'the peer server (nbdkit)')
     LOG.info('peer server %d on %s:%d', proc.pid,
              conf.vmar_peers.listen_address, conf.vmar_peers.listen_port)
     return proc

@@ -17,6 +17,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import exception
 from vmar_openstack.export import graph
+from vmar_openstack.export import nbdkit_proc
 from vmar_openstack.export import peers
 from vmar_openstack.export import prefetch
 
@@ -140,23 +141,9 @@ class Supervisor:
             return None
         cmd, sock, env = source.range_server_command()
         os.makedirs(self.host_dir, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(sock)
-        log = open(os.path.join(self.host_dir, 'fetch.log'), 'ab')
-        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env,
-                                stdin=subprocess.DEVNULL)
-        log.close()
-        deadline = time.monotonic() + 60
-        while not os.path.exists(sock):
-            if proc.poll() is not None:
-                raise exception.ExportError(
-                    '%s exited with %d; see %s/fetch.log'
-                    % (cmd[0], proc.returncode, self.host_dir))
-            if time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
-                raise exception.ExportError('%s did not start' % cmd[0])
-            time.sleep(0.05)
+        proc = nbdkit_proc.start(cmd, env,
+                                 os.path.join(self.host_dir, 'fetch.log'),
+                                 sock, 'the range server (%s)' % cmd[0])
         LOG.info('range server %d on %s', proc.pid, sock)
         return proc
 
