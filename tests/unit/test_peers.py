@@ -58,6 +58,13 @@ class TestPeers(testtools.TestCase):
         self.assertNotIn('--filter=rate', cmd)
         self.assertFalse([a for a in cmd if a.startswith('rate=')])
 
+    def test_the_range_server_is_told_where_digest_lists_are(self):
+        self.assertEqual([], peers.range_server_keys(self.conf))
+        self.conf.set_override('peers', ['10.0.0.6:10810'],
+                               group='vmar_peers')
+        key, = peers.range_server_keys(self.conf)
+        self.assertEqual('digests=%s/mirrors/{}.digests' % self.tmp, key)
+
     def test_missing_credentials(self):
         os.unlink(os.path.join(self.tmp, 'server-key.pem'))
         e = self.assertRaises(exception.ExportError, peers.command,

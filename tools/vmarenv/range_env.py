@@ -13,6 +13,7 @@ import time
 from oslo_config import cfg
 
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack.export import peers
 from vmar_openstack.mapsource import glance as glance_source
 
 
@@ -22,6 +23,7 @@ def start(conf_file, log_path, timeout=60):
     vmar_conf.register_opts(conf)
     conf(['--config-file', conf_file], project='vmar')
     cmd, sock, env = glance_source.GlanceSource(conf).range_server_command()
+    cmd += peers.range_server_keys(conf)
     if os.path.exists(sock):
         os.unlink(sock)
     with open(log_path, 'ab') as log:

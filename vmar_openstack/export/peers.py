@@ -13,6 +13,7 @@ import os
 from oslo_log import log as logging
 
 from vmar_openstack import exception
+from vmar_openstack.export import hostdir
 from vmar_openstack.export import nbdkit_proc
 
 LOG = logging.getLogger(__name__)
@@ -48,6 +49,18 @@ def command(conf, pid_file):
     if p.rate_mib:
         cmd += ['rate=%d' % (p.rate_mib * 8 * 1024 * 1024)]
     return cmd
+
+
+def range_server_keys(conf):
+    """What the range server needs besides its source's keys, for peers.
+
+    Where this host keeps its mirrors' digest lists, which the peers'
+    blocks are checked against (``{}`` for the image id).
+    """
+    if not conf.vmar_peers.peers:
+        return []
+    return ['digests=%s' % hostdir.Layout(
+        conf.vmar_host.host_dir).mirror('{}').digests]
 
 
 def start(conf):

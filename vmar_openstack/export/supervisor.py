@@ -140,6 +140,7 @@ class Supervisor:
         if not source.needs_range_server:
             return None
         cmd, sock, env = source.range_server_command()
+        cmd += peers.range_server_keys(self.conf)
         os.makedirs(self.host_dir, exist_ok=True)
         proc = nbdkit_proc.start(cmd, env,
                                  os.path.join(self.host_dir, 'fetch.log'),

@@ -14,8 +14,10 @@ nbdkit's retry-request filter tries a failed read again; the mirror checks
 every block against the digest list before a guest can read it.
 
 Keys: ``site=DIR`` (the site directory vmar is installed in; nbdkit runs
-the system's Python) and ``config-file=FILE`` (repeatable: the service's
-configuration).
+the system's Python), ``config-file=FILE`` (repeatable: the service's
+configuration) and, with peers, ``digests=PATH`` (an image's digest list
+on this host, ``{}`` standing for the image id: the export daemon says
+where, :func:`vmar_openstack.export.peers.range_server_keys`).
 """
 
 import errno
@@ -25,17 +27,18 @@ import nbdkit
 
 API_VERSION = 2
 
-_keys = {'site': None, 'config-file': []}
+_keys = {'site': None, 'config-file': [], 'digests': None}
 _readers = {}
 
 
 def config(key, value):
     if key == 'config-file':
         _keys[key].append(value)
-    elif key == 'site':
+    elif key in ('site', 'digests'):
         _keys[key] = value
     else:
-        raise RuntimeError('unknown key %r (site=, config-file=)' % key)
+        raise RuntimeError('unknown key %r (site=, config-file=, digests=)'
+                           % key)
 
 
 def config_complete():
@@ -55,15 +58,13 @@ def config_complete():
     conf(args, project='vmar')
     _readers['glance'] = glance.RangeReader(conf)
     if conf.vmar_peers.peers:
-        # this is the export daemon's range server: it knows the host's
-        # layout (the digest lists of its mirrors)
-        from vmar_openstack.export import hostdir
+        if not _keys['digests']:
+            raise RuntimeError('[vmar_peers] peers needs digests= (where '
+                               'the host keeps its digest lists)')
         from vmar_openstack.mapsource import peers
-        layout = hostdir.Layout(conf.vmar_host.host_dir)
         _readers['peers'] = peers.PeerReader(
             conf.vmar_peers.peers, conf.vmar_peers.tls_dir,
-            lambda image_id: layout.mirror(image_id).digests,
-            conf.vmar_peers.bad_peer_seconds)
+            _keys['digests'].format, conf.vmar_peers.bad_peer_seconds)
     if conf.vmar_rbd.ceph_conf:
         try:
             import rados  # noqa: F401 -- Debian's, in the system Python
