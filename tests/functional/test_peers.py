@@ -9,6 +9,7 @@ openssl for each run.
 
 import json
 import os
+import signal
 import subprocess
 import uuid
 
@@ -204,7 +205,7 @@ class TestRangeServerReadsPeers(PeerServerTestCase):
                     'endpoint = http://127.0.0.1:%d\n'
                     'endpoint_override = http://127.0.0.1:%d\n'
                     '[vmar_peers]\npeers = 127.0.0.1:%d\ntls_dir = %s\n'
-                    'bad_peer_seconds = 600\n'
+                    'bad_peer_seconds = 600\nread_timeout = 2\n'
                     % (self.reader_dir, closed, closed, self.port,
                        self.client_tls))
         self.log = os.path.join(self.tmp, 'fetch.log')
@@ -256,3 +257,16 @@ class TestRangeServerReadsPeers(PeerServerTestCase):
                       self.fetch_log())
         # its good blocks are not asked for either now
         self.assert_failed(self.mirror_id, 'read 0 4k')
+
+    def test_a_hung_peer_is_given_up_on(self):
+        self.assert_read(self.mirror_id, 'read -P 0x11 0 4k')
+        # the peer host stops answering (its nbdkit stopped): the read
+        # goes to the store after read_timeout, not never
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, self.proc.pid, signal.SIGCONT)
+        self.assert_failed(self.mirror_id, 'read 4k 4k')
+        self.assertIn('did not answer for image %s within 2 s: the store '
+                      'instead' % self.mirror_id, self.fetch_log())
+        # back: asked again (a new connection)
+        os.kill(self.proc.pid, signal.SIGCONT)
+        self.assert_read(self.mirror_id, 'read -P 0x11 4k 4k')

@@ -49,6 +49,13 @@ ALL_OPTS = [
                      'other hosts\' peer servers; empty, the store '
                      'only.\n\nRelated options: tls_dir (the client '
                      'credentials), bad_peer_seconds.'),
+    cfg.FloatOpt('read_timeout', default=5.0, min=0.1,
+                 help='Seconds a peer has for each step of a read (connect '
+                      'with TLS, block status, the read itself) before the '
+                      'host gives up on it for that read and asks the '
+                      'store: a hung peer never holds a guest\'s read '
+                      'longer.\n\nPossible values: seconds.\n\nRelated '
+                      'options: peers.'),
     cfg.IntOpt('bad_peer_seconds', default=300, min=0,
                help='How long a peer that sent a block failing its digest '
                     'is not asked again.\n\nPossible values: seconds.\n\n'

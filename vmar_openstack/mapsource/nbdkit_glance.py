@@ -64,7 +64,8 @@ def config_complete():
         from vmar_openstack.mapsource import peers
         _readers['peers'] = peers.PeerReader(
             conf.vmar_peers.peers, conf.vmar_peers.tls_dir,
-            _keys['digests'].format, conf.vmar_peers.bad_peer_seconds)
+            _keys['digests'].format, conf.vmar_peers.bad_peer_seconds,
+            timeout=conf.vmar_peers.read_timeout)
     if conf.vmar_rbd.ceph_conf:
         try:
             import rados  # noqa: F401 -- Debian's, in the system Python

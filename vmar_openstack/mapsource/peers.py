@@ -29,6 +29,10 @@ LOG = logging.getLogger(__name__)
 ZERO_DIGEST = bytes(mirror_format.DIGEST_SIZE)
 
 
+class PeerTimeout(Exception):
+    """A peer did not answer in time."""
+
+
 class PeerReader:
     """Reads verified runs of images from peer hosts.
 
@@ -39,15 +43,16 @@ class PeerReader:
     """
 
     def __init__(self, peers, tls_dir, digests_path, bad_seconds=300,
-                 clock=time.monotonic):
+                 clock=time.monotonic, timeout=5.0):
         self.peers = [_address(p) for p in peers]
+        self.timeout = timeout      # seconds for each step of a peer read
         self.tls_dir = tls_dir
         self.digests_path = digests_path
         self.bad_seconds = bad_seconds
         self.clock = clock
         self.bad_until = {}         # peer -> clock time
         self.counts = {'peer_reads': 0, 'peer_bytes': 0, 'bad_blocks': 0,
-                       'not_held': 0, 'unreachable': 0}
+                       'not_held': 0, 'unreachable': 0, 'timeouts': 0}
         self._local = threading.local()
         self._lock = threading.Lock()
         self._digests = {}
@@ -106,27 +111,77 @@ class PeerReader:
             h.set_tls_certificates(self.tls_dir)
             h.set_export_name(image_id)
             h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
-            h.connect_tcp(peer[0], str(peer[1]))
+            # stored first: a connection that times out is shut down
             self._handles()[key] = h
+            h.aio_connect_tcp(peer[0], str(peer[1]))
+            self._wait(h, h.aio_is_ready)
         return h
 
+    def _wait(self, h, done):
+        """Run ``h`` until ``done()``, at most ``timeout`` seconds.
+
+        A peer that stopped answering (a hung host, a full link) is given
+        up on, as one that refuses: the store serves the run.
+        """
+        deadline = time.monotonic() + self.timeout
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerTimeout()
+            h.poll(max(1, int(left * 1000)))
+
+    def _holds(self, h, nbd, offset, length):
+        """Whether the peer's block status says it holds the whole run."""
+        holes = []
+        covered = [0]
+
+        def extent(context, start, entries, err):
+            if context != nbd.CONTEXT_BASE_ALLOCATION:
+                return 0
+            for n, flags in zip(entries[::2], entries[1::2]):
+                if flags & nbd.STATE_HOLE:
+                    holes.append(start)
+                start += n
+                covered[0] += n
+            return 0
+        done = 0
+        while done < length:
+            covered[0] = 0
+            cookie = h.aio_block_status(length - done, offset + done,
+                                        extent)
+            self._wait(h, lambda: h.aio_command_completed(cookie))
+            if holes or not covered[0]:
+                return False
+            done += covered[0]
+        return True
+
     def _drop(self, peer, image_id):
-        h = self._handles().pop((peer, image_id), None)
-        if h is not None:
-            try:
-                h.shutdown()
-            except Exception:   # nbd.Error; the connection is gone anyway
-                pass
+        """Forget a peer's connection: closed when its handle goes.
+
+        Not shut down: that would wait on a peer that stopped answering.
+        """
+        self._handles().pop((peer, image_id), None)
 
     def _read_from(self, peer, image_id, offset, length):
         import nbd
         try:
             h = self._handle(peer, image_id)
-            if not _holds(h, nbd, offset, length):
+            if not self._holds(h, nbd, offset, length):
                 with self._lock:
                     self.counts['not_held'] += 1
                 return None
-            return h.pread(length, offset)
+            buf = nbd.Buffer(length)
+            cookie = h.aio_pread(buf, offset)
+            self._wait(h, lambda: h.aio_command_completed(cookie))
+            return bytes(buf.to_bytearray())
+        except PeerTimeout:
+            with self._lock:
+                self.counts['timeouts'] += 1
+            LOG.warning('peer %s:%d did not answer for image %s within '
+                        '%.0f s: the store instead', peer[0], peer[1],
+                        image_id, self.timeout)
+            self._drop(peer, image_id)
+            return None
         except nbd.Error as e:
             # not held at all ("export not available"), unreachable,
             # refused: the store instead
@@ -136,6 +191,12 @@ class PeerReader:
                       image_id, e)
             self._drop(peer, image_id)
             return None
+        except Exception:
+            # never fail a read the store can serve because of a peer
+            LOG.exception('reading image %s from peer %s:%d failed: the '
+                          'store instead', image_id, peer[0], peer[1])
+            self._drop(peer, image_id)
+            return None
 
 
 def _address(text):
@@ -143,30 +204,6 @@ def _address(text):
     if not host or not port.isdigit():
         raise ValueError('peer %r is not host:port' % text)
     return host.strip('[]'), int(port)
-
-
-def _holds(h, nbd, offset, length):
-    """Whether the peer's block status says it holds the whole run."""
-    holes = []
-    covered = [0]
-
-    def extent(context, start, entries, err):
-        if context != nbd.CONTEXT_BASE_ALLOCATION:
-            return 0
-        for n, flags in zip(entries[::2], entries[1::2]):
-            if flags & nbd.STATE_HOLE:
-                holes.append(start)
-            start += n
-            covered[0] += n
-        return 0
-    done = 0
-    while done < length:
-        covered[0] = 0
-        h.block_status(length - done, offset + done, extent)
-        if holes or not covered[0]:
-            return False
-        done += covered[0]
-    return True
 
 
 def _first_bad(data, offset, block_size, rows):
