@@ -6,13 +6,10 @@ tests and benches of what it reads: the same command, from a
 configuration file.
 """
 
-import os
-import subprocess
-import time
-
 from oslo_config import cfg
 
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack.export import nbdkit_proc
 from vmar_openstack.export import peers
 from vmar_openstack.mapsource import glance as glance_source
 
@@ -24,21 +21,8 @@ def start(conf_file, log_path, timeout=60):
     conf(['--config-file', conf_file], project='vmar')
     cmd, sock, env = glance_source.GlanceSource(conf).range_server_command()
     cmd += peers.range_server_keys(conf)
-    if os.path.exists(sock):
-        os.unlink(sock)
-    with open(log_path, 'ab') as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env,
-                                stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(sock):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            with open(log_path, errors='replace') as f:
-                raise RuntimeError('the range server did not start: %s'
-                                   % f.read()[-2000:])
-        time.sleep(0.05)
-    return proc, sock
+    return nbdkit_proc.start(cmd, env, log_path, sock, 'the range server',
+                             timeout), sock
 
 
 def stop(proc):
