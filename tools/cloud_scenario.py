@@ -575,8 +575,16 @@ class UserPath(Scenario):
                 return (g and g['mode'] == mode and
                         g['switches'] >= switches and g)
             return probe
-        g = self.wait('vm-auto\'s guest to report its own caching',
-                      in_mode('default', 0), timeout=120)
+        try:
+            g = self.wait('vm-auto\'s guest to report its own caching',
+                          in_mode('default', 0), timeout=120)
+        except ScenarioError as e:
+            said = [ln for ln in self.console('vm-auto').splitlines()
+                    if 'vmar-guest' in ln]
+            raise ScenarioError('%s; the daemon\'s view: %s; vmar-guest on '
+                                'the console: %s' % (
+                                    e, self.guest_view('vm-auto'),
+                                    said[-10:]))
         check(g['wanted'] == 'default' and g['switches'] == 0,
               'vm-auto was switched before any pressure: %s', g)
         watermark = memhog.mem_available() - self.WATERMARK_MARGIN
