@@ -18,7 +18,8 @@ single builder and a single parser here:
   (:func:`published_by`);
 * Nova: the flavor extra specs; notifications of hosts to vmar-agent;
 * guests: the channel sockets of guest-private and auto servers and the
-  virtio-serial port the guest component opens.
+  virtio-serial port the guest component opens;
+* peers: a peer server's address, the file of a base's holders.
 
 ``glance_hooks`` (the library side) and ``mapsource`` (the host side)
 both import it; neither imports the other. This module imports nothing of
@@ -295,3 +296,30 @@ def parse_guest_channel(name):
     """:class:`GuestChannel` of a :func:`guest_channel` name, or None."""
     m = _GUEST_CHANNEL.match(name)
     return GuestChannel(m.group('id'), m.group('mode')) if m else None
+
+
+# -- peers (doc/source/peers.rst) --------------------------------------------
+
+def peer_address(host, port):
+    """``host:port`` of a peer server, ``[v6 address]:port`` for IPv6."""
+    host = str(host)
+    return '%s:%d' % ('[%s]' % host if ':' in host else host, int(port))
+
+
+def parse_peer_address(text):
+    """``(host, port)`` of a :func:`peer_address`.
+
+    :raises ValueError: not ``host:port``.
+    """
+    if not isinstance(text, str):
+        raise ValueError('peer address %r is not a string' % (text,))
+    host, _colon, port = text.rpartition(':')
+    host = host.strip('[]')
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError('peer address %r is not host:port' % text)
+    return host, int(port)
+
+
+def holders_file(base_id):
+    """Name of the file of a base's holders, in a host's ``peers/``."""
+    return '%s.json' % base_id

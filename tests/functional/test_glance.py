@@ -33,6 +33,7 @@ import testtools
 from tests import base
 from tests.functional.test_guest import GUEST_XML
 from tools.vmarenv import glance_env
+from tools.vmarenv import pki
 from tools.vmarenv import process
 from tools.vmarenv import proxy_env
 from tools.vmarenv import qemu_env
@@ -40,11 +41,13 @@ from tools.vmarenv import rabbitmq_env
 from tools.vmarenv import services
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
+from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import migration
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack.exception import SourceError
 from vmar_openstack.export import graph
+from vmar_openstack.export import hostdir
 from vmar_openstack.export import qmp
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
@@ -346,26 +349,31 @@ class GlanceTestCase(testtools.TestCase):
         self.addCleanup(stop)
         return proc
 
-    def lazy_host(self, report=False, **vmar_opts):
+    def lazy_host(self, report=False, name='host', sections=None,
+                  **vmar_opts):
         """``vmar-export serve`` of a lazy host reading Glance via a proxy.
 
         Returns the host dir, the vmar-export command and the proxy (a
         Glance outage when stopped); ``self.lazy_serve()`` starts another
         ``serve`` of the same host (after a "reboot"). ``report``: the host
-        reports to the agent through RabbitMQ every second.
+        reports to the agent through RabbitMQ every second. ``name``: of
+        the host (its directory), for tests of several; ``sections``: more
+        sections of its configuration.
         """
+        first = name == 'host'
         proxy = proxy_env.TcpProxy(
             '127.0.0.1', self.glance.endpoint.rsplit(':', 1)[1],
-            work_dir=os.path.join(self.tmp, 'proxy'))
+            work_dir=os.path.join(self.tmp, 'proxy' if first
+                                  else name + '-proxy'))
         os.makedirs(proxy.work_dir)
         self.addCleanup(proxy.stop)
         proxy.start()
-        host = os.path.join(self.tmp, 'host')
+        host = os.path.join(self.tmp, name)
         sock_dir = tempfile.mkdtemp(prefix='vmar-lazy-', dir='/run')
         os.chmod(sock_dir, 0o755)       # QEMU of libvirt connects
         self.addCleanup(shutil.rmtree, sock_dir, True)
         sock = os.path.join(sock_dir, 'nbd.sock')
-        conf_file = os.path.join(self.tmp, 'host.conf')
+        conf_file = os.path.join(self.tmp, name + '.conf')
         notify = ({'transport_url': self.rabbit.transport_url}
                   if report else {})
         glance_env.write_conf(conf_file, {
@@ -378,14 +386,15 @@ class GlanceTestCase(testtools.TestCase):
                               'qemu-storage-daemon'), **vmar_opts},
             'vmar_glance': {'auth_type': 'none', 'endpoint': proxy.url,
                             'endpoint_override': proxy.url},
-            **self.host_config()})
+            **self.host_config(), **(sections or {})})
         cmd = [sys.executable, '-m', 'vmar_openstack.cmd.export',
                '--config-file', conf_file]
         self.lazy_conf_file = conf_file
 
         def serve():
-            proc = self.start_serve(cmd, os.path.join(self.tmp, 'serve.log'),
-                                    host)
+            proc = self.start_serve(
+                cmd, os.path.join(self.tmp, 'serve.log' if first
+                                  else name + '-serve.log'), host)
             deadline = time.time() + 60
             while not os.path.exists(sock):
                 self.assertIsNone(proc.poll(), self.serve_log())
@@ -433,9 +442,11 @@ class GlanceTestCase(testtools.TestCase):
                          r.stdout + r.stderr + self.serve_log())
 
     def serve_log(self):
-        logs = [os.path.join(self.tmp, 'serve.log'),
-                os.path.join(self.tmp, 'host', 'qsd.log'),
-                os.path.join(self.tmp, 'host', 'fetch.log')]
+        """The logs of the lazy hosts (see lazy_host)."""
+        logs = glob.glob(os.path.join(self.tmp, '*serve.log'))
+        for host in sorted(glob.glob(os.path.join(self.tmp, '*.conf'))):
+            for log in ('qsd.log', 'fetch.log', 'peers.log'):
+                logs.append(os.path.join(host[:-len('.conf')], log))
         return process.log_tail([p for p in logs if os.path.exists(p)])
 
     def rebuild(self, image_id, version, out):
@@ -1426,6 +1437,59 @@ class TestGlance(GlanceTestCase):
         self.wait_until(lambda: not shares(b), 'shares of %s: %s'
                         % (b, shares(b)))
         self.manage('hosts', 'forget', 'hold-host')
+
+    def test_a_lazy_host_reads_what_its_peer_holds(self):
+        """Peer discovery end to end (issue 34, doc/source/peers.rst).
+
+        Host a runs a peer server and reports what its mirror holds; host
+        b asks vmar-agent who holds the image (RPC on the bus of the
+        reports), is told a, and reads every block from a with its own
+        way to Glance cut.
+        """
+        img = self.image('peer.raw', list(range(95001, 95257)) + [None] * 64
+                         + list(range(96001, 96065)))
+        iid = self.create(img)
+        version = self.wait_map(iid)
+        self.wait_digests(iid)
+        ca = os.path.join(self.tmp, 'ca')
+        pki.make_ca(ca, 'vmar test host CA')
+        tls = os.path.join(self.tmp, 'tls')
+        pki.make_cert(ca, tls, 'server', '127.0.0.1', san='IP:127.0.0.1')
+        pki.make_cert(ca, tls, 'client', 'compute')
+        port = process.free_port()
+        _a_dir, a_cmd, _a_proxy = self.lazy_host(
+            report=True, name='peer-a', host='peer-a', sections={
+                'vmar_peers': {'listen_address': '127.0.0.1',
+                               'listen_port': str(port), 'tls_dir': tls}})
+        self.assert_same(self.lazy_add(a_cmd, iid, version), img)
+        # a's report: its mirror holds the image's 320 data blocks
+        reports = db_hosts.HostReports(self.conf)
+        self.wait_until(
+            lambda: [(h.host, h.blocks) for h in reports.holders(iid)]
+            == [('peer-a', 320)],
+            'a never reported its mirror: %s' % reports.holders(iid))
+        b_dir, b_cmd, b_proxy = self.lazy_host(
+            report=True, name='peer-b', host='peer-b', sections={
+                'vmar_peers': {'discover': 'true', 'tls_dir': tls}})
+        uri = self.lazy_add(b_cmd, iid, version)
+        # the export's add asked the agent before any read
+        with open(os.path.join(b_dir, 'peers', iid + '.json')) as f:
+            found = json.load(f)
+        self.assertEqual([{'host': 'peer-a', 'peer': '127.0.0.1:%d' % port,
+                           'blocks': 320}], found['holders'])
+        # nothing read yet; then Glance out of b's reach: every block
+        # comes from a, each checked against its digest
+        layout = hostdir.Layout(b_dir)
+        self.assertEqual(0, layout.holdings()[iid])
+        b_proxy.stop()
+        self.assert_same(uri, img)
+        self.assertEqual(320, layout.holdings()[iid])
+        # b holds it all now, but serves no peer: nobody is sent to it
+        self.wait_until(
+            lambda: dict(next((h.holds for h in reports.list()
+                               if h.host == 'peer-b'), ())).get(iid) == 320,
+            'b never reported its mirror')
+        self.assertEqual(['peer-a'], [h.host for h in reports.holders(iid)])
 
     def test_hostile_uploads(self):
         before = self.library_count()

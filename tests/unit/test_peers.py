@@ -6,6 +6,7 @@ them and how it keeps the server up.
 """
 
 import hashlib
+import json
 import os
 
 import fixtures
@@ -15,9 +16,13 @@ import testtools
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
+from vmar_openstack.export import discovery
+from vmar_openstack.export import hostdir
 from vmar_openstack.export import peers
 from vmar_openstack.export import supervisor
+from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.mapsource import peers as peer_source
+from vmar_openstack import names
 
 
 class TestPeers(testtools.TestCase):
@@ -154,9 +159,140 @@ class TestPeerReaderChecks(testtools.TestCase):
         self.assertEqual(3, peer_source._first_bad(a, 12288, 4096, rows))
 
     def test_addresses(self):
-        self.assertEqual(('10.0.0.2', 10810),
-                         peer_source._address('10.0.0.2:10810'))
-        self.assertEqual(('fd00::2', 10810),
-                         peer_source._address('[fd00::2]:10810'))
-        for bad in ('10.0.0.2', 'host:port', ':10810'):
-            self.assertRaises(ValueError, peer_source._address, bad)
+        for host, port, text in (('10.0.0.2', 10810, '10.0.0.2:10810'),
+                                 ('fd00::2', 10810, '[fd00::2]:10810'),
+                                 ('compute-2', 1, 'compute-2:1')):
+            self.assertEqual(text, names.peer_address(host, port))
+            self.assertEqual((host, port), names.parse_peer_address(text))
+        for bad in ('10.0.0.2', 'host:port', ':10810', 'h:0', 'h:65536',
+                    None, 7):
+            self.assertRaises(ValueError, names.parse_peer_address, bad)
+
+    def test_candidates_are_the_holders_then_the_configured_peers(self):
+        tmp = self.useFixture(fixtures.TempDir()).path
+        path = os.path.join(tmp, 'holders.json')
+        reader = peer_source.PeerReader(
+            ['10.0.0.9:1', '10.0.0.2:1'], tmp, None,
+            holders_path=lambda image_id: path)
+        configured = [('10.0.0.9', 1), ('10.0.0.2', 1)]
+        self.assertEqual(configured, reader.candidates('i'))
+
+        def write(holders, mtime):
+            with open(path, 'w') as f:
+                json.dump({'holders': holders}, f)
+            os.utime(path, ns=(mtime, mtime))
+        write([{'host': 'b', 'peer': '10.0.0.2:1'},
+               {'host': 'c', 'peer': '[fd00::3]:1'}], 1)
+        self.assertEqual([('10.0.0.2', 1), ('fd00::3', 1), ('10.0.0.9', 1)],
+                         reader.candidates('i'))
+        # read again once the daemon rewrote it
+        write([], 2)
+        self.assertEqual(configured, reader.candidates('i'))
+        # unreadable: the configured peers, and a log line
+        write([{'host': 'b'}], 3)
+        log = self.useFixture(fixtures.FakeLogger())
+        self.assertEqual(configured, reader.candidates('i'))
+        self.assertIn('unreadable', log.output)
+
+
+class AgentDouble:
+    """Test double of vmar-agent's holders RPC.
+
+    The real one, over a real RabbitMQ, is in tests/functional/
+    test_glance.py's peer test. This one answers from a dict, or fails
+    like an agent that does not answer.
+    """
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.asked = []
+
+    def call(self, ctxt, method, base_id, host, limit):
+        self.asked.append((method, base_id, host, limit))
+        answer = self.answers[base_id]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+class TestDiscovery(testtools.TestCase):
+
+    A = '0a000000-0000-4000-8000-00000000000a'
+    B = '0b000000-0000-4000-8000-00000000000b'
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = self.useFixture(fixtures.TempDir()).path
+        self.conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(self.conf)
+        self.conf([], project='vmar', default_config_files=[])
+        self.conf.set_override('host', 'me', group='vmar_host')
+        self.agent = AgentDouble({})
+        self.found = discovery.Discovery(self.conf, self.tmp, self.agent)
+        self.layout = hostdir.Layout(self.tmp)
+
+    def holders(self, base_id):
+        with open(self.layout.holders_file(base_id)) as f:
+            return json.load(f)['holders']
+
+    def mirror(self, base_id):
+        m = self.layout.mirror(base_id)
+        os.makedirs(os.path.dirname(m.data), exist_ok=True)
+        open(m.data, 'wb').close()
+        mirror_format.create_present(m.present, mirror_format.Header(
+            base_id, 8 * 4096, 4096))
+
+    def test_off_without_discover_or_a_bus(self):
+        self.assertIsNone(discovery.start(self.conf, self.tmp))
+        self.conf.set_override('discover', True, group='vmar_peers')
+        log = self.useFixture(fixtures.FakeLogger())
+        self.assertIsNone(discovery.start(self.conf, self.tmp))
+        self.assertIn('no transport_url', log.output)
+
+    def test_answers_are_written_checked(self):
+        self.agent.answers[self.A] = [
+            {'host': 'h2', 'peer': '10.0.0.2:10810', 'blocks': None},
+            {'host': 'h3', 'peer': '[fd00::3]:10810', 'blocks': 7}]
+        self.found.refresh([self.A])
+        self.assertEqual(self.agent.answers[self.A], self.holders(self.A))
+        self.assertEqual([('holders', self.A, 'me', 4)], self.agent.asked)
+        # an answer naming a malformed peer is not written: the last stands
+        self.agent.answers[self.A] = [{'host': 'h4', 'peer': 'nowhere'}]
+        self.found.refresh([self.A])
+        self.assertEqual('h2', self.holders(self.A)[0]['host'])
+        self.assertEqual(1, self.found.failed)
+
+    def test_an_agent_that_does_not_answer_leaves_the_last_answer(self):
+        self.agent.answers[self.A] = [
+            {'host': 'h2', 'peer': '10.0.0.2:1', 'blocks': 1}]
+        self.found.refresh([self.A])
+        self.agent.answers[self.A] = TimeoutError('no answer')
+        log = self.useFixture(fixtures.FakeLogger())
+        self.found.refresh([self.A])
+        self.assertEqual('h2', self.holders(self.A)[0]['host'])
+        self.assertIn('vmar-agent did not answer', log.output)
+
+    def test_step_asks_for_the_mirrors_and_prunes(self):
+        self.agent.answers = {self.A: [], self.B: []}
+        self.mirror(self.A)
+        # a whole base needs no peer
+        os.makedirs(os.path.join(self.tmp, 'bases'))
+        open(self.layout.base_file(self.B), 'wb').close()
+        self.found.refresh([self.B])
+        self.found.step()
+        self.assertEqual([self.B, self.A],
+                         [a[1] for a in self.agent.asked])
+        self.assertEqual([], self.holders(self.A))
+        # B's answer went: the host does not mirror it
+        self.assertFalse(os.path.exists(self.layout.holders_file(self.B)))
+
+    def test_ensure_asks_only_for_missing_or_old_answers(self):
+        self.agent.answers = {self.A: [], self.B: []}
+        self.found.refresh([self.A])
+        self.found.ensure([self.A, self.B])
+        self.assertEqual([self.A, self.B], [a[1] for a in self.agent.asked])
+        old = os.stat(self.layout.holders_file(self.A)).st_mtime - 3600
+        os.utime(self.layout.holders_file(self.A), (old, old))
+        self.found.ensure([self.A, self.B])
+        self.assertEqual([self.A, self.B, self.A],
+                         [a[1] for a in self.agent.asked])

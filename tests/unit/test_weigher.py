@@ -6,6 +6,7 @@ RequestSpec objects. The multi-host functional test is issue 17's
 ``tools/run-tests.sh --multinode`` stage.
 """
 
+import datetime
 import os
 from unittest import mock
 import uuid
@@ -164,6 +165,84 @@ class TestHostSide(HoldingsTestCase):
             self.assertEqual([(((B, v + 1),), ((A, None), (B, 1)))],
                              [(h.exports, h.holds)
                               for h in self.reports.list()])
+
+    def test_holders_of_a_base_best_first(self):
+        """Who a host missing blocks of a base is sent to (issue 34)."""
+        def report(host, holds, peer='10.0.0.%d:10810', load=0.5, at=None):
+            self.reports.record(
+                host, [], holds, reported_at=at,
+                peer_address=peer and peer % int(host[1:]),
+                load_per_cpu=load)
+        report('h1', {A: 3})
+        report('h2', {A: None}, load=0.9)       # whole, busy: before mirrors
+        report('h3', {A: 1}, load=0.1)          # the least loaded mirror
+        report('h4', {A: 4}, load=0.1)          # as loaded, fuller: first
+        report('h5', {A: None}, peer=None)      # serves no peer
+        report('h6', {A: 0})                    # an empty mirror
+        report('h7', {B: None})                 # another base
+        report('h8', {A: None}, at=models.utcnow()
+               - datetime.timedelta(hours=1))   # stopped reporting
+        self.assertEqual(
+            [('h8', '10.0.0.8:10810', None), ('h2', '10.0.0.2:10810', None),
+             ('h4', '10.0.0.4:10810', 4), ('h3', '10.0.0.3:10810', 1),
+             ('h1', '10.0.0.1:10810', 3)],
+            [(h.host, h.peer_address, h.blocks)
+             for h in self.reports.holders(A)])
+        self.assertEqual(['h2', 'h4', 'h3'], [
+            h.host for h in self.reports.holders(
+                A, exclude='h1', max_age=datetime.timedelta(minutes=5),
+                limit=3)])
+        self.assertEqual([], self.reports.holders(C))
+        # a report without a peer server clears it
+        report('h2', {A: None}, peer=None)
+        self.assertNotIn('h2', [h.host for h in self.reports.holders(A)])
+
+    def test_agent_records_the_peer_server(self):
+        ep = agent.HostReportEndpoint(self.conf, None)
+
+        def send(**extra):
+            ep.info({}, 'vmar-export.h', 'vmar.host.exports', dict(
+                {'host': 'h', 'exports': [], 'holds': [[A, None]]},
+                **extra), {})
+            return [(h.peer_address, h.load_per_cpu)
+                    for h in self.reports.list()]
+        self.assertEqual([('10.0.0.1:10810', 0.25)],
+                         send(peer='10.0.0.1:10810', load=0.25))
+        self.assertEqual([('[fd00::1]:10810', None)],
+                         send(peer='[fd00::1]:10810'))
+        # an earlier release's report: no peer server
+        self.assertEqual([(None, None)], send())
+        for bad in ({'peer': 'x'}, {'peer': 7}, {'peer': 'h:0'},
+                    {'peer': 'h:1', 'load': 'high'},
+                    {'peer': 'h:1', 'load': -1}):
+            # the rest of the report stands; no peer is named
+            self.assertEqual([(None, None)], send(**bad))
+        self.assertEqual([A], [b for h in self.reports.list()
+                               for b, _n in h.holds])
+
+    def test_holders_over_rpc(self):
+        self.conf.set_override('holder_max_age', 60, group='vmar_agent')
+        self.reports.record('h1', [], {A: 2}, peer_address='10.0.0.1:1',
+                            load_per_cpu=0.2)
+        self.reports.record('h2', [], {A: None}, peer_address='10.0.0.2:1')
+        ep = agent.HoldersEndpoint(self.conf)
+        self.assertEqual(
+            [{'host': 'h2', 'peer': '10.0.0.2:1', 'blocks': None}],
+            ep.holders({}, A.upper(), host='h1'))
+        self.assertEqual(2, len(ep.holders({}, A, host='h9')))
+        self.assertEqual(1, len(ep.holders({}, A, host='h9', limit=1)))
+        self.assertRaises(ValueError, ep.holders, {}, 'not-a-uuid', 'h1')
+
+    def test_report_names_the_peer_server(self):
+        root = self.scratch()
+        self.conf.set_override('host', 'h1', group='vmar_host')
+        body = report.payload(self.conf, root)
+        self.assertNotIn('peer', body)
+        self.conf.set_override('listen_address', 'fd00::5',
+                               group='vmar_peers')
+        body = report.payload(self.conf, root)
+        self.assertEqual('[fd00::5]:10810', body['peer'])
+        self.assertGreaterEqual(body['load'], 0)
 
     def test_holdings_skip_what_is_not_vmars(self):
         root = self.scratch()

@@ -299,12 +299,17 @@ def hosts_list():
         _out(json.dumps([{'host': h.host,
                           'reported_at': h.reported_at.isoformat(),
                           'exports': [list(e) for e in h.exports],
-                          'holds': [list(b) for b in h.holds]}
+                          'holds': [list(b) for b in h.holds],
+                          'peer': h.peer_address,
+                          'load_per_cpu': h.load_per_cpu}
                          for h in hosts], indent=2))
         return
-    cmd.print_table(('host', 'last report (UTC)', 'exports', 'bases held'),
+    cmd.print_table(('host', 'last report (UTC)', 'exports', 'bases held',
+                     'peer server', 'load/CPU'),
                     [(h.host, h.reported_at.strftime('%Y-%m-%d %H:%M:%S'),
-                      len(h.exports), len(h.holds)) for h in hosts])
+                      len(h.exports), len(h.holds), h.peer_address or '-',
+                      '-' if h.load_per_cpu is None
+                      else '%.2f' % h.load_per_cpu) for h in hosts])
 
 
 def hosts_shares():

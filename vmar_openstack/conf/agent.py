@@ -43,6 +43,13 @@ agent_opts = [
                help='Seconds a map version stays after a newer one '
                     'replaced it, whatever the hosts report. Keep it well '
                     'above the hosts\' [vmar_host] report_interval.'),
+    cfg.IntOpt('holder_max_age', default=300, min=1,
+               help='Seconds after its last report that a host is still '
+                    'named as a holder of blocks to hosts that ask '
+                    '([vmar_reports] holders_topic): one that stopped '
+                    'reporting may be down.\n\nPossible values: seconds, '
+                    'a few times the hosts\' [vmar_host] report_interval.'
+                    '\n\nRelated options: [vmar_peers] discover.'),
 ]
 
 ALL_OPTS = agent_opts

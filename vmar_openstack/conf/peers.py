@@ -4,8 +4,9 @@ The export daemon (``vmar-export serve``) reads it. With
 ``listen_address`` set it runs a peer server, an NBD server on the host's
 management network that serves the blocks its base files and mirrors hold
 to other hosts of the cloud, over TLS with client certificates. With
-``peers`` set its range server reads the runs its mirrors miss from those
-hosts first, and from the store when none holds them. See
+``discover`` (the holders vmar-agent knows from the hosts' reports) or
+``peers`` (a fixed list) its range server reads the runs its mirrors miss
+from those hosts first, and from the store when none holds them. See
 doc/source/peers.rst.
 """
 
@@ -49,6 +50,21 @@ ALL_OPTS = [
                      'other hosts\' peer servers; empty, the store '
                      'only.\n\nRelated options: tls_dir (the client '
                      'credentials), bad_peer_seconds.'),
+    cfg.BoolOpt('discover', default=False,
+                help='Ask vmar-agent which hosts hold the bases this host '
+                     'mirrors (their reports, least loaded first) and read '
+                     'the blocks the mirrors miss from them before the '
+                     'store (base_fetch = lazy, map_source = glance). Asked '
+                     'when an export of a new mirror is added and then '
+                     'every report_interval.\n\nPossible values: true or '
+                     'false.\n\nRelated options: peers (asked after the '
+                     'holders), [vmar_reports] holders_topic, [vmar_host] '
+                     'report_interval, tls_dir.'),
+    cfg.IntOpt('max_holders', default=4, min=1,
+               help='Holders of a base that discovery keeps, best first: '
+                    'the most a missed run is asked of before the '
+                    'store.\n\nPossible values: a count.\n\nRelated '
+                    'options: discover.'),
     cfg.FloatOpt('read_timeout', default=5.0, min=0.1,
                  help='Seconds a peer has for each step of a read (connect '
                       'with TLS, block status, the read itself) before the '

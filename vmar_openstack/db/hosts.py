@@ -9,6 +9,8 @@ still holds what its instances use.
 
 :meth:`HostReports.shares` is what the scheduler's ``vmar`` weigher asks:
 the share of an image's canonical blocks each host holds.
+:meth:`HostReports.holders` is what vmar-agent tells a host that misses
+blocks of a base: the hosts that hold them and serve peers.
 """
 
 import dataclasses
@@ -26,6 +28,17 @@ class Host:
     reported_at: datetime.datetime
     exports: tuple             # ((image_id, map_version), ...), sorted
     holds: tuple = ()          # ((base_id, blocks or None), ...), sorted
+    peer_address: str = None   # its peer server, "host:port", or None
+    load_per_cpu: float = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """A host that holds blocks of a base and serves peers (holders())."""
+    host: str
+    peer_address: str          # "host:port"
+    blocks: int                # None: the whole base
+    load_per_cpu: float        # None: not reported
 
 
 class HostReports:
@@ -34,12 +47,15 @@ class HostReports:
     def __init__(self, conf):
         self.conf = conf
 
-    def record(self, host, exports, holds=None, reported_at=None):
+    def record(self, host, exports, holds=None, reported_at=None,
+               peer_address=None, load_per_cpu=None):
         """Replace ``host``'s report.
 
         ``exports``: ``(image id, map version)`` pairs; ``holds``: ``{base
         id: blocks held, None for a whole base}`` (None: the report said
-        nothing of it; what the host last said stands).
+        nothing of it; what the host last said stands). ``peer_address``:
+        where it serves peers (None: it does not), ``load_per_cpu``: its
+        load then.
         """
         rows = sorted({(str(i), int(v)) for i, v in exports})
         with db_session.locked_writer(self.conf) as s:
@@ -53,6 +69,8 @@ class HostReports:
                 report = models.HostReport(host=host)
                 s.add(report)
             report.reported_at = reported_at or models.utcnow()
+            report.peer_address = peer_address
+            report.load_per_cpu = load_per_cpu
             s.flush()
             s.add_all(models.HostExport(host=host, image_id=i, map_version=v)
                       for i, v in rows)
@@ -74,8 +92,43 @@ class HostReports:
                 holds.setdefault(b.host, []).append((b.base_id, b.blocks))
             return [Host(r.host, r.reported_at,
                          tuple(sorted(held.get(r.host, ()))),
-                         tuple(sorted(holds.get(r.host, ()))))
+                         tuple(sorted(holds.get(r.host, ()))),
+                         r.peer_address, r.load_per_cpu)
                     for r in reports]
+
+    def holders(self, base_id, exclude=None, max_age=None, limit=None):
+        """The hosts a host that misses blocks of ``base_id`` should ask.
+
+        Those whose last report holds the base (whole, or a mirror with
+        some blocks) and names a peer server, not ``exclude`` (the asking
+        host) and, with ``max_age`` (a timedelta), reported within it: a
+        host that stopped reporting may be gone. Best first: a whole base
+        before mirrors, then the least loaded, then the fuller mirror
+        (seed 001 asks the least loaded neighbour that holds the chunk).
+        The asker still checks by NBD block status which runs a holder
+        has, and every block against its digest.
+        """
+        hr, hb = models.HostReport, models.HostBase
+        q = (sa.select(hr.host, hr.peer_address, hr.load_per_cpu,
+                       hb.blocks)
+             .join(hb, hb.host == hr.host)
+             .where(hb.base_id == str(base_id),
+                    hr.peer_address.is_not(None),
+                    sa.or_(hb.blocks.is_(None), hb.blocks > 0)))
+        if exclude:
+            q = q.where(hr.host != exclude)
+        if max_age is not None:
+            q = q.where(hr.reported_at >= models.utcnow() - max_age)
+        with db_session.reader(self.conf) as s:
+            rows = s.execute(q).all()
+        out = sorted(
+            (Holder(r.host, r.peer_address, r.blocks, r.load_per_cpu)
+             for r in rows),
+            key=lambda h: (h.blocks is not None,
+                           float('inf') if h.load_per_cpu is None
+                           else h.load_per_cpu,
+                           -(h.blocks or 0), h.host))
+        return out[:limit] if limit else out
 
     def shares(self, image_id):
         """``{host: share}`` of ``image_id``'s canonical blocks each holds.

@@ -161,6 +161,10 @@ class HostReport(Base):
 
     host = sa.Column(sa.String(255), primary_key=True)
     reported_at = sa.Column(sa.DateTime, nullable=False, default=utcnow)
+    # its peer server, "host:port" (None: it serves no peer), and its
+    # one-minute load average per CPU at the report
+    peer_address = sa.Column(sa.String(255), nullable=True)
+    load_per_cpu = sa.Column(sa.Float, nullable=True)
 
 
 class HostExport(Base):

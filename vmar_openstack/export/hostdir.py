@@ -16,6 +16,8 @@ mirror of the same image. ``<base id>.alt.<image id>.<version>``
 is an alternate map (:mod:`vmar_openstack.mapformat.alternate`): where
 that map version's image holds blocks of the base, for when the base's own
 data is gone from the source; the image then has a ``.reader`` too.
+``peers/<base id>.json`` names the other hosts that hold blocks of a
+mirrored base (:mod:`.discovery`).
 """
 
 import collections
@@ -43,6 +45,7 @@ LOG = logging.getLogger(__name__)
 _MAPS, _BASES, _MIRRORS = 'maps', 'bases', 'mirrors'
 _BOOTSETS, _SENT = 'bootsets', '.sent'
 _LAYOUTS = 'layouts'
+_PEERS = 'peers'
 # the lock files of releases before the host API (nothing takes them now)
 _OLD_LOCKS = 'locks'
 # the files of a mirror, in the order they are created; deleted in reverse
@@ -100,6 +103,10 @@ class Layout:
     def bootset_sent(self, image_id):
         """Whether this host reported a set it recorded for the image."""
         return os.path.exists(self.bootset_file(image_id) + _SENT)
+
+    def holders_file(self, base_id):
+        """Who holds blocks of ``base_id`` (:mod:`.discovery`)."""
+        return os.path.join(self.root, _PEERS, names.holders_file(base_id))
 
     def base_file(self, image_id):
         """The file that holds the base's data: whole base, else mirror."""

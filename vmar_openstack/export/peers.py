@@ -15,6 +15,7 @@ from oslo_log import log as logging
 from vmar_openstack import exception
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import nbdkit_proc
+from vmar_openstack.mapsource import peers as peer_source
 
 LOG = logging.getLogger(__name__)
 
@@ -55,12 +56,16 @@ def range_server_keys(conf):
     """What the range server needs besides its source's keys, for peers.
 
     Where this host keeps its mirrors' digest lists, which the peers'
-    blocks are checked against (``{}`` for the image id).
+    blocks are checked against, and the files of their holders
+    (:mod:`.discovery`), ``{}`` standing for the image id.
     """
-    if not conf.vmar_peers.peers:
+    if not peer_source.enabled(conf):
         return []
-    return ['digests=%s' % hostdir.Layout(
-        conf.vmar_host.host_dir).mirror('{}').digests]
+    layout = hostdir.Layout(conf.vmar_host.host_dir)
+    keys = ['digests=%s' % layout.mirror('{}').digests]
+    if conf.vmar_peers.discover:
+        keys.append('holders=%s' % layout.holders_file('{}'))
+    return keys
 
 
 def start(conf):

@@ -5,14 +5,17 @@ map versions its host exports as an oslo.messaging notification,
 ``vmar.host.exports`` on ``[vmar_reports] report_topic``::
 
     {"host": "<[vmar] host>", "exports": [["<image id>", <version>], ...],
-     "holds": [["<base image id>", <blocks or null>], ...]}
+     "holds": [["<base image id>", <blocks or null>], ...],
+     "peer": "<address>:<port>", "load": <load average per CPU>}
 
 The agent keeps each host's last report and removes an old map version
 only when no report lists it (:mod:`vmar_openstack.glance_hooks.gc`).
 ``holds`` names every base the host keeps, whole (``null``) or as a
 mirror holding that many blocks; the scheduler's ``vmar`` weigher reads
 it (:mod:`vmar_openstack.nova_scheduler.weigher`, doc/source/
-scheduling.rst).
+scheduling.rst). ``peer`` and ``load`` are there when the host runs a
+peer server (``[vmar_peers] listen_address``): the agent tells other
+hosts to read what it holds from there (:mod:`.discovery`).
 
 With the same notifier, each boot working set the host recorded (a vmar
 node whose ``record-window`` closed, see
@@ -30,11 +33,12 @@ OpenStack since Nova's conductor) or tagging map images in Glance (it
 would take write access to images the agent owns).
 """
 
+import os
 import threading
 
-from oslo_config import cfg
 from oslo_log import log as logging
 
+from vmar_openstack import bus
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import state as export_state
 from vmar_openstack import names
@@ -55,14 +59,8 @@ def start(conf, host_dir, bootsets=None):
     # imported here: oslo.messaging brings eventlet, whose deprecation
     # warning every vmar-export sub-command would print
     import oslo_messaging
-    transport = oslo_messaging.get_notification_transport(conf)
-    # the call registered the options it reads; their defaults name a
-    # local RabbitMQ nobody configured
-
-    def unset(group):
-        loc = conf.get_location('transport_url', group)
-        return loc is None or loc.location == cfg.Locations.opt_default
-    if unset(None) and unset('oslo_messaging_notifications'):
+    transport = bus.notification_transport(conf)
+    if transport is None:
         LOG.info('no transport_url: the exports are not reported')
         return None
     # retry=1: a report RabbitMQ cannot take is dropped, the next one
@@ -86,6 +84,12 @@ def payload(conf, host_dir):
         LOG.warning('the bases held are left out of the report: %s', e)
     else:
         out['holds'] = [list(h) for h in sorted(holds.items())]
+    p = conf.vmar_peers
+    if p.listen_address:
+        # where other hosts read what it holds, and how busy it is: the
+        # agent names the least loaded holders first (.discovery)
+        out['peer'] = names.peer_address(p.listen_address, p.listen_port)
+        out['load'] = round(os.getloadavg()[0] / (os.cpu_count() or 1), 3)
     return out
 
 

@@ -21,6 +21,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import exception
 from vmar_openstack.export import api
+from vmar_openstack.export import discovery as export_discovery
 from vmar_openstack.export import graph
 from vmar_openstack.export import guests as export_guests
 from vmar_openstack.export import hostdir
@@ -59,6 +60,7 @@ class ExportService:
         self.ready = threading.Event()
         self.guests = None      # export_guests.Guests, while serving
         self.warm = None        # export_warm.Warm, while serving
+        self.discovery = None   # export_discovery.Discovery, while serving
         # base id -> bytes_fetched of its mirror node when last counted
         self._fills_seen = {}
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
@@ -257,6 +259,10 @@ class ExportService:
                     and self.files.ensure_bootset(image_id))
             if self.conf.vmar_host.warm_metadata_mb and host_cache == 'base':
                 self.files.ensure_layout(image_id)
+            if known is None and self.discovery and self.lazy(host_cache):
+                # who holds its mirrors' blocks, before the first reads
+                self.discovery.ensure(t.image_id for t in bmap.targets
+                                      if self.files.is_mirror(t.image_id))
             with export_state.State(self.host_dir) as state:
                 new = _existing(state, image_id, version, host_cache) is None
                 exp = self._add(state, bmap, fetched, host_cache, holder,
@@ -546,13 +552,15 @@ class ExportService:
         self.guests = export_guests.start(
             self.conf, grp.getgrnam(group).gr_gid if group else None)
         self.warm = export_warm.start(self.conf, self.files, self.host_dir)
+        self.discovery = export_discovery.start(self.conf, self.host_dir)
         server = api.ApiServer(self).start()
         try:
             supervisor.Supervisor(self).serve(stop_event, max_backoff)
         finally:
             server.stop()
-            if self.warm:
-                self.warm.stop()
+            for thread in (self.discovery, self.warm):
+                if thread:
+                    thread.stop()
             if self.guests:
                 self.guests.stop()
             if reporter:

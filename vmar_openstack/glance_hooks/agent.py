@@ -24,7 +24,9 @@ The agent also listens for the reports of compute hosts
 (``vmar.host.exports`` on ``[vmar_reports] report_topic``, see
 :mod:`vmar_openstack.export.report`) and records each host's last one.
 Every ``[vmar_agent] map_gc_interval`` seconds it removes the map versions
-no host holds (:mod:`.gc`).
+no host holds (:mod:`.gc`). From the same reports it tells hosts that read
+from their peers who holds a base (RPC on ``[vmar_reports] holders_topic``,
+:class:`HoldersEndpoint`).
 
 Every ``[vmar_agent] resync_interval`` seconds the agent also compares the
 library with Glance's active images (:func:`resync`): Glance's notifier
@@ -46,7 +48,9 @@ is a no-op; publishing is idempotent). Failures are recorded in
   any event succeeds. The first retry that fails ends the pass.
 """
 
+import datetime
 import os
+import socket
 import threading
 import time
 import uuid
@@ -55,6 +59,7 @@ from glanceclient import exc as glance_exc
 from oslo_log import log as logging
 import oslo_messaging
 
+from vmar_openstack import bus
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import failures as db_failures
 from vmar_openstack.db import hosts as db_hosts
@@ -432,7 +437,14 @@ class HostReportEndpoint:
                         host, e)
             holds = None
         try:
-            self.reports.record(host, exports, holds)
+            peer, load = _peer(payload)
+        except (TypeError, ValueError) as e:
+            LOG.warning('malformed peer server in the report of %s '
+                        'ignored: %s', host, e)
+            peer = load = None
+        try:
+            self.reports.record(host, exports, holds, peer_address=peer,
+                                load_per_cpu=load)
         except Exception as e:         # the database away: redeliver
             LOG.warning('report of %s not recorded: %s', host, e)
             time.sleep(self.retry_delay)
@@ -495,6 +507,64 @@ def _holds(items):
     return out
 
 
+def _peer(payload):
+    """A report's peer server and load: ``(host:port, load)``, or Nones.
+
+    :raises ValueError, TypeError: malformed.
+    """
+    peer = payload.get('peer')
+    if peer is None:
+        return None, None
+    host, port = names.parse_peer_address(peer)
+    load = payload.get('load')
+    if load is not None:
+        load = float(load)
+        if not 0 <= load < 1e6:
+            raise ValueError('load %r' % load)
+    return names.peer_address(host, port), load
+
+
+class HoldersEndpoint:
+    """Who holds a base: what hosts that read from peers ask (RPC).
+
+    The answer comes from the hosts' last reports
+    (:meth:`.db.hosts.HostReports.holders`): hosts that hold blocks of the
+    base and run a peer server, best first, not the asking host, and only
+    those that reported within ``[vmar_agent] holder_max_age``. See
+    :mod:`vmar_openstack.export.discovery` and doc/source/peers.rst.
+    """
+
+    target = oslo_messaging.Target(namespace=bus.HOLDERS_NAMESPACE,
+                                   version=bus.HOLDERS_VERSION)
+
+    def __init__(self, conf):
+        self.reports = db_hosts.HostReports(conf)
+        self.max_age = datetime.timedelta(
+            seconds=conf.vmar_agent.holder_max_age)
+
+    def holders(self, ctxt, base_id, host, limit=None):
+        base_id = str(uuid.UUID(base_id))
+        found = self.reports.holders(base_id, exclude=host,
+                                     max_age=self.max_age, limit=limit)
+        LOG.debug('%s asked who holds %s: %s', host, base_id,
+                  ', '.join(h.host for h in found) or 'nobody')
+        return [{'host': h.host, 'peer': h.peer_address, 'blocks': h.blocks}
+                for h in found]
+
+
+def holders_server(conf):
+    """vmar-agent's RPC server of :class:`HoldersEndpoint`, or None.
+
+    None without a bus (no ``transport_url``): nobody could ask.
+    """
+    transport = bus.rpc_transport(conf)
+    if transport is None:
+        return None
+    return oslo_messaging.get_rpc_server(
+        transport, bus.holders_target(conf, server=socket.gethostname()),
+        [HoldersEndpoint(conf)], executor='threading')
+
+
 def listener(conf, endpoint):
     transport = oslo_messaging.get_notification_transport(conf)
     a = conf.vmar_agent
@@ -530,6 +600,9 @@ def run(conf, handler, stop_event, started=None):
     LOG.info('vmar-agent connecting to its notification transport')
     lst = listener(conf, endpoint)
     lst.start()
+    rpc = holders_server(conf)
+    if rpc is not None:
+        rpc.start()
     if started is not None:
         started.set()
     LOG.info('vmar-agent listening (pool %s)', conf.vmar_agent.pool)
@@ -556,8 +629,10 @@ def run(conf, handler, stop_event, started=None):
                 LOG.warning('removing old map versions failed: %s', e)
 
     def _stop():
-        lst.stop()
-        lst.wait()
+        for server in (rpc, lst):
+            if server is not None:
+                server.stop()
+                server.wait()
     t = threading.Thread(target=_stop, daemon=True)
     t.start()
     t.join(conf.vmar_agent.shutdown_timeout)

@@ -8,16 +8,18 @@ miss. An export named by an image id and size
 (:func:`vmar_openstack.names.glance_fetch_export`) reads through Glance,
 one range request a read (:class:`.glance.RangeReader`); one named by an
 RBD snapshot (:func:`.rbd.fetch_export`) reads the snapshot from Ceph
-(:class:`.rbd.Reader`). With ``[vmar_peers] peers`` a Glance image's run
-comes from a peer host that holds it when one does (:mod:`.peers`).
+(:class:`.rbd.Reader`). With peers (``[vmar_peers] discover`` or
+``peers``) a Glance image's run comes from a peer host that holds it when
+one does (:mod:`.peers`).
 nbdkit's retry-request filter tries a failed read again; the mirror checks
 every block against the digest list before a guest can read it.
 
 Keys: ``site=DIR`` (the site directory vmar is installed in; nbdkit runs
 the system's Python), ``config-file=FILE`` (repeatable: the service's
 configuration) and, with peers, ``digests=PATH`` (an image's digest list
-on this host, ``{}`` standing for the image id: the export daemon says
-where, :func:`vmar_openstack.export.peers.range_server_keys`).
+on this host) and ``holders=PATH`` (the file of its holders), ``{}``
+standing for the image id: the export daemon says where
+(:func:`vmar_openstack.export.peers.range_server_keys`).
 """
 
 import errno
@@ -27,18 +29,18 @@ import nbdkit
 
 API_VERSION = 2
 
-_keys = {'site': None, 'config-file': [], 'digests': None}
+_keys = {'site': None, 'config-file': [], 'digests': None, 'holders': None}
 _readers = {}
 
 
 def config(key, value):
     if key == 'config-file':
         _keys[key].append(value)
-    elif key in ('site', 'digests'):
+    elif key in ('site', 'digests', 'holders'):
         _keys[key] = value
     else:
-        raise RuntimeError('unknown key %r (site=, config-file=, digests=)'
-                           % key)
+        raise RuntimeError('unknown key %r (site=, config-file=, digests=, '
+                           'holders=)' % key)
 
 
 def config_complete():
@@ -57,15 +59,17 @@ def config_complete():
         args += ['--config-file', f]
     conf(args, project='vmar')
     _readers['glance'] = glance.RangeReader(conf)
-    if conf.vmar_peers.peers:
+    from vmar_openstack.mapsource import peers
+    if peers.enabled(conf):
         if not _keys['digests']:
-            raise RuntimeError('[vmar_peers] peers needs digests= (where '
-                               'the host keeps its digest lists)')
-        from vmar_openstack.mapsource import peers
+            raise RuntimeError('reading peers needs digests= (where the '
+                               'host keeps its digest lists)')
+        holders = _keys['holders']
         _readers['peers'] = peers.PeerReader(
             conf.vmar_peers.peers, conf.vmar_peers.tls_dir,
             _keys['digests'].format, conf.vmar_peers.bad_peer_seconds,
-            timeout=conf.vmar_peers.read_timeout)
+            timeout=conf.vmar_peers.read_timeout,
+            holders_path=holders.format if holders else None)
     if conf.vmar_rbd.ceph_conf:
         try:
             import rados  # noqa: F401 -- Debian's, in the system Python

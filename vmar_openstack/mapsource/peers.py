@@ -1,7 +1,9 @@
 """Runs a mirror misses, read from peer hosts that hold them (issue 34).
 
 The range server asks a :class:`PeerReader` before the store: the first
-peer (``[vmar_peers] peers``, in order) whose peer server
+peer (the base's holders the export daemon found, :mod:`vmar_openstack.
+export.discovery`, best first, then ``[vmar_peers] peers`` in order)
+whose peer server
 (:mod:`vmar_openstack.export.peers`) holds the whole run, by NBD block
 status, sends it over NBD with TLS (libnbd, the system Python's
 ``python3-libnbd``), and every block is checked against the image's
@@ -16,6 +18,7 @@ more read from the store instead of a failed guest read.
 """
 
 import hashlib
+import json
 import os
 import threading
 import time
@@ -23,10 +26,16 @@ import time
 from oslo_log import log as logging
 
 from vmar_openstack.mapformat import mirror as mirror_format
+from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
 ZERO_DIGEST = bytes(mirror_format.DIGEST_SIZE)
+
+
+def enabled(conf):
+    """Whether this host reads from peers: found, or configured."""
+    return bool(conf.vmar_peers.discover or conf.vmar_peers.peers)
 
 
 class PeerTimeout(Exception):
@@ -39,12 +48,15 @@ class PeerReader:
     ``peers``: ``host:port`` addresses; ``tls_dir``: the host's x509
     client credentials (``ca-cert.pem``, ``client-cert.pem``,
     ``client-key.pem``); ``digests_path(image_id)``: the path of an
-    image's digest list on this host.
+    image's digest list on this host; ``holders_path(image_id)``, if
+    given: the path of the file of its holders, asked before ``peers``.
     """
 
     def __init__(self, peers, tls_dir, digests_path, bad_seconds=300,
-                 clock=time.monotonic, timeout=5.0):
-        self.peers = [_address(p) for p in peers]
+                 clock=time.monotonic, timeout=5.0, holders_path=None):
+        self.peers = [names.parse_peer_address(p) for p in peers]
+        self.holders_path = holders_path
+        self._holders = {}          # image id -> (file mtime, [peer, ...])
         self.timeout = timeout      # seconds for each step of a peer read
         self.tls_dir = tls_dir
         self.digests_path = digests_path
@@ -65,7 +77,7 @@ class PeerReader:
         block_size, rows = rows
         if offset % block_size:
             return None
-        for peer in self.peers:
+        for peer in self.candidates(image_id):
             if self.clock() < self.bad_until.get(peer, 0):
                 continue
             data = self._read_from(peer, image_id, offset, length)
@@ -85,6 +97,33 @@ class PeerReader:
                       peer[0], peer[1], bad, image_id, self.bad_seconds)
             self._drop(peer, image_id)
         return None
+
+    def candidates(self, image_id):
+        """The peers to ask for ``image_id``'s runs, best first.
+
+        Its holders, as the export daemon last wrote them (re-read when
+        the file changes), then the configured peers. A file that is gone
+        or unreadable leaves the configured peers.
+        """
+        found = []
+        if self.holders_path is not None:
+            path = self.holders_path(image_id)
+            try:
+                mtime = os.stat(path).st_mtime_ns
+                cached = self._holders.get(image_id)
+                if cached is None or cached[0] != mtime:
+                    with open(path) as f:
+                        cached = (mtime, [
+                            names.parse_peer_address(h['peer'])
+                            for h in json.load(f)['holders']])
+                    self._holders[image_id] = cached
+                found = cached[1]
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                LOG.warning('holders of %s in %s unreadable: %s', image_id,
+                            path, e)
+        return found + [p for p in self.peers if p not in found]
 
     def _rows(self, image_id):
         with self._lock:
@@ -197,13 +236,6 @@ class PeerReader:
                           'store instead', image_id, peer[0], peer[1])
             self._drop(peer, image_id)
             return None
-
-
-def _address(text):
-    host, _colon, port = text.rpartition(':')
-    if not host or not port.isdigit():
-        raise ValueError('peer %r is not host:port' % text)
-    return host.strip('[]'), int(port)
 
 
 def _first_bad(data, offset, block_size, rows):
