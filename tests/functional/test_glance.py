@@ -56,6 +56,7 @@ from vmar_openstack.mapformat import bootset
 from vmar_openstack.mapformat import delta as delta_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.mapsource import glance as gsource
+from vmar_openstack.mapsource import peers as peer_source
 from vmar_openstack.mapsource import readers
 from vmar_openstack import names
 from vmar_openstack.nova_imagebackend import delta as nova_delta
@@ -1484,6 +1485,15 @@ class TestGlance(GlanceTestCase):
         b_proxy.stop()
         self.assert_same(uri, img)
         self.assertEqual(320, layout.holdings()[iid])
+        # what b's operator sees (the counts are written once a second)
+        self.wait_until(lambda: peer_source.read_counts(
+            layout.peer_counts_file())['peer_bytes'] == 320 * 4096,
+            'b counted %s' % peer_source.read_counts(
+                layout.peer_counts_file()))
+        st = subprocess.run(b_cmd + ['status'], capture_output=True,
+                            text=True, check=True).stdout
+        self.assertIn('%s  held by peer-a' % iid, st)
+        self.assertIn('bad blocks 0', st)
         # b holds it all now, but serves no peer: nobody is sent to it
         self.wait_until(
             lambda: dict(next((h.holds for h in reports.list()

@@ -18,7 +18,9 @@ from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
 from vmar_openstack.export import discovery
 from vmar_openstack.export import hostdir
+from vmar_openstack.export import metrics
 from vmar_openstack.export import peers
+from vmar_openstack.export import status
 from vmar_openstack.export import supervisor
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.mapsource import peers as peer_source
@@ -67,8 +69,14 @@ class TestPeers(testtools.TestCase):
         self.assertEqual([], peers.range_server_keys(self.conf))
         self.conf.set_override('peers', ['10.0.0.6:10810'],
                                group='vmar_peers')
-        key, = peers.range_server_keys(self.conf)
-        self.assertEqual('digests=%s/mirrors/{}.digests' % self.tmp, key)
+        self.assertEqual(['digests=%s/mirrors/{}.digests' % self.tmp,
+                          'counts=%s/peers/reads.json' % self.tmp],
+                         peers.range_server_keys(self.conf))
+        # discovery: where the holders are, too
+        self.conf.set_override('peers', [], group='vmar_peers')
+        self.conf.set_override('discover', True, group='vmar_peers')
+        self.assertEqual('holders=%s/peers/{}.json' % self.tmp,
+                         peers.range_server_keys(self.conf)[-1])
 
     def test_missing_credentials(self):
         os.unlink(os.path.join(self.tmp, 'server-key.pem'))
@@ -296,3 +304,48 @@ class TestDiscovery(testtools.TestCase):
         self.found.ensure([self.A, self.B])
         self.assertEqual([self.A, self.B, self.A],
                          [a[1] for a in self.agent.asked])
+
+
+class TestPeerCounts(testtools.TestCase):
+    """What a host tells of its peer reads: file, status, metrics."""
+
+    def test_counts_are_written_at_most_once_a_second(self):
+        tmp = self.useFixture(fixtures.TempDir()).path
+        path = os.path.join(tmp, 'reads.json')
+        now = [100.0]
+        reader = peer_source.PeerReader([], tmp, None, counts_path=path,
+                                        clock=lambda: now[0])
+        self.assertEqual(dict.fromkeys(peer_source.COUNTS, 0),
+                         peer_source.read_counts(path))
+        reader._count(peer_reads=1, peer_bytes=4096)
+        reader._count(peer_reads=1, peer_bytes=4096)
+        got = peer_source.read_counts(path)
+        self.assertEqual((1, 4096), (got['peer_reads'], got['peer_bytes']))
+        # a bad block is written at once
+        reader._count(bad_blocks=1)
+        got = peer_source.read_counts(path)
+        self.assertEqual((2, 1), (got['peer_reads'], got['bad_blocks']))
+        now[0] += 1
+        reader._count(timeouts=1)
+        self.assertEqual(reader.counts, peer_source.read_counts(path))
+        with open(path, 'w') as f:
+            f.write('{')
+        log = self.useFixture(fixtures.FakeLogger())
+        self.assertEqual(0, peer_source.read_counts(path)['peer_reads'])
+        self.assertIn('unreadable', log.output)
+
+    def test_metrics(self):
+        st = status.PeersStatus(
+            '10.0.0.1:10810', dict(peer_source.read_counts('/nonexistent'),
+                                   peer_reads=3, bad_blocks=1),
+            {TestDiscovery.A: ['h2', 'h3']}, 5, 1)
+        got = {m.name: m.samples for m in metrics._peer_metrics(st)}
+        self.assertEqual(3, got['vmar_peer_reads'][0].value)
+        self.assertEqual(1, got['vmar_peer_bad_blocks'][0].value)
+        self.assertEqual(5, got['vmar_peer_discovery_answers'][0].value)
+        self.assertEqual(({'base': TestDiscovery.A}, 2),
+                         (got['vmar_peer_holders'][0].labels,
+                          got['vmar_peer_holders'][0].value))
+        # every count the reader keeps is a metric
+        self.assertEqual(set(peer_source.COUNTS),
+                         {k for k, _n, _d in metrics._PEER_COUNTS})

@@ -114,6 +114,24 @@ def status():
     gc = st.get('guest_cache')
     if gc:
         _guest_cache(gc)
+    peers = st.get('peers')
+    if peers:
+        _peers(peers)
+
+
+def _peers(p):
+    """What the host serves its peers and read from them (``status``)."""
+    r = p['reads']
+    print()
+    print('peers: %s; read from peers %d runs, %s; bad blocks %d, runs not '
+          'held %d, unreachable %d, timeouts %d; vmar-agent answered %d, '
+          'not %d' % (
+              'serving on %s' % p['serving'] if p['serving']
+              else 'serving none', r['peer_reads'], _size(r['peer_bytes']),
+              r['bad_blocks'], r['not_held'], r['unreachable'],
+              r['timeouts'], p['answers'], p['unanswered']))
+    for base, hosts in sorted(p['holders'].items()):
+        print('  %s  held by %s' % (base, ', '.join(hosts) or 'no other host'))
 
 
 def _guest_cache(gc):

@@ -126,12 +126,30 @@ class Discovery(periodic.Periodic):
 
     def _prune(self, keep):
         """Remove the files of bases the host no longer mirrors."""
-        d = os.path.dirname(self.layout.holders_file('x'))
-        for name in (os.listdir(d) if os.path.isdir(d) else ()):
-            base_id = name[:-len('.json')]
-            if (name == names.holders_file(base_id)
-                    and names.is_uuid(base_id) and base_id not in keep):
-                fileutils.unlink(os.path.join(d, name))
+        for base_id, path in _answers(self.layout):
+            if base_id not in keep:
+                fileutils.unlink(path)
+
+
+def _answers(layout):
+    """``(base id, path)`` of each answer written on the host."""
+    d = os.path.dirname(layout.holders_file('x'))
+    for name in (os.listdir(d) if os.path.isdir(d) else ()):
+        base_id = name[:-len('.json')]
+        if name == names.holders_file(base_id) and names.is_uuid(base_id):
+            yield base_id, os.path.join(d, name)
+
+
+def holders(layout):
+    """``{base id: [host, ...]}`` of the answers on the host, best first."""
+    out = {}
+    for base_id, path in _answers(layout):
+        try:
+            with open(path) as f:
+                out[base_id] = [h['host'] for h in json.load(f)['holders']]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue        # pruned or being replaced: the next status
+    return out
 
 
 def _holder(h):

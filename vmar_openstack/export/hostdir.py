@@ -17,7 +17,8 @@ is an alternate map (:mod:`vmar_openstack.mapformat.alternate`): where
 that map version's image holds blocks of the base, for when the base's own
 data is gone from the source; the image then has a ``.reader`` too.
 ``peers/<base id>.json`` names the other hosts that hold blocks of a
-mirrored base (:mod:`.discovery`).
+mirrored base (:mod:`.discovery`), ``peers/reads.json`` counts what the
+range server read from peers.
 """
 
 import collections
@@ -46,6 +47,7 @@ _MAPS, _BASES, _MIRRORS = 'maps', 'bases', 'mirrors'
 _BOOTSETS, _SENT = 'bootsets', '.sent'
 _LAYOUTS = 'layouts'
 _PEERS = 'peers'
+_PEER_COUNTS = 'reads.json'
 # the lock files of releases before the host API (nothing takes them now)
 _OLD_LOCKS = 'locks'
 # the files of a mirror, in the order they are created; deleted in reverse
@@ -107,6 +109,10 @@ class Layout:
     def holders_file(self, base_id):
         """Who holds blocks of ``base_id`` (:mod:`.discovery`)."""
         return os.path.join(self.root, _PEERS, names.holders_file(base_id))
+
+    def peer_counts_file(self):
+        """What the range server read from peers (its reader's counts)."""
+        return os.path.join(self.root, _PEERS, _PEER_COUNTS)
 
     def base_file(self, image_id):
         """The file that holds the base's data: whole base, else mirror."""

@@ -87,6 +87,41 @@ class ExportCollector(prom_registry.Collector):
             yield from _guest_metrics(st.guest_cache)
         if st.warm is not None:
             yield from _warm_metrics(st.warm)
+        if st.peers is not None:
+            yield from _peer_metrics(st.peers)
+
+
+#: the range server's peer read counts (mapsource.peers.COUNTS), as metrics
+_PEER_COUNTS = (
+    ('peer_reads', 'vmar_peer_reads', 'Runs read from peer hosts, every '
+     'block verified.'),
+    ('peer_bytes', 'vmar_peer_read_bytes', 'Bytes read from peer hosts.'),
+    ('bad_blocks', 'vmar_peer_bad_blocks', 'Blocks a peer sent that failed '
+     'their digest (the peer is not asked again for bad_peer_seconds).'),
+    ('not_held', 'vmar_peer_not_held', 'Runs a peer asked did not hold '
+     'whole (its block status).'),
+    ('unreachable', 'vmar_peer_unreachable', 'Peer reads that could not '
+     'connect or were refused.'),
+    ('timeouts', 'vmar_peer_timeouts', 'Peer reads given up after '
+     '[vmar_peers] read_timeout.'))
+
+
+def _peer_metrics(peers):
+    """Blocks between hosts (doc/source/peers.rst)."""
+    for key, name, doc in _PEER_COUNTS:
+        yield core.CounterMetricFamily(name, doc, value=peers.reads[key])
+    yield core.CounterMetricFamily(
+        'vmar_peer_discovery_answers', 'Answers of vmar-agent to "who '
+        'holds this base".', value=peers.answers)
+    yield core.CounterMetricFamily(
+        'vmar_peer_discovery_unanswered', 'Questions vmar-agent did not '
+        'answer (or answered malformed).', value=peers.unanswered)
+    held = core.GaugeMetricFamily(
+        'vmar_peer_holders', 'Hosts vmar-agent named as holders of a base '
+        'this host mirrors.', labels=['base'])
+    for base, hosts in sorted(peers.holders.items()):
+        held.add_metric([base], len(hosts))
+    yield held
 
 
 def _warm_metrics(warm):

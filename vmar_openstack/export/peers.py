@@ -57,12 +57,15 @@ def range_server_keys(conf):
 
     Where this host keeps its mirrors' digest lists, which the peers'
     blocks are checked against, and the files of their holders
-    (:mod:`.discovery`), ``{}`` standing for the image id.
+    (:mod:`.discovery`), ``{}`` standing for the image id; where it counts
+    what it reads from peers.
     """
     if not peer_source.enabled(conf):
         return []
     layout = hostdir.Layout(conf.vmar_host.host_dir)
-    keys = ['digests=%s' % layout.mirror('{}').digests]
+    os.makedirs(os.path.dirname(layout.peer_counts_file()), exist_ok=True)
+    keys = ['digests=%s' % layout.mirror('{}').digests,
+            'counts=%s' % layout.peer_counts_file()]
     if conf.vmar_peers.discover:
         keys.append('holders=%s' % layout.holders_file('{}'))
     return keys

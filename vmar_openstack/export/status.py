@@ -9,14 +9,20 @@ its read counters (the vmar driver's, since the daemon started), the base
 files copied whole for it, the bytes fetched of the bases it reads, and
 whether its prefetch or its fill (:mod:`.prefetch`) is still queued.
 Per guest-private or auto server (:mod:`.guests`): the mode its guest
-runs in, what the host asks of it, and the memory it gave back.
+runs in, what the host asks of it, and the memory it gave back. With
+peers (doc/source/peers.rst): where the host serves them, what its range
+server read from them, and the holders vmar-agent named per base.
 """
 
 import dataclasses
 import os
 import subprocess
 
+from vmar_openstack.export import discovery
+from vmar_openstack.export import hostdir
 from vmar_openstack.export import prefetch
+from vmar_openstack.mapsource import peers as peer_source
+from vmar_openstack import names
 from vmar_openstack import pagecache
 
 
@@ -52,6 +58,16 @@ class ExportStatus:
 
 
 @dataclasses.dataclass
+class PeersStatus:
+    serving: str               # this host's peer server, or None
+    reads: dict                # what the range server read from peers
+    #                            (mapsource.peers.COUNTS), since it started
+    holders: dict              # base id -> hosts vmar-agent named
+    answers: int               # of vmar-agent, since the daemon started
+    unanswered: int
+
+
+@dataclasses.dataclass
 class HostStatus:
     socket: str
     daemon_up: bool
@@ -60,6 +76,7 @@ class HostStatus:
     fetched: object            # export.state.Fetched
     guest_cache: object        # export.guests.GuestCacheStatus, or None
     warm: object               # export.warm.WarmStatus, or None
+    peers: object = None       # PeersStatus, or None: no peers
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -115,4 +132,19 @@ def collect(service):
     return HostStatus(service.socket, counters is not None, bases, out,
                       fetched, service.guests.snapshot()
                       if service.guests else None,
-                      service.warm.snapshot() if service.warm else None)
+                      service.warm.snapshot() if service.warm else None,
+                      _peers(service))
+
+
+def _peers(service):
+    p = service.conf.vmar_peers
+    if not (p.listen_address or peer_source.enabled(service.conf)):
+        return None
+    layout = hostdir.Layout(service.host_dir)
+    found = service.discovery
+    return PeersStatus(
+        names.peer_address(p.listen_address, p.listen_port)
+        if p.listen_address else None,
+        peer_source.read_counts(layout.peer_counts_file()),
+        discovery.holders(layout), found.asked if found else 0,
+        found.failed if found else 0)

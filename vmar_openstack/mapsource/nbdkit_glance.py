@@ -18,7 +18,8 @@ Keys: ``site=DIR`` (the site directory vmar is installed in; nbdkit runs
 the system's Python), ``config-file=FILE`` (repeatable: the service's
 configuration) and, with peers, ``digests=PATH`` (an image's digest list
 on this host) and ``holders=PATH`` (the file of its holders), ``{}``
-standing for the image id: the export daemon says where
+standing for the image id, and ``counts=PATH`` (where the peer reads are
+counted): the export daemon says where
 (:func:`vmar_openstack.export.peers.range_server_keys`).
 """
 
@@ -29,18 +30,19 @@ import nbdkit
 
 API_VERSION = 2
 
-_keys = {'site': None, 'config-file': [], 'digests': None, 'holders': None}
+_keys = {'site': None, 'config-file': [], 'digests': None, 'holders': None,
+         'counts': None}
 _readers = {}
 
 
 def config(key, value):
     if key == 'config-file':
         _keys[key].append(value)
-    elif key in ('site', 'digests', 'holders'):
+    elif key in ('site', 'digests', 'holders', 'counts'):
         _keys[key] = value
     else:
         raise RuntimeError('unknown key %r (site=, config-file=, digests=, '
-                           'holders=)' % key)
+                           'holders=, counts=)' % key)
 
 
 def config_complete():
@@ -69,7 +71,8 @@ def config_complete():
             conf.vmar_peers.peers, conf.vmar_peers.tls_dir,
             _keys['digests'].format, conf.vmar_peers.bad_peer_seconds,
             timeout=conf.vmar_peers.read_timeout,
-            holders_path=holders.format if holders else None)
+            holders_path=holders.format if holders else None,
+            counts_path=_keys['counts'])
     if conf.vmar_rbd.ceph_conf:
         try:
             import rados  # noqa: F401 -- Debian's, in the system Python

@@ -25,12 +25,36 @@ import time
 
 from oslo_log import log as logging
 
+from vmar_openstack import fileutils
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
 ZERO_DIGEST = bytes(mirror_format.DIGEST_SIZE)
+
+
+#: what :attr:`PeerReader.counts` counts: runs and bytes read from peers,
+#: blocks that failed their digest, runs no peer held, peers that could not
+#: be reached (or refused), peers that did not answer in time
+COUNTS = ('peer_reads', 'peer_bytes', 'bad_blocks', 'not_held',
+          'unreachable', 'timeouts')
+
+
+def read_counts(path):
+    """The counts a range server's reader last wrote (zeros if none)."""
+    out = dict.fromkeys(COUNTS, 0)
+    try:
+        with open(path) as f:
+            got = json.load(f)
+    except FileNotFoundError:
+        return out
+    except (OSError, ValueError) as e:
+        LOG.warning('peer read counts in %s unreadable: %s', path, e)
+        return out
+    out.update((k, int(got[k])) for k in COUNTS
+               if isinstance(got.get(k), int))
+    return out
 
 
 def enabled(conf):
@@ -49,11 +73,14 @@ class PeerReader:
     client credentials (``ca-cert.pem``, ``client-cert.pem``,
     ``client-key.pem``); ``digests_path(image_id)``: the path of an
     image's digest list on this host; ``holders_path(image_id)``, if
-    given: the path of the file of its holders, asked before ``peers``.
+    given: the path of the file of its holders, asked before ``peers``;
+    ``counts_path``, if given: where :attr:`counts` are written, at most
+    once a second and at once for a bad block (:func:`read_counts`).
     """
 
     def __init__(self, peers, tls_dir, digests_path, bad_seconds=300,
-                 clock=time.monotonic, timeout=5.0, holders_path=None):
+                 clock=time.monotonic, timeout=5.0, holders_path=None,
+                 counts_path=None):
         self.peers = [names.parse_peer_address(p) for p in peers]
         self.holders_path = holders_path
         self._holders = {}          # image id -> (file mtime, [peer, ...])
@@ -63,8 +90,9 @@ class PeerReader:
         self.bad_seconds = bad_seconds
         self.clock = clock
         self.bad_until = {}         # peer -> clock time
-        self.counts = {'peer_reads': 0, 'peer_bytes': 0, 'bad_blocks': 0,
-                       'not_held': 0, 'unreachable': 0, 'timeouts': 0}
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.counts_path = counts_path
+        self._written = None        # when the counts were last written
         self._local = threading.local()
         self._lock = threading.Lock()
         self._digests = {}
@@ -85,18 +113,34 @@ class PeerReader:
                 continue
             bad = _first_bad(data, offset, block_size, rows)
             if bad is None:
-                with self._lock:
-                    self.counts['peer_reads'] += 1
-                    self.counts['peer_bytes'] += length
+                self._count(peer_reads=1, peer_bytes=length)
                 return data
             with self._lock:
-                self.counts['bad_blocks'] += 1
                 self.bad_until[peer] = self.clock() + self.bad_seconds
+            self._count(bad_blocks=1)
             LOG.error('peer %s:%d sent block %d of image %s that does not '
                       'match its digest: not asked again for %d s',
                       peer[0], peer[1], bad, image_id, self.bad_seconds)
             self._drop(peer, image_id)
         return None
+
+    def _count(self, **incs):
+        with self._lock:
+            for k, v in incs.items():
+                self.counts[k] += v
+            now = self.clock()
+            if self.counts_path is None or (
+                    'bad_blocks' not in incs and self._written is not None
+                    and now - self._written < 1):
+                return
+            self._written = now
+            body = json.dumps(self.counts).encode()
+        try:
+            with fileutils.atomic_file(self.counts_path) as f:
+                f.write(body)
+        except OSError as e:
+            LOG.warning('peer read counts not written to %s: %s',
+                        self.counts_path, e)
 
     def candidates(self, image_id):
         """The peers to ask for ``image_id``'s runs, best first.
@@ -206,16 +250,14 @@ class PeerReader:
         try:
             h = self._handle(peer, image_id)
             if not self._holds(h, nbd, offset, length):
-                with self._lock:
-                    self.counts['not_held'] += 1
+                self._count(not_held=1)
                 return None
             buf = nbd.Buffer(length)
             cookie = h.aio_pread(buf, offset)
             self._wait(h, lambda: h.aio_command_completed(cookie))
             return bytes(buf.to_bytearray())
         except PeerTimeout:
-            with self._lock:
-                self.counts['timeouts'] += 1
+            self._count(timeouts=1)
             LOG.warning('peer %s:%d did not answer for image %s within '
                         '%.0f s: the store instead', peer[0], peer[1],
                         image_id, self.timeout)
@@ -224,8 +266,7 @@ class PeerReader:
         except nbd.Error as e:
             # not held at all ("export not available"), unreachable,
             # refused: the store instead
-            with self._lock:
-                self.counts['unreachable'] += 1
+            self._count(unreachable=1)
             LOG.debug('peer %s:%d, image %s: %s', peer[0], peer[1],
                       image_id, e)
             self._drop(peer, image_id)
