@@ -280,6 +280,23 @@ class TestDiscovery(testtools.TestCase):
         self.assertEqual('h2', self.holders(self.A)[0]['host'])
         self.assertIn('vmar-agent did not answer', log.output)
 
+    def test_a_silent_agent_is_not_waited_for_again_at_once(self):
+        self.agent.answers = {self.A: TimeoutError('no answer'),
+                              self.B: []}
+        self.useFixture(fixtures.FakeLogger())
+        self.found.refresh([self.A, self.B])
+        # the round ended at the first silence
+        self.assertEqual([self.A], [a[1] for a in self.agent.asked])
+        # an export added meanwhile does not wait for it
+        self.found.ensure([self.B])
+        self.assertEqual(1, len(self.agent.asked))
+        # the periodic step asks again, and an answer ends the silence
+        self.agent.answers[self.A] = []
+        self.found.refresh([self.A])
+        self.found.ensure([self.B])
+        self.assertEqual([self.A, self.A, self.B],
+                         [a[1] for a in self.agent.asked])
+
     def test_step_asks_for_the_mirrors_and_prunes(self):
         self.agent.answers = {self.A: [], self.B: []}
         self.mirror(self.A)

@@ -69,6 +69,7 @@ class Discovery(periodic.Periodic):
         self.client = client
         self.asked = 0          # answers written
         self.failed = 0         # questions the agent did not answer
+        self.silent_since = None    # monotonic time of the last failure
 
     def step(self):
         mirrors = sorted(b for b, n in self.layout.holdings().items()
@@ -80,8 +81,13 @@ class Discovery(periodic.Periodic):
         """Ask for the bases whose answer is missing or out of date.
 
         For an export being added: its reads are about to start. Out of
-        date: older than the interval.
+        date: older than the interval. Not asked while the agent has been
+        silent within the interval: an add waits for it once, not once per
+        export (the periodic step asks again).
         """
+        if self.silent_since is not None and (
+                time.monotonic() - self.silent_since < self.interval):
+            return
         now = time.time()
         stale = []
         for base_id in base_ids:
@@ -94,16 +100,22 @@ class Discovery(periodic.Periodic):
         self.refresh(stale)
 
     def refresh(self, base_ids):
-        """Ask for each base's holders; write the answers. Never raises."""
+        """Ask for each base's holders; write the answers. Never raises.
+
+        The first question the agent does not answer ends the round: the
+        others would wait as long for nothing.
+        """
         for base_id in base_ids:
             try:
                 found = self.client.call({}, 'holders', base_id=base_id,
                                          host=self.host, limit=self.limit)
             except Exception as e:   # the agent or the bus away: keep the
-                self.failed += 1     # last answer; the store serves
+                self.failed += 1     # last answers; the store serves
+                self.silent_since = time.monotonic()
                 LOG.warning('who holds %s: vmar-agent did not answer: %s',
                             base_id, e)
-                continue
+                return
+            self.silent_since = None
             try:
                 holders = [_holder(h) for h in found]
             except (KeyError, TypeError, ValueError) as e:
