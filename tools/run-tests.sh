@@ -188,18 +188,36 @@ stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, Ceph)"
 DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph|test_peers)\.'
 DAEMON_TESTS+='|^tests\.functional\.test_glance\..*\.test_lazy_'
 tests_status=0
+# stestr's "failing" names the failures of its last run only: each run's
+# are kept, with the QEMU they ran on, for the summary at the end
+FAILED=$(mktemp /tmp/vmar-failed.XXXXXX)
+failed() {
+    stestr --test-path=./tests/functional failing --list 2>/dev/null |
+        sed "s|\$| ($1)|" >>"$FAILED" || true
+}
 stestr --test-path=./tests/functional run --concurrency=1 \
-    --exclude-regex "^${CLOUD_TEST//./\\.}\\." || tests_status=$?
+    --exclude-regex "^${CLOUD_TEST//./\\.}\\." || {
+    tests_status=$?
+    failed "QEMU $(sed -n 's/^qemu-version //p' \
+        "$VMAR_QEMU_PREFIX/BUILDINFO" 2>/dev/null)"
+}
 if [ "$MULTINODE" = 1 ]; then
     stage "multinode: every move between three compute hosts"
     VMAR_MULTINODE=1 stestr --test-path=./tests/functional run \
-        --concurrency=1 test_multinode || tests_status=$?
+        --concurrency=1 test_multinode || {
+        tests_status=$?
+        failed multinode
+    }
 fi
 for prefix in "${OTHER_QEMUS[@]}"; do
-    stage "the daemon's functional tests on $(sed -n 's/^qemu-version //p' \
-        "$prefix/BUILDINFO" 2>/dev/null || echo "$prefix")"
+    version=$(sed -n 's/^qemu-version //p' "$prefix/BUILDINFO" \
+        2>/dev/null || echo "$prefix")
+    stage "the daemon's functional tests on $version"
     VMAR_QEMU_PREFIX=$prefix stestr --test-path=./tests/functional run \
-        --concurrency=1 "$DAEMON_TESTS" || tests_status=$?
+        --concurrency=1 "$DAEMON_TESTS" || {
+        tests_status=$?
+        failed "QEMU $version"
+    }
 done
 stop_started
 
@@ -225,9 +243,10 @@ fi
 # of the end of the output finds it.
 if [ "$tests_status" != 0 ]; then
     stage "functional tests that failed (details above)"
-    stestr --test-path=./tests/functional failing --list || true
+    cat "$FAILED"
     [ "$cloud_status" = 0 ] || echo "$CLOUD_TEST"
 fi
+rm -f "$FAILED"
 stage "done"
 [ "$tests_status" = 0 ] && [ "$fresh" = 0 ] && [ "$bench_status" = 0 ] &&
     [ "$nova33_status" = 0 ]
