@@ -158,6 +158,10 @@ class TestGlanceOnCeph(CephStore, test_glance.GlanceTestCase):
                            text=True)
         self.assertEqual(0, r.returncode, r.stderr)
 
+    def test_a_lazy_host_reads_what_its_peer_holds(self):
+        """Peer discovery end to end, Ceph cut (issue 34)."""
+        self.check_peer_reads(lambda _proxy: self.ceph.kill_osd())
+
     def test_a_dead_osd_fails_reads_until_it_is_back(self):
         a = self.image('co-a.raw', list(range(1, 257)))
         b = self.image('co-b.raw', list(range(1, 257))

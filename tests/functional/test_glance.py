@@ -435,6 +435,68 @@ class GlanceTestCase(testtools.TestCase):
             [qemu_env.SYSTEM_QEMU_IO, '-r', '-f', 'raw', '-c', command, uri],
             capture_output=True, text=True)
 
+    def check_peer_reads(self, cut_store):
+        """Peer discovery end to end (issue 34, doc/source/peers.rst).
+
+        Host a runs a peer server and reports what its mirror holds; host
+        b asks vmar-agent who holds the image (RPC on the bus of the
+        reports), is told a, and reads every block from a once
+        ``cut_store(b's Glance proxy)`` has cut its way to the store.
+        """
+        img = self.image('peer.raw', list(range(95001, 95257)) + [None] * 64
+                         + list(range(96001, 96065)))
+        iid = self.create(img)
+        version = self.wait_map(iid)
+        self.wait_digests(iid)
+        ca = os.path.join(self.tmp, 'ca')
+        pki.make_ca(ca, 'vmar test host CA')
+        tls = os.path.join(self.tmp, 'tls')
+        pki.make_cert(ca, tls, 'server', '127.0.0.1', san='IP:127.0.0.1')
+        pki.make_cert(ca, tls, 'client', 'compute')
+        port = process.free_port()
+        _a_dir, a_cmd, _a_proxy = self.lazy_host(
+            report=True, name='peer-a', host='peer-a', sections={
+                'vmar_peers': {'listen_address': '127.0.0.1',
+                               'listen_port': str(port), 'tls_dir': tls}})
+        self.assert_same(self.lazy_add(a_cmd, iid, version), img)
+        # a's report: its mirror holds the image's 320 data blocks
+        reports = db_hosts.HostReports(self.conf)
+        self.wait_until(
+            lambda: [(h.host, h.blocks) for h in reports.holders(iid)]
+            == [('peer-a', 320)],
+            'a never reported its mirror: %s' % reports.holders(iid))
+        b_dir, b_cmd, b_proxy = self.lazy_host(
+            report=True, name='peer-b', host='peer-b', sections={
+                'vmar_peers': {'discover': 'true', 'tls_dir': tls}})
+        uri = self.lazy_add(b_cmd, iid, version)
+        # the export's add asked the agent before any read
+        with open(os.path.join(b_dir, 'peers', iid + '.json')) as f:
+            found = json.load(f)
+        self.assertEqual([{'host': 'peer-a', 'peer': '127.0.0.1:%d' % port,
+                           'blocks': 320}], found['holders'])
+        # nothing read yet; then Glance out of b's reach: every block
+        # comes from a, each checked against its digest
+        layout = hostdir.Layout(b_dir)
+        self.assertEqual(0, layout.holdings()[iid])
+        cut_store(b_proxy)
+        self.assert_same(uri, img)
+        self.assertEqual(320, layout.holdings()[iid])
+        # what b's operator sees (the counts are written once a second)
+        self.wait_until(lambda: peer_source.read_counts(
+            layout.peer_counts_file())['peer_bytes'] == 320 * 4096,
+            'b counted %s' % peer_source.read_counts(
+                layout.peer_counts_file()))
+        st = subprocess.run(b_cmd + ['status'], capture_output=True,
+                            text=True, check=True).stdout
+        self.assertIn('%s  held by peer-a' % iid, st)
+        self.assertIn('bad blocks 0', st)
+        # b holds it all now, but serves no peer: nobody is sent to it
+        self.wait_until(
+            lambda: dict(next((h.holds for h in reports.list()
+                               if h.host == 'peer-b'), ())).get(iid) == 320,
+            'b never reported its mirror')
+        self.assertEqual(['peer-a'], [h.host for h in reports.holders(iid)])
+
     def assert_same(self, uri, raw):
         r = subprocess.run([qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw',
                             '-F', 'raw', uri, raw], capture_output=True,
@@ -1440,66 +1502,8 @@ class TestGlance(GlanceTestCase):
         self.manage('hosts', 'forget', 'hold-host')
 
     def test_a_lazy_host_reads_what_its_peer_holds(self):
-        """Peer discovery end to end (issue 34, doc/source/peers.rst).
-
-        Host a runs a peer server and reports what its mirror holds; host
-        b asks vmar-agent who holds the image (RPC on the bus of the
-        reports), is told a, and reads every block from a with its own
-        way to Glance cut.
-        """
-        img = self.image('peer.raw', list(range(95001, 95257)) + [None] * 64
-                         + list(range(96001, 96065)))
-        iid = self.create(img)
-        version = self.wait_map(iid)
-        self.wait_digests(iid)
-        ca = os.path.join(self.tmp, 'ca')
-        pki.make_ca(ca, 'vmar test host CA')
-        tls = os.path.join(self.tmp, 'tls')
-        pki.make_cert(ca, tls, 'server', '127.0.0.1', san='IP:127.0.0.1')
-        pki.make_cert(ca, tls, 'client', 'compute')
-        port = process.free_port()
-        _a_dir, a_cmd, _a_proxy = self.lazy_host(
-            report=True, name='peer-a', host='peer-a', sections={
-                'vmar_peers': {'listen_address': '127.0.0.1',
-                               'listen_port': str(port), 'tls_dir': tls}})
-        self.assert_same(self.lazy_add(a_cmd, iid, version), img)
-        # a's report: its mirror holds the image's 320 data blocks
-        reports = db_hosts.HostReports(self.conf)
-        self.wait_until(
-            lambda: [(h.host, h.blocks) for h in reports.holders(iid)]
-            == [('peer-a', 320)],
-            'a never reported its mirror: %s' % reports.holders(iid))
-        b_dir, b_cmd, b_proxy = self.lazy_host(
-            report=True, name='peer-b', host='peer-b', sections={
-                'vmar_peers': {'discover': 'true', 'tls_dir': tls}})
-        uri = self.lazy_add(b_cmd, iid, version)
-        # the export's add asked the agent before any read
-        with open(os.path.join(b_dir, 'peers', iid + '.json')) as f:
-            found = json.load(f)
-        self.assertEqual([{'host': 'peer-a', 'peer': '127.0.0.1:%d' % port,
-                           'blocks': 320}], found['holders'])
-        # nothing read yet; then Glance out of b's reach: every block
-        # comes from a, each checked against its digest
-        layout = hostdir.Layout(b_dir)
-        self.assertEqual(0, layout.holdings()[iid])
-        b_proxy.stop()
-        self.assert_same(uri, img)
-        self.assertEqual(320, layout.holdings()[iid])
-        # what b's operator sees (the counts are written once a second)
-        self.wait_until(lambda: peer_source.read_counts(
-            layout.peer_counts_file())['peer_bytes'] == 320 * 4096,
-            'b counted %s' % peer_source.read_counts(
-                layout.peer_counts_file()))
-        st = subprocess.run(b_cmd + ['status'], capture_output=True,
-                            text=True, check=True).stdout
-        self.assertIn('%s  held by peer-a' % iid, st)
-        self.assertIn('bad blocks 0', st)
-        # b holds it all now, but serves no peer: nobody is sent to it
-        self.wait_until(
-            lambda: dict(next((h.holds for h in reports.list()
-                               if h.host == 'peer-b'), ())).get(iid) == 320,
-            'b never reported its mirror')
-        self.assertEqual(['peer-a'], [h.host for h in reports.holders(iid)])
+        """Peer discovery end to end, Glance cut (issue 34)."""
+        self.check_peer_reads(lambda proxy: proxy.stop())
 
     def test_hostile_uploads(self):
         before = self.library_count()

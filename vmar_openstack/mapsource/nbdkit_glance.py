@@ -9,8 +9,8 @@ miss. An export named by an image id and size
 one range request a read (:class:`.glance.RangeReader`); one named by an
 RBD snapshot (:func:`.rbd.fetch_export`) reads the snapshot from Ceph
 (:class:`.rbd.Reader`). With peers (``[vmar_peers] discover`` or
-``peers``) a Glance image's run comes from a peer host that holds it when
-one does (:mod:`.peers`).
+``peers``) a run of an image, through Glance or from Ceph, comes from a
+peer host that holds it when one does (:mod:`.peers`).
 nbdkit's retry-request filter tries a failed read again; the mirror checks
 every block against the digest list before a guest can read it.
 
@@ -105,25 +105,32 @@ def open(readonly):
                 raise ValueError('export %r: [vmar_rbd] ceph_conf is not '
                                  'set' % name)
             loc, size = rbd.parse_fetch_export(name)
-            return {'read': _readers['rbd'].read, 'key': loc, 'size': size,
+            read = _readers['rbd'].read
+            if names.is_uuid(loc.image):
+                # Glance's RBD store names an image's RBD image by its id
+                read = _peers_then(read, loc.image)
+            return {'read': read, 'key': loc, 'size': size,
                     'what': 'RBD %s/%s@%s' % loc[1:]}
         image_id, size = names.parse_glance_fetch_export(name)
     except ValueError as e:
         nbdkit.set_error(errno.ENOENT)
         raise RuntimeError(str(e))
-    return {'read': _peers_then(_readers['glance'].read), 'key': image_id,
-            'size': size, 'what': 'image %s' % image_id}
+    return {'read': _peers_then(_readers['glance'].read, image_id),
+            'key': image_id, 'size': size, 'what': 'image %s' % image_id}
 
 
-def _peers_then(store):
-    """The peers' read of a run, else ``store``'s (see .peers)."""
+def _peers_then(store, image_id):
+    """The peers' read of a run of ``image_id``, else ``store``'s.
+
+    ``store`` takes the export's key (see :mod:`.peers`).
+    """
     peer = _readers.get('peers')
     if peer is None:
         return store
 
-    def read(image_id, offset, length):
+    def read(key, offset, length):
         data = peer.read(image_id, offset, length)
-        return store(image_id, offset, length) if data is None else data
+        return store(key, offset, length) if data is None else data
     return read
 
 
