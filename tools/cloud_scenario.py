@@ -199,16 +199,33 @@ class UserPath(Scenario):
         when it is past ``since`` in the same log, or anywhere in a log
         that no longer starts with ``since``. Returns its seconds.
         """
+        seen = ['']
+
         def probe():
-            log = self.console(name)
+            log = seen[0] = self.console(name)
             if since and log.startswith(since):
                 log = log[len(since):]
             m = MARKER.search(log)
             return m and (m.group(1), float(m.group(2)))
-        found = self.wait('VMAR-BOOTED on %s' % name, probe)
+        try:
+            found = self.wait('VMAR-BOOTED on %s' % name, probe)
+        except ScenarioError as e:
+            # what the guest got to, and where its domain is
+            tail = '\n'.join(seen[0].splitlines()[-25:])
+            raise ScenarioError('%s; the console log ends:\n%s\n%s' % (
+                e, tail or '(empty)', self._domain_state(name)))
         check(found[0] == image, '%s booted %s, not %s', name, found[0],
               image)
         return found[1]
+
+    def _domain_state(self, name):
+        """virsh's view of a server's domain, for a failure's message."""
+        try:
+            dom = self.domain(name)
+            return 'its domain %s: %s' % (
+                dom, self.virsh('domstate', '--reason', dom).strip())
+        except Exception as e:
+            return 'its domain: unknown (%s)' % e
 
     def map_images(self, of=None):
         """Hidden map images in Glance, {id: properties}."""
