@@ -23,7 +23,11 @@
 # qemu/build.sh. The image library is hard-linked into the root: an image
 # is rebuilt, in the root's copy only, unless its stamp matches the hash of
 # the build script, its parameters and the root's tool versions, so a
-# stale image is never reused. Installed results are never shared: the
+# stale image is never reused. The root's tools are the mirror's newest
+# and this machine's may be older, so the images a root builds are kept
+# in $VMAR_FRESH_ROOT_CACHE/images, stamps and all, and linked into the
+# next root over the machine's: a warm run builds an image again only
+# when its script, parameters or the root's tools changed. Installed results are never shared: the
 # packages, the virtualenv and the QEMU prefix are made in the root.
 # --cold shares none of them: every download and build happens in the root,
 # as on a new machine (how the README's timings are measured).
@@ -59,6 +63,8 @@ SHARED_CACHES=(/root/.cache/pip /var/cache/vmar-openstack/debootstrap
 # rebuilds the others into its own copy (a build renames a new file into
 # place), never into the machine's library, which tests may be reading.
 LIBRARY=/var/cache/vmar-openstack/images
+# the images earlier roots built (their stamps name the roots' tools)
+ROOT_LIBRARY=$CACHE/images
 
 say() {
     printf '%s fresh-root: %s\n' "$(date +%H:%M:%S)" "$*" >&2
@@ -143,6 +149,11 @@ inside() {
             cp -al "$LIBRARY" "$root$LIBRARY" 2>/dev/null ||
                 say "image library not linked in (another file system?)"
         fi
+        if [ -d "$ROOT_LIBRARY" ]; then
+            mkdir -p "$root$LIBRARY"
+            cp -alf "$ROOT_LIBRARY/." "$root$LIBRARY/" 2>/dev/null ||
+                say "images of earlier roots not linked in"
+        fi
     fi
     # shellcheck disable=SC2016  # expanded by the inner shell
     exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
@@ -158,6 +169,28 @@ leftovers() {
             printf '%s %s\n' "${p#/proc/}" "$(tr '\0' ' ' <"$p/cmdline")"
     done
     return 0
+}
+
+# The images the root built (new files, not links to the machine's or to
+# an earlier root's), kept for the next root with their stamps.
+keep_images() {
+    local root=$1 stamp name
+    for stamp in "$root$LIBRARY"/*.raw.stamp; do
+        [ -f "$stamp" ] || continue
+        name=${stamp##*/}
+        name=${name%.stamp}
+        [ "$stamp" -ef "$LIBRARY/$name.stamp" ] && continue
+        [ "$stamp" -ef "$ROOT_LIBRARY/$name.stamp" ] && continue
+        [ -f "$root$LIBRARY/$name" ] || continue
+        mkdir -p "$ROOT_LIBRARY"
+        rm -f "$ROOT_LIBRARY/$name.stamp"
+        if ln -f "$root$LIBRARY/$name" "$ROOT_LIBRARY/$name" &&
+            ln -f "$stamp" "$ROOT_LIBRARY/$name.stamp"; then
+            say "kept $name, built in the root, for the next root"
+        else
+            rm -f "$ROOT_LIBRARY/$name" "$ROOT_LIBRARY/$name.stamp"
+        fi
+    done
 }
 
 main() {
@@ -204,6 +237,7 @@ main() {
     unshare --mount -- "$SCRIPT" --inside "$root" "$cold" "$@" || rc=$?
     say "command exited with $rc after $((SECONDS - start)) s"
 
+    [ "$cold" = 1 ] || keep_images "$root"
     left=$(leftovers "$root")
     if [ -n "$left" ]; then
         say "processes left running in the root (killed now):"
