@@ -479,7 +479,10 @@ class GlanceTestCase(testtools.TestCase):
         layout = hostdir.Layout(b_dir)
         cut_store(b_proxy)
         self.assert_same(uri, img)
-        self.assertEqual(320, layout.holdings()[iid])
+        # (the present bits reach the disk after the data)
+        self.wait_until(lambda: layout.holdings()[iid] == 320,
+                        'b\'s mirror holds %d blocks'
+                        % layout.holdings()[iid])
         # what b's operator sees (the counts are written once a second)
         self.wait_until(lambda: peer_source.read_counts(
             layout.peer_counts_file())['peer_bytes'] == 320 * 4096,

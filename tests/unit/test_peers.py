@@ -8,6 +8,7 @@ them and how it keeps the server up.
 import hashlib
 import json
 import os
+import time
 
 import fixtures
 import numpy as np
@@ -345,10 +346,18 @@ class TestPeerCounts(testtools.TestCase):
         now[0] += 1
         reader._count(timeouts=1)
         self.assertEqual(reader.counts, peer_source.read_counts(path))
-        with open(path, 'w') as f:
+        # a change within the second is written by the second's end
+        reader._count(peer_reads=1)
+        self.assertEqual(2, peer_source.read_counts(path)['peer_reads'])
+        deadline = time.monotonic() + 10
+        while peer_source.read_counts(path)['peer_reads'] != 3:
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.05)
+        bad = os.path.join(tmp, 'bad.json')
+        with open(bad, 'w') as f:
             f.write('{')
         log = self.useFixture(fixtures.FakeLogger())
-        self.assertEqual(0, peer_source.read_counts(path)['peer_reads'])
+        self.assertEqual(0, peer_source.read_counts(bad)['peer_reads'])
         self.assertIn('unreadable', log.output)
 
     def test_metrics(self):

@@ -39,6 +39,8 @@ ZERO_DIGEST = bytes(mirror_format.DIGEST_SIZE)
 #: be reached (or refused), peers that did not answer in time
 COUNTS = ('peer_reads', 'peer_bytes', 'bad_blocks', 'not_held',
           'unreachable', 'timeouts')
+#: seconds the counts file may lag the counts
+COUNTS_INTERVAL = 1.0
 
 
 def read_counts(path):
@@ -75,7 +77,8 @@ class PeerReader:
     image's digest list on this host; ``holders_path(image_id)``, if
     given: the path of the file of its holders, asked before ``peers``;
     ``counts_path``, if given: where :attr:`counts` are written, at most
-    once a second and at once for a bad block (:func:`read_counts`).
+    once a second, within a second of a change, and at once for a bad
+    block (:func:`read_counts`).
     """
 
     def __init__(self, peers, tls_dir, digests_path, bad_seconds=300,
@@ -93,6 +96,8 @@ class PeerReader:
         self.counts = dict.fromkeys(COUNTS, 0)
         self.counts_path = counts_path
         self._written = None        # when the counts were last written
+        self._flush_due = False     # a write is scheduled
+        self._write_lock = threading.Lock()
         self._local = threading.local()
         self._lock = threading.Lock()
         self._digests = {}
@@ -125,22 +130,37 @@ class PeerReader:
         return None
 
     def _count(self, **incs):
+        """Count, and have the file follow within COUNTS_INTERVAL.
+
+        A bad block is written at once.
+        """
         with self._lock:
             for k, v in incs.items():
                 self.counts[k] += v
-            now = self.clock()
-            if self.counts_path is None or (
-                    'bad_blocks' not in incs and self._written is not None
-                    and now - self._written < 1):
+            if self.counts_path is None:
                 return
-            self._written = now
-            body = json.dumps(self.counts).encode()
-        try:
-            with fileutils.atomic_file(self.counts_path) as f:
-                f.write(body)
-        except OSError as e:
-            LOG.warning('peer read counts not written to %s: %s',
-                        self.counts_path, e)
+            if ('bad_blocks' not in incs and self._written is not None
+                    and self.clock() - self._written < COUNTS_INTERVAL):
+                if not self._flush_due:
+                    self._flush_due = True
+                    timer = threading.Timer(COUNTS_INTERVAL, self._flush)
+                    timer.daemon = True
+                    timer.start()
+                return
+        self._flush()
+
+    def _flush(self):
+        with self._write_lock:      # the file only ever moves forward
+            with self._lock:
+                self._flush_due = False
+                self._written = self.clock()
+                body = json.dumps(self.counts).encode()
+            try:
+                with fileutils.atomic_file(self.counts_path) as f:
+                    f.write(body)
+            except OSError as e:
+                LOG.warning('peer read counts not written to %s: %s',
+                            self.counts_path, e)
 
     def candidates(self, image_id):
         """The peers to ask for ``image_id``'s runs, best first.
