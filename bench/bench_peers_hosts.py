@@ -22,9 +22,12 @@ Two runs, each on fresh host directories:
   host: a host asks the agent who holds the image and reads from them.
 
 With ``--latency`` it then measures a guest's read latency on a serving
-host: random 4 KiB reads (fio, queue depth 1) of host 0's export, alone
-and while the other hosts, their mirrors emptied, read the whole image
-from it at once (its peer server at ``--rate-mib``).
+host: random 4 KiB reads (fio, queue depth 1) of host 0's export, alone,
+while the other hosts, their mirrors emptied, read the whole image at
+once from the store (the machine as busy: on one machine the readers
+share host 0's CPUs), and while they read it from host 0 (its peer
+server at ``--rate-mib``). Serving's cost is the last against the
+second.
 
 Figures: Glance's bytes per host and in all, the ratio peers / store,
 the fio latency percentiles (p50, p99) of both phases. Times are context
@@ -62,6 +65,7 @@ from vmar_openstack.db import hosts as db_hosts  # noqa: E402
 from vmar_openstack.db import migration  # noqa: E402
 from vmar_openstack.export import hostdir  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
+from vmar_openstack.mapsource import peers as peer_source  # noqa: E402
 
 MIB = 1 << 20
 BIN = os.path.dirname(sys.executable)
@@ -204,6 +208,10 @@ class Host:
     def held(self, image_id):
         return hostdir.Layout(self.dir).holdings().get(image_id) or 0
 
+    def peer_counts(self):
+        return peer_source.read_counts(
+            hostdir.Layout(self.dir).peer_counts_file())
+
     def stop(self):
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
@@ -221,20 +229,26 @@ class Host:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def wait_reported(cloud, hosts, image_id, blocks, timeout=60):
-    """Until the agent's records say each of ``hosts`` holds ``blocks``."""
+def wait_reported(cloud, hosts, image_id, timeout=60):
+    """Until the agent has each host's last word on the image.
+
+    That is, what its mirror holds on disk, once that stopped changing
+    (the present bits reach the disk after the data).
+    """
     reports = db_hosts.HostReports(cloud.conf)
-    want = {h.name for h in hosts}
     deadline = time.monotonic() + timeout
+    last = None
     while True:
-        have = {r.host for r in reports.list()
-                if dict(r.holds).get(image_id) == blocks}
-        if want <= have:
+        held = {h.name: h.held(image_id) for h in hosts}
+        told = {r.host: dict(r.holds).get(image_id) or 0
+                for r in reports.list()}
+        if held == last and all(told.get(n) == b for n, b in held.items()):
             return
         if time.monotonic() > deadline:
-            raise RuntimeError('the agent has no full report of %s'
-                               % sorted(want - have))
-        time.sleep(0.5)
+            raise RuntimeError('the agent has not heard what %s hold: %s, '
+                               'not %s' % (sorted(held), told, held))
+        last = held
+        time.sleep(1)
 
 
 def one_run(cloud, run, n, image_id, image_path, tls):
@@ -243,19 +257,20 @@ def one_run(cloud, run, n, image_id, image_path, tls):
     out = []
     for h in hosts:
         h.start()
-    blocks = None
     for i, h in enumerate(hosts):
         if tls and i:
-            wait_reported(cloud, hosts[:i], image_id, blocks)
+            wait_reported(cloud, hosts[:i], image_id)
         before = bench_peers.glance_bytes(cloud.glance)
         secs = h.read_all(h.add(image_id), image_path)
         sent = bench_peers.glance_bytes(cloud.glance) - before
-        blocks = h.held(image_id)
+        time.sleep(peer_source.COUNTS_INTERVAL + 0.5)
+        peers = h.peer_counts()
         out.append({'host': h.name, 'glance_bytes': sent, 'seconds': secs,
-                    'blocks_held': blocks})
-        print('%-8s host %d: Glance sent %7.1f MiB, read in %5.1f s, '
-              'mirror %d blocks' % (run, i, sent / MIB, secs, blocks),
-              flush=True)
+                    'peer_counts': peers})
+        print('%-8s host %d: Glance sent %7.1f MiB, peers %7.1f MiB (%d '
+              'runs not held), read in %5.1f s' % (
+                  run, i, sent / MIB, peers['peer_bytes'] / MIB,
+                  peers['not_held'], secs), flush=True)
     return hosts, out
 
 
@@ -273,31 +288,39 @@ def fio_latency(uri, runtime):
 
 
 def latency(cloud, hosts, image_id, image_path, runtime):
-    """Host 0's guest latency alone, then while the others read from it."""
+    """Host 0's guest read latency, in three phases.
+
+    Alone; while the other hosts, emptied, read the image from the store
+    (the machine as busy, host 0 serving nothing); and while they read it
+    from host 0 (serving them).
+    """
     server, readers = hosts[0], hosts[1:]
     uri = server.add(image_id)
-    alone = fio_latency(uri, runtime)
-    # cold readers: the agent learns it from their next reports
-    for h in readers:
-        h.empty()
-        h.start()
-    wait_reported(cloud, readers, image_id, None, timeout=30)
-    before = bench_peers.glance_bytes(cloud.glance)
-    uris = [h.add(image_id) for h in readers]
-    procs = [subprocess.Popen([qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f',
-                               'raw', '-F', 'raw', u, image_path],
-                              stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for u in uris]
-    t = time.monotonic()
-    busy = fio_latency(uri, runtime)
-    for p in procs:
-        p.wait()
-    secs = time.monotonic() - t
-    sent = bench_peers.glance_bytes(cloud.glance) - before
-    if any(p.returncode for p in procs):
-        raise RuntimeError('a reader of host 0 read wrong bytes')
-    return {'alone': alone, 'serving': busy, 'readers': len(readers),
-            'readers_seconds': secs, 'glance_bytes_meanwhile': sent}
+    out = {'readers': len(readers), 'alone': fio_latency(uri, runtime)}
+    for phase, tls in (('store', None), ('serving', server.tls)):
+        # cold readers: the agent learns it from their next reports
+        for h in readers:
+            h.empty()
+            h.tls = tls
+            h.start()
+        wait_reported(cloud, readers, image_id, timeout=30)
+        before = bench_peers.glance_bytes(cloud.glance)
+        uris = [h.add(image_id) for h in readers]
+        procs = [subprocess.Popen(
+            [qemu_env.SYSTEM_QEMU_IMG, 'compare', '-f', 'raw', '-F', 'raw',
+             u, image_path], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL) for u in uris]
+        t = time.monotonic()
+        lat = fio_latency(uri, runtime)
+        for p in procs:
+            p.wait()
+        if any(p.returncode for p in procs):
+            raise RuntimeError('a reader read wrong bytes')
+        out[phase] = lat
+        out[phase + '_readers_seconds'] = time.monotonic() - t
+        out[phase + '_glance_bytes'] = (bench_peers.glance_bytes(
+            cloud.glance) - before)
+    return out
 
 
 def main():
@@ -346,14 +369,22 @@ def main():
             lat = latency(cloud, hosts[args.hosts:], image_id, image_path,
                           args.latency_runtime)
             res['latency'] = lat
-            a, s = lat['alone'], lat['serving']
-            print('host 0 guest reads (4 KiB random, QD 1): alone p50 %.0f '
-                  'us p99 %.0f us; serving %d readers p50 %.0f us p99 %.0f '
-                  'us (p50 %.2f x, p99 %.2f x); the readers took %.1f s, '
-                  'Glance sent %.1f MiB meanwhile'
-                  % (a[0], a[1], lat['readers'], s[0], s[1], s[0] / a[0],
-                     s[1] / a[1], lat['readers_seconds'],
-                     lat['glance_bytes_meanwhile'] / MIB))
+            a = lat['alone']
+            for phase, what in (('alone', 'alone'),
+                                ('store', 'others reading the store'),
+                                ('serving', 'serving the others')):
+                p50, p99, iops = lat[phase]
+                extra = ('' if phase == 'alone' else
+                         '; the %d readers took %.1f s, Glance sent %.1f MiB'
+                         % (lat['readers'], lat[phase + '_readers_seconds'],
+                            lat[phase + '_glance_bytes'] / MIB))
+                print('host 0 guest reads (4 KiB random, QD 1), %-26s p50 '
+                      '%4.0f us (%.2f x alone), p99 %5.0f us (%.2f x)%s'
+                      % (what + ':', p50, p50 / a[0], p99, p99 / a[1],
+                         extra))
+            print('serving against the same load from the store: p50 '
+                  '%.2f x, p99 %.2f x' % (lat['serving'][0] / lat['store'][0],
+                                          lat['serving'][1] / lat['store'][1]))
         if args.json:
             with open(args.json, 'w') as f:
                 json.dump(res, f, indent=1)
