@@ -32,6 +32,14 @@ def write_image(path, seeds, tail=b''):
     return path
 
 
+def new_conf():
+    """vmar's options, registered and parsed from no file."""
+    conf = cfg.ConfigOpts()
+    vmar_conf.register_opts(conf)
+    conf([], project='vmar', default_config_files=[])
+    return conf
+
+
 class LibraryTestCase(testtools.TestCase):
     """A test with its own configuration and library database.
 
@@ -48,9 +56,7 @@ class LibraryTestCase(testtools.TestCase):
         self.tmp = self.useFixture(fixtures.TempDir()).path
         # before the directory goes: no checkpoint thread may still use it
         self.addCleanup(db_session.wait_for_checkpoints)
-        self.conf = cfg.ConfigOpts()
-        vmar_conf.register_opts(self.conf)
-        self.conf([], project='vmar', default_config_files=[])
+        self.conf = new_conf()
         self.conf.set_override('state_dir', self.tmp, group='vmar')
         self.conf.set_override('hash_workers', 2, group='vmar')
         # a host of the test's own, reading this library

@@ -12,10 +12,9 @@ import time
 
 import fixtures
 import numpy as np
-from oslo_config import cfg
 import testtools
 
-from vmar_openstack import conf as vmar_conf
+from tests import base
 from vmar_openstack import exception
 from vmar_openstack.export import discovery
 from vmar_openstack.export import hostdir
@@ -33,9 +32,7 @@ class TestPeers(testtools.TestCase):
     def setUp(self):
         super().setUp()
         self.tmp = self.useFixture(fixtures.TempDir()).path
-        self.conf = cfg.ConfigOpts()
-        vmar_conf.register_opts(self.conf)
-        self.conf([], project='vmar', default_config_files=[])
+        self.conf = base.new_conf()
         self.conf.set_override('host_dir', self.tmp, group='vmar_host')
         for f in peers.SERVER_FILES:
             open(os.path.join(self.tmp, f), 'w').close()
@@ -99,9 +96,7 @@ class TestSupervision(testtools.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.conf = cfg.ConfigOpts()
-        vmar_conf.register_opts(self.conf)
-        self.conf([], project='vmar', default_config_files=[])
+        self.conf = base.new_conf()
         self.conf.set_override('listen_address', '127.0.0.1',
                                group='vmar_peers')
         self.sup = supervisor.Supervisor.__new__(supervisor.Supervisor)
@@ -232,9 +227,7 @@ class TestDiscovery(testtools.TestCase):
     def setUp(self):
         super().setUp()
         self.tmp = self.useFixture(fixtures.TempDir()).path
-        self.conf = cfg.ConfigOpts()
-        vmar_conf.register_opts(self.conf)
-        self.conf([], project='vmar', default_config_files=[])
+        self.conf = base.new_conf()
         self.conf.set_override('host', 'me', group='vmar_host')
         self.agent = AgentDouble({})
         self.found = discovery.Discovery(self.conf, self.tmp, self.agent)
