@@ -7,6 +7,7 @@ import testtools
 
 from tests import base
 from vmar_openstack import conf as vmar_conf
+from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import migration
 from vmar_openstack.db import session as db_session
 from vmar_openstack import ingest
@@ -198,3 +199,23 @@ class TestMigration0008(MigrationTestCase):
                 'ORDER BY image_id')).all()
         self.assertEqual([('a', 'image'), ('b', 'outage'), ('c', 'outage')],
                          [tuple(r) for r in rows])
+
+
+class TestMigration0011(MigrationTestCase):
+    """Hosts' reports keep what they held; no host is a peer server yet."""
+
+    def test_reports_stay_and_name_no_peer(self):
+        migration.upgrade('0010', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            c.execute(sa.text("INSERT INTO vmar_hosts (host, reported_at) "
+                              "VALUES ('h1', '2026-11-26')"))
+            c.execute(sa.text("INSERT INTO vmar_host_bases (host, base_id, "
+                              "blocks) VALUES ('h1', 'b', 7)"))
+        migration.upgrade('head', conf=self.conf)
+        reports = db_hosts.HostReports(self.conf)
+        (h,) = reports.list()
+        self.assertEqual(('h1', (('b', 7),), None, None),
+                         (h.host, h.holds, h.peer_address, h.load_per_cpu))
+        # a host that serves no peer is nobody's holder
+        self.assertEqual([], reports.holders('b'))
