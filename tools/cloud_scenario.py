@@ -516,14 +516,33 @@ class UserPath(Scenario):
             g = self.wait('vm-p\'s QEMU to give back %d MiB' % (
                 RETURNED_MIN >> 20), returned, timeout=180)
         except ScenarioError as e:
-            raise ScenarioError('%s; the daemon\'s last view of vm-p: %s'
-                                % (e, seen.get('view')))
+            raise ScenarioError('%s; the daemon\'s last view of vm-p: %s; '
+                                '%s' % (e, seen.get('view'),
+                                        self._guest_said('vm-p')))
         self.echo('  vm-p: the host got %d MiB back (guest RAM it holds '
                   '%d MiB now); vmar-guest dropped %d MiB, reporting order '
                   '%s' % (g['returned_bytes'] >> 20, g['resident_bytes'] >> 20,
                           g['dropped_bytes'] >> 20, g['reporting_order']))
         self.figures['guest_private_returned'] = g
         self.os.run('server', 'delete', '--wait', 'vm-p')
+
+    def _guest_said(self, name):
+        """What vmar-guest and the channel said, for a failure's message.
+
+        The guest's vmar-guest lines on its console, and the export
+        daemon's log lines of the server's channel.
+        """
+        said = [ln for ln in self.console(name).splitlines()
+                if 'vmar-guest' in ln]
+        inst = self.server(name)['id']
+        log = self.cloud.path('log', 'vmar-export.log')
+        try:
+            with open(log, errors='replace') as f:
+                daemon = [ln for ln in f if inst in ln]
+        except OSError as e:
+            daemon = ['(%s)' % e]
+        return ('vmar-guest on the console: %s; the daemon of its channel: '
+                '%s' % (said[-10:], [ln.strip() for ln in daemon[-10:]]))
 
     def guest_watermark(self, mib):
         """Set (None: unset) the daemon's min_available_mb, and SIGHUP it.
@@ -596,12 +615,8 @@ class UserPath(Scenario):
             g = self.wait('vm-auto\'s guest to report its own caching',
                           in_mode('default', 0), timeout=120)
         except ScenarioError as e:
-            said = [ln for ln in self.console('vm-auto').splitlines()
-                    if 'vmar-guest' in ln]
-            raise ScenarioError('%s; the daemon\'s view: %s; vmar-guest on '
-                                'the console: %s' % (
-                                    e, self.guest_view('vm-auto'),
-                                    said[-10:]))
+            raise ScenarioError('%s; the daemon\'s view: %s; %s' % (
+                e, self.guest_view('vm-auto'), self._guest_said('vm-auto')))
         check(g['wanted'] == 'default' and g['switches'] == 0,
               'vm-auto was switched before any pressure: %s', g)
         watermark = memhog.mem_available() - self.WATERMARK_MARGIN
