@@ -10,6 +10,7 @@ import mmap
 import os
 import socket
 import threading
+import time
 import uuid
 
 import fixtures
@@ -214,6 +215,11 @@ class FakeGuest:
             self.lines += [x.decode() for x in lines]
             self.got.set()
 
+    def accept_again(self):
+        """Serve the next client (after the daemon hung up)."""
+        self.connected.clear()
+        threading.Thread(target=self._serve, daemon=True).start()
+
     def say(self, mode, dropped=0, switches=0, refaulted=0):
         assert self.connected.wait(5), 'the daemon never connected'
         self.conn.sendall((STATUS % (mode, dropped, switches,
@@ -368,6 +374,40 @@ class TestGuests(testtools.TestCase):
         self.guests.step(now=guests.RESEND)
         self.wait_line(g, 2)
         self.assertEqual(['mode=private'] * 2, g.lines)
+
+    def test_a_silent_connection_is_made_again(self):
+        """A connection the guest never speaks on is made again.
+
+        QEMU serves one client at a time; a connection it never served
+        (connected, asked, never heard: seen in CI) is closed and made
+        again, while a guest that speaks keeps its connection.
+        """
+        _inst, quiet = self.guest('private')
+        self.guests.step(now=0)
+        self.wait_line(quiet, 1)
+        first = quiet.conn
+        self.guests.step(now=guests.SILENT)
+        self.assertIs(first, quiet.conn)
+        self.guests.step(now=guests.SILENT + 1)
+        # the daemon hung up: the fake QEMU sees the end of its client
+        self.assertEqual(b'', first.recv(1))
+        # and connects again at the next step (QEMU takes it)
+        quiet.accept_again()
+        self.guests.step(now=guests.SILENT + 2)
+        self.assertTrue(quiet.connected.wait(5))
+        self.assertIsNot(first, quiet.conn)
+        # a guest that speaks is not disturbed
+        _inst, talker = self.guest('private')
+        self.guests.step(now=100)
+        talker.say('private')
+        self.step_until(talker, 1, now=100)
+        conn = talker.conn
+        for t in range(110, 300, 20):
+            talker.say('private')
+            self.guests.step(now=t)
+            time.sleep(0.05)
+            self.guests.step(now=t)
+        self.assertIs(conn, talker.conn)
 
     def test_a_gone_qemu_drops_its_channel(self):
         _inst, g = self.guest('private')

@@ -57,6 +57,10 @@ LOG = logging.getLogger(__name__)
 
 PRIVATE, DEFAULT = guest_status.MODES
 RESEND = 30             # seconds before telling a guest its mode again
+# seconds a connected guest may say nothing before the daemon connects
+# again (vmar-guest writes a status line every 5 s): a connection QEMU
+# never serves (seen in CI: connected, asked, never heard) is remade
+SILENT = 60
 STALE = 60              # seconds a refused socket may stay: QEMU starting
 READ_MAX = 1 << 20      # bytes read from one guest in one step
 RAM_MAPPING_MIN = 128 << 20     # a QEMU mapping this large is guest RAM
@@ -266,8 +270,10 @@ class Channel:
         self.wanted = self.reason = None
         self.sent_mode = self.sent_at = None
         self.ram = self.ram_peak = None
+        self.connected_at = None
+        self.reconnects = 0
 
-    def connect(self):
+    def connect(self, now):
         """Connect to QEMU; False if nobody listens."""
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(1)
@@ -279,6 +285,7 @@ class Channel:
         s.setblocking(False)
         self.pid = api.peer(s)[0]
         self.sock = s
+        self.connected_at = now
         self.sent_mode = self.sent_at = None
         self.ram = self.ram_peak = None     # perhaps another QEMU now
         LOG.info('guest channel of %s (%s) connected, QEMU pid %d',
@@ -318,6 +325,23 @@ class Channel:
                 self.status = guest_status.parse(text)
                 self.heard_at = now
                 self.pressure.add(now, self.status)
+        return True
+
+    def silent(self, now):
+        """Whether the guest said nothing for SILENT seconds.
+
+        On this connection: then it is closed, and made again at the next
+        step.
+        """
+        last = max(self.connected_at, self.heard_at or self.connected_at)
+        if now - last <= SILENT:
+            return False
+        (LOG.info if not self.reconnects else LOG.debug)(
+            'guest channel of %s (%s): nothing heard for %.0f s; '
+            'connecting again', self.instance, self.flavor_mode, now - last)
+        self.reconnects += 1
+        self.close()
+        self.heard_at = None
         return True
 
     def sample_memory(self):
@@ -422,10 +446,10 @@ class Guests(periodic.Periodic):
             auto = self.policy.decide(self.sample, now)
             self._scan(now)
             for ch in list(self.channels.values()):
-                if ch.sock is None and not ch.connect():
+                if ch.sock is None and not ch.connect(now):
                     self._stale(ch.path)    # the next scan drops it
                     continue
-                if not ch.read(now):
+                if not ch.read(now) or ch.silent(now):
                     continue
                 ch.sample_memory()
                 wanted, ch.reason = ch.want(auto, now)
@@ -448,7 +472,7 @@ class Guests(periodic.Periodic):
                 continue
             ch = Channel(path, channel,
                          GuestPressure(self.refault_rate, self.calm))
-            if not ch.connect():
+            if not ch.connect(now):
                 self._stale(path)
                 continue
             self.channels[path] = ch
