@@ -48,7 +48,9 @@ DEVSTACK_PLUGINS=${DEVSTACK_PLUGINS:-vmar-openstack}
 ENABLED_SERVICES=${ENABLED_SERVICES:-rabbit,mysql,key,g-api,placement-api,n-api,n-cond,n-sch,n-cpu}
 DISABLED_SERVICES=${DISABLED_SERVICES:-}
 REGION_NAME=${REGION_NAME:-RegionOne}
-SERVICE_HOST=${SERVICE_HOST:-127.0.0.1}
+# stackrc: the node's address (get_default_host_ip), and the controller's
+HOST_IP=${HOST_IP:-127.0.0.1}
+SERVICE_HOST=${SERVICE_HOST:-$HOST_IP}
 KEYSTONE_SERVICE_URI=${KEYSTONE_SERVICE_URI:-http://$SERVICE_HOST/identity}
 SERVICE_PASSWORD=${SERVICE_PASSWORD:-shim-service-password}
 SERVICE_PROJECT_NAME=${SERVICE_PROJECT_NAME:-service}

@@ -34,6 +34,7 @@ import testtools
 from tools.vmarenv import qemu_env
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import models
+from vmar_openstack.export import peers as export_peers
 
 TOP = qemu_env.TOP
 SHIM = os.path.join(TOP, 'tests', 'functional', 'devstack_shim.sh')
@@ -244,7 +245,8 @@ class TestDevstackPlugin(DevstackTestCase):
             'source "$VMAR_DIR/devstack/settings"\n'
             'for v in VMAR_CONF VMAR_BIN_DIR VMAR_STATE_DIR VMAR_HOST_DIR '
             'VMAR_EXPORT_SOCKET VMAR_EXPORT_SOCKET_GROUP VMAR_MAP_SOURCE '
-            'VMAR_EXPORT_USER VMAR_FLAVOR ENABLED_SERVICES; do\n'
+            'VMAR_EXPORT_USER VMAR_FLAVOR ENABLED_SERVICES VMAR_PEERS '
+            'VMAR_PEER_ADDRESS VMAR_PEER_TLS_DIR VMAR_PEER_CA_DIR; do\n'
             '    echo "$v=${!v}"\ndone', env=env).stdout
         values = dict(line.split('=', 1) for line in out.splitlines())
         self.assertEqual('/etc/vmar/vmar.conf', values['VMAR_CONF'])
@@ -256,6 +258,12 @@ class TestDevstackPlugin(DevstackTestCase):
         self.assertEqual('glance', values['VMAR_MAP_SOURCE'])
         self.assertEqual('root', values['VMAR_EXPORT_USER'])
         self.assertEqual('vmar', values['VMAR_FLAVOR'])
+        # peers off; when on, on the node's address (the shim's HOST_IP)
+        self.assertEqual('False', values['VMAR_PEERS'])
+        self.assertEqual('127.0.0.1', values['VMAR_PEER_ADDRESS'])
+        self.assertEqual('/etc/vmar/pki', values['VMAR_PEER_TLS_DIR'])
+        self.assertEqual(self.dest + '/data/vmar-peer-ca',
+                         values['VMAR_PEER_CA_DIR'])
         services = values['ENABLED_SERVICES'].split(',')
         self.assertIn('vmar-export', services)
         self.assertIn('vmar-agent', services)
@@ -552,6 +560,107 @@ class TestDevstackPlugin(DevstackTestCase):
         self.phase('unstack', env=env)
         self.phase('clean', env=env)
         controller_db_intact()
+
+    def check_peer_tls(self, conf_file, tls_dir, ca_dir, address):
+        """[vmar_peers] of an export daemon's file and its credentials."""
+        conf = ini(conf_file)
+        self.assertEqual({'listen_address': address, 'discover': 'True',
+                          'tls_dir': tls_dir}, dict(conf['vmar_peers']))
+
+        def mode(path):
+            return stat.S_IMODE(os.stat(path).st_mode)
+        self.assertEqual(0o700, mode(tls_dir))
+        self.assertEqual(sorted(export_peers.SERVER_FILES + (
+            'client-cert.pem', 'client-key.pem')), sorted(os.listdir(
+                tls_dir)))
+        for name in ('server-key.pem', 'client-key.pem'):
+            self.assertEqual(0o600, mode(os.path.join(tls_dir, name)))
+        self.assertEqual(read(os.path.join(ca_dir, 'ca-cert.pem')),
+                         read(os.path.join(tls_dir, 'ca-cert.pem')))
+
+        def openssl(*args):
+            return subprocess.run(['openssl'] + list(args), cwd=tls_dir,
+                                  capture_output=True, text=True)
+        for role, usage in (('server', 'TLS Web Server Authentication'),
+                            ('client', 'TLS Web Client Authentication')):
+            proc = openssl('verify', '-CAfile', 'ca-cert.pem',
+                           '%s-cert.pem' % role)
+            self.assertEqual(0, proc.returncode, proc.stdout + proc.stderr)
+            text = openssl('x509', '-noout', '-text', '-in',
+                           '%s-cert.pem' % role).stdout
+            self.assertIn(usage, text)
+            self.assertIn('CA:FALSE', text)
+        san = openssl('x509', '-noout', '-ext', 'subjectAltName', '-in',
+                      'server-cert.pem').stdout
+        self.assertEqual(['IP Address:%s' % address],
+                         [ln.strip() for ln in san.splitlines()[1:]])
+        # the key is the certificate's
+        self.assertEqual(
+            openssl('pkey', '-pubout', '-in', 'server-key.pem').stdout,
+            openssl('x509', '-noout', '-pubkey', '-in',
+                    'server-cert.pem').stdout)
+
+        # the daemon reads them: its peer server's command line
+        cfg_conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(cfg_conf)
+        cfg_conf(['--config-file', conf_file], project='vmar',
+                 default_config_files=[])
+        self.assertTrue(cfg_conf.vmar_peers.discover)
+        cmd = export_peers.command(cfg_conf, os.path.join(self.tmp, 'pid'))
+        self.assertIn('--tls-certificates=%s' % tls_dir, cmd)
+        self.assertEqual(address, cmd[cmd.index('--ipaddr') + 1])
+
+    def test_peers(self):
+        # the controller: it makes the CA, and its own certificates
+        env = dict(self.env, VMAR_PEERS='True', HOST_IP='192.0.2.10')
+        self.phase('stack', 'install', env=env)
+        self.phase('stack', 'post-config', env=env)
+        tls = os.path.join(self.vmar_conf_dir, 'pki')
+        ca = os.path.join(self.dest, 'data', 'vmar-peer-ca')
+        self.check_peer_tls(self.export_conf, tls, ca, '192.0.2.10')
+        self.assertEqual(0o700, stat.S_IMODE(os.stat(ca).st_mode))
+        self.assertEqual(0o600, stat.S_IMODE(os.stat(
+            os.path.join(ca, 'ca-key.pem')).st_mode))
+        # again: the same CA, new certificates
+        ca_cert = read(os.path.join(ca, 'ca-cert.pem'))
+        self.phase('stack', 'post-config', env=env)
+        self.assertEqual(ca_cert, read(os.path.join(ca, 'ca-cert.pem')))
+        self.check_peer_tls(self.export_conf, tls, ca, '192.0.2.10')
+
+        # a compute-only node with the controller's CA directory: its
+        # certificates, signed by that CA, for its own address
+        root = os.path.join(self.tmp, 'compute')
+        cpu = {k: v.replace(self.root, root) for k, v in self.env.items()}
+        cpu.update(ENABLED_SERVICES='n-cpu', VMAR_PEERS='True',
+                   HOST_IP='192.0.2.11', VMAR_PEER_CA_DIR=ca)
+        for name in ('NOVA_CONF', 'NOVA_CPU_CONF'):
+            os.makedirs(os.path.dirname(cpu[name]), exist_ok=True)
+            with open(cpu[name], 'w') as f:
+                f.write(NOVA_CONF)
+        self.phase('stack', 'install', env=cpu)
+        self.phase('stack', 'post-config', env=cpu)
+        self.check_peer_tls(
+            os.path.join(cpu['VMAR_CONF_DIR'], 'vmar-export.conf'),
+            os.path.join(cpu['VMAR_CONF_DIR'], 'pki'), ca, '192.0.2.11')
+        self.assertEqual(ca_cert, read(os.path.join(ca, 'ca-cert.pem')))
+        # its clean leaves the controller's CA
+        self.phase('unstack', env=cpu)
+        self.phase('clean', env=cpu)
+        self.assertFalse(os.path.exists(cpu['VMAR_CONF_DIR']))
+        self.assertEqual(ca_cert, read(os.path.join(ca, 'ca-cert.pem')))
+
+        # a compute-only node without the CA: it says what it needs
+        proc = self.phase('stack', 'post-config', check=False, env=dict(
+            cpu, VMAR_PEER_CA_DIR=os.path.join(self.tmp, 'no-ca')))
+        self.assertNotEqual(0, proc.returncode)
+        self.assertIn('no peer CA in %s' % os.path.join(self.tmp, 'no-ca'),
+                      proc.stderr)
+
+        # the controller's clean removes the CA it made
+        self.phase('unstack', env=env)
+        self.phase('clean', env=env)
+        self.assertFalse(os.path.exists(ca))
+        self.assertFalse(os.path.exists(self.vmar_conf_dir))
 
     def test_install_runs_the_build_script(self):
         prefix = os.path.join(self.tmp, 'qemu-prefix')
