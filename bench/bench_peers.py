@@ -4,9 +4,11 @@
 One library image is uploaded to a real glance-api (file store; uwsgi's
 request log counts the bytes its ``/file`` range requests send). Host A
 holds it and runs the peer server (nbdkit, TLS with the run's host CA).
-Host B's range server (the real one: nbdkit with ``nbdkit_glance.py``)
-reads every data run of the image in 1 MiB pieces, as its mirror fills
-it, in three configurations measured in the same run:
+Host B reads every data run of the image in 1 MiB pieces, as its mirror
+fills it, through what its mirror's fetch quorum reads (QEMU's quorum,
+``read-pattern=fifo``): the real peer fetcher (nbdkit with
+``nbdkit_peers.py``) first, then the real range server (nbdkit with
+``nbdkit_glance.py``), in three configurations measured in the same run:
 
 * ``store``: no peers: everything from Glance (the baseline);
 * ``peer-whole``: A holds the whole base: Glance should send nothing;
@@ -74,10 +76,19 @@ def data_runs(path):
     return runs
 
 
-def read_through(sock, image_id, size, runs):
-    """Read ``runs`` from the range server's export, as a mirror would."""
-    spec = ('driver=nbd,server.type=unix,server.path=%s,export=%s'
-            % (sock, names.glance_fetch_export(image_id, size)))
+def read_through(sock, peer_sock, image_id, size, runs):
+    """Read ``runs`` as a mirror's fetch quorum would: peers, then store."""
+    children = []
+    if peer_sock:
+        children.append((peer_sock, names.peer_fetch_export(image_id,
+                                                            size)))
+    children.append((sock, names.glance_fetch_export(image_id, size)))
+    spec = ','.join(
+        ['driver=quorum,read-pattern=fifo,vote-threshold=1']
+        + ['children.%d.driver=nbd,children.%d.server.type=unix,'
+           'children.%d.server.path=%s,children.%d.export=%s'
+           % (i, i, i, path, i, export)
+           for i, (path, export) in enumerate(children)])
     cmds = []
     for off, n in runs:
         cmds += ['-c', 'read %d %d' % (off, n)]
@@ -175,12 +186,19 @@ def main():
                            peer_line))
             rs, sock = range_env.start(conf_file, os.path.join(
                 work, 'fetch-%s.log' % name))
+            pf = peer_sock = None
             try:
+                if peer_line:
+                    pf, peer_sock = range_env.start_peer_fetcher(
+                        conf_file, os.path.join(work, 'peer-fetch-%s.log'
+                                                % name))
                 before = glance_bytes(glance)
-                secs = read_through(sock, image_id, size, runs)
+                secs = read_through(sock, peer_sock, image_id, size, runs)
                 sent = glance_bytes(glance) - before
             finally:
-                range_env.stop(rs)
+                for p in (rs, pf):
+                    if p:
+                        range_env.stop(p)
             results[name] = {'glance_bytes': sent, 'seconds': secs}
             print('%-10s Glance sent %7.1f MiB (%.3f of the data), '
                   'read-through %.1f s' % (name, sent / MIB, sent / data,

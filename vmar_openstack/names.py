@@ -216,6 +216,8 @@ def published_by(image, owner):
 # -- the export names of a host's range server (nbdkit) ------------------
 
 RANGE_SERVER_SOCKET = 'glance-fetch.sock'     # in [vmar_host] host_dir
+# the peer fetcher's (:func:`peer_fetch_export`), beside it
+PEER_FETCH_SOCKET = 'peer-fetch.sock'
 _RBD_EXPORT_PREFIX = 'rbd/'
 
 
@@ -318,6 +320,30 @@ def parse_peer_address(text):
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError('peer address %r is not host:port' % text)
     return host, int(port)
+
+
+_PEER_FETCH_PREFIX = 'peer/'
+
+
+def peer_fetch_export(image_id, size):
+    """The export of the host's peer fetcher reading ``image_id`` from peers.
+
+    Raw image content of ``size`` bytes (the map's target size), the
+    bytes peers' mirrors and bases hold, whatever format the store keeps
+    the image in. Like :func:`glance_fetch_export`, the name carries what
+    the fetcher needs to open it without asking anyone.
+    """
+    return '%s%s/%d' % (_PEER_FETCH_PREFIX, image_id, size)
+
+
+def parse_peer_fetch_export(name):
+    """(image id, size) of a :func:`peer_fetch_export` name; ValueError."""
+    rest = name[len(_PEER_FETCH_PREFIX):] if name.startswith(
+        _PEER_FETCH_PREFIX) else ''
+    image_id, _slash, size = rest.partition('/')
+    if not size.isdigit():
+        raise ValueError('export %r is not peer/<image id>/<size>' % name)
+    return str(uuid.UUID(image_id)), int(size)
 
 
 def holders_file(base_id):

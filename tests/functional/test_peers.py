@@ -27,6 +27,7 @@ from vmar_openstack.export import hostdir
 from vmar_openstack.export import peers
 from vmar_openstack import fingerprint
 from vmar_openstack.mapformat import mirror as mirror_format
+from vmar_openstack.mapsource import peers as peer_source
 from vmar_openstack import names
 
 BS = 4096
@@ -168,13 +169,13 @@ class TestPeerServer(PeerServerTestCase):
                       'server-key.pem in [vmar_peers] tls_dir', str(e))
 
 
-class TestRangeServerReadsPeers(PeerServerTestCase):
-    """A lazy host's range server asks its peer first, then the store.
+class TestPeerFetcherReadsPeers(PeerServerTestCase):
+    """A lazy host's peer fetcher serves what its peer holds, and only that.
 
-    The reading host's range server is the real one (nbdkit with
-    ``nbdkit_glance.py`` in the system Python, libnbd as the peer client)
-    with its Glance store unreachable: whatever it serves came from the
-    peer, and whatever the peer lacks fails.
+    The reading host's peer fetcher is the real one (nbdkit with
+    ``nbdkit_peers.py`` in the system Python, libnbd as the peer client):
+    whatever it serves came from the peer, checked, and whatever the peer
+    lacks fails at once, for the mirror's quorum to ask the store next.
     """
 
     def setUp(self):
@@ -209,7 +210,7 @@ class TestRangeServerReadsPeers(PeerServerTestCase):
                     % (self.reader_dir, closed, closed, self.port,
                        self.client_tls))
         self.log = os.path.join(self.tmp, 'fetch.log')
-        proc, self.sock = range_env.start(conf_file, self.log)
+        proc, self.sock = range_env.start_peer_fetcher(conf_file, self.log)
         self.addCleanup(range_env.stop, proc)
 
     def fetch_log(self):
@@ -217,10 +218,9 @@ class TestRangeServerReadsPeers(PeerServerTestCase):
             return f.read()
 
     def fetch(self, image_id, *commands):
-        """qemu-io on the range server's export of an image, as a mirror."""
+        """qemu-io on the peer fetcher's export of an image, as a mirror."""
         spec = ('driver=nbd,server.type=unix,server.path=%s,export=%s'
-                % (self.sock, names.glance_fetch_export(image_id,
-                                                        self.size)))
+                % (self.sock, names.peer_fetch_export(image_id, self.size)))
         cmd = [qemu_env.qemu_bin('qemu-io'), '-r', '--image-opts', spec]
         for c in commands:
             cmd += ['-c', c]
@@ -241,10 +241,14 @@ class TestRangeServerReadsPeers(PeerServerTestCase):
         self.assert_read(self.mirror_id, 'read -P 0x22 64k 4k')
         self.assert_read(self.base_id, 'read -P 0x33 0 %d' % self.size)
 
-    def test_a_run_the_peer_lacks_comes_from_the_store(self):
-        # block 2 is a hole in the peer's mirror: the store, unreachable
+    def test_a_run_the_peer_lacks_fails_at_once(self):
+        # block 2 is a hole in the peer's mirror: failed, not retried (the
+        # quorum's next child, the store, reads it)
         self.assert_failed(self.mirror_id, 'read 8k 4k')
-        self.assertIn('127.0.0.1:%d' % self.closed, self.fetch_log())
+        self.assertEqual(1, self.fetch_log().count(
+            'no peer holds 4096 bytes at 8192 of image %s' % self.mirror_id))
+        self.assertEqual(1, peer_source.read_counts(hostdir.Layout(
+            self.reader_dir).peer_counts_file())['not_held'])
 
     def test_a_peer_that_sends_a_bad_block_is_not_asked_for_a_while(self):
         path = os.path.join(self.host_dir, 'mirrors', self.mirror_id)

@@ -63,18 +63,33 @@ class TestPeers(testtools.TestCase):
         self.assertNotIn('--filter=rate', cmd)
         self.assertFalse([a for a in cmd if a.startswith('rate=')])
 
-    def test_the_range_server_is_told_where_digest_lists_are(self):
-        self.assertEqual([], peers.range_server_keys(self.conf))
+    def test_the_peer_fetcher_is_told_where_digest_lists_are(self):
+        self.assertIsNone(peers.fetcher_command(self.conf))
         self.conf.set_override('peers', ['10.0.0.6:10810'],
                                group='vmar_peers')
-        self.assertEqual(['digests=%s/mirrors/{}.digests' % self.tmp,
-                          'counts=%s/peers/reads.json' % self.tmp],
-                         peers.range_server_keys(self.conf))
+        # hosts that copy whole bases fetch no runs
+        self.conf.set_override('base_fetch', 'full', group='vmar_host')
+        self.assertIsNone(peers.fetcher_command(self.conf))
+        self.conf.set_override('base_fetch', 'lazy', group='vmar_host')
+        cmd, sock, env = peers.fetcher_command(self.conf)
+        self.assertEqual(os.path.join(self.tmp, 'peer-fetch.sock'), sock)
+        self.assertEqual(peers.FETCHER_PLUGIN, cmd[cmd.index('python') + 1])
+        for arg in ('digests=%s/mirrors/{}.digests' % self.tmp,
+                    'counts=%s/peers/reads.json' % self.tmp):
+            self.assertIn(arg, cmd)
+        self.assertFalse([a for a in cmd if a.startswith('holders=')])
+        # a run no peer holds goes to the store at once: no retries
+        self.assertFalse([a for a in cmd if 'retry' in a])
+        self.assertNotIn('PYTHONPATH', env)
         # discovery: where the holders are, too
         self.conf.set_override('peers', [], group='vmar_peers')
         self.conf.set_override('discover', True, group='vmar_peers')
-        self.assertEqual('holders=%s/peers/{}.json' % self.tmp,
-                         peers.range_server_keys(self.conf)[-1])
+        self.assertIn('holders=%s/peers/{}.json' % self.tmp,
+                      peers.fetcher_command(self.conf)[0])
+        # fetch = false turns the client side off
+        self.conf.set_override('fetch', False, group='vmar_peers')
+        self.assertIsNone(peers.fetcher_command(self.conf))
+        self.assertFalse(peer_source.enabled(self.conf))
 
     def test_missing_credentials(self):
         os.unlink(os.path.join(self.tmp, 'server-key.pem'))

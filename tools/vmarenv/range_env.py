@@ -1,9 +1,11 @@
-"""A host's range server (nbdkit with nbdkit_glance.py), started alone.
+"""A host's range server or peer fetcher (nbdkit), started alone.
 
 What ``vmar-export serve`` starts before its daemon
-(:meth:`vmar_openstack.export.supervisor.Supervisor.start_fetcher`), for
-tests and benches of what it reads: the same command, from a
-configuration file.
+(:meth:`vmar_openstack.export.supervisor.Supervisor.start_fetcher`: the
+range server, nbdkit with nbdkit_glance.py; and
+:func:`vmar_openstack.export.peers.start_fetcher`: the peer fetcher,
+nbdkit with nbdkit_peers.py), for tests and benches of what they read:
+the same commands, from a configuration file.
 """
 
 from oslo_config import cfg
@@ -14,14 +16,25 @@ from vmar_openstack.export import peers
 from vmar_openstack.mapsource import glance as glance_source
 
 
-def start(conf_file, log_path, timeout=60):
-    """Start the range server of ``conf_file``; (process, socket path)."""
+def _conf(conf_file):
     conf = cfg.ConfigOpts()
     vmar_conf.register_opts(conf)
     conf(['--config-file', conf_file], project='vmar')
-    cmd, sock, env = glance_source.GlanceSource(conf).range_server_command()
-    cmd += peers.range_server_keys(conf)
+    return conf
+
+
+def start(conf_file, log_path, timeout=60):
+    """Start the range server of ``conf_file``; (process, socket path)."""
+    cmd, sock, env = glance_source.GlanceSource(
+        _conf(conf_file)).range_server_command()
     return nbdkit_proc.start(cmd, env, log_path, sock, 'the range server',
+                             timeout), sock
+
+
+def start_peer_fetcher(conf_file, log_path, timeout=60):
+    """Start the peer fetcher of ``conf_file``; (process, socket path)."""
+    cmd, sock, env = peers.fetcher_command(_conf(conf_file))
+    return nbdkit_proc.start(cmd, env, log_path, sock, 'the peer fetcher',
                              timeout), sock
 
 

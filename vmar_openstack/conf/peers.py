@@ -50,6 +50,14 @@ ALL_OPTS = [
                      'other hosts\' peer servers; empty, the store '
                      'only.\n\nRelated options: tls_dir (the client '
                      'credentials), bad_peer_seconds.'),
+    cfg.BoolOpt('fetch', default=True,
+                help='Read the blocks lazy mirrors miss from peer hosts '
+                     'before the store, from the holders discovery finds '
+                     'and the configured peers. False turns the client '
+                     'side off whatever discover and peers say (this '
+                     'host still serves peers if listen_address is '
+                     'set).\n\nPossible values: true or false.\n\n'
+                     'Related options: discover, peers.'),
     cfg.BoolOpt('discover', default=False,
                 help='Ask vmar-agent which hosts hold the bases this host '
                      'mirrors (their reports, least loaded first) and read '

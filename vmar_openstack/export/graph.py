@@ -10,7 +10,9 @@ For every export the daemon has:
   shared by every VMAR node that reads from them;
 * for a mirror: its ``fetch`` child, a ``quorum`` node ``vq<id>`` that
   reads its children in turn until one answers (``read-pattern=fifo``):
-  first ``vf<id>``, the source's reader of the base's own data, then one
+  first ``vp<id>``, the host's peer fetcher, when the host reads from
+  peers (:mod:`vmar_openstack.mapsource.peers`), then ``vf<id>``, the
+  source's reader of the base's own data, then one
   ``va<id>.<hash>`` per alternate map, a ``vmar`` node reading the base's
   blocks from the reader ``vf<other id>`` of an image that holds them
   (:mod:`vmar_openstack.mapformat.alternate`). ``vf`` nodes are shared;
@@ -40,7 +42,7 @@ from vmar_openstack.mapsource import readers
 LOG = logging.getLogger(__name__)
 
 _BUFFERED, _DIRECT, _VMAR = 'vb', 'vd', 'vm'
-_FETCH, _ALT, _QUORUM = 'vf', 'va', 'vq'
+_FETCH, _ALT, _QUORUM, _PEER = 'vf', 'va', 'vq', 'vp'
 _EXPORT_ID_PREFIX = 'vmar-'
 # a prefetch's read-only export of one mirror node (QMP id and NBD name)
 _PREFETCH_PREFIX = 'vmar-pf-'
@@ -75,6 +77,10 @@ def vmar_node(image_id, version):
 
 def fetch_node(image_id):
     return _FETCH + b64id(image_id)
+
+
+def peer_node(image_id):
+    return _PEER + b64id(image_id)
 
 
 def quorum_node(image_id):
@@ -236,8 +242,8 @@ def add_nodes(mon, exp, have, map_file, base_spec, gather_gap,
 
     A fetch node that cannot be opened now (its image's source is away:
     a qcow2 reader reads its header at open) is left out of the quorum,
-    unless it is the base's own reader: an alternate is a fallback, never
-    a reason for a mirror not to be served.
+    unless it is the base's own reader: an alternate or the peer fetcher
+    is a fallback, never a reason for a mirror not to be served.
     """
     for tid, _size in exp.targets:
         name = base_node(tid, exp.host_cache)
@@ -358,7 +364,7 @@ def del_unused_nodes(mon, exports,
         del_prefetch_exports(mon, nodes=doomed)
     # parents first: vmar nodes hold base nodes, mirrors (through their
     # quorum) alternates and readers, alternates readers
-    for kinds in ((_VMAR,), (_BUFFERED, _DIRECT), (_ALT,), (_FETCH,)):
+    for kinds in ((_VMAR,), (_BUFFERED, _DIRECT), (_ALT,), (_FETCH, _PEER)):
         for name in sorted(nodes(mon)):
             if name[:2] in kinds and name not in wanted:
                 mon.execute('blockdev-del', {'node-name': name})

@@ -129,6 +129,10 @@ class Layout:
         data = os.path.join(self.root, _MIRRORS, image_id)
         return Mirror(data, data + _DIGESTS, data + _READER, data + _PRESENT)
 
+    def mirror_size(self, image_id):
+        """The bytes of a base's mirror (its data file's size)."""
+        return os.path.getsize(self.mirror(image_id).data)
+
     def reader(self, image_id):
         """Where a mirror fetches its missing blocks (:mod:`.readers`)."""
         path = self.mirror(image_id).reader
@@ -220,10 +224,13 @@ class HostDir(Layout):
     Only the export daemon makes one (:mod:`vmar_openstack.hostapi`).
     """
 
-    def __init__(self, root, source, mirror_cache_bytes=0):
+    def __init__(self, root, source, mirror_cache_bytes=0, peers=False):
         super().__init__(root)
         self.source = source
         self.mirror_cache_bytes = mirror_cache_bytes
+        # mirrors also read from peers (the first child of their quorum):
+        # a base the source cannot read is still mirrored
+        self.peers = peers
         # per image: held while its base is fetched or its mirror made
         self._fetch_locks = locks.Keyed()
         # per image: held by each export being prepared, claimed by prune
@@ -451,12 +458,17 @@ class HostDir(Layout):
     def _has_source(self, target, m, via):
         if self._ensure_reader(target, m):
             return True
-        if via is None or not self._ensure_reader(via,
-                                                  self.mirror(via.image_id)):
-            return False
-        LOG.warning('base %s: mirrored from images that hold its blocks '
-                    'only', target.image_id)
-        return True
+        if via is not None and self._ensure_reader(
+                via, self.mirror(via.image_id)):
+            LOG.warning('base %s: mirrored from images that hold its '
+                        'blocks only', target.image_id)
+            return True
+        if self.peers:
+            # deleted in Glance, say: the hosts that hold it serve it
+            LOG.warning('base %s: the store cannot serve it; mirrored from '
+                        'the peers that hold it only', target.image_id)
+            return True
+        return False
 
     def _ensure_reader(self, target, m):
         """Keep where the source reads ``target``; False: it cannot.

@@ -9,6 +9,7 @@ required (the cloud's host CA, ``[vmar_peers] tls_dir``), at most
 """
 
 import os
+import sysconfig
 
 from oslo_log import log as logging
 
@@ -60,23 +61,56 @@ def command(conf, pid_file):
     return cmd
 
 
-def range_server_keys(conf):
-    """What the range server needs besides its source's keys, for peers.
+FETCHER_PLUGIN = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'mapsource', 'nbdkit_peers.py')
 
-    Where this host keeps its mirrors' digest lists, which the peers'
-    blocks are checked against, and the files of their holders
-    (:mod:`.discovery`), ``{}`` standing for the image id; where it counts
-    what it reads from peers.
+
+def _system_python_env():
+    """nbdkit embeds the system's Python: its PATH, no venv variables."""
+    env = dict(os.environ, PATH='/usr/sbin:/usr/bin:/sbin:/bin')
+    env.pop('PYTHONHOME', None)
+    env.pop('PYTHONPATH', None)
+    return env
+
+
+def fetcher_command(conf):
+    """(argv, socket, env) of the host's peer fetcher, or None.
+
+    None unless this host reads from peers (:func:`.mapsource.peers.
+    enabled`). The fetcher (nbdkit with :mod:`vmar_openstack.mapsource.
+    nbdkit_peers`) is told where this host keeps its mirrors' digest
+    lists, which the peers' blocks are checked against, and the files of
+    their holders (:mod:`.discovery`), ``{}`` standing for the image id;
+    where it counts what it reads from peers. No retry filter: a run no
+    peer holds goes to the store at once.
     """
     if not peer_source.enabled(conf):
-        return []
+        return None
     layout = hostdir.Layout(conf.vmar_host.host_dir)
     os.makedirs(os.path.dirname(layout.peer_counts_file()), exist_ok=True)
-    keys = ['digests=%s' % layout.mirror('{}').digests,
-            'counts=%s' % layout.peer_counts_file()]
+    sock = peer_source.fetch_socket(conf)
+    cmd = [conf.vmar_host.nbdkit, '--foreground', '--exit-with-parent',
+           '--unix', sock, '--threads', '16', 'python', FETCHER_PLUGIN,
+           'site=%s' % sysconfig.get_paths()['purelib'],
+           'digests=%s' % layout.mirror('{}').digests,
+           'counts=%s' % layout.peer_counts_file()]
     if conf.vmar_peers.discover:
-        keys.append('holders=%s' % layout.holders_file('{}'))
-    return keys
+        cmd.append('holders=%s' % layout.holders_file('{}'))
+    cmd += ['config-file=%s' % f for f in conf.config_file or ()]
+    return cmd, sock, _system_python_env()
+
+
+def start_fetcher(conf):
+    """Start the peer fetcher; its process once it listens, or None."""
+    found = fetcher_command(conf)
+    if found is None:
+        return None
+    cmd, sock, env = found
+    proc = nbdkit_proc.start(cmd, env, os.path.join(
+        conf.vmar_host.host_dir, 'peer-fetch.log'), sock,
+        'the peer fetcher (%s)' % cmd[0])
+    LOG.info('peer fetcher %d on %s', proc.pid, sock)
+    return proc
 
 
 def start(conf):
@@ -85,11 +119,8 @@ def start(conf):
     os.makedirs(host_dir, exist_ok=True)
     pid_file = os.path.join(host_dir, 'peers.pid')
     cmd = command(conf, pid_file)
-    # the system's Python, as for the range server (nbdkit embeds it)
-    env = dict(os.environ, PATH='/usr/sbin:/usr/bin:/sbin:/bin')
-    env.pop('PYTHONHOME', None)
-    env.pop('PYTHONPATH', None)
-    proc = nbdkit_proc.start(cmd, env, os.path.join(host_dir, 'peers.log'),
+    proc = nbdkit_proc.start(cmd, _system_python_env(),
+                             os.path.join(host_dir, 'peers.log'),
                              pid_file, 'the peer server (nbdkit)')
     LOG.info('peer server %d on %s:%d', proc.pid,
              conf.vmar_peers.listen_address, conf.vmar_peers.listen_port)

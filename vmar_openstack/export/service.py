@@ -36,6 +36,7 @@ from vmar_openstack import fileutils
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack import mapsource
+from vmar_openstack.mapsource import peers as peer_source
 from vmar_openstack import metrics
 from vmar_openstack import names
 
@@ -53,7 +54,8 @@ class ExportService:
         self.pid_file = os.path.join(c.host_dir, 'qsd.pid')
         self.source = source or mapsource.get_source(conf)
         self.files = hostdir.HostDir(c.host_dir, self.source,
-                                     c.mirror_cache_gb << 30)
+                                     c.mirror_cache_gb << 30,
+                                     peers=peer_source.enabled(conf))
         # exports the last restore could not re-create (tried again)
         self.unrestored = 0
         # set while the daemon runs with every export it could restore
@@ -118,14 +120,21 @@ class ExportService:
     def fetch_nodes(self, image_id, host_cache):
         """``(name, blockdev-add options, child)`` of a mirror's sources.
 
-        In the order its fetch quorum tries them: the reader of the base's
-        own data, then each alternate (a ``vmar`` node over the reader of
-        an image holding blocks of the base), each after the reader it
-        reads. ``child``: the quorum reads it. Empty if not a mirror.
+        In the order its fetch quorum tries them: the host's peer fetcher
+        when it reads from peers (peers first, store last), the reader of
+        the base's own data, then each alternate (a ``vmar`` node over the
+        reader of an image holding blocks of the base), each after the
+        reader it reads. ``child``: the quorum reads it. Empty if not a
+        mirror.
         """
         if not (host_cache == 'base' and self.files.is_mirror(image_id)):
             return []
         out = []
+        if peer_source.enabled(self.conf):
+            peers = peer_source.reader(self.conf, image_id,
+                                       self.files.mirror_size(image_id))
+            out.append((graph.peer_node(image_id),
+                        graph.reader_options(peers), True))
         if self.files.has_reader(image_id):
             out.append((graph.fetch_node(image_id),
                         graph.reader_options(self.files.reader(image_id)),

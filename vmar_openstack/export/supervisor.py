@@ -65,7 +65,7 @@ class Supervisor:
         self.host_dir = service.host_dir
         self.qmp_socket = service.qmp_socket
         self.pid_file = service.pid_file
-        self.fetcher = self.peers = None
+        self.fetcher = self.peer_fetcher = self.peers = None
         self.peers_retry_at = 0
         self.prefetcher = prefetch.Prefetcher(service)
 
@@ -140,7 +140,6 @@ class Supervisor:
         if not source.needs_range_server:
             return None
         cmd, sock, env = source.range_server_command()
-        cmd += peers.range_server_keys(self.conf)
         os.makedirs(self.host_dir, exist_ok=True)
         proc = nbdkit_proc.start(cmd, env,
                                  os.path.join(self.host_dir, 'fetch.log'),
@@ -151,11 +150,13 @@ class Supervisor:
     def serve(self, stop_event=None, max_backoff=10):
         """Run and supervise the daemon until SIGTERM/SIGINT."""
         self.fetcher = self.start_fetcher()
+        # beside it, before the exports: each mirror's quorum asks it first
+        self.peer_fetcher = peers.start_fetcher(self.conf)
         self._check_peers()
         try:
             self._serve(stop_event, max_backoff)
         finally:
-            for proc in (self.fetcher, self.peers):
+            for proc in (self.fetcher, self.peer_fetcher, self.peers):
                 if proc:
                     proc.terminate()
                     proc.wait()
@@ -232,13 +233,21 @@ class Supervisor:
                     retry_at = time.monotonic() + retry_backoff
                     retry_backoff = min(max_backoff, retry_backoff * 2)
                 self._check_peers()
-                if self.fetcher and self.fetcher.poll() is not None:
-                    # reads of missing blocks fail until it is back; the
-                    # daemon's NBD clients reconnect by themselves
-                    LOG.error('the range server exited with %d; restarting',
-                              self.fetcher.returncode)
+                # reads of missing blocks fail until they are back (peer
+                # reads go to the store); the daemon's NBD clients
+                # reconnect by themselves
+                for attr, start in (
+                        ('fetcher', self.start_fetcher),
+                        ('peer_fetcher',
+                         lambda: peers.start_fetcher(self.conf))):
+                    proc = getattr(self, attr)
+                    if proc is None or proc.poll() is None:
+                        continue
+                    LOG.error('the %s exited with %d; restarting',
+                              'range server' if attr == 'fetcher'
+                              else 'peer fetcher', proc.returncode)
                     try:
-                        self.fetcher = self.start_fetcher()
+                        setattr(self, attr, start())
                     except exception.ExportError as e:
                         LOG.error('%s', e)
                         time.sleep(backoff)

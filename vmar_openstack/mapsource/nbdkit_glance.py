@@ -8,19 +8,14 @@ miss. An export named by an image id and size
 (:func:`vmar_openstack.names.glance_fetch_export`) reads through Glance,
 one range request a read (:class:`.glance.RangeReader`); one named by an
 RBD snapshot (:func:`.rbd.fetch_export`) reads the snapshot from Ceph
-(:class:`.rbd.Reader`). With peers (``[vmar_peers] discover`` or
-``peers``) a run of an image, through Glance or from Ceph, comes from a
-peer host that holds it when one does (:mod:`.peers`).
+(:class:`.rbd.Reader`). Peers are the peer fetcher's
+(:mod:`.nbdkit_peers`), a child of each mirror's fetch quorum before this.
 nbdkit's retry-request filter tries a failed read again; the mirror checks
 every block against the digest list before a guest can read it.
 
 Keys: ``site=DIR`` (the site directory vmar is installed in; nbdkit runs
 the system's Python), ``config-file=FILE`` (repeatable: the service's
-configuration) and, with peers, ``digests=PATH`` (an image's digest list
-on this host) and ``holders=PATH`` (the file of its holders), ``{}``
-standing for the image id, and ``counts=PATH`` (where the peer reads are
-counted): the export daemon says where
-(:func:`vmar_openstack.export.peers.range_server_keys`).
+configuration).
 """
 
 import errno
@@ -30,19 +25,17 @@ import nbdkit
 
 API_VERSION = 2
 
-_keys = {'site': None, 'config-file': [], 'digests': None, 'holders': None,
-         'counts': None}
+_keys = {'site': None, 'config-file': []}
 _readers = {}
 
 
 def config(key, value):
     if key == 'config-file':
         _keys[key].append(value)
-    elif key in ('site', 'digests', 'holders', 'counts'):
+    elif key == 'site':
         _keys[key] = value
     else:
-        raise RuntimeError('unknown key %r (site=, config-file=, digests=, '
-                           'holders=, counts=)' % key)
+        raise RuntimeError('unknown key %r (site=, config-file=)' % key)
 
 
 def config_complete():
@@ -61,18 +54,6 @@ def config_complete():
         args += ['--config-file', f]
     conf(args, project='vmar')
     _readers['glance'] = glance.RangeReader(conf)
-    from vmar_openstack.mapsource import peers
-    if peers.enabled(conf):
-        if not _keys['digests']:
-            raise RuntimeError('reading peers needs digests= (where the '
-                               'host keeps its digest lists)')
-        holders = _keys['holders']
-        _readers['peers'] = peers.PeerReader(
-            conf.vmar_peers.peers, conf.vmar_peers.tls_dir,
-            _keys['digests'].format, conf.vmar_peers.bad_peer_seconds,
-            timeout=conf.vmar_peers.read_timeout,
-            holders_path=holders.format if holders else None,
-            counts_path=_keys['counts'])
     if conf.vmar_rbd.ceph_conf:
         try:
             import rados  # noqa: F401 -- Debian's, in the system Python
@@ -105,33 +86,14 @@ def open(readonly):
                 raise ValueError('export %r: [vmar_rbd] ceph_conf is not '
                                  'set' % name)
             loc, size = rbd.parse_fetch_export(name)
-            read = _readers['rbd'].read
-            if names.is_uuid(loc.image):
-                # Glance's RBD store names an image's RBD image by its id
-                read = _peers_then(read, loc.image)
-            return {'read': read, 'key': loc, 'size': size,
+            return {'read': _readers['rbd'].read, 'key': loc, 'size': size,
                     'what': 'RBD %s/%s@%s' % loc[1:]}
         image_id, size = names.parse_glance_fetch_export(name)
     except ValueError as e:
         nbdkit.set_error(errno.ENOENT)
         raise RuntimeError(str(e))
-    return {'read': _peers_then(_readers['glance'].read, image_id),
+    return {'read': _readers['glance'].read,
             'key': image_id, 'size': size, 'what': 'image %s' % image_id}
-
-
-def _peers_then(store, image_id):
-    """The peers' read of a run of ``image_id``, else ``store``'s.
-
-    ``store`` takes the export's key (see :mod:`.peers`).
-    """
-    peer = _readers.get('peers')
-    if peer is None:
-        return store
-
-    def read(key, offset, length):
-        data = peer.read(image_id, offset, length)
-        return store(key, offset, length) if data is None else data
-    return read
 
 
 def get_size(h):

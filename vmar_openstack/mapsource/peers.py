@@ -1,6 +1,11 @@
 """Runs a mirror misses, read from peer hosts that hold them (issue 34).
 
-The range server asks a :class:`PeerReader` before the store: the first
+A lazy mirror's fetch quorum asks the host's *peer fetcher* first
+(nbdkit with :mod:`.nbdkit_peers`, one export per mirrored image,
+:func:`reader`), then the store's reader. The fetcher serves the image's
+raw content, the bytes peers hold, whatever format the store keeps it in,
+and fails a read no peer holds, so the quorum moves on to the store. It
+asks a :class:`PeerReader`: the first
 peer (the base's holders the export daemon found, :mod:`vmar_openstack.
 export.discovery`, best first, then ``[vmar_peers] peers`` in order)
 whose peer server
@@ -27,6 +32,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import fileutils
 from vmar_openstack.mapformat import mirror as mirror_format
+from vmar_openstack.mapsource import readers
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
@@ -60,8 +66,28 @@ def read_counts(path):
 
 
 def enabled(conf):
-    """Whether this host reads from peers: found, or configured."""
-    return bool(conf.vmar_peers.discover or conf.vmar_peers.peers)
+    """Whether this host's lazy mirrors read from peers.
+
+    Peers found (``discover``) or configured (``peers``), unless ``fetch``
+    turns it off; mirrors are lazy (``base_fetch = lazy``).
+    """
+    p = conf.vmar_peers
+    return bool(p.fetch and (p.discover or p.peers)
+                and conf.vmar_host.base_fetch == 'lazy')
+
+
+def fetch_socket(conf):
+    """The unix socket of the host's peer fetcher."""
+    return os.path.join(conf.vmar_host.host_dir, names.PEER_FETCH_SOCKET)
+
+
+def reader(conf, image_id, size):
+    """The :mod:`.readers` description of an image's peer fetch export.
+
+    The first child of a mirror's fetch quorum when :func:`enabled`.
+    """
+    return readers.RangeExport(fetch_socket(conf),
+                               names.peer_fetch_export(image_id, size))
 
 
 class PeerTimeout(Exception):
