@@ -29,6 +29,12 @@ REGION = 'RegionOne'
 # own (tools/cloud/hosts.py)
 NETWORK = '10.254.77'
 BRIDGE = 'vmarbr0'
+# --computes N > 1: the hosts' peer servers (issue 34). The cloud's host CA
+# is <state_dir>/PEER_CA; each host's credentials are in its own vmar
+# directory, <state_dir>/hosts/<name>/vmar/PEER_TLS, which the host sees at
+# <state_dir>/vmar/PEER_TLS (tools/cloud/hosts.py)
+PEER_CA = 'peer-ca'
+PEER_TLS = 'pki'
 
 PORTS = ('mysql', 'rabbit', 'rabbit_dist', 'rabbit_epmd', 'keystone',
          'glance_api', 'placement', 'nova_api', 'neutron')
@@ -66,9 +72,11 @@ FILES = (
     ('virtlogd.conf.in', 'libvirt/etc/virtlogd.conf'),
 )
 # per compute host (--computes N > 1), relative to its directory
-# <state_dir>/hosts/<name>
+# <state_dir>/hosts/<name>; the host's vmar-export reads its
+# etc/vmar-export.conf after the cloud's (its peer server, PEER_TLS)
 HOST_FILES = (
     ('nova-compute-host.conf.in', 'etc/nova-compute.conf'),
+    ('vmar-export-host.conf.in', 'etc/vmar-export.conf'),
     ('libvirtd.conf.in', 'libvirt/etc/libvirtd.conf'),
     ('qemu.conf.in', 'libvirt/etc/qemu.conf'),
     ('virtlogd.conf.in', 'libvirt/etc/virtlogd.conf'),
@@ -232,6 +240,7 @@ class Cloud(object):
             'glance_url': self.url('glance_api'),
             'transport_url': self.transport_url,
             'vmar_state_dir': self.path('vmar'),
+            'peer_tls_dir': self.path('vmar', PEER_TLS),
             'export_socket': self.export_socket,
             'api_socket': self.api_socket,
             'qemu_img': '/usr/bin/qemu-img',

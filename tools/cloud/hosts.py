@@ -18,6 +18,11 @@ Each host is a mount, UTS and network namespace of its own:
   machines. ``/root/.ssh`` is the cloud's ssh client key, ``/etc/hosts``
   names the hosts.
 
+Each host runs a peer server on its address and reads what its mirrors miss
+from the others (``[vmar_peers]`` in its own ``etc/vmar-export.conf``):
+:func:`peer_ca` makes the cloud's host CA once, :meth:`Host.peer_tls` the
+host's server and client certificates in its own vmar directory.
+
 The mount and UTS namespaces are kept by bind mounts on files in
 ``<name>/ns`` (``unshare --mount=FILE``), the network namespace by ``ip
 netns``; every service of the host runs under ``nsenter`` into all three.
@@ -27,20 +32,43 @@ cold-migration copies; vmar-export; vmar-nova-compute) are in
 :mod:`tools.cloud.stack`.
 """
 
+import filecmp
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import time
 
 from tools.cloud import config
 from tools.cloud.services import ServiceError
+from tools.vmarenv import pki
 
 # what a host's mount namespace mounts over what (host dir relative parts)
 LIBVIRT_DIRS = (('etc', '/etc/libvirt'), ('run', '/run/libvirt'),
                 ('lib', '/var/lib/libvirt'), ('cache', '/var/cache/libvirt'),
                 ('log', '/var/log/libvirt'))
 OWN_DIRS = ('nova', 'vmar', 'run')
+# a host's peer credentials, as [vmar_peers] tls_dir wants them
+PEER_TLS_FILES = ('ca-cert.pem', 'server-cert.pem', 'server-key.pem',
+                  'client-cert.pem', 'client-key.pem')
+# the cloud's CA and the hosts' certificates live as long as the cloud
+PEER_DAYS = 3650
+
+# what peer_exports runs on a host: the system Python's libnbd (as the
+# range server's peer reader), a TLS client with the host's credentials
+LIST_EXPORTS = r'''import sys
+import nbd
+h = nbd.NBD()
+h.set_tls(nbd.TLS_REQUIRE)
+h.set_tls_certificates(sys.argv[1])
+h.set_opt_mode(True)
+h.connect_tcp(sys.argv[2], sys.argv[3])
+names = []
+h.opt_list(lambda name, description: names.append(name))
+h.opt_abort()
+print('\n'.join(names))
+'''
 
 MOUNT_SCRIPT = r'''set -e
 hostname "$1"
@@ -96,6 +124,9 @@ class Host(object):
         self.dir = cloud.host_path(host)
         self.ns_dir = os.path.join(self.dir, 'ns')
         self.netns = 'vmar%s-%s' % (_cloud_id(cloud), self.name)
+        # the cloud's file, then the host's own ([vmar_peers])
+        self.export_conf = [cloud.etc('vmar', 'vmar-export.conf'),
+                            self.path('etc', 'vmar-export.conf')]
         # an interface name has at most 15 characters
         self.veth = 'vh%s%s' % (_cloud_id(cloud), self.name.split('-')[-1])
 
@@ -110,11 +141,54 @@ class Host(object):
 
     def vmar_export(self, *args):
         """``vmar-export ARGS`` on this host (its output)."""
+        conf = []
+        for path in self.export_conf:
+            conf += ['--config-file', path]
         return subprocess.run(
-            self.nsenter() + [self.cloud.bin('vmar-export'), '--config-file',
-                              self.cloud.etc('vmar', 'vmar-export.conf')]
+            self.nsenter() + [self.cloud.bin('vmar-export')] + conf
             + list(args), capture_output=True, text=True,
             stdin=subprocess.DEVNULL, timeout=120, check=True).stdout
+
+    def peer_tls(self):
+        """The host's peer credentials (idempotent); their directory.
+
+        ``<host dir>/vmar/pki``, which the host sees at the ``tls_dir`` of
+        its ``vmar-export.conf``: the cloud's CA certificate, a server
+        certificate for the host's address and a client certificate, keys
+        0600 in a 0700 directory (root's: vmar-export runs as root). Made
+        again only when a file is missing or the cloud's CA changed.
+        """
+        ca = peer_ca(self.cloud)
+        d = self.path('vmar', config.PEER_TLS)
+        if all(os.path.exists(os.path.join(d, f)) for f in PEER_TLS_FILES) \
+                and filecmp.cmp(os.path.join(ca, 'ca-cert.pem'),
+                                os.path.join(d, 'ca-cert.pem'), False):
+            return d
+        tmp = d + '.tmp'
+        shutil.rmtree(tmp, ignore_errors=True)
+        pki.make_cert(ca, tmp, 'server', self.name,
+                      san='IP:%s' % self.address, days=PEER_DAYS)
+        pki.make_cert(ca, tmp, 'client', self.name, days=PEER_DAYS)
+        shutil.rmtree(d, ignore_errors=True)
+        os.rename(tmp, d)
+        return d
+
+    def peer_exports(self, address, port=10810):
+        """The export names of the peer server at ``address``.
+
+        As this host sees them: a TLS client with its own client
+        certificate, in its network namespace.
+        """
+        result = subprocess.run(
+            self.nsenter() + ['/usr/bin/python3', '-c', LIST_EXPORTS,
+                              self.cloud.path('vmar', config.PEER_TLS),
+                              address, str(port)],
+            capture_output=True, text=True, stdin=subprocess.DEVNULL,
+            timeout=60)
+        if result.returncode:
+            raise ServiceError('%s: listing the exports of %s:%d: %s' % (
+                self.name, address, port, result.stderr.strip()))
+        return result.stdout.split()
 
     def is_up(self):
         return (_mounted(os.path.join(self.ns_dir, 'mnt'))
@@ -226,6 +300,26 @@ class Host(object):
         if os.path.exists('/run/netns/%s' % self.netns):
             _ip('netns', 'del', self.netns)
         _ip('link', 'del', self.veth, check=False)
+
+
+def peer_ca(cloud):
+    """The cloud's host CA, made on first use; its directory.
+
+    ``<state_dir>/peer-ca``: ``ca-cert.pem`` and ``ca-key.pem`` (0600, in a
+    0700 directory: root's alone). ``down --purge`` removes it with the
+    rest of the state.
+    """
+    d = cloud.path(config.PEER_CA)
+    if all(os.path.exists(os.path.join(d, f))
+           for f in ('ca-cert.pem', 'ca-key.pem')):
+        return d
+    tmp = d + '.tmp'
+    shutil.rmtree(tmp, ignore_errors=True)
+    pki.make_ca(tmp, 'vmar cloud %s host CA' % _cloud_id(cloud),
+                days=PEER_DAYS)
+    shutil.rmtree(d, ignore_errors=True)
+    os.rename(tmp, d)
+    return d
 
 
 def ssh_keys(cloud):

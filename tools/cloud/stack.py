@@ -317,10 +317,10 @@ exec libvirtd -p /run/libvirt/libvirtd.pid -f /etc/libvirt/libvirtd.conf
 
 class VmarExport(OsloService):
 
-    def __init__(self, cloud, name='vmar-export'):
+    def __init__(self, cloud, name='vmar-export', conf=None):
         super(VmarExport, self).__init__(
             cloud, name, 'vmar-export',
-            [cloud.etc('vmar', 'vmar-export.conf')], args=['serve'])
+            conf or [cloud.etc('vmar', 'vmar-export.conf')], args=['serve'])
         self.endpoint = 'nbd+unix:///?socket=%s' % cloud.export_socket
         self.socket = cloud.export_socket
 
@@ -422,15 +422,18 @@ class HostSshd(Service):
 
 
 class HostExport(_OnHost, VmarExport):
+    """A compute host's vmar-export, with its peer server (issue 34)."""
 
     def __init__(self, cloud, host):
         self.host = host
-        super(HostExport, self).__init__(cloud, 'vmar-export@' + host.name)
+        super(HostExport, self).__init__(cloud, 'vmar-export@' + host.name,
+                                         conf=host.export_conf)
         # the same path on every host, seen from here in the host's dir
         self.socket = host.path('run', os.path.basename(cloud.export_socket))
 
     def setup(self):
         self.host.up()
+        self.host.peer_tls()
         super(HostExport, self).setup()
 
 
