@@ -26,6 +26,7 @@ Why locking a mapping, not prefetching or cgroup protection, is in
 
 import collections
 import dataclasses
+import math
 import mmap
 import os
 import platform
@@ -228,9 +229,11 @@ class Warm(periodic.Periodic):
         now = time.monotonic() if now is None else now
         for image in sorted({e.image_id for e in exports
                              if e.host_cache == 'base'}):
+            # (the due time is compared, not now - asked: the difference
+            # of two clock readings RETRY apart may round below RETRY)
             if (os.path.exists(self.files.layout_file(image))
-                    or now - self.asked.get(image, -LAYOUT_RETRY)
-                    < LAYOUT_RETRY):
+                    or now < self.asked.get(image, -math.inf)
+                    + LAYOUT_RETRY):
                 continue
             self.asked[image] = now
             try:
