@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.parse
 
+from oslo_config import cfg
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy import orm
@@ -169,6 +170,18 @@ def _committed(engine):
     if u.get_backend_name() == 'sqlite' and u.database not in (None, '',
                                                                ':memory:'):
         _checkpointer(os.path.abspath(u.database)).committed()
+
+
+def configured(conf_obj=None):
+    """Whether ``[vmar_database] connection`` is set, not its default.
+
+    Nova's services that read the library (nova-scheduler's weigher,
+    nova-api's checks) run without it unless the operator points them at
+    it.
+    """
+    c = conf_obj or conf.CONF
+    loc = c.get_location('connection', 'vmar_database')
+    return loc is not None and loc.location != cfg.Locations.opt_default
 
 
 def get_engine(conf_obj=None):

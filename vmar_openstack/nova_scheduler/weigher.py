@@ -23,11 +23,11 @@ import time
 
 from nova.scheduler import utils
 from nova.scheduler import weights
-from oslo_config import cfg
 from oslo_log import log as logging
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import hosts as db_hosts
+from vmar_openstack.db import session as db_session
 from vmar_openstack.nova_imagebackend import extra_specs
 
 CONF = vmar_conf.CONF
@@ -55,11 +55,6 @@ def image_of(spec):
     return spec.image.id
 
 
-def _configured():
-    loc = CONF.get_location('connection', 'vmar_database')
-    return loc is not None and loc.location != cfg.Locations.opt_default
-
-
 class VmarWeigher(weights.BaseHostWeigher):
     # shares are absolute: a host holding 10 % of the image stays at 0.1
     # when no host holds more (no min-max stretching)
@@ -71,7 +66,7 @@ class VmarWeigher(weights.BaseHostWeigher):
         # several threads at once: no per-request state on the object
         self._lock = threading.Lock()
         self._failed_until = 0.0
-        if not _configured():
+        if not db_session.configured(CONF):
             LOG.error('vmar weigher: [vmar_database] connection is not set '
                       'in nova-scheduler\'s configuration; every host '
                       'weighs 0')
@@ -97,7 +92,7 @@ class VmarWeigher(weights.BaseHostWeigher):
             LOG.warning('vmar weigher: cannot tell the image of the '
                         'request, weighing every host 0: %s', e)
             return {}
-        if image_id is None or not _configured():
+        if image_id is None or not db_session.configured(CONF):
             return {}
         with self._lock:
             if time.monotonic() < self._failed_until:
