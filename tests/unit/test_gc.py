@@ -120,6 +120,37 @@ class TestMapGC(base.LibraryTestCase):
         self.assertIn(dig[B], self.glance.images.store)
         self.assertTrue(self.published(B, 3))
 
+    def test_maps_hosts_export_outlive_their_deleted_image(self):
+        """A server of a deleted image can still move (issue 34)."""
+        for image_id in (A, B):
+            self.handler.publisher.digests(image_id)
+        dig = names.digests_image_id(A)
+        # h1 runs a server of A v2 when A is deleted
+        self.reports.record('h1', [(A, 2)])
+        self.handler.delete({'id': A})
+        self.assertTrue(self.published(A, 2))
+        self.assertFalse(self.published(A, 1))     # nobody's
+        self.conf.set_override('map_gc_min_age', 0, group='vmar_agent')
+        # B's old versions (which read A) go; A v2 and A's digest list,
+        # which a host moving the server checks A's blocks against, stay
+        self.reports.record('h1', [(A, 2), (B, 3)])
+        agent.collect_garbage(self.conf, self.handler)
+        self.assertEqual([], self.lib.superseded())
+        self.assertTrue(self.published(A, 2))
+        self.assertIn(dig, self.glance.images.store)
+        # the server moved to h2: still held
+        self.reports.record('h1', [(B, 3)])
+        self.reports.record('h2', [(A, 2)])
+        agent.collect_garbage(self.conf, self.handler)
+        self.assertTrue(self.published(A, 2))
+        # deleted: both go; B's own stay
+        self.reports.record('h2', [])
+        agent.collect_garbage(self.conf, self.handler)
+        self.assertFalse(self.published(A, 2))
+        self.assertNotIn(dig, self.glance.images.store)
+        self.assertTrue(self.published(B, 3))
+        self.assertIn(names.digests_image_id(B), self.glance.images.store)
+
     def test_forgotten_host_holds_nothing(self):
         self.reports.record('gone', [(A, 1), (B, 1)])
         self.conf.set_override('map_gc_min_age', 0, group='vmar_agent')

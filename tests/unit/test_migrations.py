@@ -219,3 +219,26 @@ class TestMigration0011(MigrationTestCase):
                          (h.host, h.holds, h.peer_address, h.load_per_cpu))
         # a host that serves no peer is nobody's holder
         self.assertEqual([], reports.holders('b'))
+
+
+class TestMigration0012(MigrationTestCase):
+    """Holdings stay; no mirror of an earlier report is complete."""
+
+    def test_holdings_stay_and_nothing_is_complete(self):
+        migration.upgrade('0011', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            c.execute(sa.text("INSERT INTO vmar_hosts (host, reported_at, "
+                              "peer_address) VALUES ('h1', '2026-11-26', "
+                              "'10.0.0.1:10810')"))
+            c.execute(sa.text("INSERT INTO vmar_host_bases (host, base_id, "
+                              "blocks) VALUES ('h1', 'b', 7), "
+                              "('h1', 'w', NULL)"))
+        migration.upgrade('head', conf=self.conf)
+        reports = db_hosts.HostReports(self.conf)
+        (h,) = reports.list()
+        self.assertEqual(((('b', 7), ('w', None)), ()),
+                         (h.holds, h.complete))
+        # a whole base serves every block; a mirror must say it is complete
+        self.assertEqual([], reports.complete_holders('b'))
+        self.assertEqual(['h1'], reports.complete_holders('w'))

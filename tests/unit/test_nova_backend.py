@@ -21,6 +21,9 @@ from oslo_config import cfg
 from oslo_config import fixture as config_fixture
 import testtools
 
+from vmar_openstack import conf as vmar_conf
+from vmar_openstack.db import hosts as db_hosts
+from vmar_openstack.db import migration
 from vmar_openstack import exception as vmar_exception
 from vmar_openstack import hostapi
 from vmar_openstack import names
@@ -723,6 +726,41 @@ class TestApiChecks(testtools.TestCase):
                 self.assertIn('is %s in Glance' % said, str(e))
         for orig in self.orig.values():
             orig.assert_not_called()
+
+    def test_a_deleted_image_moves_once_a_peer_host_holds_it(self):
+        """Issue 34: the library's host reports say who holds its blocks."""
+        tmp = self.useFixture(fixtures.TempDir()).path
+        # nova-api's configuration naming the library (a ConfigOpts of
+        # its own: oslo.config reports a cleared override as still set)
+        conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(conf)
+        conf([], project='vmar', default_config_files=[])
+        conf.set_override('connection', 'sqlite:///%s/v.sqlite' % tmp,
+                          group='vmar_database')
+        self.useFixture(fixtures.MockPatchObject(self.checks, 'CONF', conf))
+        migration.upgrade('head', conf=conf)
+        reports = db_hosts.HostReports(conf)
+        inst = self.vmar_server(None)
+        image = inst.image_ref
+
+        def refused(why):
+            for name, call in self.moves(inst):
+                e = self.assertRaises(self.checks.MoveRefused, call)
+                self.assertIn('is deleted in Glance', str(e))
+                self.assertIn(why, str(e))
+        # nobody reported it; then its host's mirror still fills
+        refused('no host that serves peers holds every block only that '
+                'image had: the fill of a mirror of it has not finished')
+        reports.record('a', [(image, 1)], {image: 3},
+                       peer_address='10.0.0.1:10810')
+        refused('no host that serves peers')
+        # filled, but its host serves no peer
+        reports.record('a', [(image, 1)], {image: 4}, complete=[image])
+        refused('no host that serves peers')
+        reports.record('a', [(image, 1)], {image: 4}, complete=[image],
+                       peer_address='10.0.0.1:10810')
+        for name, call in self.moves(inst):
+            self.assertEqual('accepted', call(), name)
 
     def test_servers_not_on_vmar_move_without_their_image(self):
         # ordinary flavors, and vmar flavors booted from volume

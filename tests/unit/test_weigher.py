@@ -8,6 +8,7 @@ RequestSpec objects. The multi-host functional test is issue 17's
 
 import datetime
 import os
+import shutil
 from unittest import mock
 import uuid
 
@@ -30,6 +31,7 @@ from vmar_openstack.export import hostdir
 from vmar_openstack.export import report
 from vmar_openstack.glance_hooks import agent
 from vmar_openstack import ingest
+from vmar_openstack.ingest import paths as ingest_paths
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.nova_scheduler import weigher
@@ -243,6 +245,71 @@ class TestHostSide(HoldingsTestCase):
         body = report.payload(self.conf, root)
         self.assertEqual('[fd00::5]:10810', body['peer'])
         self.assertGreaterEqual(body['load'], 0)
+
+    def test_complete_mirrors_hold_every_block_only_their_image_has(self):
+        """What a host can serve once an image is deleted (issue 34)."""
+        root = self.scratch()
+        files = hostdir.HostDir(root, None)
+        # B's map reads blocks 0 and 1 from A, block 2 from B itself
+        version = self.lib.remap(B)
+        os.makedirs(os.path.join(root, 'maps'))
+        shutil.copy(ingest_paths.map_path(self.conf, B, version),
+                    files.map_file(B, version))
+        m = files.mirror(B)
+        os.makedirs(os.path.dirname(m.data))
+        open(m.data, 'wb').close()
+        mirror_format.create_present(m.present, mirror_format.Header(
+            B, 4 * BS, BS))
+
+        def present(bits):
+            with open(m.present, 'r+b') as f:
+                f.seek(mirror_format.PRESENT_HEADER_SIZE)
+                f.write(bytes([bits]))
+            return files.complete_mirrors([(B, version)])
+        self.assertEqual(set(), present(0b0011))     # A's blocks only
+        self.assertEqual({B}, present(0b0100))       # B's own block
+        # a version whose map the host lacks says nothing of it
+        self.assertEqual(set(), files.complete_mirrors([(B, version),
+                                                        (B, version + 1)]))
+        # not exported: not asked; a whole base: not a mirror
+        self.assertEqual(set(), files.complete_mirrors([]))
+        # the report asks about the host's exports: none here
+        self.conf.set_override('host', 'h1', group='vmar_host')
+        self.assertEqual([], report.payload(self.conf, root)['complete'])
+
+    def test_complete_holders(self):
+        def record(host, holds, complete=(), peer='10.0.0.1:1', age=0):
+            self.reports.record(
+                host, [], holds, peer_address=peer, complete=complete,
+                reported_at=models.utcnow() - datetime.timedelta(
+                    seconds=age))
+        record('h1', {A: 3})                    # a mirror still filling
+        record('h2', {A: 4}, complete=[A])      # filled
+        record('h3', {A: None})                 # the whole base
+        record('h4', {A: None}, peer=None)      # serves no peer
+        record('h5', {A: 4}, complete=[A], age=3600)
+        self.assertEqual(['h2', 'h3', 'h5'],
+                         self.reports.complete_holders(A))
+        self.assertEqual(['h2', 'h3'], self.reports.complete_holders(
+            A, max_age=datetime.timedelta(minutes=5)))
+        self.assertEqual([], self.reports.complete_holders(B))
+        self.assertEqual((A,), [h for h in self.reports.list()
+                                if h.host == 'h2'][0].complete)
+
+    def test_agent_records_complete_mirrors(self):
+        ep = agent.HostReportEndpoint(self.conf, None)
+
+        def send(complete):
+            ep.info({}, 'vmar-export.h', 'vmar.host.exports', {
+                'host': 'h', 'exports': [[B, 1]], 'holds': [[A, 4], [B, 1]],
+                'peer': '10.0.0.1:1', 'complete': complete}, {})
+            (h,) = self.reports.list()
+            return h.complete, h.exports
+        self.assertEqual(((A,), ((B, 1),)), send([A]))
+        # an earlier release's report, and bad ones: nothing is complete,
+        # the rest of the report stands
+        for bad in (None, 'x', [C], ['x'], [7], {A: 1}):
+            self.assertEqual(((), ((B, 1),)), send(bad))
 
     def test_holdings_skip_what_is_not_vmars(self):
         root = self.scratch()

@@ -30,6 +30,7 @@ class Host:
     holds: tuple = ()          # ((base_id, blocks or None), ...), sorted
     peer_address: str = None   # its peer server, "host:port", or None
     load_per_cpu: float = None
+    complete: tuple = ()       # (base_id, ...) of complete mirrors, sorted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,15 +49,18 @@ class HostReports:
         self.conf = conf
 
     def record(self, host, exports, holds=None, reported_at=None,
-               peer_address=None, load_per_cpu=None):
+               peer_address=None, load_per_cpu=None, complete=()):
         """Replace ``host``'s report.
 
         ``exports``: ``(image id, map version)`` pairs; ``holds``: ``{base
         id: blocks held, None for a whole base}`` (None: the report said
         nothing of it; what the host last said stands). ``peer_address``:
         where it serves peers (None: it does not), ``load_per_cpu``: its
-        load then.
+        load then. ``complete``: the bases among ``holds`` whose mirror
+        holds every block only the base's image has
+        (:meth:`vmar_openstack.export.hostdir.Layout.complete_mirrors`).
         """
+        complete = {str(b) for b in complete or ()}
         rows = sorted({(str(i), int(v)) for i, v in exports})
         with db_session.locked_writer(self.conf) as s:
             s.execute(sa.delete(models.HostExport).where(
@@ -77,24 +81,46 @@ class HostReports:
             if holds is not None:
                 s.add_all(models.HostBase(
                     host=host, base_id=str(b),
-                    blocks=None if n is None else int(n))
+                    blocks=None if n is None else int(n),
+                    complete=str(b) in complete)
                     for b, n in holds.items())
 
     def list(self):
         with db_session.reader(self.conf) as s:
             reports = s.execute(sa.select(models.HostReport).order_by(
                 models.HostReport.host)).scalars().all()
-            held, holds = {}, {}
+            held, holds, complete = {}, {}, {}
             for e in s.execute(sa.select(models.HostExport)).scalars():
                 held.setdefault(e.host, []).append((e.image_id,
                                                     e.map_version))
             for b in s.execute(sa.select(models.HostBase)).scalars():
                 holds.setdefault(b.host, []).append((b.base_id, b.blocks))
+                if b.complete:
+                    complete.setdefault(b.host, []).append(b.base_id)
             return [Host(r.host, r.reported_at,
                          tuple(sorted(held.get(r.host, ()))),
                          tuple(sorted(holds.get(r.host, ()))),
-                         r.peer_address, r.load_per_cpu)
+                         r.peer_address, r.load_per_cpu,
+                         tuple(sorted(complete.get(r.host, ()))))
                     for r in reports]
+
+    def complete_holders(self, base_id, max_age=None):
+        """Hosts that could serve every block only ``base_id``'s image has.
+
+        Those whose last report holds the base whole, or a complete mirror
+        of it, and names a peer server; with ``max_age`` (a timedelta),
+        reported within it. Host names, sorted. What nova-api asks before
+        it moves a server whose image was deleted from the store.
+        """
+        hr, hb = models.HostReport, models.HostBase
+        q = (sa.select(hr.host).join(hb, hb.host == hr.host)
+             .where(hb.base_id == str(base_id),
+                    hr.peer_address.is_not(None),
+                    sa.or_(hb.blocks.is_(None), hb.complete.is_(True))))
+        if max_age is not None:
+            q = q.where(hr.reported_at >= models.utcnow() - max_age)
+        with db_session.reader(self.conf) as s:
+            return sorted(s.execute(q).scalars().all())
 
     def holders(self, base_id, exclude=None, max_age=None, limit=None):
         """The hosts a host that misses blocks of ``base_id`` should ask.

@@ -182,7 +182,9 @@ class HostBase(Base):
     """The blocks of a base a host held at its last report.
 
     ``blocks`` is None for a whole copy of the base, else the number of
-    blocks its mirror holds.
+    blocks its mirror holds; ``complete``: the mirror holds every block
+    the host's exported map versions of the base's own image read from
+    it (whole copies are complete by themselves).
     """
     __tablename__ = 'vmar_host_bases'
     # the weigher looks a base's holders up
@@ -192,6 +194,8 @@ class HostBase(Base):
         'vmar_hosts.host', ondelete='CASCADE'), primary_key=True)
     base_id = sa.Column(sa.String(36), primary_key=True)
     blocks = sa.Column(sa.BigInteger, nullable=True)
+    complete = sa.Column(sa.Boolean, nullable=False, default=False,
+                         server_default=sa.false())
 
 
 class Lock(Base):

@@ -212,6 +212,39 @@ class Layout:
             out[image_id] = int(bits.sum())
         return out
 
+    def complete_mirrors(self, exports):
+        """Mirrors holding every block only their own image has.
+
+        ``exports``: ``(image id, map version)`` pairs, the host's. An
+        image's mirror is complete when its present bits cover every block
+        each of those map versions reads from the image itself (its
+        ``is_self`` target): the blocks no other image holds, which a host
+        must still serve once the image is deleted from the store, for its
+        servers to move (the fill of an export makes them so). Whole bases
+        are complete by themselves (:meth:`holdings` says None) and are
+        not listed. A set of image ids.
+        """
+        versions = collections.defaultdict(set)
+        for image_id, version in exports:
+            versions[image_id].add(version)
+        out = set()
+        for image_id, vs in sorted(versions.items()):
+            if not self.is_mirror(image_id):
+                continue
+            try:
+                _hdr, bits = mirror_format.read_present(
+                    self.mirror(image_id).present)
+                maps = [mapformat.read(self.map_file(image_id, v))
+                        for v in sorted(vs)]
+            except (OSError, exception.MirrorFormatError,
+                    exception.MapFormatError):
+                continue
+            if all(bits[alt_format.block_pairs(bmap, i)[0]].all()
+                   for bmap in maps
+                   for i, t in enumerate(bmap.targets) if t.is_self):
+                out.add(image_id)
+        return out
+
     def _mirror_ids(self):
         d = os.path.join(self.root, _MIRRORS)
         return {n.split('.')[0] for n in (os.listdir(d) if os.path.isdir(d)

@@ -6,6 +6,7 @@ map versions its host exports as an oslo.messaging notification,
 
     {"host": "<[vmar] host>", "exports": [["<image id>", <version>], ...],
      "holds": [["<base image id>", <blocks or null>], ...],
+     "complete": ["<image id>", ...],
      "peer": "<address>:<port>", "load": <load average per CPU>}
 
 The agent keeps each host's last report and removes an old map version
@@ -13,7 +14,12 @@ only when no report lists it (:mod:`vmar_openstack.glance_hooks.gc`).
 ``holds`` names every base the host keeps, whole (``null``) or as a
 mirror holding that many blocks; the scheduler's ``vmar`` weigher reads
 it (:mod:`vmar_openstack.nova_scheduler.weigher`, doc/source/
-scheduling.rst). ``peer`` and ``load`` are there when the host runs a
+scheduling.rst). ``complete`` names the mirrors of exported images that
+hold every block only that image has (their fill is done,
+:meth:`.hostdir.Layout.complete_mirrors`): with a peer server, the host
+can serve them to a server's new host once the image is deleted from the
+store (nova-api's check, :mod:`vmar_openstack.nova_api.checks`).
+``peer`` and ``load`` are there when the host runs a
 peer server (``[vmar_peers] listen_address``): the agent tells other
 hosts to read what it holds from there (:mod:`.discovery`).
 
@@ -76,14 +82,17 @@ def payload(conf, host_dir):
         held = sorted({(e.image_id, e.map_version)
                        for e in state.exports.values()})
     out = {'host': conf.vmar_host.host, 'exports': [list(e) for e in held]}
+    layout = hostdir.Layout(host_dir)
     try:
-        holds = hostdir.Layout(host_dir).holdings()
+        holds = layout.holdings()
+        complete = layout.complete_mirrors(held)
     except OSError as e:
         # the exports protect map versions: send them anyway; the agent
         # keeps what the host last said it holds
         LOG.warning('the bases held are left out of the report: %s', e)
     else:
         out['holds'] = [list(h) for h in sorted(holds.items())]
+        out['complete'] = sorted(complete)
     p = conf.vmar_peers
     if p.listen_address:
         # where other hosts read what it holds, and how busy it is: the

@@ -13,9 +13,11 @@ queue with other consumers such as ceilometer:
     the import plugin already ingested is only published.
 ``image.delete``
     Remove the image from the cluster tables, publish the regenerated maps
-    of the images that pointed into it, delete its own map images. Old map
-    versions of the other images stay in Glance: running instances use
-    them.
+    of the images that pointed into it, delete its own map images but
+    those hosts still export (a server moving to another host fetches its
+    map there, and its blocks from the hosts that hold them; map GC
+    deletes them once no host does). Old map versions of the other images
+    stay in Glance: running instances use them.
 ``image.update``
     A change of owner or visibility changes the dedup scope: the image's
     and the affected images' maps are regenerated and published.
@@ -218,7 +220,12 @@ class Handler:
                 out = None
             if out is not None:
                 self._publish_regenerated(out.regenerated)
-        self.publisher.delete_all(image_id)
+        # the versions hosts still export: a server of it moving to another
+        # host fetches its map there (its blocks from the hosts that hold
+        # them); map GC deletes them once no host does
+        held = {v for h in db_hosts.HostReports(self.conf).list()
+                for i, v in h.exports if i == image_id}
+        self.publisher.delete_all(image_id, keep=held)
 
     def update(self, payload):
         image_id = payload['id']
@@ -437,6 +444,12 @@ class HostReportEndpoint:
                         host, e)
             holds = None
         try:
+            complete = _complete(payload.get('complete'), holds)
+        except (TypeError, ValueError, AttributeError) as e:
+            LOG.warning('malformed complete mirrors in the report of %s '
+                        'ignored: %s', host, e)
+            complete = ()
+        try:
             peer, load = _peer(payload)
         except (TypeError, ValueError) as e:
             LOG.warning('malformed peer server in the report of %s '
@@ -444,7 +457,7 @@ class HostReportEndpoint:
             peer = load = None
         try:
             self.reports.record(host, exports, holds, peer_address=peer,
-                                load_per_cpu=load)
+                                load_per_cpu=load, complete=complete)
         except Exception as e:         # the database away: redeliver
             LOG.warning('report of %s not recorded: %s', host, e)
             time.sleep(self.retry_delay)
@@ -504,6 +517,23 @@ def _holds(items):
                 type(blocks) is not int or not 0 <= blocks < 2 ** 63):
             raise ValueError('holds: %r blocks of %s' % (blocks, base))
         out[str(uuid.UUID(base))] = blocks
+    return out
+
+
+def _complete(items, holds):
+    """A report's ``complete``: the ids among ``holds``, a set.
+
+    Empty if the report has none (a host of an earlier release).
+    :raises ValueError, TypeError: malformed, or not held.
+    """
+    if items is None:
+        return set()
+    if not isinstance(items, list):
+        raise TypeError('complete: not a list')
+    out = {str(uuid.UUID(i)) for i in items}
+    if out - set(holds or ()):
+        raise ValueError('complete: %s not held'
+                         % ', '.join(sorted(out - set(holds or ()))))
     return out
 
 

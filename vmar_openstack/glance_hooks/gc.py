@@ -9,9 +9,16 @@ in Glance, while any of these holds:
 * a host has not reported since the version was superseded, so its
   report may not show an export of it made just before.
 
+The map versions of a deleted image that hosts exported when it was
+deleted stay in Glance (not in the library: its records went with it)
+while a host's last report lists them: a server of the image moving to
+another host fetches its map there, and its blocks from the hosts that
+hold them (doc/source/peers.rst). Once no report does, they go.
+
 The digest list of a deleted image stays while a remaining version of
-another image's map reads from it: hosts fill mirrors of the deleted base
-from the images that hold its blocks, and check them against it.
+another image's map reads from it (hosts fill mirrors of the deleted base
+from the images that hold its blocks, and check them against it), or
+while a map version of the image itself stays.
 
 Hosts report through :mod:`vmar_openstack.db.hosts`; a host that never
 reported holds nothing, and one that is down keeps its last report until
@@ -73,13 +80,36 @@ def collect(conf, library, publisher, min_age, dry_run=False):
         LOG.info('deleted map v%d of %s: no host holds it', sv.version,
                  sv.image_id)
     if not dry_run:
-        _collect_digests(library, publisher)
+        kept = _collect_maps_of_deleted(conf, library, publisher)
+        _collect_digests(library, publisher, kept)
     return p
 
 
-def _collect_digests(library, publisher):
-    """Delete the digest lists of deleted images no map reads any more."""
-    read = set()
+def _collect_maps_of_deleted(conf, library, publisher):
+    """Delete the kept maps of deleted images no host lists any more.
+
+    Returns the image ids whose maps stay.
+    """
+    held = {e for h in db_hosts.HostReports(conf).list() for e in h.exports}
+    kept = set()
+    for (image_id, version), _gid in sorted(
+            publisher.maps_of_deleted(library.has_image).items()):
+        if (image_id, version) in held:
+            kept.add(image_id)
+            continue
+        publisher.delete_version(image_id, version)
+        LOG.info('deleted map v%d of the deleted image %s: no host holds '
+                 'it', version, image_id)
+    return kept
+
+
+def _collect_digests(library, publisher, kept=()):
+    """Delete the digest lists of deleted images no map reads any more.
+
+    ``kept``: deleted images a map version of which stays (it reads its
+    own image's blocks, checked against its digest list).
+    """
+    read = set(kept)
     for sv in library.superseded():
         read |= library.bases_of(sv.image_id, sv.version)
     for base_id, did in sorted(publisher.digest_lists().items()):

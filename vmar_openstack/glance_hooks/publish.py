@@ -300,24 +300,55 @@ class Publisher:
         """Delete the map image of one version (gone already: fine)."""
         self._delete(names.map_image_id(image_id, version), 'map')
 
-    def delete_all(self, image_id):
-        """Delete every published map version of a deleted image.
+    def delete_all(self, image_id, keep=()):
+        """Delete the published map versions of a deleted image.
 
-        Its digest list stays: hosts read the blocks the old versions of
-        other maps use from the images that hold them, and check them
-        against it; :mod:`.gc` deletes it with the last such version.
+        Versions in ``keep`` stay (hosts export them: a server moving to
+        another host fetches its map there); :mod:`.gc` deletes them once
+        no host does. Its digest list stays: hosts read the blocks the old
+        versions of other maps use from the images that hold them, and
+        check them against it; :mod:`.gc` deletes it with the last such
+        version. Returns how many map images went.
         """
-        keep = names.digests_image_id(image_id)
+        spare = {names.digests_image_id(image_id)} | {
+            names.map_image_id(image_id, v) for v in keep}
         try:
             found = list(self.glance.images.list(filters={
                 names.PROP_OF: image_id, 'os_hidden': True}))
         except glance_exc.ClientException as e:
             raise exception.PublishError(
                 'listing the maps of %s: %s' % (image_id, e))
+        doomed = [img for img in found if img.get(names.PROP_OF) == image_id
+                  and img['id'] not in spare]
+        for img in doomed:
+            self._delete(img['id'], 'map')
+        if keep:
+            LOG.info('kept map v%s of the deleted image %s: hosts export '
+                     'them', ', v'.join(str(v) for v in sorted(keep)),
+                     image_id)
+        return len(doomed)
+
+    def maps_of_deleted(self, has_image):
+        """``{(image id, version): Glance id}`` of maps of deleted images.
+
+        The published map versions whose image ``has_image(image_id)``
+        says is no longer in the library: those :meth:`delete_all` kept.
+        """
+        try:
+            found = list(self.glance.images.list(filters={
+                'os_hidden': True}))
+        except glance_exc.ClientException as e:
+            raise exception.PublishError('listing map images: %s' % e)
+        out = {}
         for img in found:
-            if img.get(names.PROP_OF) == image_id and img['id'] != keep:
-                self._delete(img['id'], 'map')
-        return len([i for i in found if i['id'] != keep])
+            of, version = img.get(names.PROP_OF), img.get(names.PROP_VERSION)
+            if not of or version is None or not str(version).isdigit():
+                continue
+            if img['id'] != names.map_image_id(of, int(version)):
+                continue
+            if not has_image(of):
+                out[(of, int(version))] = img['id']
+        return out
 
     def digest_lists(self):
         """base image id -> id of its published digest list image."""
