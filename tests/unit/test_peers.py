@@ -157,6 +157,45 @@ class TestSupervision(testtools.TestCase):
         self.assertEqual([], self.started)
 
 
+class TestFetcherSupervision(testtools.TestCase):
+    """Supervisor._check_fetchers: the nbdkits reads need, kept up."""
+
+    def setUp(self):
+        super().setUp()
+        self.sup = supervisor.Supervisor.__new__(supervisor.Supervisor)
+        self.sup.conf = base.new_conf()
+        self.started = []
+
+        def start(*args):
+            self.started.append(FakeProc())
+            return self.started[-1]
+        self.sup.start_fetcher = start
+        self.useFixture(fixtures.MockPatchObject(peers, 'start_fetcher',
+                                                 start))
+
+    def test_exited_ones_are_restarted_absent_ones_left(self):
+        self.sup.fetcher, self.sup.peer_fetcher = FakeProc(), None
+        self.assertEqual(0.5, self.sup._check_fetchers(0.5, 10))
+        self.assertEqual([], self.started)
+        self.sup.fetcher.returncode = 1
+        self.sup.peer_fetcher = FakeProc(-9)
+        self.sup._check_fetchers(0.5, 10)
+        self.assertEqual(2, len(self.started))
+        self.assertEqual([self.sup.fetcher, self.sup.peer_fetcher],
+                         self.started)
+
+    def test_a_failed_restart_backs_off(self):
+        self.sup.fetcher, self.sup.peer_fetcher = FakeProc(1), None
+
+        def fail():
+            raise exception.ExportError('nbdkit missing')
+        self.sup.start_fetcher = fail
+        self.useFixture(fixtures.MockPatch(
+            'vmar_openstack.export.supervisor.time.sleep'))
+        self.assertEqual(1.0, self.sup._check_fetchers(0.5, 10))
+        self.assertEqual(10, self.sup._check_fetchers(8, 10))
+
+
 class TestPeerReaderChecks(testtools.TestCase):
     """What the range server checks of a peer's run (no peer needed)."""
 

@@ -183,6 +183,30 @@ class Supervisor:
             self.peers = None
             self.peers_retry_at = time.monotonic() + PEERS_RETRY
 
+    def _check_fetchers(self, backoff, max_backoff):
+        """Restart the range server or the peer fetcher if it exited.
+
+        Reads of missing blocks fail until they are back (a peer read goes
+        to the store meanwhile); the daemon's NBD clients reconnect by
+        themselves. Returns the backoff after a failed restart.
+        """
+        for attr, what, start in (
+                ('fetcher', 'range server', self.start_fetcher),
+                ('peer_fetcher', 'peer fetcher',
+                 lambda: peers.start_fetcher(self.conf))):
+            nbdkit = getattr(self, attr)
+            if nbdkit is None or nbdkit.poll() is None:
+                continue
+            LOG.error('the %s exited with %d; restarting', what,
+                      nbdkit.returncode)
+            try:
+                setattr(self, attr, start())
+            except exception.ExportError as e:
+                LOG.error('%s', e)
+                time.sleep(backoff)
+                backoff = min(max_backoff, backoff * 2)
+        return backoff
+
     def _serve(self, stop_event, max_backoff):
         stopping = []
 
@@ -233,25 +257,7 @@ class Supervisor:
                     retry_at = time.monotonic() + retry_backoff
                     retry_backoff = min(max_backoff, retry_backoff * 2)
                 self._check_peers()
-                # reads of missing blocks fail until they are back (peer
-                # reads go to the store); the daemon's NBD clients
-                # reconnect by themselves
-                for attr, start in (
-                        ('fetcher', self.start_fetcher),
-                        ('peer_fetcher',
-                         lambda: peers.start_fetcher(self.conf))):
-                    proc = getattr(self, attr)
-                    if proc is None or proc.poll() is None:
-                        continue
-                    LOG.error('the %s exited with %d; restarting',
-                              'range server' if attr == 'fetcher'
-                              else 'peer fetcher', proc.returncode)
-                    try:
-                        setattr(self, attr, start())
-                    except exception.ExportError as e:
-                        LOG.error('%s', e)
-                        time.sleep(backoff)
-                        backoff = min(max_backoff, backoff * 2)
+                backoff = self._check_fetchers(backoff, max_backoff)
                 time.sleep(0.1)
             else:
                 self.service.ready.clear()
