@@ -64,6 +64,7 @@ FILES = (
     ('neutron-uwsgi.ini.in', 'etc/neutron/neutron-uwsgi.ini'),
     ('nova.conf.in', 'etc/nova/nova.conf'),
     ('nova-scheduler.conf.in', 'etc/nova/nova-scheduler.conf'),
+    ('nova-api.conf.in', 'etc/nova/nova-api.conf'),
     ('nova-api-uwsgi.ini.in', 'etc/nova/nova-api-uwsgi.ini'),
     ('vmar.conf.in', 'etc/vmar/vmar.conf'),
     ('vmar-export.conf.in', 'etc/vmar/vmar-export.conf'),

@@ -222,7 +222,9 @@ class NovaAPI(UwsgiService):
         super(NovaAPI, self).__init__(
             cloud, 'nova-api', 'nova_api',
             cloud.etc('nova', 'nova-api-uwsgi.ini'),
-            {'OS_NOVA_CONFIG_DIR': cloud.etc('nova')})
+            {'OS_NOVA_CONFIG_DIR': cloud.etc('nova'),
+             # Nova's default pair, then nova-api's own settings
+             'OS_NOVA_CONFIG_FILES': 'api-paste.ini;nova.conf;nova-api.conf'})
         self.endpoint = cloud.url('nova_api') + '/v2.1'
 
     def setup(self):
