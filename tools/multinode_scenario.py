@@ -2,9 +2,11 @@
 
 Runs against a cloud of ``tools/cloud.sh up --computes 3`` (issue 17):
 live migration, cold migration, resize to another host and to the same
-host, a resize nova-api must refuse, the moves nova-api must refuse for a
-server whose image was deleted, shelve and unshelve onto another host,
-and evacuation after a host is killed.
+host, a resize nova-api must refuse, the moves of servers whose image was
+deleted (refused while no host holds the blocks only that image had, then
+a live migration whose destination reads them from the source's peer
+server, issue 34), shelve and unshelve onto another host, and evacuation
+after a host is killed.
 
 The guest is the test guest of ``tools/build-test-guest.sh`` booted by Nova
 from Glance (``kernel_id``/``ramdisk_id`` images): with ``vmar.write`` it
@@ -34,6 +36,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -169,17 +172,27 @@ class Moves(Scenario):
         self.echo('  %s: %s -> %s, whole disk read back, %s released it'
                   % (name, source, dest, source))
 
-    def boot(self, name, host, flavor='vmar.check', cmdline=''):
-        """A server of a new image (no host has seen it) on ``host``."""
+    def boot(self, name, host, flavor='vmar.check', cmdline='', idle=False):
+        """A server of a new image (no host has seen it) on ``host``.
+
+        ``idle``: its guest never reads its disk (its init is a sleep:
+        the kernel loads no disk driver), so its host holds none of the
+        image's blocks.
+        """
         raw = os.path.join(self.work, name + '.raw')
         disk_image(raw, name + str(time.time()))
+        if idle:
+            cmdline = ('console=ttyS0 no_timer_check rdinit=/bin/busybox '
+                       '-- sleep 100000')
+        else:
+            cmdline = ('console=ttyS0 no_timer_check vmar.write=%d '
+                       'vmar.loop=1 %s' % (MARKER_OFFSET, cmdline))
         image_id = self.os.json(
             'image', 'create', '--disk-format', 'raw', '--container-format',
             'bare', '--file', raw, '--property',
             'kernel_id=%s' % self.kernel, '--property',
             'ramdisk_id=%s' % self.ramdisk, '--property',
-            'os_command_line=console=ttyS0 no_timer_check vmar.write=%d '
-            'vmar.loop=1 %s' % (MARKER_OFFSET, cmdline),
+            'os_command_line=%s' % cmdline,
             # busybox's init ignores ACPI: do not wait Nova's 60 s for it
             '--property', 'os_shutdown_timeout=3', 'check-' + name)['id']
         self.images[name] = (image_id, raw)
@@ -195,7 +208,8 @@ class Moves(Scenario):
         self.wait_status(name, 'ACTIVE')
         check(self.host_of(name) == host, '%s did not boot on %s', name,
               host)
-        self.wait_sha(name, IMAGE_SIZE)
+        if not idle:
+            self.wait_sha(name, IMAGE_SIZE)
 
     # -- the steps --------------------------------------------------------
 
@@ -312,29 +326,80 @@ class Moves(Scenario):
               'the refused resize left a migration record')
         self.echo('  refused: %s' % r.stderr.strip().splitlines()[-1])
 
-    def gone(self):
-        """nova-api refuses to move a server whose image was deleted."""
-        a = self.names[1]
-        self.boot('gone', a)
+    def manage(self, *args):
+        """``vmar-manage ARGS`` on the controller (its output)."""
+        return subprocess.run(
+            [self.cloud.bin('vmar-manage'), '--config-file',
+             self.cloud.etc('vmar', 'vmar.conf')] + list(args),
+            capture_output=True, text=True, check=True).stdout
+
+    def complete_holders(self, image_id):
+        """The hosts whose last report holds every block only it has."""
+        out = self.manage('hosts', 'list', '--json')
+        return {h['host'] for h in json.loads(out[out.index('['):])
+                if h['peer'] and (image_id in h['complete'] or [
+                    image_id, None] in h['holds'])}
+
+    def _refused(self, name, why):
         migrations = self.os.json('server', 'migration', 'list',
-                                  '--server', 'gone')
-        self.os.run('image', 'delete', self.images['gone'][0])
+                                  '--server', name)
         for args in (('2.30', 'server', 'migrate', '--live-migration'),
                      ('2.56', 'server', 'migrate'),
                      ('2.29', 'server', 'evacuate')):
-            r = self.nova(*args + ('gone',), check_rc=False)
+            r = self.nova(*args + (name,), check_rc=False)
             check(r.returncode != 0 and '400' in r.stderr
-                  and 'deleted in Glance' in r.stderr,
+                  and why in r.stderr,
                   '%s of a server whose image is deleted was not refused '
-                  'with a reason: %s%s', ' '.join(args[1:]), r.stdout,
-                  r.stderr)
-        s = self.wait_status('gone', 'ACTIVE')
+                  'with the reason %r: %s%s', ' '.join(args[1:]), why,
+                  r.stdout, r.stderr)
+        check(self.os.json('server', 'migration', 'list', '--server',
+                           name) == migrations,
+              'the refused moves left a migration record')
+        return r.stderr.strip().splitlines()[-1]
+
+    def gone(self):
+        """Servers whose image was deleted: moved once a host holds it.
+
+        A server whose guest never read its disk: no host holds the blocks
+        only its image had, and nova-api refuses every move, saying why.
+        A server whose guest read its whole disk: its host's mirror holds
+        them, reports it, and the server live-migrates; the destination
+        reads those blocks from the source's peer server (TLS, the
+        cloud's CA), and the guest reads its whole disk back there.
+        """
+        a, b = self.names[1], self.names[2]
+        self.boot('gone-idle', a, idle=True)
+        self.os.run('image', 'delete', self.images['gone-idle'][0])
+        said = self._refused('gone-idle', 'no host that serves peers holds '
+                             'every block only that image had')
+        s = self.wait_status('gone-idle', 'ACTIVE')
         check(s['OS-EXT-SRV-ATTR:host'] == a, 'the refused moves moved '
               'the server to %s', s['OS-EXT-SRV-ATTR:host'])
-        check(self.os.json('server', 'migration', 'list', '--server',
-                           'gone') == migrations,
-              'the refused moves left a migration record')
-        self.echo('  gone: %s' % r.stderr.strip().splitlines()[-1])
+        self.echo('  gone, never read: %s' % said)
+        self.os.run('server', 'delete', '--wait', 'gone-idle')
+
+        # migrated right after a pass over its disk, as the live step's
+        self.boot('gone', a, cmdline='vmar.pause=%d' % LIVE_PAUSE)
+        image_id = self.images['gone'][0]
+        self.wait('%s to report its mirror of %s complete' % (a, image_id),
+                  lambda: a in self.complete_holders(image_id), timeout=120)
+        self.os.run('image', 'delete', image_id)
+        before_reads = self.status(b).get('peers') or {}
+        before = self.console('gone')
+        t0 = time.monotonic()
+        self.nova('2.30', 'server', 'migrate', '--live-migration',
+                  '--host', b, '--wait', 'gone')
+        self.figures['gone_live_migration_s'] = time.monotonic() - t0
+        self.moved('gone', a, b, IMAGE_SIZE, since=before)
+        reads = self.status(b)['peers']['reads']
+        got = reads['peer_bytes'] - (before_reads.get('reads') or {}).get(
+            'peer_bytes', 0)
+        check(got > 0 and reads['bad_blocks'] == 0,
+              '%s read %d bytes of the deleted image from peers: %s', b,
+              got, reads)
+        self.echo('  gone, read whole: live-migrated %s -> %s after its '
+                  'image was deleted; %.1f MiB from %s\'s peer server'
+                  % (a, b, got / (1 << 20), a))
         self.os.run('server', 'delete', '--wait', 'gone')
 
     def shelve(self):

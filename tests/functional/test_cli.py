@@ -135,7 +135,8 @@ class TestManage(base.LibraryTestCase):
         reports = db_hosts.HostReports(self.conf)
         reports.record('h1', [(A, 1)], {A: None})
         reports.record('h2', [], {A: None, B: None},
-                       peer_address='10.0.0.2:10810', load_per_cpu=0.25)
+                       peer_address='10.0.0.2:10810', load_per_cpu=0.25,
+                       complete=[B])
         # serves B, holds nothing yet: it will hold all B reads
         reports.record('h3', [(B, 1)], {})
         hosts = json.loads(self.manage('hosts', 'list', '--json').stdout)
@@ -143,8 +144,10 @@ class TestManage(base.LibraryTestCase):
                          [h['holds'] for h in hosts])
         self.assertEqual([None, '10.0.0.2:10810', None],
                          [h['peer'] for h in hosts])
+        self.assertEqual([[], [B], []], [h['complete'] for h in hosts])
         table = self.manage('hosts', 'list').stdout.splitlines()
-        self.assertEqual(['10.0.0.2:10810', '0.25'], table[2].split()[-2:])
+        self.assertEqual([B, '10.0.0.2:10810', '0.25'],
+                         table[2].split()[-3:])
         rows = [ln.split() for ln in self.manage(
             'hosts', 'shares', B).stdout.splitlines()]
         self.assertIn(['h2', '1.000'], rows)

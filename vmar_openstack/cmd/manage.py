@@ -300,14 +300,16 @@ def hosts_list():
                           'reported_at': h.reported_at.isoformat(),
                           'exports': [list(e) for e in h.exports],
                           'holds': [list(b) for b in h.holds],
+                          'complete': list(h.complete),
                           'peer': h.peer_address,
                           'load_per_cpu': h.load_per_cpu}
                          for h in hosts], indent=2))
         return
     cmd.print_table(('host', 'last report (UTC)', 'exports', 'bases held',
-                     'peer server', 'load/CPU'),
+                     'complete', 'peer server', 'load/CPU'),
                     [(h.host, h.reported_at.strftime('%Y-%m-%d %H:%M:%S'),
-                      len(h.exports), len(h.holds), h.peer_address or '-',
+                      len(h.exports), len(h.holds),
+                      ' '.join(h.complete) or '-', h.peer_address or '-',
                       '-' if h.load_per_cpu is None
                       else '%.2f' % h.load_per_cpu) for h in hosts])
 
