@@ -43,8 +43,8 @@ ALL_OPTS = [
                     'or a rate.\n\nRelated options: max_clients.'),
     cfg.ListOpt('peers', default=[],
                 help='Peer servers this host reads the blocks its mirrors '
-                     'miss from, before the store (base_fetch = lazy, '
-                     'map_source = glance), asked in this order. Every '
+                     'miss from, before the store (base_fetch = lazy), '
+                     'asked in this order. Every '
                      'block a peer sends is checked against the image\'s '
                      'digest list.\n\nPossible values: host:port of '
                      'other hosts\' peer servers; empty, the store '
@@ -62,7 +62,7 @@ ALL_OPTS = [
                 help='Ask vmar-agent which hosts hold the bases this host '
                      'mirrors (their reports, least loaded first) and read '
                      'the blocks the mirrors miss from them before the '
-                     'store (base_fetch = lazy, map_source = glance). Asked '
+                     'store (base_fetch = lazy). Asked '
                      'when an export of a new mirror is added and then '
                      'every report_interval.\n\nPossible values: true or '
                      'false.\n\nRelated options: peers (asked after the '
