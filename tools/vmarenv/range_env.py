@@ -8,32 +8,23 @@ nbdkit with nbdkit_peers.py), for tests and benches of what they read:
 the same commands, from a configuration file.
 """
 
-from oslo_config import cfg
-
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.export import nbdkit_proc
 from vmar_openstack.export import peers
 from vmar_openstack.mapsource import glance as glance_source
 
 
-def _conf(conf_file):
-    conf = cfg.ConfigOpts()
-    vmar_conf.register_opts(conf)
-    conf(['--config-file', conf_file], project='vmar')
-    return conf
-
-
 def start(conf_file, log_path, timeout=60):
     """Start the range server of ``conf_file``; (process, socket path)."""
     cmd, sock, env = glance_source.GlanceSource(
-        _conf(conf_file)).range_server_command()
+        vmar_conf.from_files([conf_file])).range_server_command()
     return nbdkit_proc.start(cmd, env, log_path, sock, 'the range server',
                              timeout), sock
 
 
 def start_peer_fetcher(conf_file, log_path, timeout=60):
     """Start the peer fetcher of ``conf_file``; (process, socket path)."""
-    cmd, sock, env = peers.fetcher_command(_conf(conf_file))
+    cmd, sock, env = peers.fetcher_command(vmar_conf.from_files([conf_file]))
     return nbdkit_proc.start(cmd, env, log_path, sock, 'the peer fetcher',
                              timeout), sock
 

@@ -64,3 +64,18 @@ def register_opts(conf=CONF, groups=GROUPS):
 
 
 register_opts()
+
+
+def from_files(files):
+    """A ConfigOpts of its own with every group, read from ``files``.
+
+    What a process vmar runs with nothing but its configuration files
+    (nbdkit's plugins, tools) loads.
+    """
+    conf = cfg.ConfigOpts()
+    register_opts(conf)
+    args = []
+    for f in files:
+        args += ['--config-file', f]
+    conf(args, project='vmar', default_config_files=[])
+    return conf

@@ -41,18 +41,11 @@ def config(key, value):
 def config_complete():
     if _keys['site']:
         site.addsitedir(_keys['site'])
-    from oslo_config import cfg
-
     from vmar_openstack import conf as vmar_conf
     from vmar_openstack.mapsource import glance
     from vmar_openstack.mapsource import rbd
 
-    conf = cfg.ConfigOpts()
-    vmar_conf.register_opts(conf)
-    args = []
-    for f in _keys['config-file']:
-        args += ['--config-file', f]
-    conf(args, project='vmar')
+    conf = vmar_conf.from_files(_keys['config-file'])
     _readers['glance'] = glance.RangeReader(conf)
     if conf.vmar_rbd.ceph_conf:
         try:

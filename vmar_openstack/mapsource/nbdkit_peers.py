@@ -48,17 +48,10 @@ def config_complete():
     if not _keys['digests']:
         raise RuntimeError('the peer fetcher needs digests= (where the '
                            'host keeps its digest lists)')
-    from oslo_config import cfg
-
     from vmar_openstack import conf as vmar_conf
     from vmar_openstack.mapsource import peers
 
-    conf = cfg.ConfigOpts()
-    vmar_conf.register_opts(conf)
-    args = []
-    for f in _keys['config-file']:
-        args += ['--config-file', f]
-    conf(args, project='vmar')
+    conf = vmar_conf.from_files(_keys['config-file'])
     p = conf.vmar_peers
     holders = _keys['holders']
     _reader.append(peers.PeerReader(
