@@ -8,7 +8,10 @@ them and how it keeps the server up.
 import hashlib
 import json
 import os
+import sys
 import time
+import types
+import uuid
 
 import fixtures
 import numpy as np
@@ -22,6 +25,7 @@ from vmar_openstack.export import metrics
 from vmar_openstack.export import peers
 from vmar_openstack.export import status
 from vmar_openstack.export import supervisor
+from vmar_openstack import fingerprint
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.mapsource import peers as peer_source
 from vmar_openstack import names
@@ -251,6 +255,88 @@ class TestPeerReaderChecks(testtools.TestCase):
         log = self.useFixture(fixtures.FakeLogger())
         self.assertEqual(configured, reader.candidates('i'))
         self.assertIn('unreadable', log.output)
+
+
+class FakeNbd(types.ModuleType):
+    """Test double of python3-libnbd (Debian's, in the system Python only).
+
+    Every connection is refused, as a peer host that is down refuses it.
+    The real libnbd against real peers is tests/functional/test_peers.py.
+    """
+
+    TLS_REQUIRE = 2
+    CONTEXT_BASE_ALLOCATION = 'base:allocation'
+
+    class Error(Exception):
+        def __init__(self, message, errno=None):
+            super().__init__(message)
+            self.errno = errno
+
+    def __init__(self):
+        super().__init__('nbd')
+        error = self.Error
+
+        class NBD:
+            def __getattr__(self, name):
+                return lambda *args: None
+
+            def aio_connect_tcp(self, host, port):
+                raise error('nbd_aio_connect_tcp: connect: Connection '
+                            'refused', 111)
+        self.NBD = NBD
+
+
+class TestDownPeers(testtools.TestCase):
+    """A peer that cannot be reached is skipped for a while, not waited on.
+
+    The peer refuses connections (libnbd's test double); the reader is the
+    real one, its clock the test's.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.nbd = FakeNbd()
+        self.useFixture(fixtures.MockPatchObject(sys, 'modules', dict(
+            sys.modules, nbd=self.nbd)))
+        tmp = self.useFixture(fixtures.TempDir()).path
+        self.image = str(uuid.uuid4())
+        src = os.path.join(tmp, 'image.raw')
+        with open(src, 'wb') as f:
+            f.write(b'\x11' * 4 * 4096)
+        digests = os.path.join(tmp, 'image.digests')
+        with open(digests, 'wb') as f:
+            f.write(mirror_format.digests_bytes(
+                self.image, fingerprint.hash_file(src, 4 * 4096)))
+        self.now = [100.0]
+        self.peer = ('10.0.0.2', 10810)
+        self.reader = peer_source.PeerReader(
+            ['10.0.0.2:10810'], tmp, lambda i: digests,
+            clock=lambda: self.now[0], down_seconds=10)
+
+    def test_an_unreachable_peer_is_skipped_for_down_seconds(self):
+        self.assertIsNone(self.reader.read(self.image, 0, 4096))
+        self.assertEqual(1, self.reader.counts['unreachable'])
+        self.assertEqual(110.0, self.reader.bad_until[self.peer])
+        # not asked again meanwhile: the store at once
+        self.now[0] += 9
+        self.assertIsNone(self.reader.read(self.image, 4096, 4096))
+        self.assertEqual(1, self.reader.counts['unreachable'])
+        self.now[0] += 1
+        self.assertIsNone(self.reader.read(self.image, 4096, 4096))
+        self.assertEqual(2, self.reader.counts['unreachable'])
+
+    def test_a_down_mark_never_shortens_a_bad_one(self):
+        self.reader.bad_until[self.peer] = 400.0
+        self.reader._down(self.peer)
+        self.assertEqual(400.0, self.reader.bad_until[self.peer])
+
+    def test_a_peer_without_the_image_is_not_down(self):
+        nbd = self.nbd
+        self.assertTrue(peer_source._not_held(nbd.Error(
+            "nbd_connect_tcp: handshake: server has no export named 'x': "
+            "No such file or directory", 2)))
+        self.assertFalse(peer_source._not_held(nbd.Error(
+            'nbd_connect_tcp: connect: Connection refused', 111)))
 
 
 class AgentDouble:

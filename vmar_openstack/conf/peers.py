@@ -80,6 +80,14 @@ ALL_OPTS = [
                       'store: a hung peer never holds a guest\'s read '
                       'longer.\n\nPossible values: seconds.\n\nRelated '
                       'options: peers.'),
+    cfg.IntOpt('down_peer_seconds', default=10, min=0,
+               help='How long a peer that could not be reached, refused '
+                    'the connection or did not answer within read_timeout '
+                    'is not asked again: the runs of that time go to the '
+                    'next peer or the store at once instead of waiting '
+                    'read_timeout each.\n\nPossible values: seconds; 0 '
+                    'asks it again at the next run.\n\nRelated options: '
+                    'read_timeout, bad_peer_seconds.'),
     cfg.IntOpt('bad_peer_seconds', default=300, min=0,
                help='How long a peer that sent a block failing its digest '
                     'is not asked again.\n\nPossible values: seconds.\n\n'

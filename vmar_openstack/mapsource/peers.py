@@ -104,12 +104,14 @@ class PeerReader:
     given: the path of the file of its holders, asked before ``peers``;
     ``counts_path``, if given: where :attr:`counts` are written, at most
     once a second, within a second of a change, and at once for a bad
-    block (:func:`read_counts`).
+    block (:func:`read_counts`). A peer that sent a bad block is not
+    asked for ``bad_seconds``; one that could not be reached or did not
+    answer in time, for ``down_seconds``.
     """
 
     def __init__(self, peers, tls_dir, digests_path, bad_seconds=300,
                  clock=time.monotonic, timeout=5.0, holders_path=None,
-                 counts_path=None):
+                 counts_path=None, down_seconds=10):
         self.peers = [names.parse_peer_address(p) for p in peers]
         self.holders_path = holders_path
         self._holders = {}          # image id -> (file mtime, [peer, ...])
@@ -117,6 +119,7 @@ class PeerReader:
         self.tls_dir = tls_dir
         self.digests_path = digests_path
         self.bad_seconds = bad_seconds
+        self.down_seconds = down_seconds
         self.clock = clock
         self.bad_until = {}         # peer -> clock time
         self.counts = dict.fromkeys(COUNTS, 0)
@@ -284,6 +287,12 @@ class PeerReader:
             done += covered[0]
         return True
 
+    def _down(self, peer):
+        """Skip ``peer`` for ``down_seconds`` (not past a bad mark)."""
+        with self._lock:
+            self.bad_until[peer] = max(self.bad_until.get(peer, 0),
+                                       self.clock() + self.down_seconds)
+
     def _drop(self, peer, image_id):
         """Forget a peer's connection: closed when its handle goes.
 
@@ -304,15 +313,18 @@ class PeerReader:
             return bytes(buf.to_bytearray())
         except PeerTimeout:
             self._count(timeouts=1)
+            self._down(peer)
             LOG.warning('peer %s:%d did not answer for image %s within '
-                        '%.0f s: the store instead', peer[0], peer[1],
-                        image_id, self.timeout)
+                        '%.0f s: not asked for %d s', peer[0], peer[1],
+                        image_id, self.timeout, self.down_seconds)
             self._drop(peer, image_id)
             return None
         except nbd.Error as e:
             # not held at all ("export not available"), unreachable,
             # refused: the store instead
             self._count(unreachable=1)
+            if not _not_held(e):
+                self._down(peer)
             LOG.debug('peer %s:%d, image %s: %s', peer[0], peer[1],
                       image_id, e)
             self._drop(peer, image_id)
@@ -323,6 +335,16 @@ class PeerReader:
                           'store instead', image_id, peer[0], peer[1])
             self._drop(peer, image_id)
             return None
+
+
+def _not_held(error):
+    """Whether an NBD error says the peer holds no such image.
+
+    The peer is up: its other images are still worth asking for.
+    """
+    text = str(error).lower()
+    # libnbd's words for NBD_REP_ERR_UNKNOWN to the export's name
+    return 'no export named' in text or 'export not available' in text
 
 
 def _first_bad(data, offset, block_size, rows):
