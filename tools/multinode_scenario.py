@@ -32,19 +32,23 @@ a host chosen with ``--host``. After each move the scenario checks:
 Usage: python -m tools.multinode_scenario [--state-dir DIR] [--steps ...]
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 
 from tools.cloud import hosts
+from tools.cloud.services import ServiceError
 from tools.cloud import stack
 from tools.cloud_scenario import check
 from tools.cloud_scenario import Scenario
 from tools.cloud_scenario import ScenarioError
+from tools.vmarenv import pki
 from tools.vmarenv import qemu_env
 
 SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
@@ -53,6 +57,7 @@ MARKER_OFFSET = 32 << 20
 LIVE_PAUSE = 40
 IMAGE_SIZE = 64 << 20
 GIB = 1 << 30
+MIB = 1 << 20
 # flavor -> root disk bytes (0: the image's size)
 FLAVORS = {'vmar.check': 0, 'vmar.check1': 1, 'vmar.check1b': 1,
            'plain.check': 0}
@@ -97,7 +102,7 @@ def expected_sha(path, size):
 class Moves(Scenario):
     """The steps, on one cloud with three compute hosts."""
 
-    STEPS = ('assets', 'live', 'cold', 'resize', 'refuse', 'gone',
+    STEPS = ('assets', 'peers', 'live', 'cold', 'resize', 'refuse', 'gone',
              'shelve', 'evacuate')
 
     def __init__(self, state_dir, openrc, guest_dir, echo=print):
@@ -326,6 +331,142 @@ class Moves(Scenario):
               'the refused resize left a migration record')
         self.echo('  refused: %s' % r.stderr.strip().splitlines()[-1])
 
+    # -- peers (issue 34) ---------------------------------------------------
+
+    def peer_reads(self, host):
+        """What ``host``'s peer fetcher counted (mapsource.peers.COUNTS)."""
+        return dict((self.status(host).get('peers') or {}).get('reads')
+                    or {})
+
+    def boot_again(self, name, image_of, host):
+        """A server of ``image_of``'s image (deleted since) on ``host``."""
+        image_id, raw = self.images[name] = self.images[image_of]
+        self.nova('2.74', 'server', 'create', '--flavor', 'vmar.check',
+                  '--image', image_id, '--nic', 'none', '--host', host, name)
+
+    def _peer_server_pid(self, host):
+        with open(self.hosts[host].path('vmar', 'host', 'peers.pid')) as f:
+            return int(f.read())
+
+    def _netem(self, host, *args):
+        """``tc qdisc ... netem ARGS`` on ``host``'s own link (eth0).
+
+        What the host sends (its peer server's answers) is shaped; no
+        args: removed.
+        """
+        tc = ['ip', 'netns', 'exec', self.hosts[host].netns, 'tc', 'qdisc']
+        if args:
+            subprocess.run(tc + ['replace', 'dev', 'eth0', 'root', 'netem']
+                           + list(args), check=True)
+        else:
+            subprocess.run(tc + ['del', 'dev', 'eth0', 'root'], check=False,
+                           capture_output=True)
+
+    def peers(self):
+        """Hosts read what other hosts hold, and survive peers that fail.
+
+        For each case a server reads a new image whole on one host (its
+        mirror then holds every block), is deleted (the mirror stays, the
+        host still reports it), and a server of the same image on another
+        host reads its disk whole with the failure in place: its checksum
+        must come out right, whatever the peer did. A client whose
+        certificate is not of the cloud's CA is refused.
+        """
+        a, b, c = self.names
+        cases = (
+            # name, reading host, before the read, during it, then
+            ('ok', b, None, None),
+            ('lossy', b, lambda: self._netem(a, 'loss', '20%'), None),
+            ('hung', b, lambda: os.kill(self._peer_server_pid(a),
+                                        signal.SIGSTOP), None),
+            ('killed', b, lambda: self._netem(a, 'rate', '16mbit'),
+             lambda: os.kill(self._peer_server_pid(a), signal.SIGKILL)),
+            # last, and on c: b would not ask a for bad_peer_seconds
+            ('corrupt', c, lambda: self._corrupt(a, 'peer-src-corrupt'),
+             None),
+        )
+        figures = {}
+        for case, reader, before, during in cases:
+            src = 'peer-src-' + case
+            self.boot(src, a)
+            image_id = self.images[src][0]
+            # its mirror holds every block (the guest read them all)
+            self.wait('%s to report its mirror of %s complete'
+                      % (a, image_id),
+                      lambda: a in self.complete_holders(image_id),
+                      timeout=120)
+            self.os.run('server', 'delete', '--wait', src)
+            counts = self.peer_reads(reader)
+            name = 'peer-' + case
+            try:
+                if before:
+                    before()
+                self.boot_again(name, src, reader)
+                if during:
+                    self.wait('%s to read from %s' % (reader, a),
+                              lambda: self.peer_reads(reader).get(
+                                  'peer_reads', 0) > counts.get(
+                                  'peer_reads', 0), timeout=300,
+                              interval=0.2)
+                    during()
+                self.wait_status(name, 'ACTIVE')
+                self._netem(a)
+                self.wait_sha(name, IMAGE_SIZE)
+            finally:
+                self._netem(a)
+                with contextlib.suppress(OSError):
+                    os.kill(self._peer_server_pid(a), signal.SIGCONT)
+            got = {k: v - counts.get(k, 0)
+                   for k, v in self.peer_reads(reader).items()}
+            figures[case] = got
+            self.echo('  peers, %s: %s read its disk whole; from peers %.1f '
+                      'MiB in %d runs, bad blocks %d, unreachable %d, '
+                      'timeouts %d' % (case, name, got['peer_bytes'] / MIB,
+                                       got['peer_reads'], got['bad_blocks'],
+                                       got['unreachable'], got['timeouts']))
+            if case == 'ok':
+                check(got['peer_bytes'] > 0 and not got['bad_blocks'],
+                      '%s read nothing from %s: %s', reader, a, got)
+            elif case == 'hung':
+                check(got['timeouts'] >= 1, 'the hung peer never timed '
+                      'out: %s', got)
+            elif case == 'killed':
+                check(got['peer_reads'] >= 1 and got['unreachable']
+                      + got['timeouts'] >= 1, 'the killed peer was not '
+                      'seen to die: %s', got)
+            elif case == 'corrupt':
+                check(got['bad_blocks'] >= 1, 'the corrupted block was not '
+                      'caught: %s', got)
+            self.os.run('server', 'delete', '--wait', name)
+        self.figures['peer_cases'] = figures
+        # a host of another CA is refused
+        bad = os.path.join(self.work, 'other-ca')
+        pki.make_ca(os.path.join(bad, 'ca'), 'not the cloud')
+        pki.make_cert(os.path.join(bad, 'ca'), bad, 'client', 'intruder')
+        try:
+            self.hosts[b].peer_exports(self.hosts[a].address, tls_dir=bad)
+        except ServiceError as e:
+            self.echo('  peers: a client of another CA is refused (%s)'
+                      % str(e).splitlines()[-1][-80:])
+        else:
+            raise ScenarioError('%s served a client whose certificate is '
+                                'not of the cloud\'s CA' % a)
+
+    def _corrupt(self, host, name):
+        """Flip a data block of the mirror ``host`` holds of ``name``."""
+        path = self.hosts[host].path('vmar', 'host', 'mirrors',
+                                     self.images[name][0])
+        with open(path, 'r+b') as f:
+            f.seek(1 << 20)
+            block = bytearray(f.read(4096))
+            block[100] ^= 0xff
+            f.seek(1 << 20)
+            f.write(block)
+
+    def _hosts_list(self):
+        out = self.manage('hosts', 'list', '--json')
+        return json.loads(out[out.index('['):])
+
     def manage(self, *args):
         """``vmar-manage ARGS`` on the controller (its output)."""
         return subprocess.run(
@@ -335,8 +476,7 @@ class Moves(Scenario):
 
     def complete_holders(self, image_id):
         """The hosts whose last report holds every block only it has."""
-        out = self.manage('hosts', 'list', '--json')
-        return {h['host'] for h in json.loads(out[out.index('['):])
+        return {h['host'] for h in self._hosts_list()
                 if h['peer'] and (image_id in h['complete'] or [
                     image_id, None] in h['holds'])}
 

@@ -173,15 +173,16 @@ class Host(object):
         os.rename(tmp, d)
         return d
 
-    def peer_exports(self, address, port=10810):
+    def peer_exports(self, address, port=10810, tls_dir=None):
         """The export names of the peer server at ``address``.
 
         As this host sees them: a TLS client with its own client
-        certificate, in its network namespace.
+        certificate (or those in ``tls_dir``), in its network namespace.
         """
         result = subprocess.run(
             self.nsenter() + ['/usr/bin/python3', '-c', LIST_EXPORTS,
-                              self.cloud.path('vmar', config.PEER_TLS),
+                              tls_dir or self.cloud.path('vmar',
+                                                         config.PEER_TLS),
                               address, str(port)],
             capture_output=True, text=True, stdin=subprocess.DEVNULL,
             timeout=60)
