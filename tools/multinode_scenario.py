@@ -348,19 +348,33 @@ class Moves(Scenario):
         with open(self.hosts[host].path('vmar', 'host', 'peers.pid')) as f:
             return int(f.read())
 
-    def _netem(self, host, *args):
-        """``tc qdisc ... netem ARGS`` on ``host``'s own link (eth0).
+    def _in_ns(self, host, *cmd, check=True):
+        return subprocess.run(['ip', 'netns', 'exec', self.hosts[host].netns]
+                              + list(cmd), check=check, capture_output=True)
 
-        What the host sends (its peer server's answers) is shaped; no
-        args: removed.
+    def _lossy(self, host, probability):
+        """``host``'s peer server loses a share of what it sends.
+
+        iptables' statistic match in the host's namespace: this machine's
+        kernel has no netem qdisc (tc netem loss is what a host with one
+        would use).
         """
-        tc = ['ip', 'netns', 'exec', self.hosts[host].netns, 'tc', 'qdisc']
-        if args:
-            subprocess.run(tc + ['replace', 'dev', 'eth0', 'root', 'netem']
-                           + list(args), check=True)
-        else:
-            subprocess.run(tc + ['del', 'dev', 'eth0', 'root'], check=False,
-                           capture_output=True)
+        self._in_ns(host, 'iptables', '-A', 'OUTPUT', '-p', 'tcp',
+                    '--sport', '10810', '-m', 'statistic', '--mode',
+                    'random', '--probability', str(probability), '-j',
+                    'DROP')
+
+    def _slow(self, host, rate):
+        """``host`` sends at most ``rate`` (tc's token bucket on eth0)."""
+        self._in_ns(host, 'tc', 'qdisc', 'replace', 'dev', 'eth0', 'root',
+                    'tbf', 'rate', rate, 'burst', '32kbit', 'latency',
+                    '400ms')
+
+    def _heal(self, host):
+        """Undo :meth:`_lossy` and :meth:`_slow`."""
+        self._in_ns(host, 'iptables', '-F', 'OUTPUT')
+        self._in_ns(host, 'tc', 'qdisc', 'del', 'dev', 'eth0', 'root',
+                    check=False)
 
     def peers(self):
         """Hosts read what other hosts hold, and survive peers that fail.
@@ -374,12 +388,12 @@ class Moves(Scenario):
         """
         a, b, c = self.names
         cases = (
-            # name, reading host, before the read, during it, then
+            # name, reading host, before the read, during it
             ('ok', b, None, None),
-            ('lossy', b, lambda: self._netem(a, 'loss', '20%'), None),
+            ('lossy', b, lambda: self._lossy(a, 0.2), None),
             ('hung', b, lambda: os.kill(self._peer_server_pid(a),
                                         signal.SIGSTOP), None),
-            ('killed', b, lambda: self._netem(a, 'rate', '16mbit'),
+            ('killed', b, lambda: self._slow(a, '16mbit'),
              lambda: os.kill(self._peer_server_pid(a), signal.SIGKILL)),
             # last, and on c: b would not ask a for bad_peer_seconds
             ('corrupt', c, lambda: self._corrupt(a, 'peer-src-corrupt'),
@@ -410,10 +424,9 @@ class Moves(Scenario):
                               interval=0.2)
                     during()
                 self.wait_status(name, 'ACTIVE')
-                self._netem(a)
                 self.wait_sha(name, IMAGE_SIZE)
             finally:
-                self._netem(a)
+                self._heal(a)
                 with contextlib.suppress(OSError):
                     os.kill(self._peer_server_pid(a), signal.SIGCONT)
             got = {k: v - counts.get(k, 0)
