@@ -435,17 +435,25 @@ class GlanceTestCase(testtools.TestCase):
             [qemu_env.SYSTEM_QEMU_IO, '-r', '-f', 'raw', '-c', command, uri],
             capture_output=True, text=True)
 
-    def check_peer_reads(self, cut_store):
+    def check_peer_reads(self, cut_store, fmt='raw'):
         """Peer discovery end to end (issue 34, doc/source/peers.rst).
 
         Host a runs a peer server and reports what its mirror holds; host
         b asks vmar-agent who holds the image (RPC on the bus of the
         reports), is told a, and reads every block from a once
         ``cut_store(b's Glance proxy)`` has cut its way to the store.
+        ``fmt``: the image's disk format in Glance (peers hold its raw
+        content whatever the store keeps).
         """
         img = self.image('peer.raw', list(range(95001, 95257)) + [None] * 64
                          + list(range(96001, 96065)))
-        iid = self.create(img)
+        if fmt == 'raw':
+            iid = self.create(img)
+        else:
+            stored = os.path.join(self.tmp, 'peer.' + fmt)
+            subprocess.run(['qemu-img', 'convert', '-f', 'raw', '-O', fmt,
+                            img, stored], check=True)
+            iid = self.create(stored, fmt=fmt)
         version = self.wait_map(iid)
         self.wait_digests(iid)
         ca = os.path.join(self.tmp, 'ca')
@@ -510,7 +518,8 @@ class GlanceTestCase(testtools.TestCase):
         """The logs of the lazy hosts (see lazy_host)."""
         logs = glob.glob(os.path.join(self.tmp, '*serve.log'))
         for host in sorted(glob.glob(os.path.join(self.tmp, '*.conf'))):
-            for log in ('qsd.log', 'fetch.log', 'peers.log'):
+            for log in ('qsd.log', 'fetch.log', 'peer-fetch.log',
+                        'peers.log'):
                 logs.append(os.path.join(host[:-len('.conf')], log))
         return process.log_tail([p for p in logs if os.path.exists(p)])
 
@@ -1506,6 +1515,16 @@ class TestGlance(GlanceTestCase):
     def test_a_lazy_host_reads_what_its_peer_holds(self):
         """Peer discovery end to end, Glance cut (issue 34)."""
         self.check_peer_reads(lambda proxy: proxy.stop())
+
+    def test_a_qcow2_image_comes_from_peers_at_its_own_offsets(self):
+        """Peers hold raw content; Glance keeps the image as qcow2.
+
+        The peer fetcher is a child of the mirror's quorum, under the
+        image's own offsets: every block comes from the peer and checks
+        out (asked at qcow2 offsets, as a step inside the range server
+        was, they failed their digests and the peer was marked bad).
+        """
+        self.check_peer_reads(lambda proxy: proxy.stop(), fmt='qcow2')
 
     def test_hostile_uploads(self):
         before = self.library_count()
