@@ -168,6 +168,7 @@ class TestFetcherSupervision(testtools.TestCase):
         super().setUp()
         self.sup = supervisor.Supervisor.__new__(supervisor.Supervisor)
         self.sup.conf = base.new_conf()
+        self.sup.peer_fetcher_missing = False
         self.started = []
 
         def start(*args):
@@ -187,6 +188,30 @@ class TestFetcherSupervision(testtools.TestCase):
         self.assertEqual(2, len(self.started))
         self.assertEqual([self.sup.fetcher, self.sup.peer_fetcher],
                          self.started)
+
+    def test_a_peer_fetcher_that_cannot_start_is_tried_again_later(self):
+        now = [1000.0]
+        self.useFixture(fixtures.MockPatch(
+            'vmar_openstack.export.supervisor.time.monotonic',
+            lambda: now[0]))
+        fails = ['nbdkit: python plugin missing']
+
+        def start(conf):
+            if fails:
+                raise exception.ExportError(fails.pop())
+            self.started.append(FakeProc())
+            return self.started[-1]
+        self.useFixture(fixtures.MockPatchObject(peers, 'start_fetcher',
+                                                 start))
+        self.sup.fetcher = FakeProc()
+        self.sup._start_peer_fetcher()
+        self.assertIsNone(self.sup.peer_fetcher)
+        now[0] += supervisor.PEERS_RETRY - 1
+        self.sup._check_fetchers(0.5, 10)
+        self.assertEqual([], self.started)
+        now[0] += 1
+        self.sup._check_fetchers(0.5, 10)
+        self.assertEqual(self.started, [self.sup.peer_fetcher])
 
     def test_a_failed_restart_backs_off(self):
         self.sup.fetcher, self.sup.peer_fetcher = FakeProc(1), None

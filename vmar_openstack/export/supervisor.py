@@ -66,6 +66,8 @@ class Supervisor:
         self.qmp_socket = service.qmp_socket
         self.pid_file = service.pid_file
         self.fetcher = self.peer_fetcher = self.peers = None
+        # the peer fetcher could not start: tried again at retry_at
+        self.peer_fetcher_missing, self.peer_fetcher_retry_at = False, 0
         self.peers_retry_at = 0
         self.prefetcher = prefetch.Prefetcher(service)
 
@@ -151,7 +153,7 @@ class Supervisor:
         """Run and supervise the daemon until SIGTERM/SIGINT."""
         self.fetcher = self.start_fetcher()
         # beside it, before the exports: each mirror's quorum asks it first
-        self.peer_fetcher = peers.start_fetcher(self.conf)
+        self._start_peer_fetcher()
         self._check_peers()
         try:
             self._serve(stop_event, max_backoff)
@@ -183,6 +185,23 @@ class Supervisor:
             self.peers = None
             self.peers_retry_at = time.monotonic() + PEERS_RETRY
 
+    def _start_peer_fetcher(self):
+        """Start the peer fetcher if the host reads from peers.
+
+        One that cannot start is logged and tried again every
+        PEERS_RETRY seconds (:meth:`_check_fetchers`): the mirrors'
+        quorums read the store meanwhile, and the guests do not wait.
+        """
+        self.peer_fetcher_retry_at = time.monotonic() + PEERS_RETRY
+        try:
+            self.peer_fetcher = peers.start_fetcher(self.conf)
+        except exception.ExportError as e:
+            LOG.error('%s; the store serves every miss until it starts', e)
+            self.peer_fetcher = None
+            self.peer_fetcher_missing = True
+        else:
+            self.peer_fetcher_missing = False
+
     def _check_fetchers(self, backoff, max_backoff):
         """Restart the range server or the peer fetcher if it exited.
 
@@ -190,6 +209,9 @@ class Supervisor:
         to the store meanwhile); the daemon's NBD clients reconnect by
         themselves. Returns the backoff after a failed restart.
         """
+        if (self.peer_fetcher_missing
+                and time.monotonic() >= self.peer_fetcher_retry_at):
+            self._start_peer_fetcher()
         for attr, what, start in (
                 ('fetcher', 'range server', self.start_fetcher),
                 ('peer_fetcher', 'peer fetcher',
