@@ -429,6 +429,10 @@ class Moves(Scenario):
                                   'peer_reads', 0), timeout=300,
                               interval=0.2)
                     during()
+                    at = self.peer_reads(reader)
+                    self.echo('  peers, %s: %d bytes from peers when it '
+                              'happened' % (case, at['peer_bytes']
+                                            - counts.get('peer_bytes', 0)))
                 self.wait_status(name, 'ACTIVE')
                 self.wait_sha(name, IMAGE_SIZE)
             finally:

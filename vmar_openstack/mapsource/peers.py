@@ -331,8 +331,11 @@ class PeerReader:
             return None
         except Exception:
             # never fail a read the store can serve because of a peer
-            LOG.exception('reading image %s from peer %s:%d failed: the '
-                          'store instead', image_id, peer[0], peer[1])
+            self._count(unreachable=1)
+            self._down(peer)
+            LOG.exception('reading image %s from peer %s:%d failed: not '
+                          'asked for %d s', image_id, peer[0], peer[1],
+                          self.down_seconds)
             self._drop(peer, image_id)
             return None
 
