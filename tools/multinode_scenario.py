@@ -560,16 +560,16 @@ class Moves(Scenario):
         self.wait('%s to report its mirror of %s complete' % (a, image_id),
                   lambda: a in self.complete_holders(image_id), timeout=120)
         self.os.run('image', 'delete', image_id)
-        before_reads = self.status(b).get('peers') or {}
+        counts = self.peer_reads(b)
         before = self.console('gone')
         t0 = time.monotonic()
         self.nova('2.30', 'server', 'migrate', '--live-migration',
                   '--host', b, '--wait', 'gone')
         self.figures['gone_live_migration_s'] = time.monotonic() - t0
         self.moved('gone', a, b, IMAGE_SIZE, since=before)
-        reads = self.status(b)['peers']['reads']
-        got = reads['peer_bytes'] - (before_reads.get('reads') or {}).get(
-            'peer_bytes', 0)
+        reads = {k: v - counts.get(k, 0)
+                 for k, v in self.peer_reads(b).items()}
+        got = reads['peer_bytes']
         check(got > 0 and reads['bad_blocks'] == 0,
               '%s read %d bytes of the deleted image from peers: %s', b,
               got, reads)
