@@ -70,6 +70,8 @@
 #define TABLE_SIZE  (1u << TABLE_BITS)
 #define BATCH_MS    100                 /* fanotify reads at most 10/s */
 #define MS          1000LL
+/* seconds an auto guest waits for its channel's device node */
+#define CHANNEL_WAIT_S 300
 #define OEM_KEY     "vmar:guest_cache="
 #define OEM_ORDER   "vmar:guest_reporting_order="
 #define OEM_COMPACT "vmar:guest_compact="
@@ -778,6 +780,30 @@ static void leave_private(void)
     fflush(stdout);
 }
 
+/*
+ * The channel's device node, waiting up to wait_s seconds for it: udev
+ * makes /dev/virtio-ports/<name> when it has seen the port, and on a
+ * loaded host that can be after this service started (seen in the cloud
+ * user path: vmar-guest gave up 21 s into a boot, and an auto server
+ * never heard from the host).
+ */
+static int open_channel(const char *path, int wait_s)
+{
+    for (int tries = 0;; tries++) {
+        int fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+
+        if (fd >= 0 || errno != ENOENT || tries >= wait_s * 2) {
+            return fd;
+        }
+        if (!tries) {
+            printf("vmar-guest: waiting up to %d s for the channel %s\n",
+                   wait_s, path);
+            fflush(stdout);
+        }
+        nanosleep(&(struct timespec){ 0, 500 * 1000000L }, NULL);
+    }
+}
+
 static int usage(const char *argv0)
 {
     fprintf(stderr, "usage: %s [--mode auto|private] [--root DIR] "
@@ -909,7 +935,8 @@ int main(int argc, char **argv)
                "do\n", OEM_KEY, OEM_KEY);
         return 0;
     }
-    chan = open(opt.channel, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    chan = open_channel(opt.channel, !strcmp(mode, "auto")
+                        ? CHANNEL_WAIT_S : 0);
     if (chan < 0 && !strcmp(mode, "auto")) {
         fprintf(stderr, "vmar-guest: the host switches this server's mode "
                 "but there is no channel %s: %s; nothing to do\n",
