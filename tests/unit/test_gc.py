@@ -125,22 +125,24 @@ class TestMapGC(base.LibraryTestCase):
         for image_id in (A, B):
             self.handler.publisher.digests(image_id)
         dig = names.digests_image_id(A)
-        # h1 runs a server of A v2 when A is deleted
-        self.reports.record('h1', [(A, 2)])
+        # h1 (no peer server) and h2 run servers of A v1 and v2 when A is
+        # deleted: only what a host serving peers exports is kept
+        self.reports.record('h1', [(A, 1)])
+        self.reports.record('h2', [(A, 2)], peer_address='10.0.0.2:10810')
         self.handler.delete({'id': A})
         self.assertTrue(self.published(A, 2))
-        self.assertFalse(self.published(A, 1))     # nobody's
+        self.assertFalse(self.published(A, 1))
         self.conf.set_override('map_gc_min_age', 0, group='vmar_agent')
         # B's old versions (which read A) go; A v2 and A's digest list,
         # which a host moving the server checks A's blocks against, stay
         self.reports.record('h1', [(A, 2), (B, 3)])
+        self.reports.record('h2', [(A, 2)], peer_address='10.0.0.2:10810')
         agent.collect_garbage(self.conf, self.handler)
         self.assertEqual([], self.lib.superseded())
         self.assertTrue(self.published(A, 2))
         self.assertIn(dig, self.glance.images.store)
-        # the server moved to h2: still held
+        # h1's server left; h2's still runs: still held
         self.reports.record('h1', [(B, 3)])
-        self.reports.record('h2', [(A, 2)])
         agent.collect_garbage(self.conf, self.handler)
         self.assertTrue(self.published(A, 2))
         # deleted: both go; B's own stay

@@ -220,10 +220,13 @@ class Handler:
                 out = None
             if out is not None:
                 self._publish_regenerated(out.regenerated)
-        # the versions hosts still export: a server of it moving to another
-        # host fetches its map there (its blocks from the hosts that hold
-        # them); map GC deletes them once no host does
+        # the versions hosts that serve peers still export: a server of it
+        # moving to another host fetches its map there (its blocks from
+        # the hosts that hold them); map GC deletes them once no host
+        # does. Without a peer server nobody could serve those blocks, and
+        # nova-api refuses the move: nothing is kept.
         held = {v for h in db_hosts.HostReports(self.conf).list()
+                if h.peer_address
                 for i, v in h.exports if i == image_id}
         self.publisher.delete_all(image_id, keep=held)
 
