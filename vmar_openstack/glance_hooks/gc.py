@@ -80,12 +80,13 @@ def collect(conf, library, publisher, min_age, dry_run=False):
         LOG.info('deleted map v%d of %s: no host holds it', sv.version,
                  sv.image_id)
     if not dry_run:
-        kept = _collect_maps_of_deleted(conf, library, publisher)
-        _collect_digests(library, publisher, kept)
+        hidden = publisher.hidden_images()
+        kept = _collect_maps_of_deleted(conf, library, publisher, hidden)
+        _collect_digests(library, publisher, kept, hidden)
     return p
 
 
-def _collect_maps_of_deleted(conf, library, publisher):
+def _collect_maps_of_deleted(conf, library, publisher, hidden=None):
     """Delete the kept maps of deleted images no host lists any more.
 
     Returns the image ids whose maps stay.
@@ -93,7 +94,7 @@ def _collect_maps_of_deleted(conf, library, publisher):
     held = {e for h in db_hosts.HostReports(conf).list() for e in h.exports}
     kept = set()
     for (image_id, version), _gid in sorted(
-            publisher.maps_of_deleted(library.has_image).items()):
+            publisher.maps_of_deleted(library.has_image, hidden).items()):
         if (image_id, version) in held:
             kept.add(image_id)
             continue
@@ -103,7 +104,7 @@ def _collect_maps_of_deleted(conf, library, publisher):
     return kept
 
 
-def _collect_digests(library, publisher, kept=()):
+def _collect_digests(library, publisher, kept=(), hidden=None):
     """Delete the digest lists of deleted images no map reads any more.
 
     ``kept``: deleted images a map version of which stays (it reads its
@@ -112,7 +113,7 @@ def _collect_digests(library, publisher, kept=()):
     read = set(kept)
     for sv in library.superseded():
         read |= library.bases_of(sv.image_id, sv.version)
-    for base_id, did in sorted(publisher.digest_lists().items()):
+    for base_id, did in sorted(publisher.digest_lists(hidden).items()):
         if base_id not in read and not library.has_image(base_id):
             publisher.delete_digests(base_id)
             LOG.info('deleted digest list %s of the deleted image %s: no '

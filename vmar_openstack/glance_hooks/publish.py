@@ -328,19 +328,26 @@ class Publisher:
                      image_id)
         return len(doomed)
 
-    def maps_of_deleted(self, has_image):
+    def hidden_images(self):
+        """Every hidden image of Glance: maps, digest lists, sets, layouts.
+
+        One listing for the map GC pass's questions
+        (:meth:`maps_of_deleted`, :meth:`digest_lists`).
+        """
+        try:
+            return list(self.glance.images.list(filters={'os_hidden': True}))
+        except glance_exc.ClientException as e:
+            raise exception.PublishError('listing hidden images: %s' % e)
+
+    def maps_of_deleted(self, has_image, found=None):
         """``{(image id, version): Glance id}`` of maps of deleted images.
 
         The published map versions whose image ``has_image(image_id)``
         says is no longer in the library: those :meth:`delete_all` kept.
+        ``found``: :meth:`hidden_images`, if listed already.
         """
-        try:
-            found = list(self.glance.images.list(filters={
-                'os_hidden': True}))
-        except glance_exc.ClientException as e:
-            raise exception.PublishError('listing map images: %s' % e)
         out = {}
-        for img in found:
+        for img in self.hidden_images() if found is None else found:
             of, version = img.get(names.PROP_OF), img.get(names.PROP_VERSION)
             if not of or version is None or not str(version).isdigit():
                 continue
@@ -350,14 +357,14 @@ class Publisher:
                 out[(of, int(version))] = img['id']
         return out
 
-    def digest_lists(self):
-        """base image id -> id of its published digest list image."""
-        try:
-            found = list(self.glance.images.list(filters={
-                'os_hidden': True}))
-        except glance_exc.ClientException as e:
-            raise exception.PublishError('listing digest lists: %s' % e)
-        return {img[names.PROP_OF]: img['id'] for img in found
+    def digest_lists(self, found=None):
+        """base image id -> id of its published digest list image.
+
+        ``found``: :meth:`hidden_images`, if listed already.
+        """
+        return {img[names.PROP_OF]: img['id']
+                for img in (self.hidden_images() if found is None
+                            else found)
                 if img.get(names.PROP_DIGESTS_SHA256)
                 and img.get(names.PROP_OF)
                 and img['id'] == names.digests_image_id(
