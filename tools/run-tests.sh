@@ -191,9 +191,23 @@ tests_status=0
 # stestr's "failing" names the failures of its last run only: each run's
 # are kept, with the QEMU they ran on, for the summary at the end
 FAILED=$(mktemp /tmp/vmar-failed.XXXXXX)
+FAILED_DETAILS=$(mktemp /tmp/vmar-failed-details.XXXXXX)
 failed() {
     stestr --test-path=./tests/functional failing --list 2>/dev/null |
         sed "s|\$| ($1)|" >>"$FAILED" || true
+    # what CI keeps of a run is its end: each failure's last traceback lines
+    stestr --test-path=./tests/functional failing 2>/dev/null |
+        awk -v qemu="$1" '
+            function flush() {
+                if (name == "") return
+                print "-- " name " (" qemu ")"
+                for (i = (n > 12 ? n - 11 : 1); i <= n; i++) print "   " tb[i]
+            }
+            /^(FAIL|ERROR): / { flush(); name = $2; n = 0; intb = 0; next }
+            /^Traceback \(most recent call last\)/ { intb = 1; n = 0 }
+            /^(=+|-+|Ran [0-9]+ tests)/ { intb = 0 }
+            intb { tb[++n] = $0 }
+            END { flush() }' >>"$FAILED_DETAILS" || true
 }
 stestr --test-path=./tests/functional run --concurrency=1 \
     --exclude-regex "^${CLOUD_TEST//./\\.}\\." || {
@@ -243,10 +257,11 @@ fi
 # of the end of the output finds it.
 if [ "$tests_status" != 0 ]; then
     stage "functional tests that failed (details above)"
+    cat "$FAILED_DETAILS"
     cat "$FAILED"
     [ "$cloud_status" = 0 ] || echo "$CLOUD_TEST"
 fi
-rm -f "$FAILED"
+rm -f "$FAILED" "$FAILED_DETAILS"
 stage "done"
 [ "$tests_status" = 0 ] && [ "$fresh" = 0 ] && [ "$bench_status" = 0 ] &&
     [ "$nova33_status" = 0 ]
