@@ -459,8 +459,9 @@ class HostReportEndpoint:
                         'ignored: %s', host, e)
             peer = load = None
         try:
-            self.reports.record(host, exports, holds, peer_address=peer,
-                                load_per_cpu=load, complete=complete)
+            with metrics.REPORT_SECONDS.time():
+                self.reports.record(host, exports, holds, peer_address=peer,
+                                    load_per_cpu=load, complete=complete)
         except Exception as e:         # the database away: redeliver
             LOG.warning('report of %s not recorded: %s', host, e)
             time.sleep(self.retry_delay)

@@ -1,0 +1,521 @@
+#!/usr/bin/env python3
+"""Issue 35's measured figures: a thousand hosts reporting, the weigher.
+
+``hosts``: a library of ``--bases`` synthetic bases and their derived
+images (real ingests, :class:`vmar_openstack.ingest.Library`) on SQLite,
+MariaDB or PostgreSQL; a real RabbitMQ and a real ``vmar-agent``; then
+``--hosts`` simulated compute hosts that send the real ``vmar.host.exports``
+notification (:mod:`vmar_openstack.export.report`'s payload, through
+oslo.messaging's notifier, on ``[vmar_reports] report_topic``) every
+``--interval`` seconds, each at its own phase, for ``--minutes``. Time
+runs ``--speed`` times faster than the real schedule: at ``--speed 6`` a
+10-minute run is an hour of simulated time, at six times the real rate.
+
+What a simulated host holds: each host keeps a Poisson(``--holds``) number
+of the bases (at least one), drawn by popularity (Zipf, exponent 1: a few
+OS releases carry most servers); a tenth of them whole, the others as
+mirrors holding a uniform 5-100 % of the base's blocks. Its servers (a
+Poisson(``--servers``) number) run images of those bases (the base or one
+of its derived images). At each report one server goes and one comes with
+probability ``--churn``, which may add a base.
+
+Figures, measured against the agent's own ``/metrics``
+(``vmar_agent_report_seconds``) and RabbitMQ's queue:
+
+* **time per report**: the agent's mean and the report rate it sustains
+  when the queue is full (a flood of one report per host at the start,
+  before the schedule: the rate is what the agent drains);
+* **keeps up**: the queue's depth sampled every two seconds over the run
+  (max and at the end) against the rate the schedule asks;
+* **rows**: ``vmar_hosts``, ``vmar_host_exports``, ``vmar_host_bases``;
+* **a map-GC pass**: :func:`vmar_openstack.glance_hooks.gc.plan` (what the
+  agent computes each pass before it deletes) at this scale;
+* **the weigher**: nova-scheduler's real ``HostWeightHandler`` with the
+  real ``VmarWeigher`` over ``--hosts`` ``HostState`` objects, each lookup
+  one ``RequestSpec`` of a vmar flavor for a random image: p50/p99 while
+  the reports arrive and on a quiet database after them (goal: p99 <= 10
+  ms); the baseline is the same handler with Nova's RAM weigher alone.
+
+Usage: bench_scale.py hosts [--db sqlite|mariadb|postgresql] [--hosts N]
+       [--bases N] [--derived N] [--minutes M] [--speed X] [--json FILE]
+       [--smoke]
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, TOP)
+sys.path.insert(0, os.path.join(TOP, 'bench'))
+
+import numpy as np  # noqa: E402
+from oslo_config import cfg  # noqa: E402
+from prometheus_client import parser as prom_parser  # noqa: E402
+
+import bench_ingest  # noqa: E402
+from tools.vmarenv import glance_env  # noqa: E402
+from tools.vmarenv import process  # noqa: E402
+from tools.vmarenv import rabbitmq_env  # noqa: E402
+from tools.vmarenv import services  # noqa: E402
+from vmar_openstack import conf as vmar_conf  # noqa: E402
+from vmar_openstack.db import hosts as db_hosts  # noqa: E402
+from vmar_openstack.db import migration  # noqa: E402
+from vmar_openstack.glance_hooks import gc  # noqa: E402
+from vmar_openstack import ingest  # noqa: E402
+from vmar_openstack import names  # noqa: E402
+
+BS = 4096
+
+
+def database(kind, state):
+    if kind == 'sqlite':
+        return 'sqlite:///%s/vmar.sqlite' % state
+    url = (services.mariadb_url() if kind == 'mariadb'
+           else services.postgresql_url())
+    services.reset(url)
+    return url
+
+
+def library_conf(path):
+    conf = cfg.ConfigOpts()
+    vmar_conf.register_opts(conf)
+    conf(['--config-file', path], project='vmar', default_config_files=[])
+    return conf
+
+
+def make_library(conf, work, n_bases, derived, mib, seed=35):
+    """Bases and derived images, ingested: ``[(image, base index)]``.
+
+    A base is its family's shared blocks (family = ten bases: the same
+    distribution's releases) and its own; a derived image is its base with
+    2 % of the blocks changed and its own packages appended. Returns the
+    images with their current map versions.
+    """
+    lib = ingest.Library(conf)
+    rnd = np.random.default_rng(seed)
+    n = mib * (1 << 20) // BS
+    path = os.path.join(work, 'scale.raw')
+    images, versions = [], {}
+    for b in range(n_bases):
+        family = 10 ** 6 * (1 + b // 10) + np.arange(n // 2)
+        base = np.concatenate([family, 10 ** 9 * (1 + b)
+                               + np.arange(n - n // 2)])
+        for d in range(derived + 1):
+            seeds = base.copy()
+            if d:
+                own = rnd.choice(n, size=n // 50, replace=False)
+                seeds[own] += 10 ** 12 * d
+                seeds = np.concatenate([seeds, 10 ** 13 * (1 + b) + 10 ** 4
+                                        * d + np.arange(n // 8)])
+            bench_ingest.write_blocks(path, seeds)
+            image_id = str(uuid.uuid4())
+            out = lib.add(image_id, path, keep_base=False,
+                          visibility='public')
+            versions[image_id] = out.map_version
+            versions.update(out.regenerated)
+            images.append((image_id, b))
+    os.unlink(path)
+    return [(i, b, versions[i]) for i, b in images]
+
+
+class Hosts:
+    """The simulated hosts' state and their reports' payloads."""
+
+    def __init__(self, n, images, n_bases, holds, servers, churn, seed=35):
+        self.rnd = random.Random(seed)
+        self.images = images
+        self.by_base = {}
+        for image_id, b, v in images:
+            self.by_base.setdefault(b, []).append((image_id, v))
+        self.bases = [self.by_base[b][0][0] for b in range(n_bases)]
+        # Zipf(1) popularity of the bases
+        self.weights = [1.0 / (k + 1) for k in range(n_bases)]
+        self.churn = churn
+        self.hosts = {}
+        np_rnd = np.random.default_rng(seed)
+        for h in range(n):
+            name = 'sim-%04d' % h
+            k = max(1, int(np_rnd.poisson(holds)))
+            held = set(self.rnd.choices(range(n_bases), self.weights, k=k))
+            exports = [self._server(held)
+                       for _ in range(int(np_rnd.poisson(servers)))]
+            self.hosts[name] = {'held': held, 'exports': exports,
+                                'fill': {}}
+
+    def _server(self, held):
+        b = self.rnd.choice(sorted(held))
+        return self.rnd.choice(self.by_base[b])
+
+    def payload(self, name):
+        h = self.hosts[name]
+        if h['exports'] and self.rnd.random() < self.churn:
+            h['exports'].pop(self.rnd.randrange(len(h['exports'])))
+            b = self.rnd.choices(range(len(self.bases)), self.weights)[0]
+            h['held'].add(b)
+            h['exports'].append(self._server(h['held']))
+        holds = []
+        for b in sorted(h['held']):
+            if b not in h['fill']:
+                h['fill'][b] = (None if self.rnd.random() < 0.1
+                                else self.rnd.uniform(0.05, 1.0))
+            f = h['fill'][b]
+            holds.append([self.bases[b],
+                          None if f is None else int(f * 256 * 16)])
+        return {'host': name,
+                'exports': sorted([list(e) for e in set(h['exports'])]),
+                'holds': holds,
+                'complete': [], 'peer': '%s:10810' % name,
+                'load': round(self.rnd.uniform(0, 1.5), 3)}
+
+
+def scrape(port):
+    with urllib.request.urlopen('http://127.0.0.1:%d/metrics' % port,
+                                timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in prom_parser.text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+class QueueDepth:
+    """Messages waiting in the agent's queue (a passive declare)."""
+
+    def __init__(self, url, queue):
+        import kombu
+        self.conn = kombu.Connection(url.replace('rabbit://', 'amqp://'))
+        self.queue = queue
+
+    def __call__(self):
+        ch = self.conn.channel()
+        try:
+            return ch.queue_declare(self.queue, passive=True).message_count
+        finally:
+            ch.close()
+
+
+def agent_queue(rabbit, topic):
+    names_ = rabbit.ctl('list_queues', '-q', 'name').stdout.split()
+    found = [q for q in names_ if q.startswith(topic)]
+    if not found:
+        raise RuntimeError('no queue of %s among %s' % (topic, names_))
+    return found[0]
+
+
+class Weighing:
+    """nova-scheduler's weight handler over the simulated hosts."""
+
+    def __init__(self, host_names):
+        from nova import objects
+        from nova.scheduler import host_manager
+        from nova.scheduler import weights
+        from nova.scheduler.weights import ram
+        from vmar_openstack.nova_scheduler import weigher
+        objects.register_all()
+        self.objects = objects
+        cell = str(uuid.uuid4())
+        self.states = []
+        for h in host_names:
+            s = host_manager.HostState(h, h, cell)
+            s.free_ram_mb = 65536
+            self.states.append(s)
+        self.handler = weights.HostWeightHandler()
+        self.vmar = [weigher.VmarWeigher()]
+        self.ram = [ram.RAMWeigher()]
+
+    def spec(self, image_id):
+        o = self.objects
+        return o.RequestSpec(
+            flavor=o.Flavor(extra_specs={'vmar:enabled': 'true'}),
+            image=o.ImageMeta(id=image_id))
+
+    def once(self, image_id, vmar=True):
+        spec = self.spec(image_id)
+        t = time.perf_counter()
+        out = self.handler.get_weighed_objects(
+            self.vmar if vmar else self.ram, self.states, spec)
+        dt = time.perf_counter() - t
+        return dt, out
+
+
+def pct(values, q):
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values), q))
+
+
+def weigh_many(w, images, n, vmar=True, seed=7):
+    rnd = random.Random(seed)
+    times, held = [], 0
+    for _ in range(n):
+        dt, out = w.once(rnd.choice(images)[0], vmar)
+        times.append(dt)
+        held += sum(1 for o in out if o.weight > 0)
+    return {'lookups': n, 'p50_ms': pct(times, 50) * 1e3,
+            'p99_ms': pct(times, 99) * 1e3,
+            'mean_hosts_weighed_above_0': held / n}
+
+
+def run_hosts(args):
+    work = tempfile.mkdtemp(prefix='bench-scale-', dir=args.workdir)
+    state = os.path.join(work, 'state')
+    os.makedirs(state)
+    rabbit = rabbitmq_env.RabbitMQ(os.path.join(work, 'rabbit'))
+    rabbit.start()
+    agent = None
+    try:
+        url = database(args.db, state)
+        metrics_port = process.free_port()
+        conf_file = os.path.join(work, 'vmar.conf')
+        glance_env.write_conf(conf_file, {
+            'DEFAULT': {'transport_url': rabbit.transport_url},
+            'vmar': {'state_dir': state},
+            'vmar_database': {'connection': url},
+            # no Glance here: the agent's periodic work against it is off
+            'vmar_glance': {'auth_type': 'none',
+                            'endpoint': 'http://127.0.0.1:9',
+                            'endpoint_override': 'http://127.0.0.1:9'},
+            'vmar_agent': {'resync_interval': '0', 'map_gc_interval': '0',
+                           'metrics_port': str(metrics_port)}})
+        conf = library_conf(conf_file)
+        migration.upgrade('head', conf=conf)
+        vmar_conf.CONF([], project='vmar', default_config_files=[])
+        vmar_conf.CONF.set_override('connection', url, 'vmar_database')
+        t = time.perf_counter()
+        images = make_library(conf, work, args.bases, args.derived, args.mib)
+        lib_s = time.perf_counter() - t
+        print('library: %d images (%d bases) in %.1f s on %s'
+              % (len(images), args.bases, lib_s, args.db), flush=True)
+        sim = Hosts(args.hosts, images, args.bases, args.holds,
+                    args.servers, args.churn)
+        log = open(os.path.join(work, 'agent.log'), 'ab')
+        agent = subprocess.Popen(
+            [os.path.join(os.path.dirname(sys.executable), 'vmar-agent'),
+             '--config-file', conf_file], stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                scrape(metrics_port)
+                break
+            except OSError:
+                if time.monotonic() > deadline or agent.poll() is not None:
+                    raise RuntimeError('vmar-agent did not start; see %s'
+                                       % log.name)
+                time.sleep(0.5)
+        import oslo_messaging
+        transport = oslo_messaging.get_notification_transport(
+            conf, url=rabbit.transport_url)
+        topic = conf.vmar_reports.report_topic
+        notifier = oslo_messaging.Notifier(
+            transport, publisher_id='vmar-export.sim', driver='messagingv2',
+            topics=[topic])
+        time.sleep(2)
+        depth = QueueDepth(rabbit.transport_url,
+                           agent_queue(rabbit, conf.vmar_agent.pool))
+        w = Weighing(sorted(sim.hosts))
+        result = {'db': args.db, 'hosts': args.hosts, 'bases': args.bases,
+                  'images': len(images), 'library_s': lib_s,
+                  'interval_s': args.interval, 'speed': args.speed,
+                  'minutes': args.minutes}
+        # the flood: one report per host, sent as fast as possible
+        m0 = scrape(metrics_port)
+        t0 = time.perf_counter()
+        for name in sorted(sim.hosts):
+            notifier.info({}, names.HOST_EXPORTS_EVENT, sim.payload(name))
+        sent_s = time.perf_counter() - t0
+        while depth() or scrape(metrics_port).get(
+                'vmar_agent_report_seconds_count', 0) - m0.get(
+                'vmar_agent_report_seconds_count', 0) < args.hosts:
+            time.sleep(0.2)
+        drain_s = time.perf_counter() - t0
+        m1 = scrape(metrics_port)
+        n = (m1['vmar_agent_report_seconds_count']
+             - m0.get('vmar_agent_report_seconds_count', 0))
+        result['flood'] = {
+            'reports': n, 'send_s': sent_s, 'drain_s': drain_s,
+            'reports_per_s': n / drain_s,
+            'mean_record_ms': 1e3 * (m1['vmar_agent_report_seconds_sum']
+                                     - m0.get('vmar_agent_report_seconds_sum',
+                                              0)) / n}
+        print('flood: %d reports drained in %.1f s: %.1f/s, %.1f ms each '
+              'to record' % (n, drain_s, n / drain_s,
+                             result['flood']['mean_record_ms']), flush=True)
+        result['weigher_baseline_ram'] = weigh_many(w, images, args.lookups,
+                                                    vmar=False)
+        result['weigher_quiet_before'] = weigh_many(w, images, args.lookups)
+        # the schedule, with weigher lookups beside it
+        result['schedule'] = schedule(args, sim, notifier, depth,
+                                      metrics_port, w, images)
+        result['weigher_quiet'] = weigh_many(w, images, args.lookups)
+        reports = db_hosts.HostReports(conf)
+        result['rows'] = reports.counts()
+        lib = ingest.Library(conf)
+        t = time.perf_counter()
+        p = gc.plan(conf, lib, min_age=0)
+        result['gc_plan'] = {'s': time.perf_counter() - t,
+                             'superseded': len(p.deletable) + len(p.kept),
+                             'deletable': len(p.deletable)}
+        print(json.dumps(result, indent=1, default=str), flush=True)
+        report(result)
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(result, f, indent=1, default=str)
+        return result
+    finally:
+        if agent is not None:
+            agent.terminate()
+            try:
+                agent.wait(30)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+        rabbit.stop()
+
+
+def schedule(args, sim, notifier, depth, metrics_port, w, images):
+    """Every host reports every ``interval / speed`` s for ``minutes``."""
+    period = args.interval / args.speed
+    names_ = sorted(sim.hosts)
+    phase = {h: random.Random(h).uniform(0, period) for h in names_}
+    stop = threading.Event()
+    samples, lookups = [], []
+
+    def sample():
+        while not stop.wait(2):
+            samples.append((time.monotonic() - start, depth()))
+
+    def weigh():
+        rnd = random.Random(11)
+        while not stop.wait(1.0 / args.lookup_rate):
+            dt, _ = w.once(rnd.choice(images)[0])
+            lookups.append(dt)
+    m0 = scrape(metrics_port)
+    start = time.monotonic()
+    threads = [threading.Thread(target=f, daemon=True)
+               for f in (sample, weigh)]
+    for t in threads:
+        t.start()
+    end = start + args.minutes * 60
+    sent = late = 0
+    k = 0
+    while True:
+        # report k of every host: at its phase plus k periods
+        due = sorted((start + phase[h] + k * period, h) for h in names_)
+        if due[0][0] >= end:
+            break
+        for at, h in due:
+            if at >= end:
+                break
+            now = time.monotonic()
+            if at > now:
+                time.sleep(at - now)
+            elif now - at > 1:
+                late += 1
+            notifier.info({}, names.HOST_EXPORTS_EVENT, sim.payload(h))
+            sent += 1
+        k += 1
+    stop.set()
+    for t in threads:
+        t.join()
+    final = depth()
+    m1 = scrape(metrics_port)
+    n = (m1['vmar_agent_report_seconds_count']
+         - m0['vmar_agent_report_seconds_count'])
+    d = [x for _t, x in samples]
+    out = {'sent': sent, 'sent_late_over_1s': late,
+           'asked_per_s': args.hosts / period,
+           'recorded': n, 'wall_s': time.monotonic() - start,
+           'mean_record_ms': 1e3 * (m1['vmar_agent_report_seconds_sum']
+                                    - m0['vmar_agent_report_seconds_sum'])
+           / max(n, 1),
+           'queue_max': max(d) if d else 0,
+           'queue_median': statistics.median(d) if d else 0,
+           'queue_end': final, 'queue_samples': samples,
+           'weigher_p50_ms': pct(lookups, 50) * 1e3 if lookups else None,
+           'weigher_p99_ms': pct(lookups, 99) * 1e3 if lookups else None,
+           'weigher_lookups': len(lookups)}
+    print('schedule: %d reports sent (%.1f/s asked, %d late), %d recorded; '
+          'queue max %d, end %d; weigher p50 %.2f ms p99 %.2f ms under load'
+          % (sent, out['asked_per_s'], late, n, out['queue_max'], final,
+             out['weigher_p50_ms'] or 0, out['weigher_p99_ms'] or 0),
+          flush=True)
+    return out
+
+
+def report(r):
+    f, s = r['flood'], r['schedule']
+    print()
+    print('== %d hosts, %d images (%d bases), %s' % (
+        r['hosts'], r['images'], r['bases'], r['db']))
+    print('time per report (agent, recorded): %.2f ms flood, %.2f ms on '
+          'schedule' % (f['mean_record_ms'], s['mean_record_ms']))
+    print('sustained (flood drain): %.1f reports/s; the schedule asks '
+          '%.1f/s (x%.1f of the real rate): headroom %.1f x' % (
+              f['reports_per_s'], s['asked_per_s'], r['speed'],
+              f['reports_per_s'] / s['asked_per_s']))
+    print('queue over %.0f s (%.0f min simulated): max %d, median %d, '
+          'end %d' % (s['wall_s'], s['wall_s'] * r['speed'] / 60,
+                      s['queue_max'], s['queue_median'], s['queue_end']))
+    print('rows: %s' % ', '.join('%s %d' % kv for kv in
+                                 sorted(r['rows'].items())))
+    print('map-GC plan: %.3f s for %d superseded versions' % (
+        r['gc_plan']['s'], r['gc_plan']['superseded']))
+    for key in ('weigher_baseline_ram', 'weigher_quiet_before',
+                'weigher_quiet'):
+        x = r[key]
+        print('%s: p50 %.2f ms, p99 %.2f ms (%d lookups, %.0f hosts > 0)'
+              % (key, x['p50_ms'], x['p99_ms'], x['lookups'],
+                 x['mean_hosts_weighed_above_0']))
+    print('weigher under load: p50 %.2f ms, p99 %.2f ms (goal p99 <= 10 '
+          'ms); p99 / RAM weigher alone %.1f' % (
+              s['weigher_p50_ms'], s['weigher_p99_ms'],
+              s['weigher_p99_ms'] / r['weigher_baseline_ram']['p99_ms']))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest='what', required=True)
+    h = sub.add_parser('hosts', help='a thousand hosts reporting; weigher')
+    h.add_argument('--db', default='mariadb',
+                   choices=('sqlite', 'mariadb', 'postgresql'))
+    h.add_argument('--hosts', type=int, default=1000)
+    h.add_argument('--bases', type=int, default=100)
+    h.add_argument('--derived', type=int, default=2,
+                   help='derived images per base')
+    h.add_argument('--mib', type=int, default=1,
+                   help='size of each synthetic image')
+    h.add_argument('--holds', type=float, default=8,
+                   help='mean bases a host keeps')
+    h.add_argument('--servers', type=float, default=20,
+                   help='mean servers (exports) per host')
+    h.add_argument('--churn', type=float, default=0.05)
+    h.add_argument('--interval', type=float, default=60,
+                   help='[vmar_host] report_interval simulated')
+    h.add_argument('--speed', type=float, default=6)
+    h.add_argument('--minutes', type=float, default=10)
+    h.add_argument('--lookups', type=int, default=500)
+    h.add_argument('--lookup-rate', type=float, default=10)
+    h.add_argument('--workdir')
+    h.add_argument('--json')
+    h.add_argument('--smoke', action='store_true',
+                   help='CI: 50 hosts, 5 bases, SQLite, half a minute')
+    args = p.parse_args()
+    if args.smoke:
+        args.hosts, args.bases, args.minutes, args.lookups = 50, 5, 0.5, 50
+        args.db = 'sqlite'
+    run_hosts(args)
+
+
+if __name__ == '__main__':
+    main()
