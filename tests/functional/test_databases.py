@@ -90,11 +90,29 @@ class TestMigration0007PostgreSQL(PostgreSQL,
     pass
 
 
+class TestMigration0013MariaDB(MariaDB, test_migrations.TestMigration0013):
+    pass
+
+
+class TestMigration0013PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0013):
+    pass
+
+
 class TestSharesMariaDB(MariaDB, test_weigher.TestShares):
     pass
 
 
 class TestSharesPostgreSQL(PostgreSQL, test_weigher.TestShares):
+    pass
+
+
+class TestReportsMariaDB(MariaDB, test_weigher.TestReportsBesideTheLibrary):
+    pass
+
+
+class TestReportsPostgreSQL(PostgreSQL,
+                            test_weigher.TestReportsBesideTheLibrary):
     pass
 
 

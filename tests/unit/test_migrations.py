@@ -242,3 +242,30 @@ class TestMigration0012(MigrationTestCase):
         # a whole base serves every block; a mirror must say it is complete
         self.assertEqual([], reports.complete_holders('b'))
         self.assertEqual(['h1'], reports.complete_holders('w'))
+
+
+class TestMigration0013(MigrationTestCase):
+    """The weigher's indexes come; the rows they index stay."""
+
+    def test_indexes_on_a_library_with_reports(self):
+        migration.upgrade('0012', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            self.insert_image(c, 1)
+            c.execute(sa.text("INSERT INTO vmar_map_targets (seq, version, "
+                              "target_id, blocks) VALUES (1, 1, 'id-1', 1)"))
+            c.execute(sa.text("INSERT INTO vmar_hosts (host, reported_at) "
+                              "VALUES ('h1', '2026-11-27')"))
+            c.execute(sa.text("INSERT INTO vmar_host_exports (host, "
+                              "image_id, map_version) VALUES "
+                              "('h1', 'id-1', 1)"))
+        migration.upgrade('head', conf=self.conf)
+        inspector = sa.inspect(engine)
+        self.assertIn(['target_id'], [
+            i['column_names'] for i in inspector.get_indexes(
+                'vmar_map_targets')])
+        self.assertIn(['image_id', 'map_version'], [
+            i['column_names'] for i in inspector.get_indexes(
+                'vmar_host_exports')])
+        (h,) = db_hosts.HostReports(self.conf).list()
+        self.assertEqual((('id-1', 1),), h.exports)

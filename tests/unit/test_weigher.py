@@ -9,6 +9,7 @@ RequestSpec objects. The multi-host functional test is issue 17's
 import datetime
 import os
 import shutil
+import threading
 from unittest import mock
 import uuid
 
@@ -122,6 +123,74 @@ class TestShares(HoldingsTestCase):
         self.assertAlmostEqual(2 / 3, self.reports.shares(B)['h'])
         self.lib.delete(B)
         self.assertEqual({}, self.reports.shares(B))
+
+
+class TestReportsBesideTheLibrary(HoldingsTestCase):
+    """Reports are not library mutations (issue 35: a thousand hosts)."""
+
+    def generation(self):
+        with db_session.reader(self.conf) as s:
+            return db_session.generation(s)
+
+    def test_a_report_does_not_count_in_the_generation(self):
+        # an ingest that prepared its lookups and map in a snapshot uses
+        # them only if the generation did not move meanwhile (ingest/ahead)
+        before = self.generation()
+        self.reports.record('h1', [(B, 1)], {A: None}, peer_address='h1:1')
+        self.reports.record('h1', [(A, 1)], {A: 3})
+        self.assertTrue(self.reports.forget('h1'))
+        self.assertEqual(before, self.generation())
+
+    def test_a_report_does_not_wait_for_the_library_lock(self):
+        if db_session.get_engine(self.conf).dialect.name == 'sqlite':
+            self.skipTest('SQLite has one writer at a time')
+        inside, release = threading.Event(), threading.Event()
+
+        def hold():
+            with db_session.locked_writer(self.conf):
+                inside.set()
+                release.wait(30)
+        t = threading.Thread(target=hold)
+        t.start()
+        self.addCleanup(t.join)
+        self.addCleanup(release.set)
+        self.assertTrue(inside.wait(30))
+        done = threading.Event()
+
+        def report():
+            self.reports.record('h1', [(B, 1)], {A: None})
+            done.set()
+        threading.Thread(target=report, daemon=True).start()
+        # recorded while an ingest holds the lock (its lock_timeout would
+        # fail it otherwise)
+        self.assertTrue(done.wait(self.conf.vmar_database.lock_timeout),
+                        'the report waited for the library lock')
+        release.set()
+        self.assertEqual([((B, 1),)], [h.exports for h in
+                                       self.reports.list()])
+
+    def test_reports_of_one_host_at_once_leave_one_whole_report(self):
+        self.reports.record('h1', [], {})
+        errors = []
+
+        def report(k):
+            try:
+                self.reports.record(
+                    'h1', [(A, k), (B, k)], {A: k, B: None})
+            except Exception as e:      # noqa: B902  counted below
+                errors.append(e)
+        threads = [threading.Thread(target=report, args=(k,))
+                   for k in range(1, 9)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual([], errors)
+        (h,) = self.reports.list()
+        # the exports and holds of one report, not a mix of several
+        k = h.exports[0][1]
+        self.assertEqual(((A, k), (B, k)), h.exports)
+        self.assertEqual(tuple(sorted(((A, k), (B, None)))), h.holds)
 
 
 class TestHostSide(HoldingsTestCase):

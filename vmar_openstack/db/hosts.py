@@ -62,13 +62,20 @@ class HostReports:
         """
         complete = {str(b) for b in complete or ()}
         rows = sorted({(str(i), int(v)) for i, v in exports})
-        with db_session.locked_writer(self.conf) as s:
+        # not under the library lock: a thousand hosts' reports must not
+        # queue behind an ingest's commit, nor make it redo its lookups.
+        # Two reports of one host take turns on its row; the first report
+        # of a host racing another fails on the key, and is redelivered.
+        with db_session.writer(self.conf) as s:
+            report = s.execute(
+                sa.select(models.HostReport)
+                .where(models.HostReport.host == host)
+                .with_for_update()).scalar_one_or_none()
             s.execute(sa.delete(models.HostExport).where(
                 models.HostExport.host == host))
             if holds is not None:
                 s.execute(sa.delete(models.HostBase).where(
                     models.HostBase.host == host))
-            report = s.get(models.HostReport, host)
             if report is None:
                 report = models.HostReport(host=host)
                 s.add(report)
@@ -103,6 +110,14 @@ class HostReports:
                          r.peer_address, r.load_per_cpu,
                          tuple(sorted(complete.get(r.host, ()))))
                     for r in reports]
+
+    def counts(self):
+        """Rows of the three tables: ``{table name: rows}``."""
+        with db_session.reader(self.conf) as s:
+            return {m.__tablename__: s.execute(
+                sa.select(sa.func.count()).select_from(m)).scalar()
+                for m in (models.HostReport, models.HostExport,
+                          models.HostBase)}
 
     def complete_holders(self, base_id, max_age=None):
         """Hosts that could serve every block only ``base_id``'s image has.
@@ -186,36 +201,53 @@ class HostReports:
             total = sum(need.values())
             if not total:
                 return {}
-            data = self._canonical_blocks(s, list(need))
-            held = {}           # (host, base) -> the fraction it holds
+            data = {t: n for t, n in self._canonical_blocks(
+                s, list(need)).items() if n}
+            # One row per host, summed by the database: at a thousand
+            # hosts the rows a driver parses are the lookup's cost
+            # (issue 35, bench/bench_scale.py).
+            return {r.host: float(r.held) / total
+                    for r in s.execute(self._held(image_id, need, data))}
 
-            def hold(host, base, frac):
-                held[host, base] = max(held.get((host, base), 0.0), frac)
-            for r in s.execute(sa.select(
-                    models.HostBase.host, models.HostBase.base_id,
-                    models.HostBase.blocks).where(
-                    models.HostBase.base_id.in_(list(need)))).all():
-                if r.blocks is None:
-                    hold(r.host, r.base_id, 1.0)
-                elif data.get(r.base_id):   # else a base the library forgot
-                    hold(r.host, r.base_id,
-                         min(1.0, r.blocks / data[r.base_id]))
-            he, mt = models.HostExport, models.MapTarget
-            for r in s.execute(sa.select(
-                    he.host, he.image_id, mt.target_id, mt.blocks)
-                    .join(models.Image, models.Image.image_id == he.image_id)
-                    .join(mt, sa.and_(mt.seq == models.Image.seq,
-                                      mt.version == he.map_version))
-                    .where(mt.target_id.in_(list(need)))).all():
-                if r.image_id == image_id:
-                    hold(r.host, r.target_id, 1.0)
-                elif data.get(r.target_id):
-                    hold(r.host, r.target_id,
-                         min(1.0, r.blocks / data[r.target_id]))
-            out = {}
-            for (host, base), frac in held.items():
-                out[host] = out.get(host, 0.0) + need[base] * frac
-            return {h: v / total for h, v in out.items()}
+    @staticmethod
+    def _held(image_id, need, data):
+        """``(host, held)``: the blocks of the image each host holds.
+
+        Per base, the larger of what the host's copy or mirror of it holds
+        and what its exported map versions read from it; a base the
+        library forgot (no canonical blocks known) counts only whole.
+        """
+        hb, he, mt = models.HostBase, models.HostExport, models.MapTarget
+
+        def part(blocks, target):
+            # blocks / data[target], at most 1; 0 for unknown targets
+            if not data:
+                return sa.literal(0.0)
+            frac = (sa.cast(blocks, sa.Float) /
+                    sa.case(data, value=target, else_=None))
+            return sa.case((frac > 1.0, 1.0), else_=sa.func.coalesce(
+                frac, 0.0))
+        bases = sa.select(
+            hb.host.label('host'), hb.base_id.label('target'),
+            sa.case((hb.blocks.is_(None), 1.0),
+                    else_=part(hb.blocks, hb.base_id)).label('frac')
+        ).where(hb.base_id.in_(list(need)))
+        exported = sa.select(
+            he.host.label('host'), mt.target_id.label('target'),
+            sa.case((he.image_id == image_id, 1.0),
+                    else_=part(mt.blocks, mt.target_id)).label('frac')
+        ).join(models.Image, models.Image.image_id == he.image_id).join(
+            mt, sa.and_(mt.seq == models.Image.seq,
+                        mt.version == he.map_version)
+        ).where(mt.target_id.in_(list(need)))
+        u = sa.union_all(bases, exported).subquery()
+        per_base = sa.select(
+            u.c.host, u.c.target, sa.func.max(u.c.frac).label('frac')
+        ).group_by(u.c.host, u.c.target).subquery()
+        held = sa.func.sum(sa.case(need, value=per_base.c.target, else_=0)
+                           * per_base.c.frac)
+        return (sa.select(per_base.c.host, held.label('held'))
+                .group_by(per_base.c.host).having(held > 0))
 
     @staticmethod
     def _canonical_blocks(session, image_ids):
@@ -237,7 +269,7 @@ class HostReports:
 
     def forget(self, host):
         """Drop a host's report; whether there was one."""
-        with db_session.locked_writer(self.conf) as s:
+        with db_session.writer(self.conf) as s:
             s.execute(sa.delete(models.HostExport).where(
                 models.HostExport.host == host))
             s.execute(sa.delete(models.HostBase).where(

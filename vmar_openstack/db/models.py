@@ -129,6 +129,9 @@ class MapVersion(Base):
 class MapTarget(Base):
     """How many blocks a map version reads from one of its targets."""
     __tablename__ = 'vmar_map_targets'
+    # which map versions read from a base (the weigher, 0013)
+    __table_args__ = (sa.Index('ix_vmar_map_targets_target_id',
+                               'target_id'),)
 
     seq = sa.Column(BigInt, sa.ForeignKey('vmar_images.seq',
                                           ondelete='CASCADE'),
@@ -170,6 +173,9 @@ class HostReport(Base):
 class HostExport(Base):
     """A map version a host exported at its last report."""
     __tablename__ = 'vmar_host_exports'
+    # the hosts exporting a map version (the weigher, 0013)
+    __table_args__ = (sa.Index('ix_vmar_host_exports_image_id',
+                               'image_id', 'map_version'),)
 
     host = sa.Column(sa.String(255), sa.ForeignKey(
         'vmar_hosts.host', ondelete='CASCADE'), primary_key=True)
