@@ -5,6 +5,7 @@ import threading
 import time
 
 import fixtures
+import sqlalchemy as sa
 
 from tests import base
 from vmar_openstack.db import session as db_session
@@ -63,3 +64,60 @@ class TestCheckpoints(base.LibraryTestCase):
 
 def mockpatch(name, new):
     return fixtures.MockPatchObject(db_session._Checkpointer, name, new)
+
+
+class _Orig(Exception):
+    """A DB-API error as the drivers raise them.
+
+    pymysql: ``args[0]`` is the error number; psycopg2: ``pgcode``.
+    """
+
+    def __init__(self, *args, pgcode=None):
+        super().__init__(*args)
+        self.pgcode = pgcode
+
+
+def _error(kind, orig):
+    return kind('SELECT 1', {}, orig)
+
+
+class TestConflicts(base.LibraryTestCase):
+
+    def test_deadlocks_and_serialization_failures_are_conflicts(self):
+        for e in (_error(sa.exc.OperationalError,
+                         _Orig(1213, 'Deadlock found')),
+                  _error(sa.exc.OperationalError, _Orig(pgcode='40P01')),
+                  _error(sa.exc.InternalError, _Orig(pgcode='40001'))):
+            self.assertTrue(db_session.conflict(e), e)
+        for e in (_error(sa.exc.OperationalError,
+                         _Orig(1205, 'Lock wait timeout')),
+                  _error(sa.exc.IntegrityError, _Orig(1062, 'Duplicate')),
+                  _error(sa.exc.OperationalError, _Orig(pgcode='57014')),
+                  ValueError('no')):
+            self.assertFalse(db_session.conflict(e), e)
+
+    def test_a_conflict_runs_the_function_again(self):
+        calls = []
+
+        @db_session.retry_conflicts()
+        def work():
+            calls.append(1)
+            if len(calls) < 3:
+                raise _error(sa.exc.OperationalError, _Orig(1213, 'dl'))
+            return 'done'
+        self.assertEqual('done', work())
+        self.assertEqual(3, len(calls))
+
+    def test_other_errors_and_too_many_conflicts_are_raised(self):
+        calls = []
+
+        @db_session.retry_conflicts(max_retries=2)
+        def work(kind, orig):
+            calls.append(1)
+            raise _error(kind, orig)
+        self.assertRaises(sa.exc.IntegrityError, work,
+                          sa.exc.IntegrityError, _Orig(1062, 'dup'))
+        self.assertEqual(1, len(calls))
+        self.assertRaises(sa.exc.OperationalError, work,
+                          sa.exc.OperationalError, _Orig(1213, 'dl'))
+        self.assertEqual(1 + 3, len(calls))

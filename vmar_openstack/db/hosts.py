@@ -48,6 +48,10 @@ class HostReports:
     def __init__(self, conf):
         self.conf = conf
 
+    # the first reports of one host at once race for its row: the loser
+    # runs again and finds it
+    @db_session.retry_conflicts(
+        also=lambda e: isinstance(e, sa.exc.IntegrityError))
     def record(self, host, exports, holds=None, reported_at=None,
                peer_address=None, load_per_cpu=None, complete=()):
         """Replace ``host``'s report.
@@ -64,8 +68,7 @@ class HostReports:
         rows = sorted({(str(i), int(v)) for i, v in exports})
         # not under the library lock: a thousand hosts' reports must not
         # queue behind an ingest's commit, nor make it redo its lookups.
-        # Two reports of one host take turns on its row; the first report
-        # of a host racing another fails on the key, and is redelivered.
+        # Two reports of one host take turns on its row.
         with db_session.writer(self.conf) as s:
             report = s.execute(
                 sa.select(models.HostReport)
@@ -118,6 +121,27 @@ class HostReports:
                 sa.select(sa.func.count()).select_from(m)).scalar()
                 for m in (models.HostReport, models.HostExport,
                           models.HostBase)}
+
+    def exported(self):
+        """Every ``(image id, map version)`` a host's last report lists."""
+        he = models.HostExport
+        with db_session.reader(self.conf) as s:
+            return {(r.image_id, r.map_version) for r in s.execute(
+                sa.select(he.image_id, he.map_version).distinct())}
+
+    def exported_versions(self, image_id, peers_only=False):
+        """The map versions of ``image_id`` some host's last report lists.
+
+        ``peers_only``: only hosts that run a peer server.
+        """
+        he, hr = models.HostExport, models.HostReport
+        q = sa.select(he.map_version).distinct().where(
+            he.image_id == str(image_id))
+        if peers_only:
+            q = q.join(hr, hr.host == he.host).where(
+                hr.peer_address.is_not(None))
+        with db_session.reader(self.conf) as s:
+            return set(s.execute(q).scalars())
 
     def complete_holders(self, base_id, max_age=None):
         """Hosts that could serve every block only ``base_id``'s image has.

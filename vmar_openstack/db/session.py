@@ -20,6 +20,7 @@ import time
 import urllib.parse
 
 from oslo_config import cfg
+from oslo_db import api as oslo_db_api
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy import orm
@@ -218,10 +219,52 @@ def writer(conf_obj=None):
     IMMEDIATE``).
     """
     engine = get_engine(conf_obj)
-    with orm.Session(engine) as s:
+    bind = engine
+    if engine.dialect.name in ('mysql', 'mariadb'):
+        # InnoDB's REPEATABLE READ locks the gaps a locking read or a
+        # delete finds empty: two hosts' first reports would deadlock on
+        # them (PostgreSQL reads committed by default)
+        bind = engine.execution_options(isolation_level='READ COMMITTED')
+    with orm.Session(bind) as s:
         with s.begin():
             yield s
     _committed(engine)
+
+
+# MySQL/MariaDB: deadlock, which is also how Galera reports a failed
+# certification; PostgreSQL: deadlock, serialization failure
+_MYSQL_CONFLICTS = (1213,)
+_PG_CONFLICTS = ('40P01', '40001')
+
+
+def conflict(error):
+    """Whether ``error`` is a transaction another one made fail.
+
+    A deadlock, a Galera certification failure or a serialization
+    failure: the transaction did nothing, and running it again is the
+    cure (what oslo.db's ``wrap_db_retry`` does with ``retry_on_deadlock``,
+    for errors oslo.db's own engines translate).
+    """
+    orig = getattr(error, 'orig', None)
+    if not isinstance(error, sa.exc.DBAPIError) or orig is None:
+        return False
+    if getattr(orig, 'pgcode', None) in _PG_CONFLICTS:
+        return True
+    args = getattr(orig, 'args', ())
+    return bool(args) and args[0] in _MYSQL_CONFLICTS
+
+
+def retry_conflicts(also=None, max_retries=5):
+    """A decorator: run the function again after :func:`conflict` errors.
+
+    ``also(error)``: more errors worth another run. With a short growing
+    pause, at most ``max_retries`` times (oslo.db's ``wrap_db_retry``).
+    """
+    def check(error):
+        return conflict(error) or bool(also and also(error))
+    return oslo_db_api.wrap_db_retry(
+        max_retries=max_retries, retry_interval=0.05, inc_retry_interval=True,
+        max_retry_interval=1, jitter=True, exception_checker=check)
 
 
 @contextlib.contextmanager

@@ -225,9 +225,8 @@ class Handler:
         # the hosts that hold them); map GC deletes them once no host
         # does. Without a peer server nobody could serve those blocks, and
         # nova-api refuses the move: nothing is kept.
-        held = {v for h in db_hosts.HostReports(self.conf).list()
-                if h.peer_address
-                for i, v in h.exports if i == image_id}
+        held = db_hosts.HostReports(self.conf).exported_versions(
+            image_id, peers_only=True)
         self.publisher.delete_all(image_id, keep=held)
 
     def update(self, payload):

@@ -91,7 +91,7 @@ def _collect_maps_of_deleted(conf, library, publisher, hidden=None):
 
     Returns the image ids whose maps stay.
     """
-    held = {e for h in db_hosts.HostReports(conf).list() for e in h.exports}
+    held = db_hosts.HostReports(conf).exported()
     kept = set()
     for (image_id, version), _gid in sorted(
             publisher.maps_of_deleted(library.has_image, hidden).items()):
