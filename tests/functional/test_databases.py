@@ -99,6 +99,15 @@ class TestMigration0013PostgreSQL(PostgreSQL,
     pass
 
 
+class TestMigration0014MariaDB(MariaDB, test_migrations.TestMigration0014):
+    pass
+
+
+class TestMigration0014PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0014):
+    pass
+
+
 class TestSharesMariaDB(MariaDB, test_weigher.TestShares):
     pass
 

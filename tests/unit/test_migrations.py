@@ -269,3 +269,27 @@ class TestMigration0013(MigrationTestCase):
                 'vmar_host_exports')])
         (h,) = db_hosts.HostReports(self.conf).list()
         self.assertEqual((('id-1', 1),), h.exports)
+
+
+class TestMigration0014(MigrationTestCase):
+    """Shares start empty; a host's next report writes its own."""
+
+    def test_shares_come_with_the_next_report(self):
+        migration.upgrade('0013', conf=self.conf)
+        lib = ingest.Library(self.conf)
+        path = self.tmp + '/a.raw'
+        with open(path, 'wb') as f:
+            f.write(b'\x01' * 4096 + b'\x02' * 4096)
+        a = '0a000000-0000-4000-8000-00000000000a'
+        lib.add(a, path, visibility='public', keep_base=False)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            c.execute(sa.text("INSERT INTO vmar_hosts (host, reported_at) "
+                              "VALUES ('h1', '2026-11-27')"))
+            c.execute(sa.text("INSERT INTO vmar_host_bases (host, base_id, "
+                              "blocks) VALUES ('h1', :a, 1)"), {'a': a})
+        migration.upgrade('head', conf=self.conf)
+        reports = db_hosts.HostReports(self.conf)
+        self.assertEqual({}, reports.shares(a))
+        reports.record('h1', [], {a: 1})
+        self.assertEqual({'h1': 0.5}, reports.shares(a))

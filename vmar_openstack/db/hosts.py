@@ -94,6 +94,43 @@ class HostReports:
                     blocks=None if n is None else int(n),
                     complete=str(b) in complete)
                     for b, n in holds.items())
+            s.flush()
+            self._record_shares(s, host)
+
+    def _record_shares(self, s, host):
+        """Rewrite ``host``'s rows of ``vmar_host_shares`` from its report.
+
+        Per base: 1 for a whole copy, the blocks of its mirror over the
+        base's canonical blocks, or what an exported map version reads
+        from it over the same, whichever is larger (at most 1). A base
+        the library forgot counts only as a whole copy. The weigher sums
+        these (:meth:`shares`) instead of the report's rows.
+        """
+        hb, he, mt = models.HostBase, models.HostExport, models.MapTarget
+        s.execute(sa.delete(models.HostShare).where(
+            models.HostShare.host == host))
+        bases = s.execute(sa.select(hb.base_id, hb.blocks).where(
+            hb.host == host)).all()
+        read = s.execute(
+            sa.select(mt.target_id, sa.func.max(mt.blocks))
+            .select_from(he)
+            .join(models.Image, models.Image.image_id == he.image_id)
+            .join(mt, sa.and_(mt.seq == models.Image.seq,
+                              mt.version == he.map_version))
+            .where(he.host == host).group_by(mt.target_id)).all()
+        data = self._canonical_blocks(
+            s, sorted({b for b, _n in bases} | {t for t, _n in read}))
+        share = {}
+        for base, blocks in list(bases) + list(read):
+            if blocks is None:
+                f = 1.0
+            elif data.get(base):
+                f = min(1.0, blocks / data[base])
+            else:
+                continue
+            share[base] = max(share.get(base, 0.0), f)
+        s.add_all(models.HostShare(host=host, base_id=b, share=f)
+                  for b, f in share.items() if f > 0)
 
     def list(self):
         with db_session.reader(self.conf) as s:
@@ -115,12 +152,12 @@ class HostReports:
                     for r in reports]
 
     def counts(self):
-        """Rows of the three tables: ``{table name: rows}``."""
+        """Rows of the hosts' tables: ``{table name: rows}``."""
         with db_session.reader(self.conf) as s:
             return {m.__tablename__: s.execute(
                 sa.select(sa.func.count()).select_from(m)).scalar()
                 for m in (models.HostReport, models.HostExport,
-                          models.HostBase)}
+                          models.HostBase, models.HostShare)}
 
     def exported(self):
         """Every ``(image id, map version)`` a host's last report lists."""
@@ -210,6 +247,10 @@ class HostReports:
         spawns says where its image will be, long before its mirror holds
         the blocks, so a burst of servers of one image goes together.
 
+        Each host's share of each base is worked out when its report is
+        recorded (``vmar_host_shares``): what changes in the library
+        between two reports (a base deleted) shows at the next one.
+
         Hosts holding none of them are left out; empty if the image is
         unknown, has no map yet or its map predates the per-target counts.
         """
@@ -225,46 +266,33 @@ class HostReports:
             total = sum(need.values())
             if not total:
                 return {}
-            data = {t: n for t, n in self._canonical_blocks(
-                s, list(need)).items() if n}
-            # One row per host, summed by the database: at a thousand
-            # hosts the rows a driver parses are the lookup's cost
-            # (issue 35, bench/bench_scale.py).
+            # One row per host, summed by the database from what each
+            # report worked out: at a thousand hosts the rows a driver
+            # parses and the joins were the lookup's cost (issue 35,
+            # bench/bench_scale.py hosts)
             return {r.host: float(r.held) / total
-                    for r in s.execute(self._held(image_id, need, data))}
+                    for r in s.execute(self._held(image_id, need))}
 
     @staticmethod
-    def _held(image_id, need, data):
+    def _held(image_id, need):
         """``(host, held)``: the blocks of the image each host holds.
 
-        Per base, the larger of what the host's copy or mirror of it holds
-        and what its exported map versions read from it; a base the
-        library forgot (no canonical blocks known) counts only whole.
+        Per base, its share (``vmar_host_shares``, written with each
+        report) or all of it where the host exports a map version of the
+        image itself that reads from it.
         """
-        hb, he, mt = models.HostBase, models.HostExport, models.MapTarget
-
-        def part(blocks, target):
-            # blocks / data[target], at most 1; 0 for unknown targets
-            if not data:
-                return sa.literal(0.0)
-            frac = (sa.cast(blocks, sa.Float) /
-                    sa.case(data, value=target, else_=None))
-            return sa.case((frac > 1.0, 1.0), else_=sa.func.coalesce(
-                frac, 0.0))
-        bases = sa.select(
-            hb.host.label('host'), hb.base_id.label('target'),
-            sa.case((hb.blocks.is_(None), 1.0),
-                    else_=part(hb.blocks, hb.base_id)).label('frac')
-        ).where(hb.base_id.in_(list(need)))
-        exported = sa.select(
+        hs, he, mt = models.HostShare, models.HostExport, models.MapTarget
+        shares = sa.select(
+            hs.host.label('host'), hs.base_id.label('target'),
+            hs.share.label('frac')).where(hs.base_id.in_(list(need)))
+        own = sa.select(
             he.host.label('host'), mt.target_id.label('target'),
-            sa.case((he.image_id == image_id, 1.0),
-                    else_=part(mt.blocks, mt.target_id)).label('frac')
+            sa.literal(1.0).label('frac')
         ).join(models.Image, models.Image.image_id == he.image_id).join(
             mt, sa.and_(mt.seq == models.Image.seq,
                         mt.version == he.map_version)
-        ).where(mt.target_id.in_(list(need)))
-        u = sa.union_all(bases, exported).subquery()
+        ).where(he.image_id == image_id, mt.target_id.in_(list(need)))
+        u = sa.union_all(shares, own).subquery()
         per_base = sa.select(
             u.c.host, u.c.target, sa.func.max(u.c.frac).label('frac')
         ).group_by(u.c.host, u.c.target).subquery()
@@ -294,6 +322,8 @@ class HostReports:
     def forget(self, host):
         """Drop a host's report; whether there was one."""
         with db_session.writer(self.conf) as s:
+            s.execute(sa.delete(models.HostShare).where(
+                models.HostShare.host == host))
             s.execute(sa.delete(models.HostExport).where(
                 models.HostExport.host == host))
             s.execute(sa.delete(models.HostBase).where(

@@ -204,6 +204,24 @@ class HostBase(Base):
                          server_default=sa.false())
 
 
+class HostShare(Base):
+    """How much of a base's canonical blocks a host holds, for the weigher.
+
+    Written with each report from its bases and exports
+    (:meth:`vmar_openstack.db.hosts.HostReports.record`): the larger of
+    what its copy or mirror of the base holds and what its exported map
+    versions read from it, as a fraction of the base's canonical blocks
+    (0 to 1). Derived data: the next report rewrites it.
+    """
+    __tablename__ = 'vmar_host_shares'
+    __table_args__ = (sa.Index('ix_vmar_host_shares_base_id', 'base_id'),)
+
+    host = sa.Column(sa.String(255), sa.ForeignKey(
+        'vmar_hosts.host', ondelete='CASCADE'), primary_key=True)
+    base_id = sa.Column(sa.String(36), primary_key=True)
+    share = sa.Column(sa.Float, nullable=False)
+
+
 class Lock(Base):
     __tablename__ = 'vmar_locks'
 
