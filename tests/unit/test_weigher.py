@@ -117,6 +117,18 @@ class TestShares(HoldingsTestCase):
         self.reports.record('h', [(B, 2)], {})
         self.assertEqual({}, self.reports.shares(B))
 
+    def test_servers_of_an_earlier_map_version_of_the_image(self):
+        # B's servers started before its map changed read v1 still
+        self.lib.remap(B)
+        self.reports.record('old', [(B, 1)], {})
+        self.reports.record('cur', [(B, 2)], {})
+        self.reports.record('mirror', [], {A: 2})
+        shares = self.reports.shares(B)
+        self.assertEqual({'old', 'cur', 'mirror'}, set(shares))
+        self.assertEqual((1.0, 1.0), (shares['old'], shares['cur']))
+        # 2 of A's 4 canonical blocks, of the 2 B reads there, of 3
+        self.assertAlmostEqual(1 / 3, shares['mirror'])
+
     def test_new_map_versions_and_deleted_images(self):
         self.reports.record('h', [], {A: None})
         self.lib.remap(B)

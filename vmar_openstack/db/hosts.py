@@ -270,36 +270,47 @@ class HostReports:
             # report worked out: at a thousand hosts the rows a driver
             # parses and the joins were the lookup's cost (issue 35,
             # bench/bench_scale.py hosts)
-            return {r.host: float(r.held) / total
-                    for r in s.execute(self._held(image_id, need))}
-
-    @staticmethod
-    def _held(image_id, need):
-        """``(host, held)``: the blocks of the image each host holds.
-
-        Per base, its share (``vmar_host_shares``, written with each
-        report) or all of it where the host exports a map version of the
-        image itself that reads from it.
-        """
-        hs, he, mt = models.HostShare, models.HostExport, models.MapTarget
-        shares = sa.select(
-            hs.host.label('host'), hs.base_id.label('target'),
-            hs.share.label('frac')).where(hs.base_id.in_(list(need)))
-        own = sa.select(
-            he.host.label('host'), mt.target_id.label('target'),
-            sa.literal(1.0).label('frac')
-        ).join(models.Image, models.Image.image_id == he.image_id).join(
-            mt, sa.and_(mt.seq == models.Image.seq,
-                        mt.version == he.map_version)
-        ).where(he.image_id == image_id, mt.target_id.in_(list(need)))
-        u = sa.union_all(shares, own).subquery()
-        per_base = sa.select(
-            u.c.host, u.c.target, sa.func.max(u.c.frac).label('frac')
-        ).group_by(u.c.host, u.c.target).subquery()
-        held = sa.func.sum(sa.case(need, value=per_base.c.target, else_=0)
-                           * per_base.c.frac)
-        return (sa.select(per_base.c.host, held.label('held'))
-                .group_by(per_base.c.host).having(held > 0))
+            hs, he, mt = (models.HostShare, models.HostExport,
+                          models.MapTarget)
+            # hosts exporting the image's current map version hold what it
+            # reads whole: flagged on their own row (they are the image's
+            # servers: at a popular image, hundreds)
+            cur = sa.and_(he.host == hs.host, he.image_id == image_id,
+                          he.map_version == img.map_version)
+            held = {}
+            for host, blocks, current in s.execute(
+                    sa.select(hs.host, sa.func.sum(
+                        sa.case(need, value=hs.base_id, else_=0) * hs.share),
+                        sa.func.max(he.map_version))
+                    .outerjoin(he, cur)
+                    .where(hs.base_id.in_(list(need)))
+                    .group_by(hs.host)).all():
+                held[host] = total if current is not None else blocks
+            # ... and an earlier version, what that one read from each base
+            # (rare: a server started before the image's map changed)
+            own = {}
+            for host, target in s.execute(
+                    sa.select(he.host, mt.target_id)
+                    .join(models.Image, models.Image.image_id == he.image_id)
+                    .join(mt, sa.and_(mt.seq == models.Image.seq,
+                                      mt.version == he.map_version))
+                    .where(he.image_id == image_id,
+                           he.map_version != img.map_version,
+                           mt.target_id.in_(list(need)))).all():
+                if held.get(host) != total:
+                    own.setdefault(host, set()).add(target)
+            if own:
+                frac = {}
+                for host, base, share in s.execute(
+                        sa.select(hs.host, hs.base_id, hs.share)
+                        .where(hs.host.in_(list(own)),
+                               hs.base_id.in_(list(need)))).all():
+                    frac[host, base] = share
+                for host, targets in own.items():
+                    held[host] = sum(
+                        n * (1.0 if t in targets else frac.get((host, t), 0))
+                        for t, n in need.items())
+            return {h: float(v) / total for h, v in held.items() if v > 0}
 
     @staticmethod
     def _canonical_blocks(session, image_ids):
