@@ -254,63 +254,73 @@ class HostReports:
         Hosts holding none of them are left out; empty if the image is
         unknown, has no map yet or its map predates the per-target counts.
         """
+        hs, he, mt, im = (models.HostShare, models.HostExport,
+                          models.MapTarget, models.Image)
         with db_session.reader(self.conf) as s:
-            img = s.execute(sa.select(models.Image).where(
-                models.Image.image_id == image_id)).scalar_one_or_none()
-            if img is None or not img.map_version:
-                return {}
-            need = dict(s.execute(
-                sa.select(models.MapTarget.target_id, models.MapTarget.blocks)
-                .where(models.MapTarget.seq == img.seq,
-                       models.MapTarget.version == img.map_version)).all())
+            # the blocks the current map reads from each base
+            rows = s.execute(
+                sa.select(im.map_version, mt.target_id, mt.blocks)
+                .join(mt, sa.and_(mt.seq == im.seq,
+                                  mt.version == im.map_version))
+                .where(im.image_id == image_id)).all()
+            need = {r.target_id: r.blocks for r in rows}
             total = sum(need.values())
             if not total:
                 return {}
+            current = rows[0].map_version
             # One row per host, summed by the database from what each
             # report worked out: at a thousand hosts the rows a driver
             # parses and the joins were the lookup's cost (issue 35,
-            # bench/bench_scale.py hosts)
-            hs, he, mt = (models.HostShare, models.HostExport,
-                          models.MapTarget)
-            # hosts exporting the image's current map version hold what it
-            # reads whole: flagged on their own row (they are the image's
-            # servers: at a popular image, hundreds)
+            # bench/bench_scale.py hosts). The hosts exporting the image's
+            # current map version (its servers': at a popular image,
+            # hundreds) are flagged on their row: they hold what it reads
+            # whole.
             cur = sa.and_(he.host == hs.host, he.image_id == image_id,
-                          he.map_version == img.map_version)
+                          he.map_version == current)
             held = {}
-            for host, blocks, current in s.execute(
+            for host, blocks, server in s.execute(
                     sa.select(hs.host, sa.func.sum(
                         sa.case(need, value=hs.base_id, else_=0) * hs.share),
                         sa.func.max(he.map_version))
                     .outerjoin(he, cur)
                     .where(hs.base_id.in_(list(need)))
                     .group_by(hs.host)).all():
-                held[host] = total if current is not None else blocks
-            # ... and an earlier version, what that one read from each base
-            # (rare: a server started before the image's map changed)
-            own = {}
-            for host, target in s.execute(
-                    sa.select(he.host, mt.target_id)
-                    .join(models.Image, models.Image.image_id == he.image_id)
-                    .join(mt, sa.and_(mt.seq == models.Image.seq,
-                                      mt.version == he.map_version))
-                    .where(he.image_id == image_id,
-                           he.map_version != img.map_version,
-                           mt.target_id.in_(list(need)))).all():
-                if held.get(host) != total:
-                    own.setdefault(host, set()).add(target)
-            if own:
-                frac = {}
-                for host, base, share in s.execute(
-                        sa.select(hs.host, hs.base_id, hs.share)
-                        .where(hs.host.in_(list(own)),
-                               hs.base_id.in_(list(need)))).all():
-                    frac[host, base] = share
-                for host, targets in own.items():
-                    held[host] = sum(
-                        n * (1.0 if t in targets else frac.get((host, t), 0))
-                        for t, n in need.items())
+                held[host] = total if server is not None else blocks
+            earlier = sorted(set(s.execute(
+                sa.select(he.host).where(he.image_id == image_id,
+                                         he.map_version != current)
+            ).scalars()) - {h for h, v in held.items() if v == total})
+            if earlier:
+                self._earlier_servers(s, image_id, need, held, earlier)
             return {h: float(v) / total for h, v in held.items() if v > 0}
+
+    @staticmethod
+    def _earlier_servers(s, image_id, need, held, hosts):
+        """Hosts exporting only earlier map versions of the image.
+
+        Rare (servers started before the image's map changed): each holds
+        whole what its versions read from each base, and its share of the
+        other bases.
+        """
+        hs, he, mt, im = (models.HostShare, models.HostExport,
+                          models.MapTarget, models.Image)
+        read = {}
+        for host, target in s.execute(
+                sa.select(he.host, mt.target_id)
+                .join(im, im.image_id == he.image_id)
+                .join(mt, sa.and_(mt.seq == im.seq,
+                                  mt.version == he.map_version))
+                .where(he.image_id == image_id, he.host.in_(hosts),
+                       mt.target_id.in_(list(need)))).all():
+            read.setdefault(host, set()).add(target)
+        frac = {(h, b): f for h, b, f in s.execute(
+            sa.select(hs.host, hs.base_id, hs.share)
+            .where(hs.host.in_(hosts), hs.base_id.in_(list(need)))).all()}
+        for host in hosts:
+            targets = read.get(host, set())
+            held[host] = sum(
+                n * (1.0 if t in targets else frac.get((host, t), 0.0))
+                for t, n in need.items())
 
     @staticmethod
     def _canonical_blocks(session, image_ids):
