@@ -43,6 +43,7 @@ Usage: bench_scale.py hosts [--db sqlite|mariadb|postgresql] [--hosts N]
 
 import argparse
 import json
+import logging
 import os
 import random
 import statistics
@@ -77,13 +78,56 @@ from vmar_openstack import names  # noqa: E402
 BS = 4096
 
 
-def database(kind, state):
+def database(kind, state, name='scale'):
+    """A new, empty library database of ``kind``.
+
+    MariaDB gets a database of its own, which the functional tests (who
+    reset the default one) leave alone; PostgreSQL uses the test
+    database.
+    """
     if kind == 'sqlite':
         return 'sqlite:///%s/vmar.sqlite' % state
-    url = (services.mariadb_url() if kind == 'mariadb'
-           else services.postgresql_url())
+    if kind == 'mariadb':
+        return services.mariadb_database(name)
+    url = services.postgresql_url()
     services.reset(url)
     return url
+
+
+class Redone(logging.Handler):
+    """Counts the ingests that looked their fingerprints up again.
+
+    An ingest prepares its lookups and map in a snapshot and uses them
+    only if no library mutation committed meanwhile
+    (:mod:`vmar_openstack.ingest.ahead`).
+    """
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record):
+        if 'looking its fingerprints up again' in record.getMessage():
+            self.count += 1
+
+
+def ingest_images(conf, work, k, mib, tag):
+    """Add ``k`` images of ``mib`` MiB, each half new: their add times."""
+    lib = ingest.Library(conf)
+    n = mib * (1 << 20) // BS
+    path = os.path.join(work, 'ingest-%s.raw' % tag)
+    times = []
+    for i in range(k):
+        seeds = np.concatenate([10 ** 6 + np.arange(n // 2), 10 ** 14 * (
+            1 + i) + (0 if tag == 'quiet' else 10 ** 8) + np.arange(n // 2)])
+        bench_ingest.write_blocks(path, seeds)
+        bench_ingest.settle(path)
+        t = time.perf_counter()
+        lib.add(str(uuid.uuid4()), path, keep_base=False,
+                visibility='public')
+        times.append(time.perf_counter() - t)
+    os.unlink(path)
+    return times
 
 
 def library_conf(path):
@@ -275,7 +319,8 @@ def run_hosts(args):
     rabbit.start()
     agent = None
     try:
-        url = database(args.db, state)
+        url = database(args.db, state,
+                       'scale_smoke' if args.smoke else 'scale')
         metrics_port = process.free_port()
         conf_file = os.path.join(work, 'vmar.conf')
         glance_env.write_conf(conf_file, {
@@ -328,7 +373,7 @@ def run_hosts(args):
         result = {'db': args.db, 'hosts': args.hosts, 'bases': args.bases,
                   'images': len(images), 'library_s': lib_s,
                   'interval_s': args.interval, 'speed': args.speed,
-                  'minutes': args.minutes}
+                  'minutes': args.minutes, 'ingest_mib': args.ingest_mib}
         # the flood: one report per host, sent as fast as possible
         m0 = scrape(metrics_port)
         t0 = time.perf_counter()
@@ -355,10 +400,27 @@ def run_hosts(args):
         result['weigher_baseline_ram'] = weigh_many(w, images, args.lookups,
                                                     vmar=False)
         result['weigher_quiet_before'] = weigh_many(w, images, args.lookups)
-        # the schedule, with weigher lookups beside it
-        result['schedule'] = schedule(args, sim, notifier, depth,
-                                      metrics_port, w, images)
+        # ingests without reports, then beside the schedule
+        redone = Redone()
+        lib_log = logging.getLogger('vmar_openstack.ingest.library')
+        lib_log.setLevel(logging.DEBUG)
+        lib_log.addHandler(redone)
+        quiet = ingest_images(conf, work, args.ingests, args.ingest_mib,
+                              'quiet')
+        result['ingest_quiet'] = {'times': quiet,
+                                  'redone': redone.count}
+        redone.count = 0
+        # the schedule, with weigher lookups and ingests beside it
+        result['schedule'] = schedule(
+            args, sim, notifier, depth, metrics_port, w, images,
+            lambda: ingest_images(conf, work, args.ingests,
+                                  args.ingest_mib, 'loaded'))
+        result['ingest_loaded'] = {'times': result['schedule'].pop(
+            'ingest_times'), 'redone': redone.count}
         result['weigher_quiet'] = weigh_many(w, images, args.lookups)
+        with open(log.name, errors='replace') as f:
+            # reports the agent could not record and put back in the queue
+            result['agent_requeued'] = f.read().count(' not recorded: ')
         reports = db_hosts.HostReports(conf)
         result['rows'] = reports.counts()
         lib = ingest.Library(conf)
@@ -383,8 +445,13 @@ def run_hosts(args):
         rabbit.stop()
 
 
-def schedule(args, sim, notifier, depth, metrics_port, w, images):
-    """Every host reports every ``interval / speed`` s for ``minutes``."""
+def schedule(args, sim, notifier, depth, metrics_port, w, images,
+             ingests):
+    """Every host reports every ``interval / speed`` s for ``minutes``.
+
+    Beside it: weigher lookups at ``--lookup-rate``, the queue's depth
+    every two seconds, and ``ingests()`` once, from the start.
+    """
     period = args.interval / args.speed
     names_ = sorted(sim.hosts)
     phase = {h: random.Random(h).uniform(0, period) for h in names_}
@@ -400,10 +467,14 @@ def schedule(args, sim, notifier, depth, metrics_port, w, images):
         while not stop.wait(1.0 / args.lookup_rate):
             dt, _ = w.once(rnd.choice(images)[0])
             lookups.append(dt)
+    ingest_times = []
+
+    def ingest():
+        ingest_times.extend(ingests())
     m0 = scrape(metrics_port)
     start = time.monotonic()
     threads = [threading.Thread(target=f, daemon=True)
-               for f in (sample, weigh)]
+               for f in (sample, weigh, ingest)]
     for t in threads:
         t.start()
     end = start + args.minutes * 60
@@ -428,6 +499,8 @@ def schedule(args, sim, notifier, depth, metrics_port, w, images):
     stop.set()
     for t in threads:
         t.join()
+    if len(ingest_times) < args.ingests:
+        raise RuntimeError('the ingests beside the schedule did not finish')
     final = depth()
     m1 = scrape(metrics_port)
     n = (m1['vmar_agent_report_seconds_count']
@@ -444,7 +517,7 @@ def schedule(args, sim, notifier, depth, metrics_port, w, images):
            'queue_end': final, 'queue_samples': samples,
            'weigher_p50_ms': pct(lookups, 50) * 1e3 if lookups else None,
            'weigher_p99_ms': pct(lookups, 99) * 1e3 if lookups else None,
-           'weigher_lookups': len(lookups)}
+           'weigher_lookups': len(lookups), 'ingest_times': ingest_times}
     print('schedule: %d reports sent (%.1f/s asked, %d late), %d recorded; '
           'queue max %d, end %d; weigher p50 %.2f ms p99 %.2f ms under load'
           % (sent, out['asked_per_s'], late, n, out['queue_max'], final,
@@ -467,6 +540,16 @@ def report(r):
     print('queue over %.0f s (%.0f min simulated): max %d, median %d, '
           'end %d' % (s['wall_s'], s['wall_s'] * r['speed'] / 60,
                       s['queue_max'], s['queue_median'], s['queue_end']))
+    q, lo = r['ingest_quiet'], r['ingest_loaded']
+    print('ingest of %d MiB, half new: median %.2f s beside the reports, '
+          '%.2f s without: %.2f x; looked up again under the lock: %d of '
+          '%d beside, %d of %d without' % (
+              r['ingest_mib'], statistics.median(lo['times']),
+              statistics.median(q['times']),
+              statistics.median(lo['times']) / statistics.median(q['times']),
+              lo['redone'], len(lo['times']), q['redone'], len(q['times'])))
+    print('reports the agent put back after a database error: %d'
+          % r['agent_requeued'])
     print('rows: %s' % ', '.join('%s %d' % kv for kv in
                                  sorted(r['rows'].items())))
     print('map-GC plan: %.3f s for %d superseded versions' % (
@@ -481,6 +564,201 @@ def report(r):
           'ms); p99 / RAM weigher alone %.1f' % (
               s['weigher_p50_ms'], s['weigher_p99_ms'],
               s['weigher_p99_ms'] / r['weigher_baseline_ram']['p99_ms']))
+
+
+# -- library: a cloud's images ---------------------------------------------
+
+FAMILY = 5
+
+
+class Cloud:
+    """The images of a cloud, shaped by how clouds fill their catalogues.
+
+    ``bases`` OS releases, in families of ``FAMILY`` releases of one
+    distribution (a later release shares half its blocks with the
+    family's first); each later image is, with
+    probability ``derived``, an image derived from a base (1 % of the
+    base's blocks changed: configuration; 2-10 % of its size appended:
+    packages), else a snapshot of a server of a base or derived image (a
+    few percent changed: 1-5 %, new files and rewritten ones). The bases
+    come first, as a cloud's catalogue does.
+
+    Sizes: the data of a base is lognormal with a median of 1.5 GiB and
+    sigma 0.5 (cloud images of Debian, Ubuntu, CentOS and Windows Server
+    Core hold 0.3-6 GiB of data; the median of Glance's public images on
+    the clouds we looked at, about 1-2 GiB), divided by ``scale`` to fit
+    one machine; the virtual size is twice the data (free space: zero
+    blocks, absent from maps). Every figure is given per GiB of data, so
+    the scale divides sizes, not the rates the goals are about.
+    """
+
+    def __init__(self, bases, derived, scale, seed=35):
+        self.rnd = np.random.default_rng(seed)
+        self.n_bases = bases
+        self.p_derived = derived
+        self.scale = scale
+        self.images = []        # (kind, seeds of its data blocks)
+        self.parents = []       # the images snapshots are made of
+        self.next_seed = 10 ** 15
+
+    def _fresh(self, n):
+        out = self.next_seed + np.arange(n, dtype=np.int64)
+        self.next_seed += n
+        return out
+
+    def _data_blocks(self):
+        gib = float(self.rnd.lognormal(np.log(1.5), 0.5))
+        return max(256, int(gib * (1 << 30) / self.scale) // BS)
+
+    def next(self):
+        """``(kind, seeds)`` of the next image's data blocks."""
+        i = len(self.images)
+        if i < self.n_bases:
+            seeds = self._fresh(self._data_blocks())
+            if i % FAMILY:
+                # a later release of the distribution: half of its blocks
+                # are the family's first release's
+                first = self.images[i - i % FAMILY][1]
+                k = min(len(seeds), len(first)) // 2
+                seeds[:k] = first[:k]
+            kind = 'base'
+        elif self.rnd.random() < self.p_derived:
+            seeds = self.images[int(self.rnd.integers(self.n_bases))][1]
+            seeds = seeds.copy()
+            ch = self.rnd.choice(len(seeds), size=len(seeds) // 100,
+                                 replace=False)
+            seeds[ch] = self._fresh(len(ch))
+            extra = int(len(seeds) * self.rnd.uniform(0.02, 0.10))
+            seeds = np.concatenate([seeds, self._fresh(extra)])
+            kind = 'derived'
+        else:
+            parent = self.parents[int(self.rnd.integers(len(self.parents)))]
+            seeds = self.images[parent][1].copy()
+            k = int(len(seeds) * self.rnd.uniform(0.01, 0.05))
+            # half rewritten files (a run), half new files at the end
+            start = int(self.rnd.integers(0, max(1, len(seeds) - k // 2)))
+            run = seeds[start:start + k // 2]
+            seeds[start:start + len(run)] = self._fresh(len(run))
+            seeds = np.concatenate([seeds, self._fresh(k - k // 2)])
+            kind = 'snapshot'
+        if kind != 'snapshot':
+            self.parents.append(i)
+        self.images.append((kind, seeds))
+        return kind, seeds
+
+
+def write_image(path, seeds):
+    """Data blocks, then as many zero blocks (the free half of the disk).
+
+    The zeros are a hole (``write_blocks`` makes no zero block of any
+    seed: seed 0 is a block like any other).
+    """
+    bench_ingest.write_blocks(path, seeds)
+    os.truncate(path, 2 * len(seeds) * BS)
+
+
+def run_library(args):
+    from vmar_openstack.db import api as db_api
+    from vmar_openstack.db import session as db_session
+    work = tempfile.mkdtemp(prefix='bench-library-', dir=args.workdir)
+    state = os.path.join(work, 'state')
+    os.makedirs(state)
+    url = database(args.db, state, 'library_smoke' if args.smoke
+                   else 'library')
+    conf_file = os.path.join(work, 'vmar.conf')
+    glance_env.write_conf(conf_file, {
+        'vmar': {'state_dir': state},
+        'vmar_database': {'connection': url}})
+    conf = library_conf(conf_file)
+    migration.upgrade('head', conf=conf)
+    lib = ingest.Library(conf)
+    cloud = Cloud(args.bases, args.derived, args.scale)
+    # the image files are written in memory, not on the library's disk
+    tmp = args.image_dir or ('/dev/shm' if os.path.isdir('/dev/shm')
+                             else work)
+    path = os.path.join(tmp, 'bench-library-%d.raw' % os.getpid())
+    adds, ids = [], []
+    marks = sorted({m for m in (10, 100, 1000, 10000, args.images)
+                    if m <= args.images})
+    sizes = {}
+    t_all = time.monotonic()
+    try:
+        for i in range(args.images):
+            kind, seeds = cloud.next()
+            write_image(path, seeds)
+            image_id = str(uuid.uuid4())
+            t = time.perf_counter()
+            out = lib.add(image_id, path, keep_base=False,
+                          visibility='public' if kind != 'snapshot'
+                          else 'private', owner='p%d' % (i % 50))
+            dt = time.perf_counter() - t
+            gib = len(seeds) * BS / (1 << 30)
+            adds.append({'n': i + 1, 'kind': kind, 'data_gib': gib,
+                         's': dt, 's_per_gib': dt / gib,
+                         'regenerated': len(out.regenerated)})
+            ids.append(image_id)
+            if i + 1 in marks:
+                with db_session.reader(conf) as s:
+                    sizes[i + 1] = db_api.database_bytes(s)
+                print('#%d: add %.3f s (%.2f s/GiB of data), %s; database '
+                      '%.1f MiB, %.1f s so far' % (
+                          i + 1, dt, dt / gib, kind,
+                          sum(sizes[i + 1].values()) / 2 ** 20,
+                          time.monotonic() - t_all), flush=True)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    result = {'db': args.db, 'images': args.images, 'bases': args.bases,
+              'scale': args.scale, 'adds': adds, 'sizes': sizes}
+    # around each mark: the median of the 21 adds about it, per GiB
+    w = 10
+    result['add_s_per_gib'] = {}
+    for m in marks:
+        around = adds[max(0, m - 1 - w):m + w]
+        result['add_s_per_gib'][m] = statistics.median(
+            a['s_per_gib'] for a in around)
+    # the most shared cluster, and a map built against it
+    with db_session.reader(conf) as s:
+        result['largest_cluster_members'] = db_api.largest_cluster(s)
+    t = time.perf_counter()
+    lib.remap(ids[-1])
+    result['remap_s'] = time.perf_counter() - t
+    # deleting the image canonical for the most shared blocks: the first
+    # base, which every image of its family and their snapshots read
+    t = time.perf_counter()
+    out = lib.delete(ids[0])
+    result['delete_canonical'] = {'s': time.perf_counter() - t,
+                                  'maps_rewritten': len(out.regenerated)}
+    library_report(result)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def library_report(r):
+    print()
+    print('== library of %d images (%d bases), %s, sizes / %d' % (
+        r['images'], r['bases'], r['db'], r['scale']))
+    per = r['add_s_per_gib']
+    first = min(per)
+    for m, v in sorted(per.items()):
+        print('add #%d: %.3f s per GiB of data (median of the adds around '
+              'it)%s' % (m, v, '' if m == first else '; %.2f x #%d' % (
+                  v / per[first], first)))
+    if 1000 in per and r['images'] in per and r['images'] > 1000:
+        print('add #%d / add #1000: %.2f (goal <= 1.3)' % (
+            r['images'], per[r['images']] / per[1000]))
+    last = r['sizes'][max(r['sizes'])]
+    print('database: %.1f MiB for %d images: %.1f KiB per image' % (
+        sum(last.values()) / 2 ** 20, max(r['sizes']),
+        sum(last.values()) / 1024 / max(r['sizes'])))
+    print('largest cluster: %d members; a map built against it: %.2f s' % (
+        r['largest_cluster_members'], r['remap_s']))
+    d = r['delete_canonical']
+    print('delete of the most shared canonical image: %.1f s, %d maps '
+          'rewritten (each a map image the agent republishes)' % (
+              d['s'], d['maps_rewritten']))
 
 
 def main():
@@ -504,16 +782,39 @@ def main():
                    help='[vmar_host] report_interval simulated')
     h.add_argument('--speed', type=float, default=6)
     h.add_argument('--minutes', type=float, default=10)
+    h.add_argument('--ingests', type=int, default=5,
+                   help='images ingested without reports, then beside them')
+    h.add_argument('--ingest-mib', type=int, default=64)
     h.add_argument('--lookups', type=int, default=500)
     h.add_argument('--lookup-rate', type=float, default=10)
     h.add_argument('--workdir')
     h.add_argument('--json')
     h.add_argument('--smoke', action='store_true',
-                   help='CI: 50 hosts, 5 bases, SQLite, half a minute')
+                   help='CI: 50 hosts, 5 bases, half a minute')
+    lb = sub.add_parser('library', help='a library of many images')
+    lb.add_argument('--db', default='postgresql',
+                    choices=('sqlite', 'mariadb', 'postgresql'))
+    lb.add_argument('--images', type=int, default=10000)
+    lb.add_argument('--bases', type=int, default=40)
+    lb.add_argument('--derived', type=float, default=0.2,
+                    help='share of the later images derived from a base '
+                    '(the others are snapshots)')
+    lb.add_argument('--scale', type=int, default=128,
+                    help='image sizes divided by this')
+    lb.add_argument('--image-dir')
+    lb.add_argument('--workdir')
+    lb.add_argument('--json')
+    lb.add_argument('--smoke', action='store_true',
+                    help='CI: 120 images, sizes / 2048')
     args = p.parse_args()
+    if args.what == 'library':
+        if args.smoke:
+            args.images, args.bases, args.scale = 120, 10, 2048
+        run_library(args)
+        return
     if args.smoke:
         args.hosts, args.bases, args.minutes, args.lookups = 50, 5, 0.5, 50
-        args.db = 'sqlite'
+        args.ingests, args.ingest_mib = 2, 64
     run_hosts(args)
 
 

@@ -35,3 +35,41 @@ def image_rows(session):
 def list_images(session):
     return session.execute(sa.select(models.Image).order_by(
         models.Image.seq)).scalars().all()
+
+
+def database_bytes(session):
+    """``{table: bytes}`` of the library's tables, data and indexes.
+
+    What the database server says it uses (PostgreSQL, MariaDB); SQLite
+    keeps one file, so only ``{'*': its size}`` (issue 35's size per
+    image, doc/source/scale.rst).
+    """
+    name = session.get_bind().dialect.name
+    if name == 'postgresql':
+        rows = session.execute(sa.text(
+            "SELECT relname, pg_total_relation_size(c.oid) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE "
+            "c.relkind = 'r' AND n.nspname = current_schema() AND "
+            "relname LIKE 'vmar%'")).all()
+    elif name in ('mysql', 'mariadb'):
+        # InnoDB's sizes are estimates refreshed by its statistics
+        for (t,) in session.execute(sa.text(
+                "SELECT table_name FROM information_schema.tables WHERE "
+                "table_schema = DATABASE() AND table_name LIKE 'vmar%'")):
+            session.execute(sa.text('ANALYZE TABLE `%s`' % t))
+        rows = session.execute(sa.text(
+            "SELECT table_name, data_length + index_length FROM "
+            "information_schema.tables WHERE table_schema = DATABASE() AND "
+            "table_name LIKE 'vmar%'")).all()
+    else:
+        rows = session.execute(sa.text(
+            'SELECT page_count * page_size FROM pragma_page_count(), '
+            'pragma_page_size()')).all()
+        rows = [('*', rows[0][0])]
+    return {t: int(n) for t, n in rows}
+
+
+def largest_cluster(session):
+    """Members of the cluster most images share (0 without clusters)."""
+    return session.execute(sa.select(sa.func.max(
+        models.Cluster.n_images))).scalar() or 0

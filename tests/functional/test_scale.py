@@ -1,0 +1,74 @@
+"""bench/bench_scale.py's smoke: many hosts reporting, on real services.
+
+The measured figures (a thousand hosts) are in bench/RESULTS.md; this runs
+the same code at a size CI can afford, on a real RabbitMQ, vmar-agent and
+MariaDB, and checks what must hold at any size: every report recorded
+without a database error, the queue drained, one row per host, the
+weigher answering for hosts that hold the images.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import fixtures
+import testtools
+
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+class TestHostsReporting(testtools.TestCase):
+
+    def test_hosts_smoke_on_mariadb(self):
+        out = os.path.join(self.useFixture(fixtures.TempDir()).path,
+                           'scale.json')
+        r = subprocess.run(
+            [sys.executable, os.path.join(TOP, 'bench', 'bench_scale.py'),
+             'hosts', '--smoke', '--db', 'mariadb', '--json', out],
+            capture_output=True, text=True, timeout=600)
+        self.assertEqual(0, r.returncode, r.stdout[-3000:] + r.stderr[-3000:])
+        with open(out) as f:
+            res = json.load(f)
+        hosts = res['hosts']
+        # the flood of first reports: all recorded, none put back (on
+        # MariaDB the first reports of new hosts deadlocked on gap locks)
+        self.assertEqual(hosts, res['flood']['reports'])
+        self.assertEqual(0, res['agent_requeued'])
+        sched = res['schedule']
+        self.assertGreater(sched['sent'], hosts)
+        self.assertEqual(0, sched['queue_end'])
+        self.assertEqual(hosts, res['rows']['vmar_hosts'])
+        self.assertGreater(res['rows']['vmar_host_exports'], 0)
+        # the weigher found holders of the images it was asked about
+        self.assertGreater(
+            res['weigher_quiet']['mean_hosts_weighed_above_0'], 0)
+        # reports are no library mutation: an ingest beside them keeps
+        # the lookups and map it prepared in its snapshot
+        self.assertEqual(0, res['ingest_loaded']['redone'])
+
+
+class TestLibrary(testtools.TestCase):
+
+    def test_library_smoke_on_postgresql(self):
+        out = os.path.join(self.useFixture(fixtures.TempDir()).path,
+                           'library.json')
+        r = subprocess.run(
+            [sys.executable, os.path.join(TOP, 'bench', 'bench_scale.py'),
+             'library', '--smoke', '--db', 'postgresql', '--json', out],
+            capture_output=True, text=True, timeout=600)
+        self.assertEqual(0, r.returncode, r.stdout[-3000:] + r.stderr[-3000:])
+        with open(out) as f:
+            res = json.load(f)
+        adds = res['adds']
+        self.assertEqual(res['images'], len(adds))
+        kinds = {a['kind'] for a in adds}
+        self.assertEqual({'base', 'derived', 'snapshot'}, kinds)
+        # the database grows with the library, and says by how much
+        sizes = {int(k): sum(v.values()) for k, v in res['sizes'].items()}
+        self.assertLess(sizes[10], sizes[res['images']])
+        # the first base is canonical for blocks its family's images and
+        # their snapshots read: its delete rewrites their maps
+        self.assertGreater(res['delete_canonical']['maps_rewritten'], 0)
+        self.assertGreater(res['largest_cluster_members'], 10)
