@@ -19,18 +19,22 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
+def smoke(test, what, db):
+    """``bench_scale.py WHAT --smoke --db DB``: its JSON result."""
+    out = os.path.join(test.useFixture(fixtures.TempDir()).path, 'out.json')
+    r = subprocess.run(
+        [sys.executable, os.path.join(TOP, 'bench', 'bench_scale.py'),
+         what, '--smoke', '--db', db, '--json', out],
+        capture_output=True, text=True, timeout=600)
+    test.assertEqual(0, r.returncode, r.stdout[-3000:] + r.stderr[-3000:])
+    with open(out) as f:
+        return json.load(f)
+
+
 class TestHostsReporting(testtools.TestCase):
 
     def test_hosts_smoke_on_mariadb(self):
-        out = os.path.join(self.useFixture(fixtures.TempDir()).path,
-                           'scale.json')
-        r = subprocess.run(
-            [sys.executable, os.path.join(TOP, 'bench', 'bench_scale.py'),
-             'hosts', '--smoke', '--db', 'mariadb', '--json', out],
-            capture_output=True, text=True, timeout=600)
-        self.assertEqual(0, r.returncode, r.stdout[-3000:] + r.stderr[-3000:])
-        with open(out) as f:
-            res = json.load(f)
+        res = smoke(self, 'hosts', 'mariadb')
         hosts = res['hosts']
         # the flood of first reports: all recorded, none put back (on
         # MariaDB the first reports of new hosts deadlocked on gap locks)
@@ -52,15 +56,7 @@ class TestHostsReporting(testtools.TestCase):
 class TestLibrary(testtools.TestCase):
 
     def test_library_smoke_on_postgresql(self):
-        out = os.path.join(self.useFixture(fixtures.TempDir()).path,
-                           'library.json')
-        r = subprocess.run(
-            [sys.executable, os.path.join(TOP, 'bench', 'bench_scale.py'),
-             'library', '--smoke', '--db', 'postgresql', '--json', out],
-            capture_output=True, text=True, timeout=600)
-        self.assertEqual(0, r.returncode, r.stdout[-3000:] + r.stderr[-3000:])
-        with open(out) as f:
-            res = json.load(f)
+        res = smoke(self, 'library', 'postgresql')
         adds = res['adds']
         self.assertEqual(res['images'], len(adds))
         kinds = {a['kind'] for a in adds}
