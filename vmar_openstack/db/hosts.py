@@ -95,22 +95,24 @@ class HostReports:
                     complete=str(b) in complete)
                     for b, n in holds.items())
             s.flush()
-            self._record_shares(s, host)
+            self._record_shares(s, host, holds)
 
-    def _record_shares(self, s, host):
+    def _record_shares(self, s, host, holds):
         """Rewrite ``host``'s rows of ``vmar_host_shares`` from its report.
 
         Per base: 1 for a whole copy, the blocks of its mirror over the
         base's canonical blocks, or what an exported map version reads
         from it over the same, whichever is larger (at most 1). A base
         the library forgot counts only as a whole copy. The weigher sums
-        these (:meth:`shares`) instead of the report's rows.
+        these (:meth:`shares`) instead of the report's rows. ``holds``:
+        the report's (None: the host's rows stand).
         """
         hb, he, mt = models.HostBase, models.HostExport, models.MapTarget
         s.execute(sa.delete(models.HostShare).where(
             models.HostShare.host == host))
         bases = s.execute(sa.select(hb.base_id, hb.blocks).where(
-            hb.host == host)).all()
+            hb.host == host)).all() if holds is None else [
+                (str(b), n) for b, n in holds.items()]
         read = s.execute(
             sa.select(mt.target_id, sa.func.max(mt.blocks))
             .select_from(he)
@@ -329,16 +331,13 @@ class HostReports:
         Maps written before the per-target counts: its data blocks.
         """
         img, mt = models.Image, models.MapTarget
-        out = {r.image_id: r.n_blocks - r.zero_blocks for r in session.execute(
-            sa.select(img.image_id, img.n_blocks, img.zero_blocks)
-            .where(img.image_id.in_(image_ids))).all()}
-        out.update(session.execute(
-            sa.select(img.image_id, mt.blocks).join(
-                mt, sa.and_(mt.seq == img.seq,
-                            mt.version == img.map_version,
-                            mt.target_id == img.image_id))
+        return dict(session.execute(
+            sa.select(img.image_id, sa.func.coalesce(
+                mt.blocks, img.n_blocks - img.zero_blocks))
+            .outerjoin(mt, sa.and_(mt.seq == img.seq,
+                                   mt.version == img.map_version,
+                                   mt.target_id == img.image_id))
             .where(img.image_id.in_(image_ids))).all())
-        return out
 
     def forget(self, host):
         """Drop a host's report; whether there was one."""
