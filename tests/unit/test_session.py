@@ -96,6 +96,15 @@ class TestConflicts(base.LibraryTestCase):
                   ValueError('no')):
             self.assertFalse(db_session.conflict(e), e)
 
+    def test_the_drivers_own_errors_too(self):
+        # db/bulk.py reads through the DB-API cursor: SQLAlchemy never
+        # wraps what it raises
+        import pymysql
+        self.assertTrue(db_session.conflict(
+            pymysql.err.OperationalError(1213, 'Deadlock found')))
+        self.assertFalse(db_session.conflict(
+            pymysql.err.OperationalError(1205, 'Lock wait timeout')))
+
     def test_a_conflict_runs_the_function_again(self):
         calls = []
 

@@ -66,6 +66,7 @@ class Failures:
             out = [Failure.of(r) for r in rows]
         return [f for f in out if state is None or f.state == state]
 
+    @db_session.retry_conflicts()
     def record(self, image_id, event, error, cause, park=False):
         """Count a failed attempt; returns the :class:`Failure`.
 
@@ -90,6 +91,7 @@ class Failures:
             s.flush()
             return Failure.of(row)
 
+    @db_session.retry_conflicts()
     def clear(self, image_id):
         """Forget an image's failure; whether there was one."""
         with db_session.locked_writer(self.conf) as s:

@@ -235,6 +235,7 @@ def writer(conf_obj=None):
 # certification; PostgreSQL: deadlock, serialization failure
 _MYSQL_CONFLICTS = (1213,)
 _PG_CONFLICTS = ('40P01', '40001')
+_DRIVERS = ('pymysql', 'MySQLdb', 'psycopg2', 'psycopg')
 
 
 def conflict(error):
@@ -245,8 +246,15 @@ def conflict(error):
     cure (what oslo.db's ``wrap_db_retry`` does with ``retry_on_deadlock``,
     for errors oslo.db's own engines translate).
     """
-    orig = getattr(error, 'orig', None)
-    if not isinstance(error, sa.exc.DBAPIError) or orig is None:
+    if isinstance(error, sa.exc.DBAPIError):
+        orig = error.orig
+    elif type(error).__module__.split('.')[0] in _DRIVERS:
+        # the driver's own error, from a DB-API cursor used directly
+        # (db/bulk.py): SQLAlchemy never saw it to wrap it
+        orig = error
+    else:
+        return False
+    if orig is None:
         return False
     if getattr(orig, 'pgcode', None) in _PG_CONFLICTS:
         return True
@@ -316,6 +324,11 @@ def _take_lock(session, timeout):
             'SELECT name FROM vmar_locks WHERE name = :n FOR UPDATE'),
             {'n': LIBRARY_LOCK}).first()
     except sa.exc.OperationalError as e:
+        if conflict(e):
+            # a Galera node aborted us for a replicated write set (a
+            # brute-force abort) while we waited: not a busy lock; the
+            # caller's retry_conflicts runs the transaction again
+            raise
         raise exception.LockTimeout('library lock busy for %ds: %s'
                                     % (timeout, e))
     if row is None:

@@ -126,6 +126,7 @@ class Publisher:
                          ingest.map_path(self.conf, image_id, version))
         return version
 
+    @db_session.retry_conflicts()
     def publish(self, image_id, version, path):
         # one publisher at a time, across agents: two uploads of one image
         # at once leave it in 'saving'
@@ -238,6 +239,7 @@ class Publisher:
             lambda _image_id: data, names.PROP_BOOTSET_SHA256,
             'recorded boot working set')
 
+    @db_session.retry_conflicts()
     def _publish_file(self, image_id, did, name, read, sha_prop, what):
         """Publish ``read(image_id)`` as the hidden image ``did``, once.
 

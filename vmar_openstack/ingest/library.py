@@ -193,6 +193,10 @@ class Library:
         image_id = _check_uuid(image_id)
         fps, _placed = self._fingerprint(image_id, path, disk_format,
                                          expected_size, progress, keep_base)
+        return self._replace_content(image_id, fps, disk_format)
+
+    @db_session.retry_conflicts()
+    def _replace_content(self, image_id, fps, disk_format):
         with self._mutation() as (store, written):
             img = self._get(store, image_id)
             old = store.load_digests(img)
@@ -207,6 +211,7 @@ class Library:
             affected |= self._affected(store, img)
             return self._regenerate(store, written, img, affected)
 
+    @db_session.retry_conflicts()
     def update_metadata(self, image_id, owner=None, visibility=None):
         """Change owner and/or visibility: an update for dedup scope."""
         image_id = _check_uuid(image_id)
@@ -225,6 +230,7 @@ class Library:
             affected |= self._affected(store, img)
             return self._regenerate(store, written, img, affected)
 
+    @db_session.retry_conflicts()
     def delete(self, image_id):
         """Remove an image; regenerate the maps that pointed into it."""
         image_id = _check_uuid(image_id)
@@ -240,6 +246,7 @@ class Library:
         self._unplace(image_id)
         return Outcome(image_id, 0, 0, regenerated)
 
+    @db_session.retry_conflicts()
     def drop_map_version(self, image_id, version):
         """Remove a map version that is no longer current.
 
@@ -274,6 +281,7 @@ class Library:
         with db_session.reader(self.conf) as s:
             return db_store.ClusterStore(s).superseded_map_versions()
 
+    @db_session.retry_conflicts()
     def remap(self, image_id):
         """Write a new map version of an image from the tables.
 
@@ -285,6 +293,7 @@ class Library:
             img = self._get(store, image_id)
             return self._write_maps(store, {img.seq}, written)[image_id]
 
+    @db_session.retry_conflicts()
     def backfill_map_targets(self):
         """Record the per-target counts of current maps written without.
 
@@ -467,13 +476,29 @@ class Library:
         keys, found = ahead.start_map(desc, fps.digests,
                                       self.conf.vmar.dedup_scope,
                                       paths.map_path(self.conf, image_id, 1))
+        attempts = []
+
+        # A conflict (deadlock, Galera certification failure) undid the
+        # whole transaction and removed the maps it wrote: run it again.
+        # The snapshot's answers and prepared map serve the first attempt
+        # only (that attempt installed, and so used up, the map file).
+        @db_session.retry_conflicts()
+        def commit():
+            attempts.append(None)
+            return self._commit_add_once(image_id, fps, desc, keys, found,
+                                         on_map_written, ahead,
+                                         first=len(attempts) == 1)
+        return commit()
+
+    def _commit_add_once(self, image_id, fps, desc, keys, found,
+                         on_map_written, ahead, first):
         with self._mutation() as (store, written):
             if store.get_image(image_id) is not None:
                 raise exception.ImageExists('image %s was added concurrently'
                                             % image_id)
             img = store.add_image(**vars(desc))
             # the snapshot's answers hold if nothing committed since
-            fresh = store.generation() == ahead.generation
+            fresh = first and store.generation() == ahead.generation
             if not fresh:
                 LOG.debug('image %s: the library changed while it was '
                           'hashed; looking its fingerprints up again',
