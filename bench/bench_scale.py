@@ -90,19 +90,18 @@ BS = 4096
 
 
 def database(kind, state, name='scale'):
-    """A new, empty library database of ``kind``.
+    """A new, empty library database of ``kind``, named after ``name``.
 
-    MariaDB gets a database of its own, which the functional tests (who
-    reset the default one) leave alone; PostgreSQL uses the test
-    database.
+    A database of its own on the server, which the functional tests (who
+    reset the default one) and other runs leave alone.
     """
     if kind == 'sqlite':
         return 'sqlite:///%s/vmar.sqlite' % state
     if kind == 'mariadb':
         return services.mariadb_database(name)
-    url = services.postgresql_url()
-    services.reset(url)
-    return url
+    if kind == 'postgresql':
+        return services.postgresql_database(name)
+    raise ValueError('no %s database here (writers only)' % kind)
 
 
 class Redone(logging.Handler):
@@ -777,11 +776,123 @@ def library_report(r):
               d['s'], d['maps_rewritten']))
 
 
+# -- writers: several agents ingesting at once -------------------------------
+
+
+def writer(conf_file, out, pairs):
+    """Add ``ID=PATH`` images one by one: a JSON line each to ``out``."""
+    conf = library_conf(conf_file)
+    lib = ingest.Library(conf)
+    with open(out, 'a') as f:
+        for pair in pairs:
+            image_id, path = pair.split('=', 1)
+            t = time.perf_counter()
+            try:
+                lib.add(image_id, path, keep_base=False, visibility='public')
+                err = None
+            except Exception as e:   # noqa: B902  reported by the run
+                err = '%s: %s' % (type(e).__name__, str(e)[:300])
+            f.write(json.dumps({'id': image_id, 'error': err,
+                                's': time.perf_counter() - t}) + '\n')
+            f.flush()
+
+
+def run_writers(args):
+    """Uploads per hour with one writer, then one per node, same images.
+
+    Each writer is an ingest process (what an agent runs per upload, less
+    the download from Glance) on its own database node: a Galera cluster
+    of three (``tools/vmarenv/galera_env.py``), or PostgreSQL with two
+    writers on the one server. Each round starts from an empty library.
+    """
+    from tools.vmarenv import galera_env
+    from vmar_openstack.ingest import check
+    work = tempfile.mkdtemp(prefix='bench-writers-', dir=args.workdir)
+    cloud = Cloud(args.bases, args.derived, args.scale)
+    images = []
+    for i in range(args.images):
+        _kind, seeds = cloud.next()
+        path = os.path.join(work, 'img-%04d.raw' % i)
+        write_image(path, seeds)
+        images.append((str(uuid.uuid4()), path, len(seeds) * BS))
+    gib = sum(n for _i, _p, n in images) / (1 << 30)
+    galera = None
+    if args.db == 'galera':
+        os.chmod(work, 0o755)       # mariadbd runs as the mysql user
+        os.makedirs(os.path.join(work, 'galera'))
+        galera = galera_env.Galera(os.path.join(work, 'galera')).start()
+    result = {'db': args.db, 'images': args.images, 'data_gib': gib,
+              'rounds': {}}
+    try:
+        for n in (1, args.writers):
+            if galera is not None:
+                db = '%s_writers_%d' % (galera.database, n)
+                galera.sql(1, 'DROP DATABASE IF EXISTS `{0}`; CREATE '
+                           'DATABASE `{0}`'.format(db))
+                galera.wait_same_position()
+                urls = [galera.url(k + 1, db) for k in range(n)]
+            else:
+                urls = [database(args.db, work, 'writers')] * n
+            state = os.path.join(work, 'state-%d' % n)
+            confs = []
+            for k, url in enumerate(urls):
+                path = os.path.join(work, 'writer-%d-%d.conf' % (n, k))
+                glance_env.write_conf(path, {
+                    'vmar': {'state_dir': state, 'hash_workers': '1'},
+                    'vmar_database': {'connection': url}})
+                confs.append(path)
+            migration.upgrade('head', conf=library_conf(confs[0]))
+            if galera is not None:
+                galera.wait_same_position()
+            outs, procs = [], []
+            t = time.perf_counter()
+            for k, c in enumerate(confs):
+                out = os.path.join(work, 'writer-%d-%d.jsonl' % (n, k))
+                outs.append(out)
+                mine = ['%s=%s' % (i, p) for i, p, _n in images[k::n]]
+                procs.append(subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), '_writer',
+                     c, out] + mine))
+            for proc in procs:
+                proc.wait()
+            wall = time.perf_counter() - t
+            lines = [json.loads(x) for o in outs for x in open(o)]
+            failed = [x for x in lines if x['error']]
+            problems, _warnings = check.check(library_conf(confs[0]))
+            r = result['rounds'][n] = {
+                'writers': n, 'wall_s': wall,
+                'uploads_per_hour': len(lines) * 3600 / wall,
+                'gib_per_hour': gib * 3600 / wall,
+                'failed': len(failed), 'errors': [x['error']
+                                                  for x in failed][:5],
+                'checker_problems': len(problems)}
+            print('%d writer(s): %d images in %.1f s: %.0f uploads/hour, '
+                  '%.1f GiB/hour; %d failed; checker: %d problems' % (
+                      n, len(lines), wall, r['uploads_per_hour'],
+                      r['gib_per_hour'], r['failed'], len(problems)),
+                  flush=True)
+    finally:
+        if galera is not None:
+            galera.stop()
+        for _i, p, _n in images:
+            os.unlink(p)
+    one, many = result['rounds'][1], result['rounds'][args.writers]
+    print('%d writers / 1: %.2f x the uploads per hour (%s, %d images, '
+          '%.2f GiB of data)' % (
+              args.writers, many['uploads_per_hour'] / one['uploads_per_hour'],
+              args.db, args.images, gib))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest='what', required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument('--db', choices=('sqlite', 'mariadb', 'postgresql'))
+    common.add_argument('--db', choices=('sqlite', 'mariadb', 'postgresql',
+                                         'galera'))
     common.add_argument('--workdir')
     common.add_argument('--json')
     common.add_argument('--smoke', action='store_true',
@@ -820,7 +931,26 @@ def main():
     lb.add_argument('--scale', type=int, default=128,
                     help='image sizes divided by this')
     lb.add_argument('--image-dir')
+    wr = sub.add_parser('writers', parents=[common],
+                        help='uploads per hour, one writer against several')
+    wr.set_defaults(db='galera')
+    wr.add_argument('--writers', type=int, default=None,
+                    help='default: 3 on Galera (one per node), else 2')
+    wr.add_argument('--images', type=int, default=60)
+    wr.add_argument('--bases', type=int, default=10)
+    wr.add_argument('--derived', type=float, default=0.2)
+    wr.add_argument('--scale', type=int, default=256)
+    if len(sys.argv) > 1 and sys.argv[1] == '_writer':
+        writer(sys.argv[2], sys.argv[3], sys.argv[4:])
+        return
     args = p.parse_args()
+    if args.what == 'writers':
+        if args.writers is None:
+            args.writers = 3 if args.db == 'galera' else 2
+        if args.smoke:
+            args.images, args.scale = 12, 2048
+        run_writers(args)
+        return
     if args.what == 'library':
         if args.smoke:
             args.images, args.bases, args.scale = 120, 10, 2048

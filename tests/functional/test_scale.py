@@ -68,3 +68,16 @@ class TestLibrary(testtools.TestCase):
         # their snapshots read: its delete rewrites their maps
         self.assertGreater(res['delete_canonical']['maps_rewritten'], 0)
         self.assertGreater(res['largest_cluster_members'], 10)
+
+
+class TestWriters(testtools.TestCase):
+
+    def test_writers_smoke_on_galera(self):
+        # one ingest process, then one on each of three Galera nodes, the
+        # same images: no upload lost, the library whole after each
+        res = smoke(self, 'writers', 'galera')
+        for n in ('1', '3'):
+            r = res['rounds'][n]
+            self.assertEqual(0, r['failed'], r['errors'])
+            self.assertEqual(0, r['checker_problems'])
+            self.assertGreater(r['uploads_per_hour'], 0)

@@ -151,6 +151,17 @@ def postgresql_url():
         USER, PASSWORD, DATABASE)
 
 
+def postgresql_database(suffix):
+    """URL of a new, empty PostgreSQL database ``<DATABASE>_<suffix>``."""
+    url = postgresql_url()
+    db = '%s_%s' % (DATABASE, suffix)
+    _psql('DROP DATABASE IF EXISTS %s WITH (FORCE)' % db)
+    r = _psql('CREATE DATABASE %s OWNER %s' % (db, USER))
+    if r.returncode:
+        raise Unavailable('cannot create %s: %s' % (db, r.stderr.strip()))
+    return url.rsplit('/', 1)[0] + '/' + db
+
+
 def reset(url):
     """Drop every table of the test database."""
     engine = sa.create_engine(url)
