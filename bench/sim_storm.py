@@ -192,6 +192,9 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import report_boot  # noqa: E402
 BS = 4096
 MIB = 1 << 20
 GIB = 1 << 30
@@ -1813,15 +1816,9 @@ def plots(out_dir, cal, runs):
 
 
 def machine():
-    cpu = ''
-    try:
-        with open('/proc/cpuinfo') as f:
-            cpu = next((ln.split(':', 1)[1].strip() for ln in f
-                        if ln.startswith('model name')), '')
-    except OSError:
-        pass
+    m = report_boot.machine()
     return '%s, %d CPUs, Python %s, numpy %s' % (
-        cpu or 'unknown CPU', os.cpu_count() or 0,
+        m['cpu'] or 'unknown CPU', m['cpus'] or 0,
         sys.version.split()[0], np.__version__)
 
 
