@@ -920,26 +920,24 @@ def main():
     h.add_argument('--ingest-mib', type=int, default=64)
     h.add_argument('--lookups', type=int, default=500)
     h.add_argument('--lookup-rate', type=float, default=10)
-    lb = sub.add_parser('library', parents=[common],
+    # the synthetic catalogue (Cloud) the library and writers runs add
+    catalogue = argparse.ArgumentParser(add_help=False)
+    catalogue.add_argument('--images', type=int)
+    catalogue.add_argument('--bases', type=int)
+    catalogue.add_argument('--derived', type=float, default=0.2,
+                           help='share of the later images derived from a '
+                           'base (the others are snapshots)')
+    catalogue.add_argument('--scale', type=int,
+                           help='image sizes divided by this')
+    lb = sub.add_parser('library', parents=[common, catalogue],
                         help='a library of many images')
-    lb.set_defaults(db='postgresql')
-    lb.add_argument('--images', type=int, default=10000)
-    lb.add_argument('--bases', type=int, default=40)
-    lb.add_argument('--derived', type=float, default=0.2,
-                    help='share of the later images derived from a base '
-                    '(the others are snapshots)')
-    lb.add_argument('--scale', type=int, default=128,
-                    help='image sizes divided by this')
+    lb.set_defaults(db='postgresql', images=10000, bases=40, scale=128)
     lb.add_argument('--image-dir')
-    wr = sub.add_parser('writers', parents=[common],
+    wr = sub.add_parser('writers', parents=[common, catalogue],
                         help='uploads per hour, one writer against several')
-    wr.set_defaults(db='galera')
+    wr.set_defaults(db='galera', images=60, bases=10, scale=256)
     wr.add_argument('--writers', type=int, default=None,
                     help='default: 3 on Galera (one per node), else 2')
-    wr.add_argument('--images', type=int, default=60)
-    wr.add_argument('--bases', type=int, default=10)
-    wr.add_argument('--derived', type=float, default=0.2)
-    wr.add_argument('--scale', type=int, default=256)
     if len(sys.argv) > 1 and sys.argv[1] == '_writer':
         writer(sys.argv[2], sys.argv[3], sys.argv[4:])
         return
