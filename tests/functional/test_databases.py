@@ -72,6 +72,22 @@ class TestSplitsPostgreSQL(PostgreSQL, test_clusters.TestSplits):
     pass
 
 
+class TestAffectedMariaDB(MariaDB, test_clusters.TestAffected):
+    pass
+
+
+class TestAffectedPostgreSQL(PostgreSQL, test_clusters.TestAffected):
+    pass
+
+
+class TestMemberBasesMariaDB(MariaDB, test_clusters.TestMemberBases):
+    pass
+
+
+class TestMemberBasesPostgreSQL(PostgreSQL, test_clusters.TestMemberBases):
+    pass
+
+
 class TestMigration0006MariaDB(MariaDB, test_migrations.TestMigration0006):
     pass
 
@@ -105,6 +121,15 @@ class TestMigration0014MariaDB(MariaDB, test_migrations.TestMigration0014):
 
 class TestMigration0014PostgreSQL(PostgreSQL,
                                   test_migrations.TestMigration0014):
+    pass
+
+
+class TestMigration0015MariaDB(MariaDB, test_migrations.TestMigration0015):
+    pass
+
+
+class TestMigration0015PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0015):
     pass
 
 

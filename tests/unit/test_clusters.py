@@ -18,6 +18,7 @@ from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack.ingest import check
+from vmar_openstack import mapgen
 
 
 def _uuid(n):
@@ -171,12 +172,158 @@ class TestMemberLists(base.LibraryTestCase):
                 db_members.parse_members(text)),
                 db_members.remove_member(want, seq))
 
+    def test_deltas(self):
+        # (added, removed) after seq 5 joins, then leaves again
+        for added, removed, joined in (('', '', ('5', '')),
+                                       ('1-4', '', ('1-5', '')),
+                                       ('', '3,5', ('', '3')),
+                                       ('7', '5', ('7', ''))):
+            got = db_members.delta_add(added, removed, 5)
+            self.assertEqual(joined, got)
+            self.assertEqual((db_members.members_text(
+                db_members.parse_members(added)), removed),
+                db_members.delta_remove(*got, 5))
+        self.assertEqual([2, 3, 8, 9], db_members.resolve(
+            '1-3,9', '8', '1').tolist())
+        self.assertEqual([], db_members.resolve('', '', '').tolist())
+        self.assertFalse(db_members.folds('1' * 128, '2' * 128))
+        self.assertTrue(db_members.folds('1' * 128, '2' * 129))
+
+    def test_smallest_reads_only_enough_runs(self):
+        base = '1,3,5-9,20,30'
+        for added, removed, k in (('', '', 2), ('2', '', 3),
+                                  ('', '1,3', 3), ('', '5-9', 2),
+                                  ('40', '1,3,5-9,20,30', 3)):
+            self.assertEqual(
+                db_members.resolve(base, added, removed)[:k].tolist(),
+                db_members.smallest(base, added, removed, k).tolist())
+
     def test_check_reports_a_list_not_in_runs(self):
         self.lib.add(_uuid(1), self.image('a', range(1, 5)),
                      visibility='public')
         self.assertEqual([], check.check(self.conf)[0])
         with db_session.locked_writer(self.conf) as s:
-            s.execute(sa.text("UPDATE vmar_clusters SET members = '1,1'"))
+            s.execute(sa.text("UPDATE vmar_clusters SET added = '1,1'"))
         problems = check.check(self.conf)[0]
         self.assertTrue(any('is not in ascending runs' in p
+                            for p in problems), problems)
+
+
+class TestAffected(base.LibraryTestCase):
+
+    def test_work_is_linear_in_the_members(self):
+        # a public base and snapshots of it in other projects: deleting
+        # the base rewrites every snapshot's map; finding them asks about
+        # each member a bounded number of times (it asked about every
+        # pair of members, which a cluster of 10,000 never finished)
+        n = 40
+        self.lib.add(_uuid(1), self.image('b', range(1, 9)),
+                     visibility='public', owner='p0')
+        for i in range(2, n + 2):
+            self.lib.add(_uuid(i), self.image(
+                's%d' % i, list(range(1, 9)) + [100 + i]),
+                visibility='private', owner='p%d' % i)
+        calls = []
+        real = mapgen.may_redirect
+
+        def counted(src, tgt, scope):
+            calls.append((src.seq, tgt.seq))
+            return real(src, tgt, scope)
+
+        self.useFixture(fixtures.MockPatchObject(mapgen, 'may_redirect',
+                                                 counted))
+        out = self.lib.delete(_uuid(1))
+        self.assertEqual({_uuid(i) for i in range(2, n + 2)},
+                         set(out.regenerated))
+        self.assertLessEqual(len(calls), 2 * n)
+        self.assertEqual([], check.check(self.conf)[0])
+
+
+class TestMemberBases(base.LibraryTestCase):
+    """Member sets as deltas against shared bases (revision 0015)."""
+
+    def setUp(self):
+        super().setUp()
+        # fold after a few members, so a small library folds often
+        self.useFixture(fixtures.MockPatchObject(db_members, 'DELTA_CHARS',
+                                                 4))
+
+    def _bases(self):
+        with db_session.reader(self.conf) as s:
+            return db_store.ClusterStore(s).member_bases()
+
+    def _members(self, n):
+        with db_session.reader(self.conf) as s:
+            store = db_store.ClusterStore(s)
+            img = store.get_image(_uuid(n))
+            return sorted(tuple(sorted(m)) for m in store.cluster_members(
+                store.clusters_of_image(img)).values())
+
+    def test_adds_splits_and_deletes_keep_every_set(self):
+        # a shared core every image joins, and scattered shares with the
+        # first image: joins in order and out of order, splits, flips
+        for n in range(1, 13):
+            seeds = list(range(1, 9)) + list(range(100 * n, 100 * n + 4))
+            if n % 3 == 0:
+                seeds += list(range(10000, 10004))
+            self.lib.add(_uuid(n), self.image('i%d' % n, seeds),
+                         visibility='public' if n % 2 else 'private')
+            self.assertEqual([], check.check(self.conf)[0], n)
+        self.assertGreater(len(self._bases()), 0)
+        # the core: every image; the shares of 3, 6, 9 and 12; its own
+        self.assertEqual([(1,), tuple(range(1, 13))], self._members(1))
+        self.assertEqual([tuple(range(1, 13)), (3, 6, 9, 12), (6,)],
+                         self._members(6))
+        for n in (1, 6, 4, 12, 3):
+            self.lib.delete(_uuid(n))
+            # check also finds every base used and no delta redundant
+            self.assertEqual([], check.check(self.conf)[0], n)
+        self.assertEqual([(2,), (2, 5, 7, 8, 9, 10, 11)], self._members(2))
+        # the share of 3, 6, 9 and 12 was left to 9 alone: it joined 9's
+        # own cluster
+        self.assertEqual([(2, 5, 7, 8, 9, 10, 11), (9,)], self._members(9))
+        for n in (2, 5, 7, 8, 9, 10, 11):
+            self.lib.delete(_uuid(n))
+        self.assertEqual({}, self._bases())
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_an_add_writes_a_short_delta_however_many_members(self):
+        written = []
+        real = bulk.BulkSQL.set_members
+
+        def spy(sql, rows, also=''):
+            written.extend(rows)
+            return real(sql, rows, also)
+
+        self.useFixture(fixtures.MockPatchObject(
+            bulk.BulkSQL, 'set_members', spy))
+        for n in range(1, 40):
+            self.lib.add(_uuid(n), self.image('i%d' % n, [1, 2, 3, n + 10]),
+                         visibility='public')
+        # the core, at each join after the second image split it
+        self.assertEqual(39 - 2, len(written))
+        for row in written:
+            self.assertLessEqual(len(row['added']) + len(row['removed']),
+                                 db_members.DELTA_CHARS, row)
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_check_reports_a_missing_or_unused_base(self):
+        for n in range(1, 6):
+            self.lib.add(_uuid(n), self.image('i%d' % n, [1, 2, n + 10]),
+                         visibility='public')
+        self.lib.delete(_uuid(2))   # the core's delta: 1,3-5 and 2: folds
+        (bid,) = self._bases()
+        with db_session.locked_writer(self.conf) as s:
+            s.execute(sa.text("INSERT INTO vmar_member_bases (members_hash, "
+                              "members) VALUES ('x', '1')"))
+        problems = check.check(self.conf)[0]
+        self.assertIn('member base %d is used by no cluster' % (bid + 1),
+                      problems)
+        self.assertIn('member base %d members_hash is not its members\' '
+                      'hash' % (bid + 1), problems)
+        with db_session.locked_writer(self.conf) as s:
+            s.execute(sa.text('DELETE FROM vmar_member_bases WHERE id = :b'),
+                      {'b': bid})
+        problems = check.check(self.conf)[0]
+        self.assertTrue(any('names missing member base %d' % bid in p
                             for p in problems), problems)

@@ -10,6 +10,7 @@ from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import migration
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check
 
@@ -135,7 +136,7 @@ class TestMigration0006(MigrationTestCase):
                                  (13, (1, 2, 3))):
                 self.insert_cluster_with_member_rows(c, cid, members,
                                                      'min_seq')
-        migration.upgrade('head', conf=self.conf)
+        migration.upgrade('0006', conf=self.conf)
         with engine.connect() as c:
             rows = c.execute(sa.text(
                 'SELECT id, members FROM vmar_clusters ORDER BY id')).all()
@@ -276,20 +277,53 @@ class TestMigration0014(MigrationTestCase):
 
     def test_shares_come_with_the_next_report(self):
         migration.upgrade('0013', conf=self.conf)
-        lib = ingest.Library(self.conf)
-        path = self.tmp + '/a.raw'
-        with open(path, 'wb') as f:
-            f.write(b'\x01' * 4096 + b'\x02' * 4096)
-        a = '0a000000-0000-4000-8000-00000000000a'
-        lib.add(a, path, visibility='public', keep_base=False)
         engine = db_session.get_engine(self.conf)
+        a = '0a000000-0000-4000-8000-00000000000a'
         with engine.begin() as c:
             c.execute(sa.text("INSERT INTO vmar_hosts (host, reported_at) "
                               "VALUES ('h1', '2026-11-27')"))
             c.execute(sa.text("INSERT INTO vmar_host_bases (host, base_id, "
                               "blocks) VALUES ('h1', :a, 1)"), {'a': a})
         migration.upgrade('head', conf=self.conf)
+        # the image the row names (added at head: the library's code is)
+        path = self.tmp + '/a.raw'
+        with open(path, 'wb') as f:
+            f.write(b'\x01' * 4096 + b'\x02' * 4096)
+        ingest.Library(self.conf).add(a, path, visibility='public',
+                                      keep_base=False)
         reports = db_hosts.HostReports(self.conf)
         self.assertEqual({}, reports.shares(a))
         reports.record('h1', [], {a: 1})
         self.assertEqual({'h1': 0.5}, reports.shares(a))
+
+
+class TestMigration0015(MigrationTestCase):
+    """Each member list becomes its cluster's base; adds go on from it."""
+
+    def test_lists_become_bases(self):
+        migration.upgrade('0014', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            for seq in (1, 2, 3):
+                self.insert_image(c, seq)
+            for cid, members in ((10, '1,3'), (11, '2'), (12, ''),
+                                 (13, '1-3')):
+                c.execute(sa.text(
+                    "INSERT INTO vmar_clusters (id, members_hash, n_images, "
+                    "n_fingerprints, min_seq, members) VALUES (:c, :h, 1, "
+                    "1, 1, :m)"), {'c': cid, 'h': 'h%d' % cid, 'm': members})
+        migration.upgrade('head', conf=self.conf)
+        with db_session.reader(self.conf) as s:
+            store = db_store.ClusterStore(s)
+            got = {c: m.tolist() for c, m in store.member_lists(
+                [10, 11, 12, 13]).items()}
+            bases = store.member_bases()
+            rows = store.cluster_rows()
+        self.assertEqual({10: [1, 3], 11: [2], 12: [], 13: [1, 2, 3]}, got)
+        self.assertEqual(['h10', 'h11', 'h13'],
+                         sorted(h for h, _m in bases.values()))
+        self.assertIsNone(rows[12].base_id)
+        self.assertEqual({('', '')}, {(r.added, r.removed)
+                                      for r in rows.values()})
+        self.assertNotIn('members', [c['name'] for c in sa.inspect(
+            engine).get_columns('vmar_clusters')])

@@ -335,34 +335,43 @@ class BulkSQL:
 
     # -- cluster rows ------------------------------------------------------
 
-    def set_hashes(self, ids, hashes, members, also=''):
-        """Set ``members_hash`` and ``members`` of clusters ``ids``.
+    def set_members(self, rows, also=''):
+        """Set the member sets of clusters.
 
-        One statement for all of them. ``also``: more assignments
-        (unqualified columns of vmar_clusters). One statement instead of
-        one per cluster: ``executemany`` takes the GIL back after every
-        row, and waits for it while another thread (the map build of an
-        ingest) holds it.
+        ``rows``: dicts of ``id``, ``members_hash``, ``base_id`` (None:
+        no base), ``added`` and ``removed``. One statement for all of
+        them. ``also``: more assignments (unqualified columns of
+        vmar_clusters). One statement instead of one per cluster:
+        ``executemany`` takes the GIL back after every row, and waits for
+        it while another thread (the map build of an ingest) holds it.
         """
-        rows = json.dumps([{'id': int(i), 'h': h, 'm': m}
-                           for i, h, m in zip(ids, hashes, members)])
+        # base ids start at 1: 0 stands for none (NULL in JSON_TABLE is
+        # not read alike by every dialect)
+        rows = json.dumps([{'id': int(r['id']), 'h': r['members_hash'],
+                            'b': int(r['base_id'] or 0), 'a': r['added'],
+                            'r': r['removed']} for r in rows])
         more = (', ' + also) if also else ''
         if self.dialect == 'sqlite':
             sql = ("UPDATE vmar_clusters SET members_hash = "
-                   "json_extract(j.value, '$.h'), members = "
-                   "json_extract(j.value, '$.m')%s FROM json_each(:rows) AS "
-                   "j WHERE vmar_clusters.id = json_extract(j.value, '$.id')"
-                   % more)
+                   "json_extract(j.value, '$.h'), base_id = "
+                   "NULLIF(json_extract(j.value, '$.b'), 0), added = "
+                   "json_extract(j.value, '$.a'), removed = "
+                   "json_extract(j.value, '$.r')%s FROM json_each(:rows) "
+                   "AS j WHERE vmar_clusters.id = "
+                   "json_extract(j.value, '$.id')" % more)
         elif self.dialect == 'postgresql':
-            sql = ('UPDATE vmar_clusters SET members_hash = j.h, members = '
-                   'j.m%s FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS '
-                   'j(id BIGINT, h TEXT, m TEXT) WHERE vmar_clusters.id = '
-                   'j.id' % more)
+            sql = ('UPDATE vmar_clusters SET members_hash = j.h, base_id = '
+                   'NULLIF(j.b, 0), added = j.a, removed = j.r%s FROM '
+                   'jsonb_to_recordset(CAST(:rows AS jsonb)) AS j(id BIGINT, '
+                   'h TEXT, b BIGINT, a TEXT, r TEXT) WHERE vmar_clusters.id '
+                   '= j.id' % more)
         elif self.dialect in ('mysql', 'mariadb'):
             sql = ("UPDATE vmar_clusters c JOIN JSON_TABLE(:rows, '$[*]' "
                    "COLUMNS (id BIGINT PATH '$.id', h VARCHAR(64) PATH "
-                   "'$.h', m LONGTEXT PATH '$.m')) AS j ON c.id = j.id "
-                   "SET c.members_hash = j.h, c.members = j.m%s" % more)
+                   "'$.h', b BIGINT PATH '$.b', a TEXT PATH '$.a', "
+                   "r TEXT PATH '$.r')) AS j ON c.id = j.id "
+                   "SET c.members_hash = j.h, c.base_id = NULLIF(j.b, 0), "
+                   "c.added = j.a, c.removed = j.r%s" % more)
         else:
             raise NotImplementedError('unsupported database dialect %s'
                                       % self.dialect)

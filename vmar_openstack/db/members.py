@@ -1,13 +1,25 @@
 """The member set of a cluster row, as text and as a hash.
 
-A cluster row lists its members (image seqs) in ``members`` and identifies
-the set by ``members_hash``; these functions read and write both without
+A cluster identifies its member set (image seqs) by ``members_hash`` and
+holds it as a delta against a shared, immutable base set: the members are
+those of the base (``vmar_member_bases``), plus ``added``, minus
+``removed``. Adding an image to a cluster, or splitting a cluster, then
+writes a few bytes however many members it has; a delta grown past
+DELTA_CHARS is folded into a new base (:func:`folds`), so reading a member
+set stays one base and two short lists. Every list is ascending runs of
+seqs (:func:`parse_members`). These functions read and write them without
 touching the database.
 """
 
 import hashlib
 
 import numpy as np
+
+# A delta (added and removed, as text) longer than this is folded into a
+# new base. Folding writes the whole member set once, so a cluster that
+# gains members in scattered order writes its set once per ~40 members
+# (six characters a seq); one that every new image joins stays one run.
+DELTA_CHARS = 256
 
 
 def _member_hash(seq):
@@ -77,3 +89,48 @@ def remove_member(text, seq):
     """``text`` without ``seq``."""
     m = parse_members(text)
     return members_text(m[m != seq])
+
+
+def delta_add(added, removed, seq):
+    """``(added, removed)`` of a delta with ``seq`` added to its set."""
+    gone = parse_members(removed)
+    if seq in gone:
+        return added, members_text(gone[gone != seq])
+    return add_member(added, seq), removed
+
+
+def delta_remove(added, removed, seq):
+    """``(added, removed)`` of a delta with ``seq`` taken from its set."""
+    more = parse_members(added)
+    if seq in more:
+        return members_text(more[more != seq]), removed
+    return added, add_member(removed, seq)
+
+
+def folds(added, removed):
+    """Whether a delta is long enough to be folded into a new base."""
+    return len(added) + len(removed) > DELTA_CHARS
+
+
+def resolve(base, added, removed):
+    """The member seqs of base text plus ``added`` minus ``removed``.
+
+    Ascending int64.
+    """
+    m = parse_members(base)
+    if added:
+        m = np.union1d(m, parse_members(added))
+    if removed:
+        m = np.setdiff1d(m, parse_members(removed), assume_unique=True)
+    return m
+
+
+def smallest(base, added, removed, k):
+    """The ``k`` smallest seqs of base plus ``added`` minus ``removed``.
+
+    Reads only the first runs of the base: at most as many as ``k`` plus
+    the removed seqs, which can take one run's place each.
+    """
+    gone = parse_members(removed)
+    head = ','.join(base.split(',', k + len(gone))[:k + len(gone)])
+    return resolve(head, added, removed)[:k]

@@ -108,8 +108,25 @@ class Cluster(Base):
     # map generation finds canonical targets from them (mapgen)
     min_seq = sa.Column(sa.BigInteger, nullable=False)
     min_public_seq = sa.Column(sa.BigInteger)
-    # the member seqs as ascending runs, comma-separated: 1-57,59,61-200
-    # (vmar_openstack.db.members.parse_members)
+    # the member seqs: those of the base set (NULL: none), plus added,
+    # minus removed, each ascending runs, comma-separated: 1-57,59,61-200
+    # (vmar_openstack.db.members)
+    base_id = sa.Column(BigInt, index=True)
+    added = sa.Column(sa.Text, nullable=False, default='')
+    removed = sa.Column(sa.Text, nullable=False, default='')
+
+
+class MemberBase(Base):
+    """A member set clusters share, immutable once written.
+
+    Keyed by the set's members hash, so a set folded twice is kept once;
+    it goes when no cluster uses it any more.
+    """
+    __tablename__ = 'vmar_member_bases'
+    __table_args__ = {'sqlite_autoincrement': True}
+
+    id = sa.Column(BigInt, primary_key=True, autoincrement=True)
+    members_hash = sa.Column(sa.String(64), nullable=False, unique=True)
     members = sa.Column(MembersText, nullable=False)
 
 

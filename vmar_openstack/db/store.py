@@ -2,7 +2,8 @@
 
 A :class:`ClusterStore` wraps one session. It owns the fingerprint table
 (both tiers, :mod:`.bulk`), the cluster rows (:class:`ClusterRow`, with
-their member sets, :mod:`.members`) and the images' digest lists; callers
+their member sets: deltas against shared bases, :mod:`.members`) and the
+images' digest lists; callers
 outside this package reach the tables only through it, and never see SQL.
 
 The fingerprint table is keyed by fingerprint keys
@@ -56,7 +57,9 @@ class ClusterRow(typing.NamedTuple):
     n_fingerprints: int
     min_seq: int
     min_public_seq: typing.Optional[int]
-    members: str
+    base_id: typing.Optional[int]     # vmar_member_bases; None: empty
+    added: str
+    removed: str
 
 
 def _smaller(a, b):
@@ -73,6 +76,8 @@ class ClusterStore:
         self.session = session
         self._sql = bulk.BulkSQL(session)
         self.dialect = self._sql.dialect
+        self._bases = {}       # base id -> members text (immutable rows)
+        self._orphans = set()  # base ids a cluster may have stopped using
 
     def flush(self):
         self.session.flush()
@@ -288,29 +293,107 @@ class ClusterStore:
             cluster_ids, bulk.CLUSTERS, 'id',
             ('f.min_seq', 'COALESCE(f.min_public_seq, -1)'))
 
-    def _member_texts(self, cluster_ids):
-        """Map cluster id -> its ``members`` text."""
-        return dict(self._sql.rows_by_id(cluster_ids, ('members',)))
+    def _base_texts(self, base_ids):
+        """Map base id -> members text, for (at least) ``base_ids``.
+
+        Bases never change once written: each is read once per store.
+        """
+        want = sorted({int(b) for b in base_ids if b is not None}
+                      - set(self._bases))
+        for i in range(0, len(want), 500):
+            self._bases.update(self.session.execute(
+                sa.select(models.MemberBase.id, models.MemberBase.members)
+                .where(models.MemberBase.id.in_(want[i:i + 500]))).all())
+        missing = [b for b in want if b not in self._bases]
+        if missing:
+            raise exception.LibraryInconsistent(
+                what='clusters name member bases %s, which do not exist'
+                % missing[:10])
+        return self._bases
+
+    def _resolve(self, rows):
+        """Map cluster id -> member seqs, ascending int64, of ClusterRows."""
+        rows = list(rows)
+        bases = self._base_texts(r.base_id for r in rows)
+        return {r.id: db_members.resolve(bases.get(r.base_id, ''), r.added,
+                                         r.removed) for r in rows}
 
     def member_lists(self, cluster_ids):
         """Map cluster id -> its member seqs, ascending, as int64."""
-        return {cid: db_members.parse_members(text)
-                for cid, text in self._member_texts(cluster_ids).items()}
+        return self._resolve(self._cluster_info(cluster_ids).values())
 
     def cluster_members(self, cluster_ids):
         """Map cluster id -> frozenset of member image seqs."""
-        return {cid: frozenset(db_members.parse_members(text).tolist())
-                for cid, text in self._member_texts(cluster_ids).items()}
+        return {cid: frozenset(m.tolist())
+                for cid, m in self.member_lists(cluster_ids).items()}
 
-    def clusters_of_image(self, seq):
-        """Ids of the clusters image ``seq`` is a member of.
+    def member_bases(self):
+        """Every member base: ``{id: (members hash, members text)}``."""
+        return {r.id: (r.members_hash, r.members) for r in
+                self.session.execute(sa.select(
+                    models.MemberBase.id, models.MemberBase.members_hash,
+                    models.MemberBase.members))}
 
-        Reads every cluster row: for deletes and metadata changes, not for
-        adds.
+    def _base_ids(self, hashes):
+        out = {}
+        hashes = list(hashes)
+        for i in range(0, len(hashes), 500):
+            out.update((h, bid) for bid, h in self.session.execute(
+                sa.select(models.MemberBase.id,
+                          models.MemberBase.members_hash)
+                .where(models.MemberBase.members_hash.in_(
+                    hashes[i:i + 500]))))
+        return out
+
+    def _fold(self, rows):
+        """Fold the long deltas of new cluster states into bases.
+
+        ``rows``: dicts with the new ``members_hash``, ``base_id``,
+        ``added`` and ``removed`` of clusters. Those whose delta folds
+        (:func:`.members.folds`) get, in place, the base of their whole
+        member set (found by its hash, or written) and an empty delta.
         """
-        return [cid for cid, text in self.session.execute(sa.select(
-                models.Cluster.id, models.Cluster.members))
-                if seq in db_members.parse_members(text)]
+        long = [r for r in rows
+                if db_members.folds(r['added'], r['removed'])]
+        if not long:
+            return
+        texts = self._base_texts(r['base_id'] for r in long)
+        full = {r['members_hash']: db_members.members_text(
+            db_members.resolve(texts.get(r['base_id'], ''), r['added'],
+                               r['removed'])) for r in long}
+        ids = self._base_ids(full)
+        new = [h for h in full if h not in ids]
+        if new:
+            self.session.execute(sa.insert(models.MemberBase), [
+                {'members_hash': h, 'members': full[h]} for h in new])
+            ids.update(self._base_ids(new))
+        for r in long:
+            self._orphans.add(r['base_id'])
+            bid = ids[r['members_hash']]
+            self._bases[bid] = full[r['members_hash']]
+            r.update(base_id=bid, added='', removed='')
+
+    def _drop_orphan_bases(self):
+        """Delete the candidate bases no cluster uses any more."""
+        ids = sorted(b for b in self._orphans if b is not None)
+        self._orphans.clear()
+        base, cluster = models.MemberBase, models.Cluster
+        for i in range(0, len(ids), 500):
+            self.session.execute(sa.delete(base).where(
+                base.id.in_(ids[i:i + 500]),
+                ~sa.exists().where(cluster.base_id == base.id)))
+
+    def clusters_of_image(self, image, digests=None):
+        """Ids of the clusters ``image`` is a member of, ascending.
+
+        Found through the image's own keys (``digests``: its digest list,
+        read if not given): every key of an image is in a cluster holding
+        it, and a cluster holds only images holding all its keys.
+        """
+        if digests is None:
+            digests = self.load_digests(image)
+        _keys, clusters = self.lookup(fp_keys.image_key_set(image, digests))
+        return np.unique(clusters).tolist()
 
     def refresh_smallest(self, cluster_ids):
         """Recompute ``min_seq`` and ``min_public_seq`` of clusters.
@@ -320,8 +403,7 @@ class ClusterStore:
         public = {row.seq for row in self.image_rows()
                   if row.visibility == 'public'}
         rows = []
-        for cid, text in self._member_texts(cluster_ids).items():
-            m = db_members.parse_members(text)
+        for cid, m in self.member_lists(cluster_ids).items():
             pub = [x for x in m.tolist() if x in public]
             rows.append({'id': cid, 'm': int(m.min()) if len(m) else 0,
                          'p': min(pub) if pub else None})
@@ -340,7 +422,7 @@ class ClusterStore:
         cluster = models.Cluster(members_hash=h, n_images=1,
                                  n_fingerprints=0, min_seq=seq,
                                  min_public_seq=seq if public else None,
-                                 members=db_members.members_text([seq]))
+                                 base_id=None, added='%d' % seq, removed='')
         self.session.add(cluster)
         self.session.flush()
         return cluster.id
@@ -353,7 +435,9 @@ class ClusterStore:
                 ':d WHERE id = :cid'),
                 [{'cid': int(c), 'd': int(d)} for c, d in deltas.items()])
 
-    def _drop_clusters(self, ids):
+    def _drop_clusters(self, ids, info):
+        """Delete clusters ``ids`` (``info``: their rows, as read)."""
+        self._orphans.update(info[c].base_id for c in ids)
         for i in range(0, len(ids), 500):
             part = [int(c) for c in ids[i:i + 500]]
             self.session.execute(sa.delete(models.Cluster).where(
@@ -477,7 +561,7 @@ class ClusterStore:
                 lo, hi = span[cid]
                 self._sql.move(keys[lo:hi], dst)
                 self._adjust_counts({dst: hi - lo})
-                self._drop_clusters([cid])
+                self._drop_clusters([cid], info)
                 dest[cid] = dst
             else:
                 relabel.append(cid)
@@ -485,13 +569,14 @@ class ClusterStore:
         if emptied:
             self._sql.delete(np.concatenate(
                 [keys[span[c][0]:span[c][1]] for c in emptied]))
-            self._drop_clusters(emptied)
+            self._drop_clusters(emptied, info)
         if relabel:
             self._relabel(relabel, info, new_hash, seq, adding, public)
         if flips:
             self._split_back(flips, info)
         if split:
             dest.update(self._split_off(split, info, keys, seq, public))
+        self._drop_orphan_bases()
         out_k = [np.empty(0, np.int64)] + [keys[span[c][0]:span[c][1]]
                                            for c in dest]
         out_c = [np.empty(0, np.int64)] + [
@@ -512,13 +597,19 @@ class ClusterStore:
         found = self._ids_by_hash(want.values())
         create = [cid for cid, _grp in splits if want[cid] not in found]
         if create:
-            found.update(self._create_clusters([
-                {'members_hash': want[c], 'n_images': info[c].n_images + 1,
-                 'n_fingerprints': 0, 'min_seq': min(info[c].min_seq, seq),
-                 'min_public_seq': _smaller(info[c].min_public_seq,
-                                            seq if public else None),
-                 'members': db_members.add_member(info[c].members, seq)}
-                for c in create]))
+            rows = []
+            for c in create:
+                added, removed = db_members.delta_add(
+                    info[c].added, info[c].removed, seq)
+                rows.append({
+                    'members_hash': want[c], 'n_images': info[c].n_images + 1,
+                    'n_fingerprints': 0, 'min_seq': min(info[c].min_seq, seq),
+                    'min_public_seq': _smaller(info[c].min_public_seq,
+                                               seq if public else None),
+                    'base_id': info[c].base_id, 'added': added,
+                    'removed': removed})
+            self._fold(rows)
+            found.update(self._create_clusters(rows))
         dest, deltas = {}, {}
         for cid, grp in splits:
             new = found[want[cid]]
@@ -554,8 +645,10 @@ class ClusterStore:
         if not wanted:
             return {}
         # the smallest members: lists are ascending
-        members = {cid: db_members.parse_members(
-            info[cid].members)[:FLIP_MEMBERS].tolist()
+        bases = self._base_texts(info[cid].base_id for cid, _o, _s in wanted)
+        members = {cid: db_members.smallest(
+            bases.get(info[cid].base_id, ''), info[cid].added,
+            info[cid].removed, FLIP_MEMBERS).tolist()
             for cid, _o, _s in wanted}
         images = self.images_by_seq({m for ms in members.values()
                                      for m in ms})
@@ -613,7 +706,8 @@ class ClusterStore:
              'n_images': info[c].n_images, 'n_fingerprints': len(rest),
              'min_seq': info[c].min_seq,
              'min_public_seq': info[c].min_public_seq,
-             'members': info[c].members}
+             'base_id': info[c].base_id, 'added': info[c].added,
+             'removed': info[c].removed}
             for c, rest in flips.items()])
         for c, rest in flips.items():
             self._sql.move(rest, ids[info[c].members_hash])
@@ -621,9 +715,14 @@ class ClusterStore:
 
     def _relabel(self, cids, info, new_hash, seq, adding, public):
         """Add ``seq`` to, or remove it from, whole clusters: no key moves."""
-        change = (db_members.add_member if adding
-                  else db_members.remove_member)
-        members = {c: change(info[c].members, seq) for c in cids}
+        change = db_members.delta_add if adding else db_members.delta_remove
+        rows = []
+        for c in cids:
+            added, removed = change(info[c].added, info[c].removed, seq)
+            rows.append({'id': c, 'members_hash': new_hash[c],
+                         'base_id': info[c].base_id, 'added': added,
+                         'removed': removed})
+        self._fold(rows)
         # seq is an int: inlined
         also = 'n_images = n_images + %d' % (1 if adding else -1)
         if adding:
@@ -633,9 +732,7 @@ class ClusterStore:
                 also += (', min_public_seq = CASE WHEN min_public_seq IS '
                          'NULL OR %d < min_public_seq THEN %d '
                          'ELSE min_public_seq END' % (seq, seq))
-        for i in range(0, len(cids), 10000):
-            part = cids[i:i + 10000]
-            self._sql.set_hashes(part, [new_hash[c] for c in part],
-                                 [members[c] for c in part], also)
+        for i in range(0, len(rows), 10000):
+            self._sql.set_members(rows[i:i + 10000], also)
         if not adding:
             self.refresh_smallest(cids)

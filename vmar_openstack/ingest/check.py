@@ -54,18 +54,9 @@ def check(conf):
                             'fingerprint table' % len(both))
         rows += recent
         clusters = store.cluster_rows()
-        members = collections.defaultdict(set)
-        for cid, c in clusters.items():
-            try:
-                listed = db_members.parse_members(c.members).tolist()
-            except ValueError:
-                problems.append('cluster %d has an unreadable member list '
-                                '%r' % (cid, c.members[:80]))
-                continue
-            members[cid] = set(listed)
-            if db_members.members_text(listed) != c.members:
-                problems.append('cluster %d member list %r is not in '
-                                'ascending runs' % (cid, c.members[:80]))
+        members, base_problems = _member_sets(store, clusters)
+        problems.extend(base_problems)
+        for cid in clusters:
             for seq in sorted(members[cid] - set(by_seq)):
                 problems.append('cluster %d names missing image seq %d'
                                 % (cid, seq))
@@ -112,6 +103,54 @@ def check(conf):
         problems.extend(_check_maps(conf, store, images))
         warnings = _orphans(conf, images)
     return problems, warnings
+
+
+def _runs(text, what, problems):
+    """The seqs of a member list, or None (and a problem) if unreadable."""
+    try:
+        listed = db_members.parse_members(text).tolist()
+    except ValueError:
+        problems.append('%s is unreadable: %r' % (what, text[:80]))
+        return None
+    if db_members.members_text(listed) != text:
+        problems.append('%s %r is not in ascending runs' % (what, text[:80]))
+    return set(listed)
+
+
+def _member_sets(store, clusters):
+    """Each cluster's member set, from its base and delta; and problems.
+
+    A delta names only changes (no added seq its base has, no removed
+    seq it lacks); each base is its set's hash, and some cluster uses it.
+    """
+    problems = []
+    bases = {}
+    for bid, (h, text) in store.member_bases().items():
+        seqs = _runs(text, 'member base %d' % bid, problems)
+        if seqs is not None and h != db_members.members_hash(seqs):
+            problems.append('member base %d members_hash is not its '
+                            'members\' hash' % bid)
+        bases[bid] = seqs or set()
+    used = set()
+    members = collections.defaultdict(set)
+    for cid, c in clusters.items():
+        if c.base_id is not None and c.base_id not in bases:
+            problems.append('cluster %d names missing member base %d'
+                            % (cid, c.base_id))
+        used.add(c.base_id)
+        base = bases.get(c.base_id, set())
+        added = _runs(c.added, 'cluster %d added list' % cid, problems)
+        removed = _runs(c.removed, 'cluster %d removed list' % cid,
+                        problems)
+        if added is None or removed is None:
+            continue
+        if added & base or removed - base:
+            problems.append('cluster %d delta names no change of its base'
+                            % cid)
+        members[cid] = (base | added) - removed
+    for bid in sorted(set(bases) - used):
+        problems.append('member base %d is used by no cluster' % bid)
+    return members, problems
 
 
 def _check_maps(conf, store, images):

@@ -201,14 +201,14 @@ class Library:
             img = self._get(store, image_id)
             old = store.load_digests(img)
             old_keys = fp_keys.image_key_set(img, old)
-            affected = self._affected(store, img)
+            affected = self._affected(store, img, old)
             store.remove_keys(img.seq, old_keys)
             self._fill_image(img, fps, disk_format)
             store.store_digests(img.seq, fps.digests)
             store.add_keys(img.seq, fp_keys.image_key_set(img, fps.digests),
                            img.visibility == 'public')
             store.flush()
-            affected |= self._affected(store, img)
+            affected |= self._affected(store, img, fps.digests)
             return self._regenerate(store, written, img, affected)
 
     @db_session.retry_conflicts()
@@ -226,7 +226,7 @@ class Library:
             if visibility is not None:
                 img.visibility = visibility
             store.flush()
-            store.refresh_smallest(store.clusters_of_image(img.seq))
+            store.refresh_smallest(store.clusters_of_image(img))
             affected |= self._affected(store, img)
             return self._regenerate(store, written, img, affected)
 
@@ -237,7 +237,7 @@ class Library:
         with self._mutation() as (store, written):
             img = self._get(store, image_id)
             digests = store.load_digests(img)
-            affected = self._affected(store, img)
+            affected = self._affected(store, img, digests)
             store.remove_keys(img.seq, fp_keys.image_key_set(img, digests))
             old_versions = store.delete_image(img)
             regenerated = self._write_maps(store, affected, written)
@@ -517,27 +517,32 @@ class Library:
                 digests={img.seq: fps.digests}, on_written=on_map_written,
                 built={img.seq: ahead.map_result()} if fresh else None)
 
-    def _affected(self, store, img):
+    def _affected(self, store, img, digests=None):
         """Other images whose canonical target is ``img`` for some cluster.
 
         Called before and after a change; the union of both answers is the
         set of maps the change can alter (paper Fig. 7, update_list).
+        A member's canonical target is its smallest allowed member (itself
+        at worst), so only the members after ``img`` can have it, and only
+        when none of the members before it is allowed: the work is linear
+        in the members, however many a cluster has.
         """
         scope = self.conf.vmar.dedup_scope
-        cids = store.clusters_of_image(img.seq)
-        members = store.cluster_members(cids)
-        seqs = set().union(*members.values()) if members else set()
+        members = store.member_lists(store.clusters_of_image(img, digests))
+        seqs = set()
+        for m in members.values():
+            seqs.update(m.tolist())
         imgs = store.images_by_seq(seqs)
         imgs[img.seq] = img
         out = set()
         for m in members.values():
-            for y in m:
-                if y == img.seq or y in out or y not in imgs:
+            before = [imgs[t] for t in m[m < img.seq].tolist() if t in imgs]
+            for y in m[m > img.seq].tolist():
+                if y in out or y not in imgs:
                     continue
                 src = imgs[y]
-                allowed = [t for t in m if t in imgs
-                           and mapgen.may_redirect(src, imgs[t], scope)]
-                if img.seq in allowed and min(allowed) == img.seq:
+                if mapgen.may_redirect(src, img, scope) and not any(
+                        mapgen.may_redirect(src, t, scope) for t in before):
                     out.add(y)
         return out
 
