@@ -42,14 +42,17 @@ bases in families, derived images, snapshots; sizes divided by
 GiB of data around #10, #1,000 and #10,000 (goal: #10,000 <= 1.3 x
 #1,000), the database's size per image, the largest cluster and a map
 built against it, and the delete of the image canonical for the most
-shared blocks (its time and the maps it rewrites, each a map image
-vmar-agent republishes to Glance).
+shared blocks (its time, the maps it rewrites and those it leaves to
+vmar-agent's pass, ``[vmar] rewrite_at_once``; then the pass, a batch of
+50 maps per transaction; each map a map image vmar-agent republishes to
+Glance).
 
 Usage: bench_scale.py hosts [--db sqlite|mariadb|postgresql] [--hosts N]
        [--bases N] [--derived N] [--minutes M] [--speed X] [--json FILE]
        [--smoke]
        bench_scale.py library [--db ...] [--images N] [--bases N]
-       [--derived P] [--scale S] [--json FILE] [--smoke]
+       [--derived P] [--scale S] [--rewrite-at-once N] [--json FILE]
+       [--smoke]
 """
 
 import argparse
@@ -672,6 +675,18 @@ def write_image(path, seeds):
     os.truncate(path, 2 * len(seeds) * BS)
 
 
+SHARED_DEFAULTS = {
+    'hosts': {'db': 'mariadb'},
+    'library': {'db': 'postgresql', 'images': 10000, 'bases': 40,
+                'scale': 128, 'derived': 0.2},
+    'writers': {'db': 'galera', 'images': 60, 'bases': 10, 'scale': 256,
+                'derived': 0.2},
+}
+
+# maps per transaction of the pending pass, as vmar-manage map rewrite
+PENDING_BATCH = 50
+
+
 def run_library(args):
     from vmar_openstack.db import api as db_api
     from vmar_openstack.db import session as db_session
@@ -682,7 +697,8 @@ def run_library(args):
                    else 'library')
     conf_file = os.path.join(work, 'vmar.conf')
     glance_env.write_conf(conf_file, {
-        'vmar': {'state_dir': state},
+        'vmar': {'state_dir': state,
+                 'rewrite_at_once': str(args.rewrite_at_once)},
         'vmar_database': {'connection': url}})
     conf = library_conf(conf_file)
     migration.upgrade('head', conf=conf)
@@ -743,7 +759,21 @@ def run_library(args):
     t = time.perf_counter()
     out = lib.delete(ids[0])
     result['delete_canonical'] = {'s': time.perf_counter() - t,
-                                  'maps_rewritten': len(out.regenerated)}
+                                  'maps_rewritten': len(out.regenerated),
+                                  'pending': out.pending}
+    # what vmar-agent's background pass then does, a batch per transaction
+    batches = []
+    while True:
+        t = time.perf_counter()
+        done = lib.rewrite_pending(PENDING_BATCH)
+        if not done:
+            break
+        batches.append((len(done), time.perf_counter() - t))
+    result['pending_rewrite'] = {
+        'maps': sum(n for n, _s in batches),
+        's': sum(dt for _n, dt in batches),
+        'batch': PENDING_BATCH,
+        'batch_s_max': max((dt for _n, dt in batches), default=0.0)}
     library_report(result)
     if args.json:
         with open(args.json, 'w') as f:
@@ -772,8 +802,17 @@ def library_report(r):
         r['largest_cluster_members'], r['remap_s']))
     d = r['delete_canonical']
     print('delete of the most shared canonical image: %.1f s, %d maps '
-          'rewritten (each a map image the agent republishes)' % (
-              d['s'], d['maps_rewritten']))
+          'rewritten in its transaction, %d left pending ([vmar] '
+          'rewrite_at_once)' % (d['s'], d['maps_rewritten'],
+                                d.get('pending', 0)))
+    p = r.get('pending_rewrite')
+    if p and p['maps']:
+        print('the agent\'s pass: %d maps in %.1f s (%.1f maps/s), batches '
+              'of %d, the library lock held %.2f s at most' % (
+                  p['maps'], p['s'], p['maps'] / p['s'], p['batch'],
+                  p['batch_s_max']))
+    print('maps the agent republishes to Glance: %d' % (
+        d['maps_rewritten'] + (p['maps'] if p else 0)))
 
 
 # -- writers: several agents ingesting at once -------------------------------
@@ -899,7 +938,6 @@ def main():
                         help='CI: a small run of the same code')
     h = sub.add_parser('hosts', parents=[common],
                        help='a thousand hosts reporting; weigher')
-    h.set_defaults(db='mariadb')
     h.add_argument('--hosts', type=int, default=1000)
     h.add_argument('--bases', type=int, default=100)
     h.add_argument('--derived', type=int, default=2,
@@ -924,24 +962,29 @@ def main():
     catalogue = argparse.ArgumentParser(add_help=False)
     catalogue.add_argument('--images', type=int)
     catalogue.add_argument('--bases', type=int)
-    catalogue.add_argument('--derived', type=float, default=0.2,
+    catalogue.add_argument('--derived', type=float,
                            help='share of the later images derived from a '
-                           'base (the others are snapshots)')
+                           'base (the others are snapshots; default 0.2)')
     catalogue.add_argument('--scale', type=int,
                            help='image sizes divided by this')
     lb = sub.add_parser('library', parents=[common, catalogue],
                         help='a library of many images')
-    lb.set_defaults(db='postgresql', images=10000, bases=40, scale=128)
     lb.add_argument('--image-dir')
+    lb.add_argument('--rewrite-at-once', type=int, default=64,
+                    help='[vmar] rewrite_at_once of the library')
     wr = sub.add_parser('writers', parents=[common, catalogue],
                         help='uploads per hour, one writer against several')
-    wr.set_defaults(db='galera', images=60, bases=10, scale=256)
     wr.add_argument('--writers', type=int, default=None,
                     help='default: 3 on Galera (one per node), else 2')
     if len(sys.argv) > 1 and sys.argv[1] == '_writer':
         writer(sys.argv[2], sys.argv[3], sys.argv[4:])
         return
     args = p.parse_args()
+    # each subcommand's defaults of the options it shares with another
+    # (set_defaults would set them on the actions both share)
+    for k, v in SHARED_DEFAULTS.get(args.what, {}).items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
     if args.what == 'writers':
         if args.writers is None:
             args.writers = 3 if args.db == 'galera' else 2
@@ -952,6 +995,7 @@ def main():
     if args.what == 'library':
         if args.smoke:
             args.images, args.bases, args.scale = 120, 10, 2048
+            args.rewrite_at_once = 10
         run_library(args)
         return
     if args.smoke:

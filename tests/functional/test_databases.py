@@ -14,6 +14,7 @@ from tests.unit import test_ahead
 from tests.unit import test_clusters
 from tests.unit import test_mapgen
 from tests.unit import test_migrations
+from tests.unit import test_pending
 from tests.unit import test_weigher
 from tools.vmarenv import services
 from vmar_openstack.db import api as db_api
@@ -80,6 +81,14 @@ class TestAffectedPostgreSQL(PostgreSQL, test_clusters.TestAffected):
     pass
 
 
+class TestPendingMapsMariaDB(MariaDB, test_pending.TestPendingMaps):
+    pass
+
+
+class TestPendingMapsPostgreSQL(PostgreSQL, test_pending.TestPendingMaps):
+    pass
+
+
 class TestMemberBasesMariaDB(MariaDB, test_clusters.TestMemberBases):
     pass
 
@@ -130,6 +139,15 @@ class TestMigration0015MariaDB(MariaDB, test_migrations.TestMigration0015):
 
 class TestMigration0015PostgreSQL(PostgreSQL,
                                   test_migrations.TestMigration0015):
+    pass
+
+
+class TestMigration0016MariaDB(MariaDB, test_migrations.TestMigration0016):
+    pass
+
+
+class TestMigration0016PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0016):
     pass
 
 

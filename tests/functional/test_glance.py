@@ -147,7 +147,8 @@ class GlanceTestCase(testtools.TestCase):
         os.makedirs(cls.state)
         db = cls.database_url()
         vmar_sections = {
-            'vmar': {'state_dir': cls.state, 'hash_workers': '2'},
+            'vmar': dict({'state_dir': cls.state, 'hash_workers': '2'},
+                         **cls.library_options()),
             'vmar_database': {'connection': db}}
         # Glance on MariaDB, as deployed: on SQLite, concurrent writes (the
         # import task's and a map upload) fail with "database is locked"
@@ -175,6 +176,11 @@ class GlanceTestCase(testtools.TestCase):
         migration.upgrade('head', conf=cls.conf)
         cls.agent = None
         cls.start_agent()
+
+    @classmethod
+    def library_options(cls):
+        """More [vmar] options of the library's users."""
+        return {}
 
     @classmethod
     def store_config(cls):
@@ -1587,11 +1593,19 @@ class TestGlance(GlanceTestCase):
 
 
 class TestSeveralAgents(GlanceTestCase):
-    """Three agents of one pool against MariaDB."""
+    """Three agents of one pool against MariaDB.
+
+    A delete rewrites no other map itself: the agents' background pass
+    rewrites and publishes them ([vmar] rewrite_at_once = 0).
+    """
 
     @classmethod
     def database_url(cls):
         return cls.mariadb('agents')
+
+    @classmethod
+    def library_options(cls):
+        return {'rewrite_at_once': '0'}
 
     @classmethod
     def _start(cls):
@@ -1636,6 +1650,11 @@ class TestSeveralAgents(GlanceTestCase):
             self.assertLess(time.time(), deadline, self.agent_log())
             time.sleep(0.2)
         self.assert_consistent()
+        # the maps were rewritten by the agents' pass, none by a delete
+        self.assertEqual([], ingest.Library(self.conf).pending_maps())
+        log = self.agent_log(full=True)
+        self.assertIn('left for vmar-agent to rewrite', log)
+        self.assertRegex(log, r'rewrote \d+ pending maps')
 
 
 class LazyGuestsTestCase(GlanceTestCase):

@@ -327,3 +327,20 @@ class TestMigration0015(MigrationTestCase):
                                       for r in rows.values()})
         self.assertNotIn('members', [c['name'] for c in sa.inspect(
             engine).get_columns('vmar_clusters')])
+
+
+class TestMigration0016(MigrationTestCase):
+    """No map is pending after the upgrade; the table takes them."""
+
+    def test_pending_maps_table(self):
+        migration.upgrade('0015', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            self.insert_image(c, 1)
+        migration.upgrade('head', conf=self.conf)
+        lib = ingest.Library(self.conf)
+        self.assertEqual([], lib.pending_maps())
+        with db_session.locked_writer(self.conf) as s:
+            db_store.ClusterStore(s).pend_maps([1], 'cause-id')
+        self.assertEqual([('id-1', 'cause-id')],
+                         [p[:2] for p in lib.pending_maps()])

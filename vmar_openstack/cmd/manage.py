@@ -103,6 +103,9 @@ def image_update():
 def _report_regenerated(out):
     for image_id, version in sorted(out.regenerated.items()):
         _out('regenerated map of %s: v%d' % (image_id, version))
+    if out.pending:
+        _out('%d more maps left for vmar-agent to rewrite ([vmar] '
+             'rewrite_at_once; vmar-manage map pending)' % out.pending)
 
 
 def image_delete():
@@ -289,6 +292,26 @@ def map_gc():
         _out('%s map v%d of %s' % (verb, sv.version, sv.image_id))
     for (image_id, version), why in sorted(plan.kept.items()):
         _out('kept map v%d of %s: %s' % (version, image_id, why))
+
+
+def map_pending():
+    for image_id, cause, since in ingest.Library(CONF).pending_maps():
+        _out('%s  since %s  (after a change of %s)'
+             % (image_id, since.isoformat(sep=' ', timespec='seconds'),
+                cause))
+
+
+def map_rewrite():
+    # what the agent does, [vmar_agent] pending_maps_per_minute at a time
+    agent, handler = _agent_handler()
+    total = 0
+    while True:
+        n = agent.rewrite_pending(CONF, handler, CONF.category.batch)
+        total += n
+        if n < CONF.category.batch or (CONF.category.limit is not None
+                                       and total >= CONF.category.limit):
+            break
+    _out('rewrote and published %d pending maps' % total)
 
 
 # -- hosts -------------------------------------------------------------------
@@ -524,6 +547,15 @@ def add_command_parsers(subparsers):
                    help='default: [vmar_agent] map_gc_min_age')
     p.add_argument('--dry-run', action='store_true')
     p.set_defaults(func=map_gc)
+    mps.add_parser('pending', help='maps a change of another image left for '
+                   'vmar-agent to rewrite').set_defaults(func=map_pending)
+    p = mps.add_parser('rewrite', help='rewrite and publish the pending maps '
+                       'now, a batch per transaction')
+    p.add_argument('--batch', type=int, default=50,
+                   help='maps per transaction (the library lock is held '
+                   'for each)')
+    p.add_argument('--limit', type=int, help='stop after about this many')
+    p.set_defaults(func=map_rewrite)
 
     hs = subparsers.add_parser('hosts', help='compute hosts, as they '
                                'reported their exports')

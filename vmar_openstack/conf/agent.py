@@ -43,6 +43,16 @@ agent_opts = [
                help='Seconds a map version stays after a newer one '
                     'replaced it, whatever the hosts report. Keep it well '
                     'above the hosts\' [vmar_host] report_interval.'),
+    cfg.IntOpt('pending_maps_per_minute', default=120, min=0,
+               help='Maps left pending by a change of another image '
+                    '([vmar] rewrite_at_once) that the agent rewrites and '
+                    'publishes per minute, oldest first; each is a new map '
+                    'version the hosts of its image fetch. 0: none (the '
+                    'maps read through alternates until an operator runs '
+                    '``vmar-manage map rewrite``).\n\nPossible values: '
+                    'maps per minute; the library lock is held for each '
+                    'batch (about 1 s per 100 maps of 1 GiB).\n\nRelated '
+                    'options: [vmar] rewrite_at_once.'),
     cfg.IntOpt('holder_max_age', default=300, min=1,
                help='Seconds after its last report that a host is still '
                     'named as a holder of blocks to hosts that ask '

@@ -77,6 +77,20 @@ library_opts = [
                    'tenant may then be served from another tenant\'s '
                    'private image.')],
                help='Which images a map may point into.'),
+    cfg.IntOpt('rewrite_at_once', default=64, min=0,
+               help='Maps of other images a change of one image (delete, '
+                    'new content, owner or visibility) rewrites in its '
+                    'own transaction. The others are left pending and '
+                    'vmar-agent rewrites them in the background, '
+                    '[vmar_agent] pending_maps_per_minute at a time; until '
+                    'then they keep reading what they read (a deleted '
+                    'image\'s blocks are filled from the images that hold '
+                    'them, see doc/source/export.rst). The image canonical '
+                    'for blocks every image holds is read by every map of '
+                    'the library.\n\nPossible values: 0 (every map waits '
+                    'for the agent) or more. The maps read by running '
+                    'servers go first.\n\nRelated options: [vmar_agent] '
+                    'pending_maps_per_minute.'),
     cfg.IntOpt('hash_workers', default=os.cpu_count() or 1, min=1,
                sample_default='<number of CPUs>',
                help='Threads (native hasher) or processes (hashlib '

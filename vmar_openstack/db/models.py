@@ -130,6 +130,21 @@ class MemberBase(Base):
     members = sa.Column(MembersText, nullable=False)
 
 
+class PendingMap(Base):
+    """An image whose current map is to be rewritten by vmar-agent.
+
+    Left by a change of another image (``cause``) that rewrote only
+    ``[vmar] rewrite_at_once`` maps itself.
+    """
+    __tablename__ = 'vmar_pending_maps'
+
+    seq = sa.Column(BigInt, sa.ForeignKey('vmar_images.seq',
+                                          ondelete='CASCADE'),
+                    primary_key=True)
+    cause = sa.Column(sa.String(36), nullable=False)
+    since = sa.Column(sa.DateTime, nullable=False, default=utcnow)
+
+
 class MapVersion(Base):
     __tablename__ = 'vmar_maps'
 

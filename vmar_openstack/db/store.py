@@ -128,6 +128,7 @@ class ClusterStore:
             models.MapVersion.seq == img.seq))
         self.session.execute(sa.delete(models.ImageDigests).where(
             models.ImageDigests.seq == img.seq))
+        self.clear_pending([img.seq])
         self.session.delete(img)
         self.session.flush()
         return versions
@@ -197,6 +198,61 @@ class ClusterStore:
         self.session.add_all(models.MapTarget(
             seq=seq, version=version, target_id=t, blocks=n)
             for t, n in targets if n)
+
+    # -- maps left for the agent ----------------------------------------------
+
+    def pend_maps(self, seqs, cause):
+        """Leave the maps of images ``seqs`` for vmar-agent to rewrite.
+
+        ``cause``: the image whose change made them stale. A map pending
+        already keeps its first cause and time.
+        """
+        pm = models.PendingMap
+        seqs = sorted(set(seqs))
+        have = set()
+        for i in range(0, len(seqs), 500):
+            have.update(self.session.execute(sa.select(pm.seq).where(
+                pm.seq.in_(seqs[i:i + 500]))).scalars())
+        self.session.add_all(pm(seq=s, cause=cause) for s in seqs
+                             if s not in have)
+
+    def clear_pending(self, seqs):
+        seqs = sorted(set(seqs))
+        for i in range(0, len(seqs), 500):
+            self.session.execute(sa.delete(models.PendingMap).where(
+                models.PendingMap.seq.in_(seqs[i:i + 500])))
+
+    def pending_maps(self, limit=None):
+        """``[(seq, image id, cause, since)]`` of pending maps, oldest first.
+
+        The maps of images some compute host exports first.
+        """
+        pm, img = models.PendingMap, models.Image
+        exported = sa.exists().where(
+            models.HostExport.image_id == img.image_id)
+        q = (sa.select(pm.seq, img.image_id, pm.cause, pm.since)
+             .join(img, img.seq == pm.seq)
+             .order_by(sa.case((exported, 0), else_=1), pm.since, pm.seq))
+        if limit is not None:
+            q = q.limit(limit)
+        return [tuple(r) for r in self.session.execute(q)]
+
+    def pending_count(self):
+        return self.session.execute(sa.select(sa.func.count()).select_from(
+            models.PendingMap)).scalar()
+
+    def exported_seqs(self, seqs):
+        """Those of image ``seqs`` some compute host exports."""
+        img, he = models.Image, models.HostExport
+        seqs = sorted(set(seqs))
+        out = set()
+        for i in range(0, len(seqs), 500):
+            out.update(self.session.execute(
+                sa.select(img.seq).where(
+                    img.seq.in_(seqs[i:i + 500]),
+                    sa.exists().where(he.image_id == img.image_id)))
+                .scalars())
+        return out
 
     # -- digest lists --------------------------------------------------------
 

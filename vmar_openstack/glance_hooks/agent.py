@@ -205,9 +205,9 @@ class Handler:
         metrics.INGESTED_BYTES.inc(os.path.getsize(path))
         LOG.info('ingested %s: map v%d, %.1f %% shared', image_id,
                  out.map_version, 100 * out.shared_fraction)
-        self._publish_regenerated(out.regenerated)
+        self.publish_regenerated(out.regenerated)
 
-    def _publish_regenerated(self, regenerated):
+    def publish_regenerated(self, regenerated):
         for other in sorted(regenerated):
             self.publisher.current(other)
 
@@ -219,7 +219,7 @@ class Handler:
             except exception.ImageNotFound:
                 out = None
             if out is not None:
-                self._publish_regenerated(out.regenerated)
+                self.publish_regenerated(out.regenerated)
         # the versions hosts that serve peers still export: a server of it
         # moving to another host fetches its map there (its blocks from
         # the hosts that hold them); map GC deletes them once no host
@@ -241,8 +241,8 @@ class Handler:
             vis = None
         out = self.library.update_metadata(image_id, owner=owner,
                                            visibility=vis)
-        self._publish_regenerated(dict(out.regenerated,
-                                       **{image_id: out.map_version}))
+        self.publish_regenerated(dict(out.regenerated,
+                                      **{image_id: out.map_version}))
 
     def dispatch(self, event_type, payload):
         # one event per image at a time in this agent: image.upload and
@@ -611,6 +611,19 @@ def listener(conf, endpoint):
         executor='threading', pool=a.pool, allow_requeue=True)
 
 
+def rewrite_pending(conf, handler, limit):
+    """Rewrite and publish up to ``limit`` maps left pending.
+
+    Returns how many.
+    """
+    done = handler.library.rewrite_pending(limit)
+    handler.publish_regenerated(done)
+    metrics.PENDING_REWRITTEN.inc(len(done))
+    if done:
+        LOG.info('rewrote %d pending maps', len(done))
+    return len(done)
+
+
 def collect_garbage(conf, handler, dry_run=False, min_age=None):
     """Remove the map versions no host holds (:mod:`.gc`)."""
     return gc.collect(conf, handler.library, handler.publisher,
@@ -643,6 +656,9 @@ def run(conf, handler, stop_event, started=None):
     gc_interval = conf.vmar_agent.map_gc_interval
     next_sync = time.monotonic() + interval
     next_gc = time.monotonic() + gc_interval
+    # pending maps: a tenth of a minute's worth every six seconds
+    per_pass = -(-conf.vmar_agent.pending_maps_per_minute // 10)
+    next_pending = time.monotonic()
     while not stop_event.wait(1):
         try:
             if interval and time.monotonic() >= next_sync:
@@ -654,6 +670,12 @@ def run(conf, handler, stop_event, started=None):
                 retry_parked(handler, endpoint)
         except Exception as e:         # Glance or the database away
             LOG.warning('resync failed: %s', e)
+        if per_pass and time.monotonic() >= next_pending:
+            next_pending = time.monotonic() + 6
+            try:
+                rewrite_pending(conf, handler, per_pass)
+            except Exception as e:
+                LOG.warning('rewriting pending maps failed: %s', e)
         if gc_interval and time.monotonic() >= next_gc:
             next_gc = time.monotonic() + gc_interval
             try:

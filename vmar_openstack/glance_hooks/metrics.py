@@ -10,6 +10,8 @@ from prometheus_client import core
 from prometheus_client import registry as prom_registry
 
 from vmar_openstack.db import failures as db_failures
+from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
 
 # registered by registry(), not on prometheus_client's global registry
 
@@ -32,6 +34,10 @@ REPORT_SECONDS = prometheus_client.Histogram(
     '(vmar.host.exports) in the database; its count is the reports '
     'recorded.', buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                           1, 2.5, 5), registry=None)
+PENDING_REWRITTEN = prometheus_client.Counter(
+    'vmar_agent_pending_maps_rewritten', 'Maps left pending by a change '
+    'of another image that the agent rewrote and published '
+    '([vmar_agent] pending_maps_per_minute).', registry=None)
 SNAPSHOT_MISMATCH = prometheus_client.Counter(
     'vmar_agent_snapshot_mismatch', 'Snapshots built from a delta whose '
     'stored bytes were not the image built (entry dropped, ingested '
@@ -56,10 +62,25 @@ class FailureCollector(prom_registry.Collector):
         yield m
 
 
+class PendingCollector(prom_registry.Collector):
+    """``vmar_agent_pending_maps``: maps waiting for the agent."""
+
+    def __init__(self, conf):
+        self.conf = conf
+
+    def collect(self):
+        with db_session.reader(self.conf) as s:
+            n = db_store.ClusterStore(s).pending_count()
+        yield core.GaugeMetricFamily(
+            'vmar_agent_pending_maps', 'Maps a change of another image left '
+            'for the agent to rewrite ([vmar] rewrite_at_once).', value=n)
+
+
 def registry(conf):
     """The agent's metrics, with the failure records of ``conf``."""
     reg = prom_registry.CollectorRegistry()
     for m in (EVENTS, DOWNLOAD_SECONDS, INGEST_SECONDS, INGESTED_BYTES,
-              REPORT_SECONDS, SNAPSHOT_MISMATCH, FailureCollector(conf)):
+              REPORT_SECONDS, PENDING_REWRITTEN, SNAPSHOT_MISMATCH,
+              FailureCollector(conf), PendingCollector(conf)):
         reg.register(m)
     return reg

@@ -100,8 +100,9 @@ def check(conf):
                                 'public member %s' % (
                                     cid, c.min_public_seq,
                                     min(public) if public else None))
-        problems.extend(_check_maps(conf, store, images))
-        warnings = _orphans(conf, images)
+        map_problems, pending = _check_maps(conf, store, images)
+        problems.extend(map_problems)
+        warnings = pending + _orphans(conf, images)
     return problems, warnings
 
 
@@ -154,7 +155,9 @@ def _member_sets(store, clusters):
 
 
 def _check_maps(conf, store, images):
-    problems = []
+    """Problems of the current maps; and the maps pending, as warnings."""
+    problems, warnings = [], []
+    pending = {row[0]: row[2:] for row in store.pending_maps()}
     resolver = mapgen.Resolver(store, conf.vmar.dedup_scope)
     for img in images:
         mv = store.map_version(img.seq, img.map_version)
@@ -180,12 +183,19 @@ def _check_maps(conf, store, images):
             problems.append('image %s: %s' % (img.image_id, e))
             continue
         fresh = resolver.build(img)
-        if (not np.array_equal(bmap.extents, fresh.extents)
-                or bmap.targets != fresh.targets):
+        if (np.array_equal(bmap.extents, fresh.extents)
+                and bmap.targets == fresh.targets):
+            continue
+        if img.seq in pending:
+            cause, since = pending[img.seq]
+            warnings.append('image %s: map v%d waits for vmar-agent to '
+                            'rewrite it (after a change of image %s, %s)'
+                            % (img.image_id, img.map_version, cause, since))
+        else:
             problems.append('image %s: map v%d is stale: the cluster tables '
                             'give a different map' % (img.image_id,
                                                       img.map_version))
-    return problems
+    return problems, warnings
 
 
 def _orphans(conf, images):

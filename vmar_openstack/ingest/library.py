@@ -48,6 +48,7 @@ class Outcome:
     map_version: int
     regenerated: dict          # image id -> new map version, other images
     shared_fraction: float = 0.0
+    pending: int = 0           # other maps left for vmar-agent to rewrite
 
 
 def _check_uuid(image_id):
@@ -240,11 +241,13 @@ class Library:
             affected = self._affected(store, img, digests)
             store.remove_keys(img.seq, fp_keys.image_key_set(img, digests))
             old_versions = store.delete_image(img)
-            regenerated = self._write_maps(store, affected, written)
+            now = self._pend_beyond_bound(store, img, affected)
+            regenerated = self._write_maps(store, now, written)
         for v in old_versions:
             fileutils.unlink(paths.map_path(self.conf, image_id, v))
         self._unplace(image_id)
-        return Outcome(image_id, 0, 0, regenerated)
+        return Outcome(image_id, 0, 0, regenerated,
+                       pending=len(affected) - len(now))
 
     @db_session.retry_conflicts()
     def drop_map_version(self, image_id, version):
@@ -546,16 +549,53 @@ class Library:
                     out.add(y)
         return out
 
+    def _pend_beyond_bound(self, store, img, affected):
+        """The maps of ``affected`` to rewrite now; pend the others.
+
+        At most ``[vmar] rewrite_at_once``, those some host exports first:
+        the others are recorded for vmar-agent (:meth:`rewrite_pending`),
+        with ``img`` as their cause.
+        """
+        affected = set(affected) - {img.seq}
+        bound = self.conf.vmar.rewrite_at_once
+        if len(affected) <= bound:
+            return affected
+        exported = store.exported_seqs(affected)
+        order = sorted(affected, key=lambda q: (q not in exported, q))
+        store.pend_maps(order[bound:], img.image_id)
+        LOG.info('image %s: %d maps of other images left for vmar-agent to '
+                 'rewrite ([vmar] rewrite_at_once = %d)', img.image_id,
+                 len(order) - bound, bound)
+        return set(order[:bound])
+
     def _regenerate(self, store, written, img, affected, known=None,
                     digests=None, on_written=None, built=None):
-        versions = self._write_maps(store, {img.seq} | set(affected), written,
+        now = self._pend_beyond_bound(store, img, affected)
+        versions = self._write_maps(store, {img.seq} | now, written,
                                     known, digests, on_written, built)
         version = versions.pop(img.image_id)
         LOG.info('image %s: map v%d, %d other maps regenerated',
                  img.image_id, version, len(versions))
         shared = img.n_blocks - img.zero_blocks
         frac = (img.redirected_blocks / shared) if shared else 0.0
-        return Outcome(img.image_id, img.seq, version, versions, frac)
+        return Outcome(img.image_id, img.seq, version, versions, frac,
+                       pending=len(set(affected) - {img.seq}) - len(now))
+
+    @db_session.retry_conflicts()
+    def rewrite_pending(self, limit):
+        """Rewrite up to ``limit`` pending maps, oldest first.
+
+        Returns ``{image id: new map version}``.
+        """
+        with self._mutation() as (store, written):
+            seqs = [row[0] for row in store.pending_maps(limit)]
+            return self._write_maps(store, seqs, written) if seqs else {}
+
+    def pending_maps(self):
+        """``[(image id, cause, since)]`` of the maps left pending."""
+        with db_session.reader(self.conf) as s:
+            return [row[1:] for row in
+                    db_store.ClusterStore(s).pending_maps()]
 
     def _write_maps(self, store, seqs, written, known=None, digests=None,
                     on_written=None, built=None):
@@ -593,5 +633,6 @@ class Library:
             image.redirected_blocks = result.redirected_blocks
             image.n_extents = len(result.extents)
             out[image.image_id] = version
+        store.clear_pending(seqs)
         store.flush()
         return out
