@@ -5,8 +5,8 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import session as db_session
 from vmar_openstack.ingest import check
-from vmar_openstack import mapformat
 from vmar_openstack.ingest import paths
+from vmar_openstack import mapformat
 
 
 def _uuid(n):
