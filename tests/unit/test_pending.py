@@ -89,3 +89,11 @@ class TestPendingMaps(base.LibraryTestCase):
         out = self.lib.delete(_uuid(1))
         self.assertEqual((6, 0), (len(out.regenerated), out.pending))
         self.assertEqual([], self.lib.pending_maps())
+        # an idle pass is no library mutation: ingests keep their lookups
+        before = self.generation()
+        self.assertEqual({}, self.lib.rewrite_pending(10))
+        self.assertEqual(before, self.generation())
+
+    def generation(self):
+        with db_session.reader(self.conf) as s:
+            return db_session.generation(s)

@@ -585,8 +585,13 @@ class Library:
     def rewrite_pending(self, limit):
         """Rewrite up to ``limit`` pending maps, oldest first.
 
-        Returns ``{image id: new map version}``.
+        Returns ``{image id: new map version}``. Takes the library lock
+        only when some map is pending: an ingest beside an idle pass keeps
+        its lookups (the lock's generation does not move).
         """
+        with db_session.reader(self.conf) as s:
+            if not db_store.ClusterStore(s).pending_count():
+                return {}
         with self._mutation() as (store, written):
             seqs = [row[0] for row in store.pending_maps(limit)]
             return self._write_maps(store, seqs, written) if seqs else {}
