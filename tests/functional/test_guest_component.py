@@ -137,11 +137,11 @@ class TestVmarGuest(testtools.TestCase):
         with open(base, 'rb') as f:
             while f.read(MIB):
                 pass
-            self.wait_for('base data dropped', lambda: self.cached(
-                base) == 0, timeout=15)
-            s = self.status(status)
-            self.assertEqual(0, s['close_drops'])
-            self.assertGreaterEqual(s['drops'], 1)
+            # the drop counted, not only the cache empty: the host may
+            # evict the file itself (seen in CI, 0.85 s into a 2 s hold)
+            self.wait_for('base data dropped', lambda: self.status(status)[
+                'drops'] >= 1 and self.cached(base) == 0, timeout=15)
+            self.assertEqual(0, self.status(status)['close_drops'])
 
     def test_what_was_cached_before_it_started_goes_too(self):
         base = self.write('base', 4 * MIB)
