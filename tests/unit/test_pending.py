@@ -65,6 +65,14 @@ class TestPendingMaps(base.LibraryTestCase):
             self.assertEqual({s}, self.targets(s))
         self.assertEqual(([], []), check.check(self.conf))
 
+    def test_a_pass_stops_at_its_time(self):
+        self.lib.delete(_uuid(1))
+        first = self.lib.pending_maps()[0][0]
+        # the first map past the time ends the pass: one, the oldest
+        self.assertEqual([first], list(self.lib.rewrite_pending(
+            10, seconds=0)))
+        self.assertEqual(3, len(self.lib.pending_maps()))
+
     def test_a_rewrite_or_a_delete_of_a_pending_map_clears_it(self):
         self.lib.delete(_uuid(1))
         pending = [p[0] for p in self.lib.pending_maps()]

@@ -49,10 +49,15 @@ agent_opts = [
                     'publishes per minute, oldest first; each is a new map '
                     'version the hosts of its image fetch. 0: none (the '
                     'maps read through alternates until an operator runs '
-                    '``vmar-manage map rewrite``).\n\nPossible values: '
-                    'maps per minute; the library lock is held for each '
-                    'batch (about 1 s per 100 maps of 1 GiB).\n\nRelated '
-                    'options: [vmar] rewrite_at_once.'),
+                    '``vmar-manage map rewrite``). A pass every 6 s '
+                    'rewrites a tenth of them and stops after the first map '
+                    'past 1 s, holding the library lock all the while: '
+                    'ingests wait behind it that long at most, and at most '
+                    'a sixth of the time.\n\nPossible values: maps per '
+                    'minute per agent; the pass reaches it when maps take '
+                    'under 1 s / (a tenth) each (about 3.5 s per GiB of '
+                    'image data was measured; see doc/source/scale.rst).'
+                    '\n\nRelated options: [vmar] rewrite_at_once.'),
     cfg.IntOpt('holder_max_age', default=300, min=1,
                help='Seconds after its last report that a host is still '
                     'named as a holder of blocks to hosts that ask '

@@ -611,12 +611,18 @@ def listener(conf, endpoint):
         executor='threading', pool=a.pool, allow_requeue=True)
 
 
-def rewrite_pending(conf, handler, limit):
+# the library lock a pass of the pending maps holds, at most (plus the
+# last map's build): a sixth of the time, one pass every PENDING_PERIOD
+PENDING_PASS_SECONDS = 1.0
+PENDING_PERIOD = 6
+
+
+def rewrite_pending(conf, handler, limit, seconds=None):
     """Rewrite and publish up to ``limit`` maps left pending.
 
-    Returns how many.
+    ``seconds``: stop after the first map past this long. Returns how many.
     """
-    done = handler.library.rewrite_pending(limit)
+    done = handler.library.rewrite_pending(limit, seconds)
     handler.publish_regenerated(done)
     metrics.PENDING_REWRITTEN.inc(len(done))
     if done:
@@ -656,8 +662,9 @@ def run(conf, handler, stop_event, started=None):
     gc_interval = conf.vmar_agent.map_gc_interval
     next_sync = time.monotonic() + interval
     next_gc = time.monotonic() + gc_interval
-    # pending maps: a tenth of a minute's worth every six seconds
-    per_pass = -(-conf.vmar_agent.pending_maps_per_minute // 10)
+    # pending maps: a minute's worth spread over the minute's passes
+    per_pass = -(-conf.vmar_agent.pending_maps_per_minute
+                 * PENDING_PERIOD // 60)
     next_pending = time.monotonic()
     while not stop_event.wait(1):
         try:
@@ -671,9 +678,10 @@ def run(conf, handler, stop_event, started=None):
         except Exception as e:         # Glance or the database away
             LOG.warning('resync failed: %s', e)
         if per_pass and time.monotonic() >= next_pending:
-            next_pending = time.monotonic() + 6
+            next_pending = time.monotonic() + PENDING_PERIOD
             try:
-                rewrite_pending(conf, handler, per_pass)
+                rewrite_pending(conf, handler, per_pass,
+                                PENDING_PASS_SECONDS)
             except Exception as e:
                 LOG.warning('rewriting pending maps failed: %s', e)
         if gc_interval and time.monotonic() >= next_gc:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import time
 import types
 import uuid
 
@@ -582,19 +583,22 @@ class Library:
                        pending=len(set(affected) - {img.seq}) - len(now))
 
     @db_session.retry_conflicts()
-    def rewrite_pending(self, limit):
+    def rewrite_pending(self, limit, seconds=None):
         """Rewrite up to ``limit`` pending maps, oldest first.
 
-        Returns ``{image id: new map version}``. Takes the library lock
-        only when some map is pending: an ingest beside an idle pass keeps
-        its lookups (the lock's generation does not move).
+        ``seconds``: stop after the first map written past this long (the
+        library lock is held all the while). Returns ``{image id: new map
+        version}``. Takes the lock only when some map is pending: an
+        ingest beside an idle pass keeps its lookups (the lock's
+        generation does not move).
         """
         with db_session.reader(self.conf) as s:
             if not db_store.ClusterStore(s).pending_count():
                 return {}
+        deadline = None if seconds is None else time.monotonic() + seconds
         with self._mutation() as (store, written):
             seqs = [row[0] for row in store.pending_maps(limit)]
-            return self._write_maps(store, seqs, written) if seqs else {}
+            return self._write_maps(store, seqs, written, deadline=deadline)
 
     def pending_maps(self):
         """``[(image id, cause, since)]`` of the maps left pending."""
@@ -603,17 +607,20 @@ class Library:
                     db_store.ClusterStore(s).pending_maps()]
 
     def _write_maps(self, store, seqs, written, known=None, digests=None,
-                    on_written=None, built=None):
+                    on_written=None, built=None, deadline=None):
         """Write and record a new map version of each image in ``seqs``.
 
         ``built`` holds maps already built, by seq (see :mod:`ahead`).
+        ``deadline`` (``time.monotonic()``): stop after the first map
+        written past it. Written in the order of ``seqs`` if a list, else
+        ascending.
         """
         resolver = mapgen.Resolver(store, self.conf.vmar.dedup_scope,
                                    digests=digests)
         known = known or {}
-        out = {}
+        out, done = {}, []
         imgs = store.images_by_seq(seqs)
-        for seq in sorted(seqs):
+        for seq in seqs if isinstance(seqs, list) else sorted(seqs):
             image = imgs[seq]
             version = image.map_version + 1
             path = paths.map_path(self.conf, image.image_id, version)
@@ -638,6 +645,9 @@ class Library:
             image.redirected_blocks = result.redirected_blocks
             image.n_extents = len(result.extents)
             out[image.image_id] = version
-        store.clear_pending(seqs)
+            done.append(seq)
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        store.clear_pending(done)
         store.flush()
         return out
