@@ -76,6 +76,7 @@ sys.path.insert(0, os.path.join(TOP, 'bench'))
 import numpy as np  # noqa: E402
 from oslo_config import cfg  # noqa: E402
 from prometheus_client import parser as prom_parser  # noqa: E402
+from sqlalchemy import exc as sa_exc  # noqa: E402
 
 import bench_ingest  # noqa: E402
 from tools.vmarenv import glance_env  # noqa: E402
@@ -818,22 +819,155 @@ def library_report(r):
 # -- writers: several agents ingesting at once -------------------------------
 
 
+# how long a writer of the chaos round waits for its database node to
+# come back, trying again as vmar-agent's retries of a notification would
+WRITER_PATIENCE = 180
+
+
 def writer(conf_file, out, pairs):
-    """Add ``ID=PATH`` images one by one: a JSON line each to ``out``."""
+    """Add ``ID=PATH`` images one by one: a JSON line each to ``out``.
+
+    An image the library has already (its add committed before this
+    writer was killed) counts as done. An add that fails for the database
+    (its node down) is tried again for WRITER_PATIENCE seconds.
+    """
+    from vmar_openstack import exception
     conf = library_conf(conf_file)
     lib = ingest.Library(conf)
     with open(out, 'a') as f:
         for pair in pairs:
             image_id, path = pair.split('=', 1)
             t = time.perf_counter()
-            try:
-                lib.add(image_id, path, keep_base=False, visibility='public')
-                err = None
-            except Exception as e:   # noqa: B902  reported by the run
-                err = '%s: %s' % (type(e).__name__, str(e)[:300])
-            f.write(json.dumps({'id': image_id, 'error': err,
+            tries = 0
+            while True:
+                tries += 1
+                try:
+                    lib.add(image_id, path, keep_base=False,
+                            visibility='public')
+                    err = None
+                except exception.ImageExists:
+                    err = None
+                except sa_exc.DBAPIError as e:
+                    err = '%s: %s' % (type(e).__name__, str(e)[:300])
+                    if time.perf_counter() - t < WRITER_PATIENCE:
+                        time.sleep(1)
+                        continue
+                except Exception as e:   # noqa: B902  reported by the run
+                    err = '%s: %s' % (type(e).__name__, str(e)[:300])
+                break
+            f.write(json.dumps({'id': image_id, 'error': err, 'tries': tries,
                                 's': time.perf_counter() - t}) + '\n')
             f.flush()
+
+
+def _writer_confs(args, galera, work, n, tag):
+    """Configuration files of ``n`` writers on a new, empty library."""
+    if galera is not None:
+        db = '%s_%s' % (galera.database, tag)
+        galera.sql(1, 'DROP DATABASE IF EXISTS `{0}`; CREATE '
+                   'DATABASE `{0}`'.format(db))
+        galera.wait_same_position()
+        urls = [galera.url(k % galera.size + 1, db) for k in range(n)]
+    else:
+        urls = [database(args.db, work, tag)] * n
+    state = os.path.join(work, 'state-%s' % tag)
+    confs = []
+    for k, url in enumerate(urls):
+        path = os.path.join(work, 'writer-%s-%d.conf' % (tag, k))
+        glance_env.write_conf(path, {
+            'vmar': {'state_dir': state, 'hash_workers': '1'},
+            'vmar_database': {'connection': url}})
+        confs.append(path)
+    migration.upgrade('head', conf=library_conf(confs[0]))
+    if galera is not None:
+        galera.wait_same_position()
+    return confs
+
+
+def _start_writer(conf_file, out, images):
+    return subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), '_writer', conf_file,
+         out] + ['%s=%s' % (i, p) for i, p, _n in images])
+
+
+def _recorded(out):
+    """The records of a writer's output file, by image id."""
+    if not os.path.exists(out):
+        return {}
+    with open(out) as f:
+        return {x['id']: x for x in map(json.loads, f) if x}
+
+
+def _writers_round(conf_file, outs, images):
+    """What a round left: records, failures, the checker's verdict."""
+    from vmar_openstack.db import api as db_api
+    from vmar_openstack.db import session as db_session
+    from vmar_openstack.ingest import check
+    lines = {}
+    for o in outs:
+        lines.update(_recorded(o))
+    failed = [x for x in lines.values() if x['error']]
+    conf = library_conf(conf_file)
+    problems, _warnings = check.check(conf)
+    with db_session.reader(conf) as s:
+        have = {i.image_id for i in db_api.list_images(s)}
+    return {'images': len(lines), 'failed': len(failed),
+            'errors': [x['error'] for x in failed][:5],
+            'missing': len({i for i, _p, _n in images} - have),
+            'checker_problems': len(problems), 'problems': problems[:5]}
+
+
+def _chaos_round(args, galera, work, images):
+    """The writers again, killed at random, and database nodes too.
+
+    Every ``--chaos`` seconds or so (0.5 to 1.5 times), one of: a writer
+    SIGKILLed and started again on what it has not recorded, as a
+    restarted vmar-agent is given the notifications it did not
+    acknowledge; or, on Galera, a node SIGKILLed and restarted (its
+    writer tries again until it is back). Then every image must be in
+    the library once and the checker find nothing.
+    """
+    rnd = random.Random(35)
+    n = args.writers
+    confs = _writer_confs(args, galera, work, n, 'chaos')
+    parts = [images[k::n] for k in range(n)]
+    outs = [os.path.join(work, 'chaos-%d.jsonl' % k) for k in range(n)]
+    procs = [_start_writer(c, o, part)
+             for c, o, part in zip(confs, outs, parts)]
+    kills = {'writers': 0, 'nodes': 0}
+    t0 = time.perf_counter()
+    while any(p.poll() is None for p in procs):
+        time.sleep(args.chaos * rnd.uniform(0.5, 1.5))
+        alive = [k for k, p in enumerate(procs) if p.poll() is None]
+        if not alive:
+            break
+        if galera is not None and rnd.random() < 0.5:
+            node = rnd.randint(1, galera.size)
+            galera.kill(node)
+            kills['nodes'] += 1
+            time.sleep(rnd.uniform(1, 5))
+            galera.restart(node)
+        else:
+            k = rnd.choice(alive)
+            procs[k].kill()
+            procs[k].wait()
+            kills['writers'] += 1
+            done = _recorded(outs[k])
+            procs[k] = _start_writer(confs[k], outs[k], [
+                x for x in parts[k] if x[0] not in done])
+    for p in procs:
+        p.wait()
+    if galera is not None:
+        galera.wait_same_position()
+    r = _writers_round(confs[0], outs, images)
+    r.update(writers=n, wall_s=time.perf_counter() - t0, kills=kills)
+    print('chaos: %d writers, %d killed and started again, %d database '
+          'nodes killed and restarted: %d of %d images in the library, '
+          '%d failed; checker: %d problems' % (
+              n, kills['writers'], kills['nodes'],
+              len(images) - r['missing'], len(images), r['failed'],
+              r['checker_problems']), flush=True)
+    return r
 
 
 def run_writers(args):
@@ -845,7 +979,6 @@ def run_writers(args):
     writers on the one server. Each round starts from an empty library.
     """
     from tools.vmarenv import galera_env
-    from vmar_openstack.ingest import check
     work = tempfile.mkdtemp(prefix='bench-writers-', dir=args.workdir)
     cloud = Cloud(args.bases, args.derived, args.scale)
     images = []
@@ -864,52 +997,27 @@ def run_writers(args):
               'rounds': {}}
     try:
         for n in (1, args.writers):
-            if galera is not None:
-                db = '%s_writers_%d' % (galera.database, n)
-                galera.sql(1, 'DROP DATABASE IF EXISTS `{0}`; CREATE '
-                           'DATABASE `{0}`'.format(db))
-                galera.wait_same_position()
-                urls = [galera.url(k + 1, db) for k in range(n)]
-            else:
-                urls = [database(args.db, work, 'writers')] * n
-            state = os.path.join(work, 'state-%d' % n)
-            confs = []
-            for k, url in enumerate(urls):
-                path = os.path.join(work, 'writer-%d-%d.conf' % (n, k))
-                glance_env.write_conf(path, {
-                    'vmar': {'state_dir': state, 'hash_workers': '1'},
-                    'vmar_database': {'connection': url}})
-                confs.append(path)
-            migration.upgrade('head', conf=library_conf(confs[0]))
-            if galera is not None:
-                galera.wait_same_position()
+            confs = _writer_confs(args, galera, work, n, 'writers_%d' % n)
             outs, procs = [], []
             t = time.perf_counter()
             for k, c in enumerate(confs):
                 out = os.path.join(work, 'writer-%d-%d.jsonl' % (n, k))
                 outs.append(out)
-                mine = ['%s=%s' % (i, p) for i, p, _n in images[k::n]]
-                procs.append(subprocess.Popen(
-                    [sys.executable, os.path.abspath(__file__), '_writer',
-                     c, out] + mine))
+                procs.append(_start_writer(c, out, images[k::n]))
             for proc in procs:
                 proc.wait()
             wall = time.perf_counter() - t
-            lines = [json.loads(x) for o in outs for x in open(o)]
-            failed = [x for x in lines if x['error']]
-            problems, _warnings = check.check(library_conf(confs[0]))
-            r = result['rounds'][n] = {
-                'writers': n, 'wall_s': wall,
-                'uploads_per_hour': len(lines) * 3600 / wall,
-                'gib_per_hour': gib * 3600 / wall,
-                'failed': len(failed), 'errors': [x['error']
-                                                  for x in failed][:5],
-                'checker_problems': len(problems)}
+            r = result['rounds'][n] = _writers_round(confs[0], outs, images)
+            r.update(writers=n, wall_s=wall,
+                     uploads_per_hour=r['images'] * 3600 / wall,
+                     gib_per_hour=gib * 3600 / wall)
             print('%d writer(s): %d images in %.1f s: %.0f uploads/hour, '
                   '%.1f GiB/hour; %d failed; checker: %d problems' % (
-                      n, len(lines), wall, r['uploads_per_hour'],
-                      r['gib_per_hour'], r['failed'], len(problems)),
+                      n, r['images'], wall, r['uploads_per_hour'],
+                      r['gib_per_hour'], r['failed'], r['checker_problems']),
                   flush=True)
+        if args.chaos:
+            result['chaos'] = _chaos_round(args, galera, work, images)
     finally:
         if galera is not None:
             galera.stop()
@@ -976,6 +1084,9 @@ def main():
                         help='uploads per hour, one writer against several')
     wr.add_argument('--writers', type=int, default=None,
                     help='default: 3 on Galera (one per node), else 2')
+    wr.add_argument('--chaos', type=float, metavar='SECONDS',
+                    help='then a round whose writers (and Galera nodes) '
+                    'are killed at random about this often')
     if len(sys.argv) > 1 and sys.argv[1] == '_writer':
         writer(sys.argv[2], sys.argv[3], sys.argv[4:])
         return
@@ -989,7 +1100,7 @@ def main():
         if args.writers is None:
             args.writers = 3 if args.db == 'galera' else 2
         if args.smoke:
-            args.images, args.scale = 12, 2048
+            args.images, args.scale = 30, 2048
         run_writers(args)
         return
     if args.what == 'library':

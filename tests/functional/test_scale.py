@@ -19,12 +19,12 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
-def smoke(test, what, db):
+def smoke(test, what, db, *extra):
     """``bench_scale.py WHAT --smoke --db DB``: its JSON result."""
     out = os.path.join(test.useFixture(fixtures.TempDir()).path, 'out.json')
     r = subprocess.run(
         [sys.executable, os.path.join(TOP, 'bench', 'bench_scale.py'),
-         what, '--smoke', '--db', db, '--json', out],
+         what, '--smoke', '--db', db, '--json', out] + list(extra),
         capture_output=True, text=True, timeout=600)
     test.assertEqual(0, r.returncode, r.stdout[-3000:] + r.stderr[-3000:])
     with open(out) as f:
@@ -80,9 +80,16 @@ class TestWriters(testtools.TestCase):
     def test_writers_smoke_on_galera(self):
         # one ingest process, then one on each of three Galera nodes, the
         # same images: no upload lost, the library whole after each
-        res = smoke(self, 'writers', 'galera')
+        # then the same with writers and nodes killed at random: every
+        # image in the library once, and the checker finds nothing
+        res = smoke(self, 'writers', 'galera', '--chaos', '0.5')
         for n in ('1', '3'):
             r = res['rounds'][n]
             self.assertEqual(0, r['failed'], r['errors'])
             self.assertEqual(0, r['checker_problems'])
             self.assertGreater(r['uploads_per_hour'], 0)
+        chaos = res['chaos']
+        self.assertGreater(sum(chaos['kills'].values()), 0)
+        self.assertEqual((0, 0, 0), (chaos['missing'], chaos['failed'],
+                                     chaos['checker_problems']),
+                         (chaos['errors'], chaos['problems']))
