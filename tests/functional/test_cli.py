@@ -156,6 +156,26 @@ class TestManage(base.LibraryTestCase):
         self.assertLess(rows.index(['h2', '1.000']),
                         rows.index(['h1', '0.667']))
 
+    def test_a_delete_leaves_maps_pending(self):
+        self.conf_file = self.write_conf_file(
+            vmar_extra='rewrite_at_once = 0\n',
+            connection='sqlite:///%s/cli.sqlite' % self.tmp)
+        self.manage('db', 'sync')
+        self.manage('image', 'add', '--id', A, '--visibility', 'public',
+                    self.image('a.raw', range(1, 9)))
+        self.manage('image', 'add', '--id', B, '--owner', 'p1',
+                    self.image('b.raw', list(range(1, 9)) + [70]))
+        out = self.manage('image', 'delete', A).stdout
+        self.assertIn('1 more maps left for vmar-agent to rewrite', out)
+        pending = self.manage('map', 'pending').stdout.splitlines()
+        self.assertEqual(1, len(pending))
+        self.assertTrue(pending[0].startswith(B), pending)
+        self.assertIn('after a change of %s' % A, pending[0])
+        # a warning, not a problem: the library is consistent
+        out = self.manage('check').stdout
+        self.assertIn('waits for vmar-agent to rewrite it', out)
+        self.assertIn('library consistent', out)
+
     def test_errors_are_one_clear_line(self):
         self.manage('db', 'sync')
         err = self.manage('image', 'delete', A, ok=False).stderr
