@@ -764,7 +764,8 @@ def run_library(args):
                                   'pending': out.pending}
     # what vmar-agent's background pass then does, a batch per transaction
     batches = []
-    while True:
+    while args.pass_maps is None or sum(
+            n for n, _s in batches) < args.pass_maps:
         t = time.perf_counter()
         done = lib.rewrite_pending(PENDING_BATCH)
         if not done:
@@ -1080,6 +1081,9 @@ def main():
     lb.add_argument('--image-dir')
     lb.add_argument('--rewrite-at-once', type=int, default=64,
                     help='[vmar] rewrite_at_once of the library')
+    lb.add_argument('--pass-maps', type=int,
+                    help='stop the pending pass after about this many maps '
+                    '(default: all)')
     wr = sub.add_parser('writers', parents=[common, catalogue],
                         help='uploads per hour, one writer against several')
     wr.add_argument('--writers', type=int, default=None,
