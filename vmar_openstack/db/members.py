@@ -93,6 +93,8 @@ def remove_member(text, seq):
 
 def delta_add(added, removed, seq):
     """``(added, removed)`` of a delta with ``seq`` added to its set."""
+    if not removed:                 # most deltas: nothing to look up
+        return add_member(added, seq), removed
     gone = parse_members(removed)
     if seq in gone:
         return added, members_text(gone[gone != seq])
@@ -101,6 +103,8 @@ def delta_add(added, removed, seq):
 
 def delta_remove(added, removed, seq):
     """``(added, removed)`` of a delta with ``seq`` taken from its set."""
+    if not added:
+        return added, add_member(removed, seq)
     more = parse_members(added)
     if seq in more:
         return members_text(more[more != seq]), removed
