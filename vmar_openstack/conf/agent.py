@@ -55,8 +55,9 @@ agent_opts = [
                     'ingests wait behind it that long at most, and at most '
                     'a sixth of the time.\n\nPossible values: maps per '
                     'minute per agent; the pass reaches it when maps take '
-                    'under 1 s / (a tenth) each (about 3.5 s per GiB of '
-                    'image data was measured; see doc/source/scale.rst).'
+                    'under 1 s / (a tenth) each (2 to 5 s per GiB of image '
+                    'data were measured, more in larger libraries; see '
+                    'doc/source/scale.rst).'
                     '\n\nRelated options: [vmar] rewrite_at_once.'),
     cfg.IntOpt('holder_max_age', default=300, min=1,
                help='Seconds after its last report that a host is still '
