@@ -55,6 +55,10 @@ class Node:
         self.name = 'node%d' % index
         self.dir = os.path.join(work_dir, self.name)
         self.datadir = os.path.join(self.dir, 'data')
+        # its own: a mariadbd starting removes the #sql files of its
+        # tmpdir, which in /tmp are another server's temporary tables
+        # (a restarted node failed the host's MariaDB's statements)
+        self.tmpdir = os.path.join(self.dir, 'tmp')
         self.socket = os.path.join(self.dir, 'mysqld.sock')
         self.pid_file = os.path.join(self.dir, 'mysqld.pid')
         self.error_log = os.path.join(self.dir, 'error.log')
@@ -139,6 +143,7 @@ class Galera(process.Service):
                 '[mysqld]',
                 'user=%s' % self.run_as,
                 'datadir=%s' % node.datadir,
+                'tmpdir=%s' % node.tmpdir,
                 'socket=%s' % node.socket,
                 'pid-file=%s' % node.pid_file,
                 'log-error=%s' % node.error_log,
@@ -262,8 +267,9 @@ class Galera(process.Service):
         for node in self.nodes:
             shutil.rmtree(node.dir, ignore_errors=True)
             os.makedirs(node.datadir)
+            os.makedirs(node.tmpdir)
             if self.run_as != 'root':
-                for path in (node.dir, node.datadir):
+                for path in (node.dir, node.datadir, node.tmpdir):
                     shutil.chown(path, self.run_as, self.run_as)
             self._write_cnf(node)
         t0 = time.time()
