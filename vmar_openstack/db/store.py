@@ -2,9 +2,9 @@
 
 A :class:`ClusterStore` wraps one session. It owns the fingerprint table
 (both tiers, :mod:`.bulk`), the cluster rows (:class:`ClusterRow`, with
-their member sets: deltas against shared bases, :mod:`.members`) and the
-images' digest lists; callers
-outside this package reach the tables only through it, and never see SQL.
+their member sets: deltas against shared bases, :mod:`.members`), the
+images' digest lists and the maps left pending; callers outside this
+package reach the tables only through it, and never see SQL.
 
 The fingerprint table is keyed by fingerprint keys
 (:mod:`vmar_openstack.fingerprint.keys`). Full digests live in each image's
