@@ -242,13 +242,12 @@ class Library:
             affected = self._affected(store, img, digests)
             store.remove_keys(img.seq, fp_keys.image_key_set(img, digests))
             old_versions = store.delete_image(img)
-            now = self._pend_beyond_bound(store, img, affected)
+            now, pending = self._pend_beyond_bound(store, img, affected)
             regenerated = self._write_maps(store, now, written)
         for v in old_versions:
             fileutils.unlink(paths.map_path(self.conf, image_id, v))
         self._unplace(image_id)
-        return Outcome(image_id, 0, 0, regenerated,
-                       pending=len(affected) - len(now))
+        return Outcome(image_id, 0, 0, regenerated, pending=pending)
 
     @db_session.retry_conflicts()
     def drop_map_version(self, image_id, version):
@@ -551,7 +550,7 @@ class Library:
         return out
 
     def _pend_beyond_bound(self, store, img, affected):
-        """The maps of ``affected`` to rewrite now; pend the others.
+        """``(maps of affected to rewrite now, how many others pend)``.
 
         At most ``[vmar] rewrite_at_once``, those some host exports first:
         the others are recorded for vmar-agent (:meth:`rewrite_pending`),
@@ -560,18 +559,18 @@ class Library:
         affected = set(affected) - {img.seq}
         bound = self.conf.vmar.rewrite_at_once
         if len(affected) <= bound:
-            return affected
+            return affected, 0
         exported = store.exported_seqs(affected)
         order = sorted(affected, key=lambda q: (q not in exported, q))
         store.pend_maps(order[bound:], img.image_id)
         LOG.info('image %s: %d maps of other images left for vmar-agent to '
                  'rewrite ([vmar] rewrite_at_once = %d)', img.image_id,
                  len(order) - bound, bound)
-        return set(order[:bound])
+        return set(order[:bound]), len(order) - bound
 
     def _regenerate(self, store, written, img, affected, known=None,
                     digests=None, on_written=None, built=None):
-        now = self._pend_beyond_bound(store, img, affected)
+        now, pending = self._pend_beyond_bound(store, img, affected)
         versions = self._write_maps(store, {img.seq} | now, written,
                                     known, digests, on_written, built)
         version = versions.pop(img.image_id)
@@ -580,7 +579,7 @@ class Library:
         shared = img.n_blocks - img.zero_blocks
         frac = (img.redirected_blocks / shared) if shared else 0.0
         return Outcome(img.image_id, img.seq, version, versions, frac,
-                       pending=len(set(affected) - {img.seq}) - len(now))
+                       pending=pending)
 
     @db_session.retry_conflicts()
     def rewrite_pending(self, limit, seconds=None):
