@@ -131,22 +131,31 @@ class Guest:
     """One QEMU (TCG) on a qcow2 overlay, its console in a file."""
 
     def __init__(self, work, name, backing, cache, private, args, seconds,
-                 variant=None, channel=None):
+                 variant=None, channel=None, oem=None, extra=()):
+        """Boot the guest.
+
+        ``oem``: the probe's SMBIOS OEM strings (default: the workload of
+        ``seconds``, --base and --private); ``extra``: more QEMU
+        arguments.
+        """
         self.name = name
         self.console = os.path.join(work, name + '.console')
         self.overlay = os.path.join(work, name + '.qcow2')
         subprocess.run([QEMU_IMG, 'create', '-q', '-f', 'qcow2', '-F', 'raw',
                         '-b', backing, self.overlay], check=True)
-        workload = 'vmar-test:workload=%d,%d,%d' % (
-            seconds, args.base, args.private)
+        if oem is None:
+            oem = ['vmar-test:workload=%d,%d,%d' % (
+                seconds, args.base, args.private)]
         cmd = [QEMU, '-machine', 'q35', '-accel', 'tcg,tb-size=64',
                '-m', str(args.memory), '-smp', '1', '-nographic',
                '-monitor', 'none', '-no-reboot',
                '-serial', 'file:%s' % self.console,
-               # QEMU's option syntax doubles a comma inside a value
-               '-smbios', 'type=11,value=%s' % workload.replace(',', ',,'),
                '-drive', 'file=%s,format=qcow2,if=virtio,cache=%s,'
                'rerror=stop,werror=stop' % (self.overlay, cache)]
+        for value in oem:
+            # QEMU's option syntax doubles a comma inside a value
+            cmd += ['-smbios', 'type=11,value=%s' % value.replace(',', ',,')]
+        cmd += list(extra)
         if private:
             oem, balloon = VARIANTS[variant or 'order0']
             mode = 'auto' if channel else 'private'
