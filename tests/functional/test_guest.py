@@ -23,7 +23,7 @@ GUEST_XML = """<domain type='qemu'>
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{guest}/vmlinuz</kernel>
     <initrd>{guest}/initramfs</initrd>
-    <cmdline>console=ttyS0 quiet {args}</cmdline>
+    <cmdline>console=ttyS0 quiet no_timer_check {args}</cmdline>
   </os>
   <features>
     <acpi/>

@@ -109,7 +109,7 @@ class NovaTestCase(test_export.ExportTestCase):
         g.os_type = 'hvm'
         g.os_kernel = os.path.join(self.guest_dir, 'vmlinuz')
         g.os_initrd = os.path.join(self.guest_dir, 'initramfs')
-        g.os_cmdline = 'console=ttyS0 quiet ' + args
+        g.os_cmdline = 'console=ttyS0 quiet no_timer_check ' + args
         g.features.append(vconfig.LibvirtConfigGuestFeatureACPI())
         disk = self.backend.by_name(inst, 'disk', disk_info_mapping=MAPPING)
         g.add_device(disk.libvirt_info('none', inst.flavor.extra_specs,
