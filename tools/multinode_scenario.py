@@ -51,6 +51,7 @@ from tools.cloud_scenario import ScenarioError
 from tools.vmarenv import pki
 from tools.vmarenv import qemu_env
 from vmar_openstack.export import hostdir
+from vmar_openstack import mapformat
 from vmar_openstack.mapsource import peers as peer_source
 
 SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
@@ -588,10 +589,45 @@ class Moves(Scenario):
         props = self.os.json('image', 'show', 'shelve-shelved')['properties']
         check(props.get('vmar_parent') == self.images['shelve'][0],
               'the shelved snapshot was not built from a delta: %s', props)
+        peers0 = self.peer_reads(b)['peer_bytes']
         self.nova('2.91', 'server', 'unshelve', '--host', b, 'shelve')
         # the shelved snapshot is deleted once the server spawned: the
         # destination held its own blocks first, lazily mirrored
         self.moved('shelve', a, b, IMAGE_SIZE)
+        self.unshelve_bytes(b, self.peer_reads(b)['peer_bytes'] - peers0)
+
+    def unshelve_bytes(self, host, from_peers):
+        """Issue 33's figure: what the unshelve fetched, against the limit.
+
+        The guest read its whole disk, so the limit is every canonical
+        block its map reads: the snapshot's own (what the guest wrote)
+        and its parent's that are not zero, each once. What the host
+        fetched is its mirrors' fills for the export (from the store and
+        from peers; ``from_peers`` of them came from peers).
+        """
+        uuid = self.server('shelve')['id']
+        exp = [e for e in self.status(host)['exports']
+               if uuid in e['holders']]
+        check(len(exp) == 1, '%s: %d exports of shelve', host, len(exp))
+        e = exp[0]
+        bmap = mapformat.read(hostdir.Layout(self.hosts[host].path(
+            'vmar', 'host')).map_file(e['image_id'], e['map_version']))
+        x = bmap.extents
+        blocks = {(t, b + i) for t, b, n in zip(
+            x['target'].tolist(), x['target_block'].tolist(),
+            x['length'].tolist()) for i in range(n)}
+        own = dict(mapformat.target_blocks(bmap.targets, x))[e['image_id']]
+        limit = len(blocks) * bmap.block_size
+        fetched = e['fetched_bytes']
+        self.figures['unshelve'] = {
+            'fetched_bytes': fetched, 'from_peers_bytes': from_peers,
+            'limit_bytes': limit, 'own_blocks': own,
+            'ratio': fetched / limit}
+        self.echo('  unshelve on %s fetched %.2f MiB (%.2f MiB from peers) '
+                  'for a limit of %.2f MiB (%d blocks, %d of them the '
+                  'snapshot\'s own): %.3f x' % (
+                      host, fetched / MIB, from_peers / MIB, limit / MIB,
+                      len(blocks), own, fetched / limit))
 
     def evacuate(self):
         """Evacuate after a host is killed; its restart releases."""
