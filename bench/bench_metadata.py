@@ -23,9 +23,13 @@ base file, what idle reclaim such as DAMON's pageout does to pages nobody
 read for a while; pages the daemon locked are not dropped, as reclaim
 does not take them), and the QEMUs, the daemon and the page cache are
 held in one memory cgroup whose limit follows their own memory plus
-``--budget`` MiB (tools/memcg.CacheBudget). Then each guest is told,
-over a virtio-serial port, to run its round; it prints the time of each
-command.
+``--budget`` MiB (tools/memcg.CacheBudget); vmar-warm's locked pages
+come on top of it, as ``warm_metadata_mb`` is a budget of its own
+(``--equal-memory``: inside it, the same memory for every
+configuration). Then the host starts each step in every guest at once,
+over a virtio-serial port, and waits for all before the next: drop the
+guest's page cache, ``find``, ``du``, ``dpkg -V``; each guest prints the
+time of each step.
 
 Seed 003's and seed 002's hosts had one 7200 RPM disk; this machine's is
 far faster, so reads that reach it are throttled (``--disk-read-iops``,
@@ -33,8 +37,8 @@ far faster, so reads that reach it are throttled (``--disk-read-iops``,
 does; bench/blkcg.py).
 
 Reports per configuration: each command's time per guest and their mean,
-what reached the disk meanwhile, the cgroup's page cache and what the
-daemon locked; then the ratios stock / vmar-warm and vmar / vmar-warm
+what reached the disk during each step, the cgroup's page cache and what
+the daemon locked; then the ratios stock / vmar-warm and vmar / vmar-warm
 (above 1: vmar-warm is faster).
 
 Needs root, the patched QEMU (qemu/build.sh) and an image library
@@ -43,6 +47,7 @@ Usage:
 
     bench_metadata.py --qemu-prefix DIR [--library DIR] [--guests 6]
         [--memory 256] [--budget 64] [--warm-mb 128] [--rounds 1]
+        [--equal-memory]
         [--configs stock,vmar,vmar-warm] [--disk-read-iops 150]
         [--disk-read-mbps 150] [--disk-read-ahead-kb KB] [--json OUT]
 """
@@ -77,11 +82,12 @@ from tools import memcg  # noqa: E402
 CGROUP = 'vmar-bench-metadata'    # under memcg.ROOT and blkcg.ROOT
 CONFIGS = ('stock', 'vmar', 'vmar-warm')
 COMMANDS = ('find', 'du', 'dpkg')
+# what the host has every guest do, one step after the other
+STEPS = ('drop',) + COMMANDS
 # the probe's virtio-serial port (tools/vmar-test-probe)
 PORT = 'org.opendev.vmar.test.0'
 READY = 'VMAR-META-READY'
-ROUND = re.compile(r'VMAR-META (\d+) find_ns=(\d+) du_ns=(\d+) '
-                   r'dpkg_ns=(\d+)')
+DONE = re.compile(r'VMAR-META (%s) (\d+)' % '|'.join(STEPS))
 MiB = 1 << 20
 
 
@@ -117,15 +123,14 @@ class MetaGuest(bench_guestcache.Guest):
             raise RuntimeError('%s: %s' % (self.name, self.text()[-500:]))
         return READY in self.text()
 
-    def go(self):
-        """Tell the probe to run one round."""
-        self.sock.sendall(b'go\n')
+    def start(self, step):
+        """Tell the probe to run ``step`` (one of STEPS)."""
+        self.sock.sendall(step.encode() + b'\n')
 
-    def rounds(self):
-        """{round: {command: seconds}} printed so far."""
-        return {int(m.group(1)): dict(zip(COMMANDS, (
-            int(x) / 1e9 for x in m.groups()[1:])))
-            for m in ROUND.finditer(self.text())}
+    def done(self):
+        """[(step, seconds)] the probe finished so far, in order."""
+        return [(m.group(1), int(m.group(2)) / 1e9)
+                for m in DONE.finditer(self.text())]
 
     def stop(self):
         with contextlib.suppress(OSError):
@@ -170,33 +175,29 @@ def run_config(config, args, work, host, group, disk):
                     st.error, st.without_layout))
             locked = st.locked_bytes
         idle_reclaim(host['bases'] + list(args.images.values()))
-        budget = memcg.CacheBudget(group, args.budget * MiB)
-        read0 = (disk.read_bytes(), disk.read_requests()) if disk else None
+        # the locked pages are page cache of the group: on top of the
+        # budget, as [vmar_host] warm_metadata_mb is its own budget,
+        # unless the run compares at equal memory
+        cache = args.budget * MiB + (
+            0 if args.equal_memory or not locked else locked)
+        budget = memcg.CacheBudget(group, cache)
         rounds = []
-        for n in range(1, args.rounds + 1):
-            for g in guests:
-                g.go()
-
-            def done():
-                for g in guests:
-                    g.check()
-                return all(n in g.rounds() for g in guests)
-            bench_guestcache.wait_for('%s: round %d' % (config, n), done,
-                                      args.round_timeout)
-            rounds.append({g.name: g.rounds()[n] for g in guests})
-        res = {'rounds': rounds, 'cgroup_cache': group.cache_bytes(),
-               'locked_bytes': locked}
-        if disk:
-            res['disk_read_bytes'] = disk.read_bytes() - read0[0]
-            res['disk_read_requests'] = disk.read_requests() - read0[1]
+        for n in range(args.rounds):
+            rounds.append({})
+            for step in STEPS:
+                rounds[-1][step] = run_step(config, step, guests, disk,
+                                            args)
+        res = {'rounds': rounds, 'cache_budget': cache,
+               'cgroup_cache': group.cache_bytes(), 'locked_bytes': locked}
         res['mean'] = {c: statistics.mean(
-            r[g][c] for r in rounds for g in r) for c in COMMANDS}
-        print('  %-9s %s; disk reads %s; cgroup cache %d MiB%s' % (
-            config, ', '.join('%s %.1f s' % (c, res['mean'][c])
-                              for c in COMMANDS),
-            '%.0f MiB in %d requests' % (res['disk_read_bytes'] / MiB,
-                                         res['disk_read_requests'])
-            if disk else 'not counted', res['cgroup_cache'] // MiB,
+            t for r in rounds for t in r[c]['seconds'].values())
+            for c in COMMANDS}
+        res['disk_read_bytes'] = {c: sum(r[c]['disk_read_bytes']
+                                         for r in rounds) for c in COMMANDS}
+        print('  %-9s %s; cgroup cache %d MiB%s' % (
+            config, ', '.join('%s %.1f s (disk %.0f MiB)' % (
+                c, res['mean'][c], res['disk_read_bytes'][c] / MiB)
+                for c in COMMANDS), res['cgroup_cache'] // MiB,
             '; %.1f MiB locked' % (locked / MiB) if locked else ''),
             flush=True)
         return res
@@ -207,6 +208,30 @@ def run_config(config, args, work, host, group, disk):
             budget.stop()
         if warm is not None:
             warm.close()
+
+
+def run_step(config, step, guests, disk, args):
+    """Start ``step`` in every guest at once; its times and disk reads."""
+    before = {g.name: len(g.done()) for g in guests}
+    read0 = (disk.read_bytes(), disk.read_requests())
+    for g in guests:
+        g.start(step)
+
+    def finished():
+        for g in guests:
+            g.check()
+        return all(len(g.done()) > before[g.name] for g in guests)
+    bench_guestcache.wait_for('%s: %s in every guest' % (config, step),
+                              finished, args.round_timeout)
+    seconds = {}
+    for g in guests:
+        name, took = g.done()[before[g.name]]
+        if name != step:
+            raise RuntimeError('%s ran %s, not %s' % (g.name, name, step))
+        seconds[g.name] = took
+    return {'seconds': seconds,
+            'disk_read_bytes': disk.read_bytes() - read0[0],
+            'disk_read_requests': disk.read_requests() - read0[1]}
 
 
 def start_host(args, work):
@@ -244,6 +269,9 @@ def main():
     p.add_argument('--warm-mb', type=int, default=128,
                    help='[vmar_host] warm_metadata_mb of vmar-warm')
     p.add_argument('--rounds', type=int, default=1)
+    p.add_argument('--equal-memory', action='store_true',
+                   help='vmar-warm\'s locked metadata inside --budget '
+                   '(default: on top of it, its own budget)')
     p.add_argument('--configs', default=','.join(CONFIGS))
     p.add_argument('--boot-timeout', type=int, default=1200)
     p.add_argument('--round-timeout', type=int, default=3600)
@@ -313,12 +341,13 @@ def report(results, configs):
     print()
     print('mean seconds per guest:')
     print('%-10s' % 'config' + ''.join('%10s' % c for c in COMMANDS)
-          + '%12s' % 'disk MiB')
+          + ''.join('%12s' % ('%s MiB' % c) for c in COMMANDS))
     for c in configs:
         r = results[c]
         print('%-10s' % c + ''.join('%10.1f' % r['mean'][k]
                                     for k in COMMANDS)
-              + '%12.0f' % (r.get('disk_read_bytes', 0) / MiB))
+              + ''.join('%12.0f' % (r['disk_read_bytes'][k] / MiB)
+                        for k in COMMANDS))
     rs = ratios(results, configs)
     if rs:
         print()
