@@ -111,8 +111,12 @@ daemon_opts = [
                     'finds them in memory. A lazy mirror\'s blocks are '
                     'locked once present. The daemon needs RLIMIT_MEMLOCK '
                     'for it (LimitMEMLOCK= of its unit) unless it runs as '
-                    'root.\n\nPossible values: MiB; 0 keeps nothing (and '
-                    'costs nothing).\n\nRelated options: warm_interval.'),
+                    'root. The pages are memory of their own, beside the '
+                    'page cache the host keeps for data: about 8-11 MiB '
+                    'an image for images built apart, far less for images '
+                    'derived from one another.\n\nPossible values: MiB; '
+                    '0 keeps nothing (and costs nothing).\n\nRelated '
+                    'options: warm_interval.'),
     cfg.IntOpt('warm_interval', default=30, min=1,
                help='Seconds between passes that re-plan the metadata kept '
                     'warm (exports added or removed re-plan at once; a '
