@@ -43,6 +43,7 @@ class Resolver:
         self.scope = scope
         self._digests = dict(digests or {})
         self._images = None
+        self._readable = {}     # image seq -> (sorted array, set) of seqs
 
     def digests(self, image):
         d = self._digests.get(image.seq)
@@ -217,10 +218,23 @@ class Resolver:
         seqs[seqs[:, 0] != image.seq, 1] = image.seq
         return _Table(clusters, seqs)
 
+    def _may_read(self, image, imgs):
+        """The seqs ``image`` may read from: (sorted array, set).
+
+        Worked out once per image and resolver (``imgs`` is the resolver's
+        :meth:`images`): it checks every image of the library.
+        """
+        got = self._readable.get(image.seq)
+        if got is None:
+            may = mapgen_scope.may_redirect
+            seqs = sorted(s for s, t in imgs.items()
+                          if may(image, t, self.scope))
+            got = self._readable[image.seq] = (
+                np.array(seqs, dtype=np.int64), frozenset(seqs))
+        return got
+
     def _allowed(self, image, imgs):
-        may = mapgen_scope.may_redirect
-        return np.array(sorted(s for s, t in imgs.items()
-                               if may(image, t, self.scope)), dtype=np.int64)
+        return self._may_read(image, imgs)[0]
 
     def _full_candidates(self, image, imgs, cluster):
         """Every member of ``cluster`` that ``image`` may read, ascending.
@@ -228,7 +242,7 @@ class Resolver:
         The image itself is one, whether or not it is a member yet.
         """
         members = self.store.cluster_members([cluster])
-        allowed = set(self._allowed(image, imgs).tolist())
+        allowed = self._may_read(image, imgs)[1]
         return sorted((members.get(cluster, frozenset()) & allowed)
                       | {image.seq})
 
