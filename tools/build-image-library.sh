@@ -14,11 +14,12 @@
 #
 # Every image has systemd as init and linux-image-cloud-amd64; the kernel
 # command line is "root=UUID=<fixed uuid> ro console=tty0
-# console=ttyS0,115200n8 no_timer_check" (no_timer_check: a TCG vCPU
-# starved by a loaded host misses the kernel's IO-APIC timer check,
-# which then panics, as Fedora's cloud images also avoid).  A oneshot unit, vmar-booted.service, prints
-# "VMAR-BOOTED <name> <seconds since kernel start>" on /dev/ttyS0 once
-# multi-user.target is reached (tools/boot_image.py waits for it).
+# console=ttyS0,115200n8 no_timer_check" (without no_timer_check, a TCG
+# vCPU that a loaded host starves can miss the kernel's IO-APIC timer
+# check, and the kernel panics; Fedora's cloud images skip it too).  A
+# oneshot unit, vmar-booted.service, prints "VMAR-BOOTED <name> <seconds
+# since kernel start>" on /dev/ttyS0 once multi-user.target is reached
+# (tools/boot_image.py waits for it).
 # Every image also carries vmar-guest (vmar_openstack/guest/, enabled; it
 # does nothing unless the host asks for guest-private caching) and the
 # test probe tools/vmar-test-probe (runs only when the host's SMBIOS OEM
