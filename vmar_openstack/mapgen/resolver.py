@@ -179,7 +179,7 @@ class Resolver:
         """
         clusters = np.asarray(clusters, dtype=np.int64)
         real = clusters >= 0      # NO_CLUSTER: keys new to the library
-        allowed = self._allowed(image, imgs)
+        allowed = self._may_read(image, imgs)[0]
         cl, low, low_pub = self.store.cluster_minima(clusters[real])
         pos = np.searchsorted(clusters, cl)
         if len(cl) != real.sum() or not np.array_equal(clusters[pos], cl):
@@ -232,9 +232,6 @@ class Resolver:
             got = self._readable[image.seq] = (
                 np.array(seqs, dtype=np.int64), frozenset(seqs))
         return got
-
-    def _allowed(self, image, imgs):
-        return self._may_read(image, imgs)[0]
 
     def _full_candidates(self, image, imgs, cluster):
         """Every member of ``cluster`` that ``image`` may read, ascending.
