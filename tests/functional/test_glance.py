@@ -930,6 +930,8 @@ class TestGlance(GlanceTestCase):
             cmd += ['-c', w]
         subprocess.run(cmd + [overlay], check=True, capture_output=True)
         digests = os.path.join(self.tmp, 'parent.digests')
+        # the agent publishes the map first, then the digest list
+        self.wait_digests(parent_id)
         self.source.fetch_digests(parent_id, digests)
         hdr, rows = mirror_format.read_digests(digests)
         header = delta_format.Header(hdr.block_size, hdr.size, parent_id,
