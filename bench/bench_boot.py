@@ -137,8 +137,12 @@ def parse_log(path, t0):
     return sorted(out)
 
 
-def record_trace(name, path, work, timeout):
-    """Boot ``path`` for real behind nbdkit's log filter; its trace."""
+def record_trace(name, path, work, timeout, oem=(), until=()):
+    """Boot ``path`` for real behind nbdkit's log filter; its trace.
+
+    ``oem`` and ``until`` go to :func:`boot_image.boot`; the trace's
+    ``until`` holds [(line, seconds)] of the lines waited for.
+    """
     sock = os.path.join(work, 'trace-%s.sock' % name)
     log = os.path.join(work, 'trace-%s.log' % name)
     proc = subprocess.Popen(
@@ -150,11 +154,12 @@ def record_trace(name, path, work, timeout):
         t0 = time.time()
         b = boot_image.boot('nbd+unix:///?socket=%s' % sock,
                             os.path.join(work, 'trace-%s.console' % name),
-                            timeout=timeout)
+                            timeout=timeout, oem=oem, until=until)
     finally:
         proc.terminate()
         proc.wait(30)
     return {'image': name, 'booted': b['wall'], 'uptime': b['uptime'],
+            'until': [(m.group(0), t) for m, t in b['until']],
             'reads': parse_log(log, t0)}
 
 
@@ -377,6 +382,11 @@ def boot_server(host, image_id, holder, trace, overlay, qemu_io):
     subprocess.run(['qemu-img', 'create', '-q', '-f', 'qcow2', '-b',
                     host.backing(image_id, holder), '-F', 'raw', overlay],
                    check=True)
+    return replay(host, image_id, trace, overlay, qemu_io)
+
+
+def replay(host, image_id, trace, overlay, qemu_io):
+    """``trace`` replayed on an existing overlay; its CPU seconds."""
     cmd = [qemu_io, '-f', 'qcow2', '-t', host.cache]
     for c in replay_commands(trace):
         cmd += ['-c', c]
@@ -531,6 +541,24 @@ def validate(args, work, lib_root, ids, traces, n):
 
 # -- the run --------------------------------------------------------------
 
+def build_library(qemu_prefix, work, library, names):
+    """The whole image library ingested under ``work``.
+
+    Returns its root and [(name, image id)] of the ``names`` booted.
+    """
+    lib_root = os.path.join(work, 'library')
+    lconf = bench_coldhost.make_conf(lib_root, qemu_prefix, '/nonexistent',
+                                     0)
+    lib = ingest.Library(lconf)
+    ids = []
+    for name in bench_coldhost.IMAGES:
+        image_id = str(uuid.uuid5(uuid.NAMESPACE_URL, 'boot/' + name))
+        lib.add(image_id, library[name], visibility='public')
+        if name in names:
+            ids.append((name, image_id))
+    return lib_root, ids
+
+
 def points(args):
     """The points measured: sweeps of servers, rates and memory."""
     servers = [int(x) for x in args.servers.split(',')]
@@ -593,16 +621,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix='vmar-boot-', dir='/var/tmp')
     try:
-        lib_root = os.path.join(work, 'library')
-        lconf = bench_coldhost.make_conf(lib_root, args.qemu_prefix,
-                                         '/nonexistent', 0)
-        lib = ingest.Library(lconf)
-        ids = []
-        for name in bench_coldhost.IMAGES:
-            image_id = str(uuid.uuid5(uuid.NAMESPACE_URL, 'boot/' + name))
-            lib.add(image_id, library[name], visibility='public')
-            if name in names:
-                ids.append((name, image_id))
+        lib_root, ids = build_library(args.qemu_prefix, work, library, names)
         print('== traces (real TCG boots behind nbdkit\'s log filter)',
               flush=True)
         traces = {}

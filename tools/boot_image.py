@@ -51,52 +51,74 @@ def read_console(path):
 
 
 def qemu_command(image, console, memory=1024, machine='q35', qemu=QEMU,
-                 fmt='raw', cache=None):
+                 fmt='raw', cache=None, oem=()):
+    """The QEMU command line; ``oem``: SMBIOS OEM strings (type 11)."""
     drive = 'file=%s,format=%s,if=virtio,snapshot=on' % (image, fmt)
     if cache:
         drive += ',cache=%s' % cache
-    return [qemu, '-machine', machine, '-accel', 'tcg', '-m', str(memory),
-            '-nographic', '-monitor', 'none', '-no-reboot',
-            '-serial', 'file:%s' % console, '-drive', drive]
+    cmd = [qemu, '-machine', machine, '-accel', 'tcg', '-m', str(memory),
+           '-nographic', '-monitor', 'none', '-no-reboot',
+           '-serial', 'file:%s' % console, '-drive', drive]
+    for value in oem:
+        cmd += ['-smbios', 'type=11,value=%s' % value.replace(',', ',,')]
+    return cmd
 
 
 def boot(image, console=None, timeout=DEFAULT_TIMEOUT, memory=1024,
-         machine='q35', qemu=QEMU, fmt='raw', cache=None):
+         machine='q35', qemu=QEMU, fmt='raw', cache=None, oem=(),
+         until=()):
     """Boot ``image`` until its marker; return a dict.
 
     ``fmt``: the image's format; ``cache``: the drive's cache mode
-    (QEMU's default if None).
+    (QEMU's default if None); ``oem``: SMBIOS OEM strings for the guest;
+    ``until``: regular expressions of console lines to wait for after
+    the marker, in order (a line of the test probe's, say).
 
     Keys: ``name`` and ``uptime`` (from the marker), ``wall`` (seconds from
-    starting QEMU to seeing the marker), ``console`` (the serial log).
+    starting QEMU to seeing the marker), ``console`` (the serial log),
+    ``until``: [(match, wall seconds when seen)] for ``until``.
     Raises BootTimeout, with the end of the console, after ``timeout``
-    seconds, or if QEMU exits before the marker.
+    seconds, or if QEMU exits before the marker or those lines.
     """
     if console is None:
         fd, console = tempfile.mkstemp(prefix='vmar-boot-', suffix='.log')
         os.close(fd)
     start = time.monotonic()
     proc = subprocess.Popen(
-        qemu_command(image, console, memory, machine, qemu, fmt, cache),
+        qemu_command(image, console, memory, machine, qemu, fmt, cache,
+                     oem),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE)
+    out, waits = None, [re.compile(r) for r in until]
     try:
         while True:
-            marker = parse_marker(read_console(console))
-            if marker is not None:
-                wall = time.monotonic() - start
-                return {'name': marker[0], 'uptime': marker[1],
-                        'wall': wall, 'console': console}
+            text = read_console(console)
+            now = time.monotonic() - start
+            if out is None:
+                marker = parse_marker(text)
+                if marker is not None:
+                    out = {'name': marker[0], 'uptime': marker[1],
+                           'wall': now, 'console': console, 'until': []}
+            while out is not None and len(out['until']) < len(waits):
+                m = waits[len(out['until'])].search(text)
+                if m is None:
+                    break
+                out['until'].append((m, now))
+            if out is not None and len(out['until']) == len(waits):
+                return out
+            what = ('the VMAR-BOOTED line' if out is None else
+                    'a line matching %r' % waits[len(out['until'])].pattern)
             if proc.poll() is not None:
-                raise BootTimeout('%s: QEMU exited (%s) before the marker: '
-                                  '%s\n%s' % (image, proc.returncode,
-                                              proc.stderr.read().decode(),
-                                              read_console(console)[-3000:]))
-            if time.monotonic() - start > timeout:
-                raise BootTimeout('%s: no VMAR-BOOTED line within %d s:\n%s'
-                                  % (image, timeout,
+                raise BootTimeout('%s: QEMU exited (%s) before %s: %s\n%s'
+                                  % (image, proc.returncode, what,
+                                     proc.stderr.read().decode(),
                                      read_console(console)[-3000:]))
-            time.sleep(0.2)
+            if now > timeout:
+                raise BootTimeout('%s: %s not seen within %d s:\n%s'
+                                  % (image, what, timeout,
+                                     read_console(console)[-3000:]))
+            # finer once booted: the lines after the marker time spans
+            time.sleep(0.2 if out is None else 0.02)
     finally:
         if proc.poll() is None:
             proc.terminate()
