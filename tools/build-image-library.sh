@@ -458,6 +458,21 @@ EOF
         "$root/etc/systemd/system/mariadb.service.wants/vmar-mariadb-firstboot.service"
 }
 
+# The applications' units ask the test probe whether they may start
+# (vmar-test-probe may-start): not at boot when the host measures their
+# start (bench/bench_apps.py, OEM string vmar-test:app=1).
+install_app_deferral() {
+    local root=$1 unit
+    for unit in postgresql@ mariadb nginx apache2; do
+        [ -f "$root/lib/systemd/system/$unit.service" ] || continue
+        mkdir -p "$root/etc/systemd/system/$unit.service.d"
+        cat > "$root/etc/systemd/system/$unit.service.d/vmar-test-app.conf" <<'EOF'
+[Service]
+ExecCondition=/usr/local/sbin/vmar-test-probe may-start
+EOF
+    done
+}
+
 # The FAT volume id of the /boot partition (also the MBR disk id): 8 hex
 # digits from the image name.
 boot_volid() {
@@ -493,6 +508,7 @@ EOF
     install_marker_unit "$root" "$name"
     install_guest_component "$root"
     install_test_probe "$root"
+    install_app_deferral "$root"
     if [ -f "$root/lib/systemd/system/mariadb.service" ]; then
         install_mariadb_firstboot "$root"
     fi

@@ -50,3 +50,25 @@ class TestBootImage(testtools.TestCase):
         self.assertLess(log.index('SYSLINUX'), log.index('Linux version'))
         self.assertLess(log.index('Linux version'),
                         log.index('VMAR-BOOTED minbase'))
+
+    def test_application_starts_when_the_host_asks(self):
+        # bench/bench_apps.py's setting: the application does not start at
+        # boot; the probe starts it after the marker and reports its first
+        # answer
+        image = qemu_env.image_library()['nginx']
+        tmp = self.useFixture(fixtures.TempDir()).path
+        console = os.path.join(tmp, 'console.log')
+        result = boot_image.boot(
+            image, console, timeout=300, oem=['vmar-test:app=1'],
+            until=[r'VMAR-APP-START (\S+)', r'VMAR-APP(-ERROR)? (\S+) (\S+)'])
+        (start, t_start), (end, t_end) = result['until']
+        self.assertEqual('nginx', start.group(1))
+        self.assertIsNone(end.group(1), end.group(0))
+        self.assertEqual('nginx', end.group(2))
+        self.assertGreater(int(end.group(3)), 0)
+        self.assertLessEqual(result['wall'], t_start)
+        self.assertLessEqual(t_start, t_end)
+        # the probe checked that nginx was not running before it started
+        # it (else VMAR-APP-ERROR), and it ran once started
+        self.assertRegex(boot_image.read_console(console),
+                         r'VMAR-APP nginx [0-9]+')
