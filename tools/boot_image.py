@@ -83,6 +83,9 @@ def boot(image, console=None, timeout=DEFAULT_TIMEOUT, memory=1024,
     if console is None:
         fd, console = tempfile.mkstemp(prefix='vmar-boot-', suffix='.log')
         os.close(fd)
+    else:
+        # not an earlier boot's lines, read before QEMU opens the file
+        open(console, 'w').close()
     start = time.monotonic()
     proc = subprocess.Popen(
         qemu_command(image, console, memory, machine, qemu, fmt, cache,

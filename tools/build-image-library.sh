@@ -468,7 +468,8 @@ install_app_deferral() {
         mkdir -p "$root/etc/systemd/system/$unit.service.d"
         cat > "$root/etc/systemd/system/$unit.service.d/vmar-test-app.conf" <<'EOF'
 [Service]
-ExecCondition=/usr/local/sbin/vmar-test-probe may-start
+# "+": as root, whatever the unit's User= (the OEM strings are root's)
+ExecCondition=+/usr/local/sbin/vmar-test-probe may-start
 EOF
     done
 }
