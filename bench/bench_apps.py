@@ -24,12 +24,14 @@ storage cost; the think times of the trace are TCG's).
 Configurations (``bench_boot.py``): ``stock`` (Nova's ``_base``, one
 download per image), ``stock-ondemand`` (overlays on the remote image:
 the paper's baseline), ``vmar-lazy-pf`` (lazy mirrors, the recorded boot
-working set prefetched; the set holds the boot's reads, not the
-application's), and optionally the others.
+working set prefetched), and optionally the others. A host records the
+set over ``[vmar_host] bootset_record_window`` seconds (120) from an
+export's first read, so the set holds the application's loading when it
+starts within them, as it does here; ``--record-window`` changes that.
 
 Usage: bench_apps.py --qemu-prefix DIR [--images postgresql,...]
        [--servers 12] [--arrivals 1] [--rounds 2] [--configs ...]
-       [--memory none|SIZE] [--out DIR]
+       [--memory none|SIZE] [--record-window S] [--out DIR]
 
 Writes DIR/rounds.json and prints the figures with their ratios against
 ``stock-ondemand`` and ``stock`` measured in the same run.
@@ -92,9 +94,15 @@ def split(trace):
             {'reads': app, 'booted': trace['app_ready'] - at})
 
 
-def boot_part(trace):
-    """The reads up to ``VMAR-BOOTED``: the recorded boot working set."""
-    return {'reads': [r for r in trace['reads'] if r[0] < trace['booted']],
+def recorded_part(trace, window):
+    """The reads a host records as the image's boot working set.
+
+    Those of the first ``window`` seconds after the first read
+    (``[vmar_host] bootset_record_window``): the boot's, and the
+    application's when it starts within them.
+    """
+    first = trace['reads'][0][0]
+    return {'reads': [r for r in trace['reads'] if r[0] < first + window],
             'booted': trace['booted']}
 
 
@@ -212,6 +220,11 @@ def main():
     p.add_argument('--configs', default=','.join(CONFIGS))
     p.add_argument('--rate', default='800M', help='store: nbdkit rate=')
     p.add_argument('--delay', default='2ms', help='store: nbdkit delay-read=')
+    p.add_argument('--record-window', type=int,
+                   help='seconds of a run recorded as the image\'s boot '
+                        'working set (default: [vmar_host] '
+                        'bootset_record_window\'s default); 0 or less: '
+                        'none; a few seconds: the boot only')
     p.add_argument('--timeout', type=int, default=900)
     p.add_argument('--out', default='bench/report-apps')
     args = p.parse_args()
@@ -225,8 +238,13 @@ def main():
     try:
         lib_root, ids = bench_boot.build_library(args.qemu_prefix, work,
                                                  library, names)
-        print('== traces (real TCG runs behind nbdkit\'s log filter)',
-              flush=True)
+        window = args.record_window
+        if window is None:
+            window = bench_coldhost.make_conf(
+                os.path.join(work, 'defaults'), args.qemu_prefix,
+                '/nonexistent', 0).vmar_host.bootset_record_window
+        print('== traces (real TCG runs behind nbdkit\'s log filter); '
+              'recorded sets: the first %d s' % window, flush=True)
         traces, parts = {}, {}
         for name, image_id in ids:
             traces[name] = t = record(name, library[name], work,
@@ -234,7 +252,7 @@ def main():
             bench_boot.write_recorded_set(
                 lib_root, image_id, bench_boot.library_map(lib_root,
                                                            image_id),
-                boot_part(t))
+                recorded_part(t, window))
             parts[name] = before, app = split(t)
             print('  %-11s booted %.1f s, %s started at %.1f s, answered '
                   'after %.2f s (guest: %.2f s); %d reads before, %d '
@@ -245,7 +263,7 @@ def main():
                       sum(r[2] for r in app['reads']) / 1e6), flush=True)
         results = {'machine': report_boot.machine(), 'argv': sys.argv,
                    'store': {'rate': args.rate, 'delay': args.delay},
-                   'images': names,
+                   'images': names, 'record_window': window,
                    'traces': {n: {k: v for k, v in t.items()
                                   if k not in ('reads', 'until')}
                               for n, t in traces.items()},
