@@ -240,9 +240,12 @@ def main():
                                                  library, names)
         window = args.record_window
         if window is None:
-            window = bench_coldhost.make_conf(
-                os.path.join(work, 'defaults'), args.qemu_prefix,
-                '/nonexistent', 0).vmar_host.bootset_record_window
+            # the option's own default, not bench_export's override
+            conf = bench_coldhost.make_conf(os.path.join(work, 'defaults'),
+                                            args.qemu_prefix, '/nonexistent',
+                                            0)
+            conf.clear_override('bootset_record_window', group='vmar_host')
+            window = conf.vmar_host.bootset_record_window
         print('== traces (real TCG runs behind nbdkit\'s log filter); '
               'recorded sets: the first %d s' % window, flush=True)
         traces, parts = {}, {}
