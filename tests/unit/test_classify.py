@@ -211,6 +211,26 @@ class TestClassify(testtools.TestCase):
         # indirect one past 1036)
         self.assertGreaterEqual(lay.counts()['file-map'], 2)
 
+    def test_extended_attribute_blocks(self):
+        # attributes too large for the inode go to a block of their own,
+        # which no extent names: icheck finds whose it is
+        img = os.path.join(self.tmp, 'disk.raw')
+        fsimages.mkfs_ext(img, self.root)
+        value = os.path.join(self.tmp, 'value')
+        with open(value, 'wb') as f:
+            f.write(b'v' * 3000)
+        subprocess.run(['debugfs', '-w', '-R',
+                        'ea_set -f %s /usr/bin/big user.big' % value, img],
+                       check=True, capture_output=True)
+        ea = subprocess.run(['debugfs', '-R', 'stat /usr/bin/big', img],
+                            capture_output=True, text=True, check=True)
+        block = int(re.search(r'File ACL: (\d+)', ea.stdout).group(1))
+        self.assertGreater(block, 0)
+        lay = self.classify(img)
+        self.check_ext(img, lay, 0)
+        self.assertEqual(layout.CODE['xattr'], lay.kind_codes()[block])
+        self.assertEqual(1, lay.counts()['xattr'])
+
     def test_gpt_disk_with_ext4_and_xfs(self):
         img = os.path.join(self.tmp, 'disk.raw')
         ext_off, xfs_off = 1 * MiB, 65 * MiB

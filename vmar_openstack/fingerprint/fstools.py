@@ -149,6 +149,29 @@ _EXTENT = re.compile(r'\((ETB\d+|IND|DIND|TIND|\d+(?:-\d+)?(?:\[u\])?)\):'
                      r'(\d+)(?:-(\d+))?')
 
 
+# " level/max  entry/entries  logical - logical  physical[ - physical]
+# length [flags]"
+_EX_LINE = re.compile(r'^\s*(\d+)/\s*(\d+)\s+\d+/\s*\d+\s+\d+\s*-\s*\d+\s+'
+                      r'(\d+)(?:\s*-\s*(\d+))?\s+\d+', re.M)
+
+
+def ex_extents(text):
+    """``(kind, first, last)`` of the blocks in ``debugfs ex`` output.
+
+    As :func:`stat_extents`: an index entry (a level above the leaves)
+    names an extent-tree block, ``'map'``; a leaf, the inode's own blocks,
+    ``'data'``. Nothing when the inode does not use extents (debugfs says
+    so on stderr): ask ``stat`` then.
+    """
+    for m in _EX_LINE.finditer(text):
+        level, depth = int(m.group(1)), int(m.group(2))
+        first = int(m.group(3))
+        if level < depth:
+            yield 'map', first, first
+        else:
+            yield 'data', first, int(m.group(4) or first)
+
+
 def stat_extents(text):
     """``(kind, first, last)`` of the blocks in ``debugfs stat`` output.
 
