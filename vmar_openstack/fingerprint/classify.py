@@ -8,8 +8,9 @@ group's superblock, descriptors, bitmaps, inode table and free blocks;
 inode's extent tree (``ex``: data, extent-tree blocks), or ``stat``\\ s
 it when it has none (ext2/3 block maps, the journal and other special
 inodes); ``icheck`` names the owners of blocks in use that no extent
-claimed (extended-attribute blocks). XFS is read with ``xfs_db``: ``blockget`` and
-``blockuse -n`` name the use (and the file) of every block. Partition
+claimed (extended-attribute blocks). XFS is read with ``xfs_db``:
+``blockget`` and ``blockuse -n`` name the use (and the file) of every
+block. Partition
 tables (MBR, GPT) are found with ``sfdisk``; anything else (LVM, NTFS,
 FAT, no file system) is left unknown with a log line, never an error.
 
