@@ -44,7 +44,6 @@ import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -108,11 +107,8 @@ def recorded_part(trace, window):
 
 def run_point(config, args, work, lib_root, ids, parts, seed):
     """``args.servers`` servers of ``config``; the point's figures."""
-    rng = np.random.default_rng(seed)
     n = args.servers
-    arrivals = np.cumsum(rng.exponential(1.0 / args.arrivals, n))
-    arrivals -= arrivals[0]
-    images = [ids[i % len(ids)] for i in rng.permutation(n)]
+    times, images = bench_boot.arrivals(seed, n, args.arrivals, ids)
     bench_coldhost.cold()
     cgroup = bench_boot.Cgroup(args.memory)
     host = bench_boot.Host(config, args, work, lib_root, cgroup)
@@ -122,7 +118,7 @@ def run_point(config, args, work, lib_root, ids, parts, seed):
     def server(k):
         name, image_id = images[k]
         before, app = parts[name]
-        start = t0 + arrivals[k]
+        start = t0 + times[k]
         time.sleep(max(0.0, start - time.monotonic()))
         overlay = os.path.join(work, 'vm%d.qcow2' % k)
         try:
@@ -131,7 +127,7 @@ def run_point(config, args, work, lib_root, ids, parts, seed):
             t_app = time.monotonic()
             cpu += bench_boot.replay(host, image_id, app, overlay, qemu_io)
             end = time.monotonic()
-            results[k] = {'image': name, 'arrival': float(arrivals[k]),
+            results[k] = {'image': name, 'arrival': float(times[k]),
                           'boot_s': t_app - start, 'app_s': end - t_app,
                           'app_wait_s': end - t_app - app['booted'],
                           'cpu': cpu}
@@ -139,18 +135,8 @@ def run_point(config, args, work, lib_root, ids, parts, seed):
             errors.append('server %d (%s): %s' % (k, name, e))
 
     t0 = time.monotonic()
-    threads = [threading.Thread(target=server, args=(k,)) for k in range(n)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        cpu_daemons = host.cpu_seconds()
-    finally:
-        store_bytes = host.stop()
-        cgroup.close()
-    if errors:
-        raise RuntimeError('%s: %s' % (config, '; '.join(errors)))
+    cpu_daemons, store_bytes = bench_boot.run_servers(config, n, server,
+                                                      host, cgroup, errors)
     app = [r['app_s'] for r in results]
     return {'config': config, 'servers': n, 'arrivals': args.arrivals,
             'memory': args.memory, 'seed': seed, 'runs': results,

@@ -402,13 +402,41 @@ def replay(host, image_id, trace, overlay, qemu_io):
     return usage.ru_utime + usage.ru_stime
 
 
+def arrivals(seed, n, rate, ids):
+    """Arrival times (s, the first at 0) and images of ``n`` servers."""
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(1.0 / rate, n))
+    return times - times[0], [ids[i % len(ids)] for i in rng.permutation(n)]
+
+
+def run_servers(config, n, server, host, cgroup, errors, before_stop=None):
+    """``server(k)`` for each of ``n`` servers at once, in threads.
+
+    ``server`` appends to ``errors`` what failed; then the point fails.
+    Returns (the host's CPU seconds, bytes read from the store); the host
+    is stopped in any case, ``before_stop()`` first.
+    """
+    threads = [threading.Thread(target=server, args=(k,)) for k in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        cpu = host.cpu_seconds()
+    finally:
+        if before_stop is not None:
+            before_stop()
+        store_bytes = host.stop()
+        cgroup.close()
+    if errors:
+        raise RuntimeError('%s: %s' % (config, '; '.join(errors)))
+    return cpu, store_bytes
+
+
 def run_point(config, args, work, lib_root, ids, traces, point, seed):
     """N servers of ``config`` arriving at ``rate``; the point's figures."""
     n, rate, memory = point
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
-    arrivals -= arrivals[0]
-    images = [ids[i % len(ids)] for i in rng.permutation(n)]
+    times, images = arrivals(seed, n, rate, ids)
     bench_coldhost.cold()
     cgroup = Cgroup(memory)
     host = Host(config, args, work, lib_root, cgroup)
@@ -426,36 +454,28 @@ def run_point(config, args, work, lib_root, ids, traces, point, seed):
 
     def server(k):
         name, image_id = images[k]
-        start = t0 + arrivals[k]
+        start = t0 + times[k]
         time.sleep(max(0.0, start - time.monotonic()))
         try:
             cpu = boot_server(host, image_id, 'vm%d' % k, traces[name],
                               os.path.join(work, 'vm%d.qcow2' % k), qemu_io)
             secs = time.monotonic() - start
             # beyond the recorded boot's own time: what the storage cost
-            results[k] = {'image': name, 'arrival': float(arrivals[k]),
+            results[k] = {'image': name, 'arrival': float(times[k]),
                           'seconds': secs,
                           'wait': secs - traces[name]['booted'], 'cpu': cpu}
         except Exception as e:      # recorded, the point fails
             errors.append('server %d (%s): %s' % (k, name, e))
 
+    def stop_sampler():
+        done.set()
+        sampler.join()
+
     sampler = threading.Thread(target=sample, daemon=True)
     t0 = time.monotonic()
     sampler.start()
-    threads = [threading.Thread(target=server, args=(k,)) for k in range(n)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        cpu_daemons = host.cpu_seconds()
-    finally:
-        done.set()
-        sampler.join()
-        store_bytes = host.stop()
-        cgroup.close()
-    if errors:
-        raise RuntimeError('%s: %s' % (config, '; '.join(errors)))
+    cpu_daemons, store_bytes = run_servers(config, n, server, host, cgroup,
+                                           errors, stop_sampler)
     secs = [r['seconds'] for r in results]
     return {'config': config, 'servers': n, 'rate': rate, 'memory': memory,
             'seed': seed, 'boots': results,
