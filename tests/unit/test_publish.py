@@ -211,6 +211,35 @@ class TestPublishDigests(TestPublish):
         self.handler.publisher.delete_all(ID)
         self.assertNotIn(names.layout_image_id(ID), self.glance.images.store)
 
+    def test_an_upload_under_way_elsewhere_is_waited_out(self):
+        # another agent (on another Galera node, where the library lock
+        # does not exclude it) started the same upload a moment before
+        self.handler._add(ID, self.meta, self.path, 'it')
+        did = names.digests_image_id(ID)
+        data = self.lib.digest_list(ID)
+        images = self.glance.images
+        images.store[did] = {
+            'id': did, 'status': 'queued', names.PROP_OF: ID,
+            names.PROP_DIGESTS_SHA256: hashlib.sha256(data).hexdigest()}
+        upload, get = images.upload, images.get
+        gets = []
+
+        def other_first(mid, f, image_size=None):
+            images.store[mid]['status'] = 'saving'
+            return upload(mid, f, image_size)
+
+        def get_then_done(mid):
+            gets.append(mid)
+            if len(gets) == 3:      # the other upload ends
+                images.store[mid].update(status='active', data=data)
+            return get(mid)
+
+        self.patch(images, 'upload', other_first)
+        self.patch(images, 'get', get_then_done)
+        self.assertEqual(did, self.handler.publisher.digests(ID))
+        self.assertEqual(data, images.store[did]['data'])
+        self.assertEqual(3, len(gets))
+
     def test_a_record_left_queued_is_filled(self):
         # an agent killed between create and upload
         self.handler._add(ID, self.meta, self.path, 'it')

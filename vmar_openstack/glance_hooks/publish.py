@@ -161,22 +161,26 @@ class Publisher:
         """
         mid = img['id']
         deadline = time.monotonic() + 60
-        while img['status'] in ('saving', 'importing'):
-            if time.monotonic() > deadline:
-                raise exception.StuckError(
-                    '%s %s stuck in %s' % (what, mid, img['status']))
-            time.sleep(0.5)
-            img = self.glance.images.get(mid)
-        if img['status'] == 'queued':
+        while True:
+            while img['status'] in ('saving', 'importing'):
+                if time.monotonic() > deadline:
+                    raise exception.StuckError(
+                        '%s %s stuck in %s' % (what, mid, img['status']))
+                time.sleep(0.5)
+                img = self.glance.images.get(mid)
+            if img['status'] != 'queued':
+                break
             try:
                 self.glance.images.upload(mid, io.BytesIO(data),
                                           image_size=len(data))
             except glance_exc.HTTPConflict:
-                # another agent uploaded it first: see how it went
+                # another agent's upload started first (agents on two
+                # Galera nodes both hold the library lock): wait it out
                 img = self.glance.images.get(mid)
             else:
                 # Glance answers the PUT once the image is active
                 img = dict(img, status='active')
+                break
         if img['status'] != 'active':
             raise exception.PublishError(
                 '%s %s is %s' % (what, mid, img['status']))
