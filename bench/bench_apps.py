@@ -31,7 +31,8 @@ starts within them, as it does here; ``--record-window`` changes that.
 
 Usage: bench_apps.py --qemu-prefix DIR [--images postgresql,...]
        [--servers 12] [--arrivals 1] [--rounds 2] [--configs ...]
-       [--memory none|SIZE] [--record-window S] [--out DIR]
+       [--memory none|SIZE] [--record-window S] [--validate]
+       [--out DIR]
 
 Writes DIR/rounds.json and prints the figures with their ratios against
 ``stock-ondemand`` and ``stock`` measured in the same run.
@@ -42,6 +43,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +57,7 @@ import bench_boot  # noqa: E402
 import bench_coldhost  # noqa: E402
 import report_boot  # noqa: E402
 
+from tools import boot_image  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
 
 APPS = ('postgresql', 'mariadb', 'nginx', 'apache2')
@@ -149,6 +152,68 @@ def run_point(config, args, work, lib_root, ids, parts, seed):
             'cpu_s': cpu_daemons + sum(r['cpu'] for r in results)}
 
 
+def validate(args, work, lib_root, ids, parts, configs):
+    """Real TCG runs against their replays, one server per image.
+
+    For each configuration, on a cold host each time, the servers start
+    at once: real guests (application loading as the host saw the
+    probe's lines), then the replays. Returns {config: {'real': {image:
+    s}, 'replay': {image: s}}}. The real guests share the machine's CPUs,
+    which the recorded runs had alone: their computing takes longer.
+    """
+    qemu_io = os.path.join(args.qemu_prefix, 'bin', 'qemu-io')
+    out = {}
+    for config in configs:
+        row = {}
+        for kind in ('real', 'replay'):
+            cwork = os.path.join(work, 'validate-%s-%s' % (config, kind))
+            os.makedirs(cwork)
+            bench_coldhost.cold()
+            cgroup = bench_boot.Cgroup(None)
+            host = bench_boot.Host(config, args, cwork, lib_root, cgroup)
+            secs, errors = {}, []
+
+            def one(k, kind=kind, cwork=cwork, host=host, secs=secs,
+                    errors=errors):
+                name, image_id = ids[k]
+                overlay = os.path.join(cwork, 'vm%d.qcow2' % k)
+                try:
+                    if kind == 'replay':
+                        before, app = parts[name]
+                        bench_boot.boot_server(host, image_id, 'vm%d' % k,
+                                               before, overlay, qemu_io)
+                        t = time.monotonic()
+                        bench_boot.replay(host, image_id, app, overlay,
+                                          qemu_io)
+                        secs[name] = time.monotonic() - t
+                        return
+                    subprocess.run(
+                        ['qemu-img', 'create', '-q', '-f', 'qcow2', '-b',
+                         host.backing(image_id, 'vm%d' % k), '-F', 'raw',
+                         overlay], check=True)
+                    b = boot_image.boot(
+                        overlay, os.path.join(cwork, 'vm%d.log' % k),
+                        timeout=args.timeout, fmt='qcow2', cache=host.cache,
+                        oem=[OEM], until=[START_RE, END_RE])
+                    (_l, start), (line, ready) = b['until']
+                    if re.match(END_RE, line).group(1):
+                        raise RuntimeError(line)
+                    secs[name] = ready - start
+                except Exception as e:      # recorded, the check fails
+                    errors.append('%s %s %s: %s' % (config, kind, name, e))
+
+            bench_boot.run_servers(config, len(ids), one, host, cgroup,
+                                   errors)
+            row[kind] = secs
+            shutil.rmtree(cwork, ignore_errors=True)
+        out[config] = row
+        print('  validate %-16s %s' % (config, '; '.join(
+            '%s real %.2f s replay %.2f s' % (n, row['real'][n],
+                                              row['replay'][n])
+            for n, _i in ids)), flush=True)
+    return out
+
+
 def summary(results):
     """Per configuration over the rounds, and the ratios; text lines."""
     by = {}
@@ -212,6 +277,9 @@ def main():
                         'bootset_record_window\'s default); 0 or less: '
                         'none; a few seconds: the boot only')
     p.add_argument('--timeout', type=int, default=900)
+    p.add_argument('--validate', action='store_true',
+                   help='first, per configuration, real TCG runs of one '
+                        'server per image against their replays')
     p.add_argument('--out', default='bench/report-apps')
     args = p.parse_args()
     args.memory = (None if args.memory == 'none'
@@ -257,6 +325,11 @@ def main():
                                   if k not in ('reads', 'until')}
                               for n, t in traces.items()},
                    'rounds': []}
+        if args.validate:
+            print('== validation: a real run and a replay per image and '
+                  'configuration', flush=True)
+            results['validation'] = validate(args, work, lib_root, ids,
+                                             parts, configs)
         for rnd in range(args.rounds):
             for config in configs:
                 cwork = os.path.join(work, 'r%d-%s' % (rnd, config))
