@@ -195,9 +195,9 @@ def validate(args, work, lib_root, ids, parts, configs):
                         overlay, os.path.join(cwork, 'vm%d.log' % k),
                         timeout=args.timeout, fmt='qcow2', cache=host.cache,
                         oem=[OEM], until=[START_RE, END_RE])
-                    (_l, start), (line, ready) = b['until']
-                    if re.match(END_RE, line).group(1):
-                        raise RuntimeError(line)
+                    (_m, start), (end, ready) = b['until']
+                    if end.group(1):
+                        raise RuntimeError(end.group(0))
                     secs[name] = ready - start
                 except Exception as e:      # recorded, the check fails
                     errors.append('%s %s %s: %s' % (config, kind, name, e))
