@@ -1497,10 +1497,14 @@ class TestGlance(GlanceTestCase):
         for h in json.loads(self.manage('hosts', 'list', '--json').stdout):
             self.manage('hosts', 'forget', h['host'])
         a = self.create(self.image('hold-a.raw', list(range(93001, 93065))))
+        # a in the library first, so that it is canonical for what b
+        # shares (the agent may take two activations in either order;
+        # b first, a's map would read half of b, and a host holding a
+        # whole would hold b whole too)
+        self.wait_map(a)
         # b's first half is a's: its map reads 32 blocks of a, 32 of b
         b = self.create(self.image('hold-b.raw', list(range(93001, 93033))
                                    + list(range(94001, 94033))))
-        self.wait_map(a)
         self.wait_map(b)
 
         def shares(image_id):
