@@ -331,8 +331,13 @@ class Galera(process.Service):
 
     # -- failures -----------------------------------------------------------
 
-    def kill(self, index):
-        """SIGKILL node ``index``; the others go on as a 2-node primary."""
+    def kill(self, index, wait=True):
+        """SIGKILL node ``index``; the others go on as a 2-node primary.
+
+        With ``wait``, returns once they have: evicted it and formed a
+        primary view of their own, synced. A restart before that finds a
+        view the survivors have not settled, and may not join.
+        """
         node = self.nodes[index - 1]
         if node.alive():
             try:
@@ -341,6 +346,11 @@ class Galera(process.Service):
                 pass
             node.proc.wait(30)
         self._close_log(node)
+        if wait:
+            live = [n.index for n in self.nodes if n.alive()]
+            self._wait_synced(live, len(live),
+                              what='the others went on without %s'
+                              % node.name)
 
     def recover_position(self, index):
         """The node's last committed ``uuid:seqno``, by --wsrep-recover."""
