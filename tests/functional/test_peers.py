@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import uuid
 
 import fixtures
@@ -31,6 +32,17 @@ from vmar_openstack.mapsource import peers as peer_source
 from vmar_openstack import names
 
 BS = 4096
+
+
+def _until(predicate, timeout, what):
+    """Wait for ``predicate()``; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError('no %s in %d s' % (what, timeout))
+        time.sleep(0.05)
+
+
 MIB = 1 << 20
 
 
@@ -169,13 +181,11 @@ class TestPeerServer(PeerServerTestCase):
                       'server-key.pem in [vmar_peers] tls_dir', str(e))
 
 
-class TestPeerFetcherReadsPeers(PeerServerTestCase):
-    """A lazy host's peer fetcher serves what its peer holds, and only that.
+class PeerFetcherTestCase(PeerServerTestCase):
+    """A reading host's peer fetcher beside the peer.
 
-    The reading host's peer fetcher is the real one (nbdkit with
-    ``nbdkit_peers.py`` in the system Python, libnbd as the peer client):
-    whatever it serves came from the peer, checked, and whatever the peer
-    lacks fails at once, for the mirror's quorum to ask the store next.
+    The real one: nbdkit with ``nbdkit_peers.py`` in the system Python,
+    libnbd as the peer client.
     """
 
     def setUp(self):
@@ -205,15 +215,19 @@ class TestPeerFetcherReadsPeers(PeerServerTestCase):
                     '[vmar_glance]\nauth_type = none\n'
                     'endpoint = http://127.0.0.1:%d\n'
                     'endpoint_override = http://127.0.0.1:%d\n'
-                    '[vmar_peers]\npeers = 127.0.0.1:%d\ntls_dir = %s\n'
+                    '[vmar_peers]\n%stls_dir = %s\n'
                     'bad_peer_seconds = 600\nread_timeout = 2\n'
                     # asked again at once (unit tests keep time for it)
                     'down_peer_seconds = 0\n'
-                    % (self.reader_dir, closed, closed, self.port,
+                    % (self.reader_dir, closed, closed, self.peers_conf(),
                        self.client_tls))
         self.log = os.path.join(self.tmp, 'fetch.log')
         proc, self.sock = range_env.start_peer_fetcher(conf_file, self.log)
         self.addCleanup(range_env.stop, proc)
+
+    def peers_conf(self):
+        """How the reading host knows the peer: ``[vmar_peers]`` lines."""
+        return 'peers = 127.0.0.1:%d\n' % self.port
 
     def fetch_log(self):
         with open(self.log, errors='replace') as f:
@@ -237,6 +251,14 @@ class TestPeerFetcherReadsPeers(PeerServerTestCase):
     def assert_failed(self, image_id, command):
         r = self.fetch(image_id, command)
         self.assertIn('Input/output error', r.stdout + r.stderr)
+
+
+class TestPeerFetcherReadsPeers(PeerFetcherTestCase):
+    """A lazy host's peer fetcher serves what its peer holds, and only that.
+
+    Whatever it serves came from the peer, checked, and whatever the peer
+    lacks fails at once, for the mirror's quorum to ask the store next.
+    """
 
     def test_runs_a_peer_holds_come_from_it(self):
         self.assert_read(self.mirror_id, 'read -P 0x11 0 8k')
@@ -276,3 +298,65 @@ class TestPeerFetcherReadsPeers(PeerServerTestCase):
         # back: asked again (a new connection)
         os.kill(self.proc.pid, signal.SIGCONT)
         self.assert_read(self.mirror_id, 'read -P 0x11 4k 4k')
+
+
+class TestLeadOfABurst(PeerFetcherTestCase):
+    """A run no holder has is waited for at the base's lead, a while.
+
+    The peer is the lead vmar-agent named in the reading host's holders
+    file (what discovery writes); its mirror gets a block while the reading
+    host waits, as a lead's mirror does while it fetches from the store.
+    """
+
+    def peers_conf(self):
+        return 'discover = true\nlead_wait = 3\n'
+
+    def setUp(self):
+        super().setUp()
+        layout = hostdir.Layout(self.reader_dir)
+        path = layout.holders_file(self.mirror_id)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, 'w') as f:
+            json.dump({'base_id': self.mirror_id, 'holders': [{
+                'host': 'compute-1', 'peer': '127.0.0.1:%d' % self.port,
+                'blocks': 0, 'lead': True}]}, f)
+        self.counts = lambda: peer_source.read_counts(
+            layout.peer_counts_file())
+
+    def test_a_run_the_lead_gets_meanwhile_comes_from_it(self):
+        # what the lead holds comes at once
+        self.assert_read(self.mirror_id, 'read -P 0x11 0 8k')
+        self.assertEqual(0, self.counts()['lead_waits'])
+        reading = subprocess.Popen(
+            [qemu_env.qemu_bin('qemu-io'), '-r', '--image-opts',
+             'driver=nbd,server.type=unix,server.path=%s,export=%s' % (
+                 self.sock, names.peer_fetch_export(self.mirror_id,
+                                                    self.size)),
+             '-c', 'read -P 0x44 8k 4k'],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(reading.kill)
+        # the reading host is waiting; then the lead's fetch lands
+        _until(lambda: self.counts()['lead_waits'] == 1, 10,
+               'a wait at the lead')
+        with open(os.path.join(self.host_dir, 'mirrors', self.mirror_id),
+                  'r+b') as f:
+            f.seek(2 * BS)
+            f.write(b'\x44' * BS)
+        out, _ = reading.communicate(timeout=60)
+        self.assertEqual(0, reading.returncode, out + self.fetch_log())
+        _until(lambda: self.counts()['peer_reads'] == 2, 10, 'the counts')
+        self.assertEqual((1, 0), (self.counts()['lead_waits'],
+                                  self.counts()['lead_misses']))
+
+    def test_a_lead_that_never_gets_it_is_not_waited_for_again(self):
+        # block 3: the lead never fetches it; after lead_wait, the store
+        self.assert_failed(self.mirror_id, 'read 12k 4k')
+        _until(lambda: self.counts()['lead_misses'] == 1, 10, 'the counts')
+        # the next miss goes to the store at once: no second wait (the
+        # lead is asked once per read as a holder, and once more by the
+        # wait)
+        self.assert_failed(self.mirror_id, 'read 16k 4k')
+        _until(lambda: self.counts()['not_held'] == 3, 10, 'the counts')
+        self.assertEqual(1, self.counts()['lead_waits'])
+        # what it holds still comes from it
+        self.assert_read(self.mirror_id, 'read -P 0x11 0 4k')

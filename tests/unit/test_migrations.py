@@ -1,5 +1,7 @@
 """Schema migrations keep the data they find."""
 
+import datetime
+
 import fixtures
 from oslo_config import cfg
 import sqlalchemy as sa
@@ -344,3 +346,17 @@ class TestMigration0016(MigrationTestCase):
             db_store.ClusterStore(s).pend_maps([1], 'cause-id')
         self.assertEqual([('id-1', 'cause-id')],
                          [p[:2] for p in lib.pending_maps()])
+
+
+class TestMigration0017(MigrationTestCase):
+    """A burst's lead per base: none after the upgrade, one per base."""
+
+    def test_fetch_leads_table(self):
+        migration.upgrade('0016', conf=self.conf)
+        migration.upgrade('head', conf=self.conf)
+        reports = db_hosts.HostReports(self.conf)
+        reports.record('h1', [], {}, peer_address='h1:1')
+        ttl = datetime.timedelta(seconds=60)
+        self.assertIsNone(reports.lead('a', 'h1', ttl))
+        self.assertEqual('h1', reports.lead('a', 'h2', ttl).host)
+        self.assertEqual(1, reports.counts()['vmar_fetch_leads'])

@@ -337,6 +337,62 @@ class TestHostSide(HoldingsTestCase):
         self.assertEqual(1, len(ep.holders({}, A, host='h9', limit=1)))
         self.assertRaises(ValueError, ep.holders, {}, 'not-a-uuid', 'h1')
 
+    def test_a_burst_has_a_lead(self):
+        """The first host to ask for a base nobody holds fetches it first."""
+        self.conf.set_override('holder_max_age', 60, group='vmar_agent')
+        for h in ('h1', 'h2', 'h3'):
+            self.reports.record(h, [], {}, peer_address='%s:1' % h)
+        self.reports.record('h4', [], {})       # serves no peer
+        ep = agent.HoldersEndpoint(self.conf)
+        lead = {'host': 'h2', 'peer': 'h2:1', 'blocks': 0, 'lead': True}
+        # a host without a peer server cannot lead: nobody could read it
+        self.assertEqual([], ep.holders({}, A, host='h4'))
+        self.assertEqual([], ep.holders({}, A, host='h2'))
+        self.assertEqual([lead], ep.holders({}, A, host='h1'))
+        self.assertEqual([lead], ep.holders({}, A, host='h3'))
+        # the lead itself is told of no lead; another base has its own
+        self.assertEqual([], ep.holders({}, A, host='h2'))
+        self.assertEqual([], ep.holders({}, B, host='h3'))
+        self.assertEqual('h3', ep.holders({}, B, host='h1')[0]['host'])
+        # once mirrors hold blocks: holders first, the lead last, with
+        # what it holds
+        self.reports.record('h1', [], {A: 5}, peer_address='h1:1')
+        self.reports.record('h2', [], {A: 3}, peer_address='h2:1')
+        self.assertEqual(
+            [{'host': 'h1', 'peer': 'h1:1', 'blocks': 5},
+             dict(lead, blocks=3)], ep.holders({}, A, host='h3'))
+        # a whole copy serves every run: no lead to wait for
+        self.reports.record('h1', [], {A: None}, peer_address='h1:1')
+        self.assertEqual([{'host': 'h1', 'peer': 'h1:1', 'blocks': None},
+                          {'host': 'h2', 'peer': 'h2:1', 'blocks': 3}],
+                         ep.holders({}, A, host='h3'))
+
+    def test_a_lead_lasts_its_time(self):
+        self.conf.set_override('holder_max_age', 60, group='vmar_agent')
+        self.conf.set_override('fetch_lead_seconds', 300,
+                               group='vmar_agent')
+        for h in ('h1', 'h2'):
+            self.reports.record(h, [], {}, peer_address='%s:1' % h)
+        ep = agent.HoldersEndpoint(self.conf)
+        self.assertEqual([], ep.holders({}, A, host='h1'))
+        self.assertEqual(['h1'], [h['host'] for h in ep.holders(
+            {}, A, host='h2')])
+        # past it, the next host to ask leads
+        with db_session.writer(self.conf) as s:
+            s.execute(sa.update(models.FetchLead).values(
+                since=models.utcnow() - datetime.timedelta(seconds=301)))
+        self.assertEqual([], ep.holders({}, A, host='h2'))
+        self.assertEqual(['h2'], [h['host'] for h in ep.holders(
+            {}, A, host='h1')])
+        # a forgotten host leads no more
+        self.assertTrue(self.reports.forget('h2'))
+        self.assertEqual(0, self.reports.counts()['vmar_fetch_leads'])
+        # 0: no leads at all
+        self.conf.set_override('fetch_lead_seconds', 0, group='vmar_agent')
+        ep = agent.HoldersEndpoint(self.conf)
+        self.assertEqual([], ep.holders({}, B, host='h1'))
+        self.assertEqual(0, self.reports.counts()['vmar_fetch_leads'])
+
     def test_report_names_the_peer_server(self):
         root = self.scratch()
         self.conf.set_override('host', 'h1', group='vmar_host')

@@ -124,12 +124,13 @@ def _peers(p):
     r = p['reads']
     print()
     print('peers: %s; read from peers %d runs, %s; bad blocks %d, runs not '
-          'held %d, unreachable %d, timeouts %d; vmar-agent answered %d, '
-          'not %d' % (
+          'held %d, unreachable %d, timeouts %d; waited for a lead %d '
+          '(in vain %d); vmar-agent answered %d, not %d' % (
               'serving on %s' % p['serving'] if p['serving']
               else 'serving none', r['peer_reads'], _size(r['peer_bytes']),
               r['bad_blocks'], r['not_held'], r['unreachable'],
-              r['timeouts'], p['answers'], p['unanswered']))
+              r['timeouts'], r['lead_waits'], r['lead_misses'],
+              p['answers'], p['unanswered']))
     for base, hosts in sorted(p['holders'].items()):
         print('  %s  held by %s' % (base, ', '.join(hosts) or 'no other host'))
 

@@ -66,6 +66,17 @@ agent_opts = [
                     'reporting may be down.\n\nPossible values: seconds, '
                     'a few times the hosts\' [vmar_host] report_interval.'
                     '\n\nRelated options: [vmar_peers] discover.'),
+    cfg.IntOpt('fetch_lead_seconds', default=300, min=0,
+               help='How long the first host that asks for the holders of '
+                    'a base nobody holds stays its lead: the hosts that '
+                    'ask after it are told to wait a moment for the runs '
+                    'the lead is fetching from the store instead of '
+                    'fetching them too, so that a burst of servers of a '
+                    'new image on many hosts reads it from the store about '
+                    'once (doc/source/peers.rst, "Bursts").\n\nPossible '
+                    'values: seconds, about as long as a boot storm lasts; '
+                    '0 names no lead.\n\nRelated options: [vmar_peers] '
+                    'lead_wait, discover.'),
 ]
 
 ALL_OPTS = agent_opts

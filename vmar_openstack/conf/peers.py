@@ -92,6 +92,18 @@ ALL_OPTS = [
                help='How long a peer that sent a block failing its digest '
                     'is not asked again.\n\nPossible values: seconds.\n\n'
                     'Related options: peers.'),
+    cfg.FloatOpt('lead_wait', default=2.0, min=0,
+                 help='Seconds a run that no holder of a base has is '
+                      'waited for at the base\'s lead, the host vmar-agent '
+                      'named to fetch it from the store first, before this '
+                      'host fetches it from the store itself. In a burst '
+                      'of servers of a new image on many hosts, this is '
+                      'what has the store serve its blocks about once. A '
+                      'lead that did not get a run in that time is not '
+                      'waited for again for 10 s.\n\nPossible values: '
+                      'seconds, a few times a store read of a run; 0 never '
+                      'waits.\n\nRelated options: discover, [vmar_agent] '
+                      'fetch_lead_seconds.'),
     cfg.IntOpt('max_clients', default=16, min=1,
                help='Peer connections served at once; more are refused '
                     'and their host falls back to the store.\n\nPossible '

@@ -159,7 +159,8 @@ class HostReports:
             return {m.__tablename__: s.execute(
                 sa.select(sa.func.count()).select_from(m)).scalar()
                 for m in (models.HostReport, models.HostExport,
-                          models.HostBase, models.HostShare)}
+                          models.HostBase, models.HostShare,
+                          models.FetchLead)}
 
     def exported(self):
         """Every ``(image id, map version)`` a host's last report lists."""
@@ -233,6 +234,48 @@ class HostReports:
                            else h.load_per_cpu,
                            -(h.blocks or 0), h.host))
         return out[:limit] if limit else out
+
+    # two agents naming the first lead of a base at once: the loser runs
+    # again and finds the winner's
+    @db_session.retry_conflicts(
+        also=lambda e: isinstance(e, sa.exc.IntegrityError))
+    def lead(self, base_id, host, ttl, name=True):
+        """The host that fetches ``base_id`` from the store first, or None.
+
+        A burst's hosts ask at once, and none holds anything yet; they
+        agree that the first to ask fetches and the others wait a moment
+        for it (doc/source/peers.rst, "Bursts"). The lead of the last
+        ``ttl`` (a timedelta) stands; with none, ``host`` becomes the lead
+        if ``name`` and its last report names a peer server (nobody could
+        read from it otherwise). A :class:`Holder` (``blocks`` 0: what it
+        holds is the reports' business) when the lead is another host that
+        serves peers; None when ``host`` is the lead or there is none.
+        """
+        fl, hr = models.FetchLead, models.HostReport
+        now = models.utcnow()
+        with db_session.writer(self.conf) as s:
+            row = s.execute(sa.select(fl).where(fl.base_id == str(base_id))
+                            .with_for_update()).scalar_one_or_none()
+            if row is not None and row.since < now - ttl:
+                s.delete(row)
+                s.flush()
+                row = None
+            if row is None:
+                if not name:
+                    return None
+                serves = s.execute(sa.select(hr.peer_address).where(
+                    hr.host == host)).scalar_one_or_none()
+                if serves is not None:
+                    s.add(fl(base_id=str(base_id), host=host, since=now))
+                    s.flush()
+                return None
+            if row.host == host:
+                return None
+            r = s.execute(sa.select(hr.peer_address, hr.load_per_cpu).where(
+                hr.host == row.host)).one_or_none()
+            if r is None or r.peer_address is None:
+                return None
+            return Holder(row.host, r.peer_address, 0, r.load_per_cpu)
 
     def shares(self, image_id):
         """``{host: share}`` of ``image_id``'s canonical blocks each holds.
@@ -348,5 +391,7 @@ class HostReports:
                 models.HostExport.host == host))
             s.execute(sa.delete(models.HostBase).where(
                 models.HostBase.host == host))
+            s.execute(sa.delete(models.FetchLead).where(
+                models.FetchLead.host == host))
             return s.execute(sa.delete(models.HostReport).where(
                 models.HostReport.host == host)).rowcount > 0

@@ -236,6 +236,21 @@ class HostBase(Base):
                          server_default=sa.false())
 
 
+class FetchLead(Base):
+    """The host that fetches a base from the store first (0017).
+
+    The first host that asked for the holders of a base nobody held, at
+    ``since``: for ``[vmar_agent] fetch_lead_seconds`` the hosts that ask
+    after it wait a moment for the runs it is fetching
+    (:meth:`vmar_openstack.db.hosts.HostReports.lead`).
+    """
+    __tablename__ = 'vmar_fetch_leads'
+
+    base_id = sa.Column(sa.String(36), primary_key=True)
+    host = sa.Column(sa.String(255), nullable=False)
+    since = sa.Column(sa.DateTime, nullable=False, default=utcnow)
+
+
 class HostShare(Base):
     """How much of a base's canonical blocks a host holds, for the weigher.
 

@@ -173,5 +173,8 @@ def _holder(h):
     blocks = h.get('blocks')
     if blocks is not None and type(blocks) is not int:
         raise ValueError('blocks %r' % (blocks,))
-    return {'host': str(h['host']), 'peer': names.peer_address(host, port),
-            'blocks': blocks}
+    out = {'host': str(h['host']), 'peer': names.peer_address(host, port),
+           'blocks': blocks}
+    if h.get('lead') is True:
+        out['lead'] = True
+    return out

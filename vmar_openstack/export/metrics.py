@@ -103,7 +103,12 @@ _PEER_COUNTS = (
     ('unreachable', 'vmar_peer_unreachable', 'Peer reads that could not '
      'connect or were refused.'),
     ('timeouts', 'vmar_peer_timeouts', 'Peer reads given up after '
-     '[vmar_peers] read_timeout.'))
+     '[vmar_peers] read_timeout.'),
+    ('lead_waits', 'vmar_peer_lead_waits', 'Runs no holder had, waited for '
+     'at the base\'s lead (a burst).'),
+    ('lead_misses', 'vmar_peer_lead_misses', 'Runs waited for at a lead '
+     'that it did not get within [vmar_peers] lead_wait (the store read '
+     'them).'))
 
 
 def _peer_metrics(peers):

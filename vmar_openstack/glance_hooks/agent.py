@@ -574,15 +574,37 @@ class HoldersEndpoint:
         self.reports = db_hosts.HostReports(conf)
         self.max_age = datetime.timedelta(
             seconds=conf.vmar_agent.holder_max_age)
+        self.lead_ttl = datetime.timedelta(
+            seconds=conf.vmar_agent.fetch_lead_seconds)
 
     def holders(self, ctxt, base_id, host, limit=None):
+        """The holders of ``base_id``, best first, then its lead.
+
+        The lead (:meth:`.db.hosts.HostReports.lead`), if another host,
+        comes last with ``"lead": true``: a run no holder has is worth
+        waiting a moment for there. None when a host holds the base whole;
+        the asker becomes the lead only when nobody holds any of it.
+        """
         base_id = str(uuid.UUID(base_id))
         found = self.reports.holders(base_id, exclude=host,
                                      max_age=self.max_age, limit=limit)
+        out = [{'host': h.host, 'peer': h.peer_address, 'blocks': h.blocks}
+               for h in found]
+        lead = None
+        # a whole copy serves every run: nothing to wait for
+        if self.lead_ttl and all(h.blocks is not None for h in found):
+            lead = self.reports.lead(base_id, host, self.lead_ttl,
+                                     name=not found)
+        if lead is not None:
+            out = [h for h in out if h['host'] != lead.host] + [{
+                'host': lead.host, 'peer': lead.peer_address,
+                'blocks': next((h.blocks for h in found
+                                if h.host == lead.host), 0),
+                'lead': True}]
         LOG.debug('%s asked who holds %s: %s', host, base_id,
-                  ', '.join(h.host for h in found) or 'nobody')
-        return [{'host': h.host, 'peer': h.peer_address, 'blocks': h.blocks}
-                for h in found]
+                  ', '.join(h['host'] + (' (lead)' if h.get('lead') else '')
+                            for h in out) or 'nobody')
+        return out
 
 
 def holders_server(conf):

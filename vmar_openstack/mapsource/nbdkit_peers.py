@@ -57,6 +57,7 @@ def config_complete():
     _reader.append(peers.PeerReader(
         p.peers, p.tls_dir, _keys['digests'].format, p.bad_peer_seconds,
         timeout=p.read_timeout, down_seconds=p.down_peer_seconds,
+        lead_wait=p.lead_wait,
         holders_path=holders.format if holders else None,
         counts_path=_keys['counts']))
 

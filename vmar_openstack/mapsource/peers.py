@@ -17,6 +17,14 @@ not hold the run costs nothing but the question; one that sent a block
 that fails its digest is not asked again for ``bad_seconds`` and is
 logged. ``None`` means "read it from the store".
 
+In a burst no host holds a new image's blocks yet. The holders file then
+names the base's *lead* (``"lead": true``), the host vmar-agent told to
+fetch first (:meth:`vmar_openstack.db.hosts.HostReports.lead`): a run no
+holder has is asked of the lead again, by block status, for up to
+``lead_wait`` seconds while the lead fetches it, before the store is.
+A lead that did not get a run in that time is not waited for again for
+``NO_WAIT_SECONDS``: its guests read elsewhere in the image.
+
 The vmar-mirror driver checks the run again before it writes or serves
 it: a peer's bytes are never taken on trust, and a bad peer costs one
 more read from the store instead of a failed guest read.
@@ -42,11 +50,19 @@ ZERO_DIGEST = bytes(mirror_format.DIGEST_SIZE)
 
 #: what :attr:`PeerReader.counts` counts: runs and bytes read from peers,
 #: blocks that failed their digest, runs no peer held, peers that could not
-#: be reached (or refused), peers that did not answer in time
+#: be reached (or refused), peers that did not answer in time, runs waited
+#: for at a lead, and those of them the lead did not get in time
 COUNTS = ('peer_reads', 'peer_bytes', 'bad_blocks', 'not_held',
-          'unreachable', 'timeouts')
+          'unreachable', 'timeouts', 'lead_waits', 'lead_misses')
 #: seconds the counts file may lag the counts
 COUNTS_INTERVAL = 1.0
+#: seconds a lead that did not get a run in ``lead_wait`` is not waited for
+NO_WAIT_SECONDS = 10.0
+#: seconds between two block-status questions to a lead, at first and at most
+_POLL_FIRST, _POLL_MAX = 0.005, 0.05
+#: seconds before a run that failed its digest is read once more: a peer
+#: may be writing it (its block status says data before its bytes are in)
+_REREAD_PAUSE = 0.02
 
 
 def read_counts(path):
@@ -106,15 +122,21 @@ class PeerReader:
     once a second, within a second of a change, and at once for a bad
     block (:func:`read_counts`). A peer that sent a bad block is not
     asked for ``bad_seconds``; one that could not be reached or did not
-    answer in time, for ``down_seconds``.
+    answer in time, for ``down_seconds``. A run no peer holds is waited
+    for at the image's lead for up to ``lead_wait`` seconds (0: never).
     """
 
     def __init__(self, peers, tls_dir, digests_path, bad_seconds=300,
                  clock=time.monotonic, timeout=5.0, holders_path=None,
-                 counts_path=None, down_seconds=10):
+                 counts_path=None, down_seconds=10, lead_wait=0.0,
+                 sleep=time.sleep):
         self.peers = [names.parse_peer_address(p) for p in peers]
         self.holders_path = holders_path
-        self._holders = {}          # image id -> (file mtime, [peer, ...])
+        # image id -> (file mtime, [peer, ...], lead peer or None)
+        self._holders = {}
+        self.lead_wait = lead_wait
+        self.sleep = sleep
+        self.no_wait_until = {}     # (peer, image id) -> clock time
         self.timeout = timeout      # seconds for each step of a peer read
         self.tls_dir = tls_dir
         self.digests_path = digests_path
@@ -139,23 +161,45 @@ class PeerReader:
         block_size, rows = rows
         if offset % block_size:
             return None
+        check = (block_size, rows)
         for peer in self.candidates(image_id):
+            data = self._verified(peer, image_id, offset, length, check)
+            if data is not None:
+                return data
+        lead = self.lead(image_id)
+        if (lead is None or not self.lead_wait
+                or self.clock() < self.no_wait_until.get((lead, image_id),
+                                                         0)):
+            return None
+        return self._verified(lead, image_id, offset, length, check,
+                              wait=self.lead_wait)
+
+    def _verified(self, peer, image_id, offset, length, check, wait=0):
+        """The run from ``peer``, every block checked, or None.
+
+        A run that fails its digest is read once more after a pause (the
+        peer may have been writing it); failing again, the peer is bad.
+        """
+        block_size, rows = check
+        for attempt in (0, 1):
             if self.clock() < self.bad_until.get(peer, 0):
-                continue
-            data = self._read_from(peer, image_id, offset, length)
+                return None
+            data = self._read_from(peer, image_id, offset, length, wait)
             if data is None:
-                continue
+                return None
             bad = _first_bad(data, offset, block_size, rows)
             if bad is None:
                 self._count(peer_reads=1, peer_bytes=length)
                 return data
-            with self._lock:
-                self.bad_until[peer] = self.clock() + self.bad_seconds
-            self._count(bad_blocks=1)
-            LOG.error('peer %s:%d sent block %d of image %s that does not '
-                      'match its digest: not asked again for %d s',
-                      peer[0], peer[1], bad, image_id, self.bad_seconds)
             self._drop(peer, image_id)
+            if not attempt:
+                self.sleep(_REREAD_PAUSE)
+        with self._lock:
+            self.bad_until[peer] = self.clock() + self.bad_seconds
+        self._count(bad_blocks=1)
+        LOG.error('peer %s:%d sent block %d of image %s that does not '
+                  'match its digest: not asked again for %d s',
+                  peer[0], peer[1], bad, image_id, self.bad_seconds)
         return None
 
     def _count(self, **incs):
@@ -198,25 +242,37 @@ class PeerReader:
         the file changes), then the configured peers. A file that is gone
         or unreadable leaves the configured peers.
         """
-        found = []
-        if self.holders_path is not None:
-            path = self.holders_path(image_id)
-            try:
-                mtime = os.stat(path).st_mtime_ns
-                cached = self._holders.get(image_id)
-                if cached is None or cached[0] != mtime:
-                    with open(path) as f:
-                        cached = (mtime, [
-                            names.parse_peer_address(h['peer'])
-                            for h in json.load(f)['holders']])
-                    self._holders[image_id] = cached
-                found = cached[1]
-            except FileNotFoundError:
-                pass
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                LOG.warning('holders of %s in %s unreadable: %s', image_id,
-                            path, e)
+        found = self._found(image_id)[0]
         return found + [p for p in self.peers if p not in found]
+
+    def lead(self, image_id):
+        """The peer named the lead of ``image_id``'s base, or None."""
+        return self._found(image_id)[1]
+
+    def _found(self, image_id):
+        """``([holder peer, ...], lead peer or None)`` of the file."""
+        if self.holders_path is None:
+            return [], None
+        path = self.holders_path(image_id)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+            cached = self._holders.get(image_id)
+            if cached is None or cached[0] != mtime:
+                with open(path) as f:
+                    holders = json.load(f)['holders']
+                found = [names.parse_peer_address(h['peer'])
+                         for h in holders]
+                lead = [p for p, h in zip(found, holders) if h.get('lead')]
+                cached = (mtime, found, lead[0] if lead else None)
+                self._holders[image_id] = cached
+            return cached[1], cached[2]
+        except FileNotFoundError:
+            return [], None
+        except (OSError, ValueError, KeyError, TypeError,
+                AttributeError) as e:
+            LOG.warning('holders of %s in %s unreadable: %s', image_id,
+                        path, e)
+            return [], None
 
     def _rows(self, image_id):
         with self._lock:
@@ -300,11 +356,33 @@ class PeerReader:
         """
         self._handles().pop((peer, image_id), None)
 
-    def _read_from(self, peer, image_id, offset, length):
+    def _wait_for(self, peer, image_id, h, nbd, offset, length, wait):
+        """Whether the lead ``peer`` gets the run within ``wait`` seconds.
+
+        Asked again by block status, at growing intervals. A lead that does
+        not get it is not waited for again for NO_WAIT_SECONDS.
+        """
+        self._count(lead_waits=1)
+        deadline = self.clock() + wait
+        pause = _POLL_FIRST
+        while self.clock() < deadline:
+            self.sleep(min(pause, max(0.0, deadline - self.clock())))
+            if self._holds(h, nbd, offset, length):
+                return True
+            pause = min(2 * pause, _POLL_MAX)
+        with self._lock:
+            self.no_wait_until[(peer, image_id)] = (self.clock()
+                                                    + NO_WAIT_SECONDS)
+        self._count(lead_misses=1)
+        return False
+
+    def _read_from(self, peer, image_id, offset, length, wait=0):
         import nbd
         try:
             h = self._handle(peer, image_id)
-            if not self._holds(h, nbd, offset, length):
+            if not self._holds(h, nbd, offset, length) and not (
+                    wait and self._wait_for(peer, image_id, h, nbd, offset,
+                                            length, wait)):
                 self._count(not_held=1)
                 return None
             buf = nbd.Buffer(length)
