@@ -364,6 +364,69 @@ class TestDownPeers(testtools.TestCase):
             'nbd_connect_tcp: connect: Connection refused', 111)))
 
 
+class TestRereadAndLead(testtools.TestCase):
+    """What the reader does with a run that fails its digest, and a lead.
+
+    ``_read_from`` (libnbd on a real peer: tests/functional/test_peers.py)
+    is replaced by the run each step of the test sends.
+    """
+
+    def setUp(self):
+        super().setUp()
+        tmp = self.useFixture(fixtures.TempDir()).path
+        self.image = str(uuid.uuid4())
+        self.good = b'\x11' * 4096
+        src = os.path.join(tmp, 'image.raw')
+        with open(src, 'wb') as f:
+            f.write(self.good * 4)
+        digests = os.path.join(tmp, 'image.digests')
+        with open(digests, 'wb') as f:
+            f.write(mirror_format.digests_bytes(
+                self.image, fingerprint.hash_file(src, 4 * 4096)))
+        self.holders = os.path.join(tmp, 'holders.json')
+        with open(self.holders, 'w') as f:
+            json.dump({'holders': [{'host': 'l', 'peer': '10.0.0.3:1',
+                                    'blocks': 0, 'lead': True}]}, f)
+        self.slept = []
+        self.reader = peer_source.PeerReader(
+            ['10.0.0.2:1'], tmp, lambda i: digests, lead_wait=2.0,
+            holders_path=lambda i: self.holders, sleep=self.slept.append)
+        self.sent = []
+
+        def read_from(peer, image_id, offset, length, wait=0):
+            self.asked.append((peer[0], wait))
+            return self.sent.pop(0) if self.sent else None
+        self.asked = []
+        self.reader._read_from = read_from
+
+    def test_a_bad_run_is_read_once_more(self):
+        bad = b'\x12' + self.good[1:]
+        # being written when first read: the second read is good
+        self.sent = [bad, self.good]
+        self.assertEqual(self.good, self.reader.read(self.image, 0, 4096))
+        self.assertEqual(0, self.reader.counts['bad_blocks'])
+        self.assertEqual([peer_source._REREAD_PAUSE], self.slept)
+        # bad twice: the peer is bad
+        self.sent = [bad, bad]
+        self.assertIsNone(self.reader.read(self.image, 0, 4096))
+        self.assertEqual(1, self.reader.counts['bad_blocks'])
+        self.assertIn(('10.0.0.3', 1), self.reader.bad_until)
+
+    def test_the_lead_is_waited_for_after_the_holders(self):
+        self.assertEqual(('10.0.0.3', 1), self.reader.lead(self.image))
+        self.assertIsNone(self.reader.read(self.image, 0, 4096))
+        # the holders file's peers, the configured one, then the lead
+        # with the wait
+        self.assertEqual([('10.0.0.3', 0), ('10.0.0.2', 0),
+                          ('10.0.0.3', 2.0)], self.asked)
+        # a lead not waited for (it missed a run lately): no second ask
+        self.reader.no_wait_until[(('10.0.0.3', 1), self.image)] = (
+            time.monotonic() + 60)
+        self.asked.clear()
+        self.reader.read(self.image, 0, 4096)
+        self.assertEqual([('10.0.0.3', 0), ('10.0.0.2', 0)], self.asked)
+
+
 class AgentDouble:
     """Test double of vmar-agent's holders RPC.
 

@@ -108,7 +108,9 @@ _PEER_COUNTS = (
      'at the base\'s lead (a burst).'),
     ('lead_misses', 'vmar_peer_lead_misses', 'Runs waited for at a lead '
      'that it did not get within [vmar_peers] lead_wait (the store read '
-     'them).'))
+     'them).'),
+    ('lead_wait_ms', 'vmar_peer_lead_wait_milliseconds', 'Time spent '
+     'waiting for runs at leads.'))
 
 
 def _peer_metrics(peers):

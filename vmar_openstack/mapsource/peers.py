@@ -51,15 +51,17 @@ ZERO_DIGEST = bytes(mirror_format.DIGEST_SIZE)
 #: what :attr:`PeerReader.counts` counts: runs and bytes read from peers,
 #: blocks that failed their digest, runs no peer held, peers that could not
 #: be reached (or refused), peers that did not answer in time, runs waited
-#: for at a lead, and those of them the lead did not get in time
+#: for at a lead, those of them the lead did not get in time, and the
+#: milliseconds of all the waits
 COUNTS = ('peer_reads', 'peer_bytes', 'bad_blocks', 'not_held',
-          'unreachable', 'timeouts', 'lead_waits', 'lead_misses')
+          'unreachable', 'timeouts', 'lead_waits', 'lead_misses',
+          'lead_wait_ms')
 #: seconds the counts file may lag the counts
 COUNTS_INTERVAL = 1.0
 #: seconds a lead that did not get a run in ``lead_wait`` is not waited for
 NO_WAIT_SECONDS = 10.0
 #: seconds between two block-status questions to a lead, at first and at most
-_POLL_FIRST, _POLL_MAX = 0.005, 0.05
+_POLL_FIRST, _POLL_MAX = 0.002, 0.02
 #: seconds before a run that failed its digest is read once more: a peer
 #: may be writing it (its block status says data before its bytes are in)
 _REREAD_PAUSE = 0.02
@@ -363,17 +365,21 @@ class PeerReader:
         not get it is not waited for again for NO_WAIT_SECONDS.
         """
         self._count(lead_waits=1)
-        deadline = self.clock() + wait
+        start = self.clock()
+        deadline = start + wait
         pause = _POLL_FIRST
         while self.clock() < deadline:
             self.sleep(min(pause, max(0.0, deadline - self.clock())))
             if self._holds(h, nbd, offset, length):
+                self._count(lead_wait_ms=int(
+                    1000 * (self.clock() - start)))
                 return True
             pause = min(2 * pause, _POLL_MAX)
         with self._lock:
             self.no_wait_until[(peer, image_id)] = (self.clock()
                                                     + NO_WAIT_SECONDS)
-        self._count(lead_misses=1)
+        self._count(lead_misses=1, lead_wait_ms=int(
+            1000 * (self.clock() - start)))
         return False
 
     def _read_from(self, peer, image_id, offset, length, wait=0):

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""A burst of servers of new images on three hosts, peers on and off.
+
+Issue 34's burst figure. ``tools/cloud.sh up --computes 3``; each run
+uploads 3 new images (16 MiB every image shares, 8 MiB of its own, in a
+64 MiB disk: 40 MiB of unique data) and creates 9 servers at once, 3 per
+image, each image's in a server group with the ``anti-affinity`` policy,
+so that every image has a server on every host. Each guest (the test
+guest, TCG) reads its whole disk once and prints its checksum.
+
+Two runs in the same minutes, in alternating order over ``--rounds``:
+
+* ``peers``: as the cloud is set up (``[vmar_peers] discover``, a peer
+  server on each host, the lead of a burst, doc/source/peers.rst);
+* ``store``: the same with ``[vmar_peers] fetch = false`` on every host
+  (its vmar-export restarted with that file after the host's own), the
+  baseline.
+
+Figures, for each run:
+
+* **bytes from the store**: the image data glance-api served the hosts'
+  lazy mirrors (its uWSGI access log), against the unique data the
+  guests read (goal: <= 1.1 x with peers, against about 3 x without);
+* **time to the checksum**: ``server create`` to the guest's checksum on
+  its console, mean and max (goal: with peers <= without);
+* what each host read from peers, and waited for at a lead.
+
+Throttles (``--store-mbit``, ``--link-mbit``): tc ``tbf`` on the cloud's
+bridge (what the control plane, glance-api among it, sends the hosts: the
+store) and on both ends of each host's veth (the host's link). This
+kernel has no ``sch_netem``, so no latency is added.
+
+Usage: bench/bench_burst.py [--state-dir DIR] [--rounds N] [--json FILE]
+       [--store-mbit 800] [--link-mbit 1000]
+(root; the cloud must be up with three compute hosts)
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, TOP)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_weigher  # noqa: E402
+
+from tools.cloud import config  # noqa: E402
+from tools.cloud import stack  # noqa: E402
+from vmar_openstack.export import hostdir  # noqa: E402
+from vmar_openstack import fileutils  # noqa: E402
+
+MIB = bench_weigher.MIB
+IMAGES = 3
+PER_IMAGE = 3
+# 16 MiB every image shares, 8 MiB of each image's own
+UNIQUE_BYTES = (16 + IMAGES * 8) * MIB
+FLAVOR = bench_weigher.FLAVOR
+
+
+def make_images(work, tag):
+    """Three raw images: the shared part, then their own part."""
+    shared = bench_weigher.blocks('os-' + tag, 16)
+    paths = []
+    for i in range(IMAGES):
+        path = os.path.join(work, 'burst-%s-%d.raw' % (tag, i))
+        with open(path, 'wb') as f:
+            f.write(shared + bench_weigher.blocks('own-%d-%s' % (i, tag), 8))
+            f.truncate(bench_weigher.IMAGE_SIZE)
+        paths.append(path)
+    return paths
+
+
+def _tc(netns, *args):
+    cmd = ['tc'] + list(args)
+    if netns:
+        cmd = ['ip', 'netns', 'exec', netns] + cmd
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+class Burst(bench_weigher.Bench):
+
+    def __init__(self, state_dir, echo=print):
+        super().__init__(state_dir, 0.0, echo)
+        self.work = self.cloud.path('bench-burst')
+        os.makedirs(self.work, exist_ok=True)
+        self.off_conf = os.path.join(self.work, 'peers-off.conf')
+        with open(self.off_conf, 'w') as f:
+            f.write('# bench_burst.py: the baseline, no reads from peers\n'
+                    '[vmar_peers]\nfetch = false\n')
+
+    def setup(self):
+        super().setup()
+        # the cloud may predate this tree's schema and agent
+        subprocess.run([self.cloud.bin('vmar-manage'), '--config-file',
+                        self.cloud.etc('vmar', 'vmar.conf'), 'db', 'sync'],
+                       check=True, capture_output=True)
+        for svc in stack.services(self.cloud):
+            if svc.name == 'vmar-agent':
+                svc.stop()
+                svc.start()
+        self.weigher(False)
+
+    def throttle(self, store_mbit, link_mbit):
+        """tbf on the bridge (the store) and each host's veth (its link)."""
+        burst = '256kb'
+        if store_mbit:
+            _tc(None, 'qdisc', 'replace', 'dev', config.BRIDGE, 'root',
+                'tbf', 'rate', '%dmbit' % store_mbit, 'burst', burst,
+                'latency', '50ms')
+        if link_mbit:
+            for h in self.hosts:
+                _tc(None, 'qdisc', 'replace', 'dev', h.veth, 'root', 'tbf',
+                    'rate', '%dmbit' % link_mbit, 'burst', burst, 'latency',
+                    '50ms')
+                _tc(h.netns, 'qdisc', 'replace', 'dev', 'eth0', 'root',
+                    'tbf', 'rate', '%dmbit' % link_mbit, 'burst', burst,
+                    'latency', '50ms')
+
+    def unthrottle(self):
+        for netns, dev in [(None, config.BRIDGE)] + [
+                (x, d) for h in self.hosts
+                for x, d in ((None, h.veth), (h.netns, 'eth0'))]:
+            cmd = ['tc', 'qdisc', 'del', 'dev', dev, 'root']
+            if netns:
+                cmd = ['ip', 'netns', 'exec', netns] + cmd
+            subprocess.run(cmd, capture_output=True)
+
+    def peers(self, on):
+        """Restart every host's vmar-export with peer reads on or off.
+
+        Its peer read counts start again from zero.
+        """
+        for h in self.hosts:
+            svc = stack.HostExport(self.cloud, h)
+            if not on:
+                svc.conf = list(h.export_conf) + [self.off_conf]
+            svc.stop()
+            fileutils.unlink(hostdir.Layout(
+                h.path('vmar', 'host')).peer_counts_file())
+            svc.start()
+
+    def images(self, tag):
+        real = bench_weigher.make_images
+        bench_weigher.make_images = make_images
+        try:
+            return super().images(tag)
+        finally:
+            bench_weigher.make_images = real
+
+    def peer_counts(self):
+        out = {}
+        for h in self.hosts:
+            st = json.loads(h.vmar_export('status', '--json'))
+            out[h.name] = (st.get('peers') or {}).get('reads') or {}
+        return out
+
+    def run(self, on, tag):
+        self.peers(on)
+        ids = self.images(tag)
+        flavor = self.conn.compute.find_flavor(FLAVOR)
+        offset = self.store_log_offset()
+        groups = [self.conn.compute.create_server_group(
+            name='burst-%s-%d' % (tag, i), policy='anti-affinity')
+            for i in range(IMAGES)]
+        servers = {}
+        for n in range(IMAGES * PER_IMAGE):
+            i = n % IMAGES
+            s = self.conn.compute.create_server(
+                name='b-%s-%d' % (tag, n), image_id=ids[i],
+                flavor_id=flavor.id, networks='none',
+                scheduler_hints={'group': groups[i].id})
+            servers[s.id] = {'image': i, 't0': time.monotonic(),
+                             'server': s}
+        pending = set(servers)
+        deadline = time.monotonic() + 1800
+        while pending:
+            for sid in sorted(pending):
+                s = self.conn.compute.get_server(sid)
+                if s.status == 'ERROR':
+                    raise SystemExit('server %s: %s' % (s.name, s.fault))
+                if bench_weigher.SHA.search(self.console(s)):
+                    servers[sid]['seconds'] = (time.monotonic()
+                                               - servers[sid]['t0'])
+                    servers[sid]['host'] = s.compute_host
+                    pending.discard(sid)
+            if time.monotonic() > deadline:
+                raise SystemExit('servers never read their disks: %s'
+                                 % pending)
+            time.sleep(1)
+        fetched, other = self.store_reads(offset, set(ids))
+        # since the restart of peers(): this run's
+        after = self.peer_counts()
+        for sid in servers:
+            self.conn.compute.delete_server(sid)
+        for v in servers.values():
+            self.conn.compute.wait_for_delete(v['server'], wait=300)
+        for g in groups:
+            self.conn.compute.delete_server_group(g)
+        for i in ids:
+            self.conn.image.delete_image(i)
+        secs = [s['seconds'] for s in servers.values()]
+        spread = {}
+        for s in servers.values():
+            spread.setdefault(s['image'], set()).add(s['host'])
+        from_peers = after
+        result = {
+            'peers': on, 'fetched_bytes': fetched,
+            'other_store_bytes': other,
+            'x_unique': fetched / UNIQUE_BYTES,
+            'mean_s': statistics.mean(secs), 'max_s': max(secs),
+            'seconds': sorted(secs),
+            'hosts_per_image': {i: len(h) for i, h in spread.items()},
+            'from_peers': from_peers,
+        }
+        self.echo('  peers %-3s: store %6.1f MiB (%.2f x unique; other '
+                  '%.1f MiB), checksum mean %5.1f s, max %5.1f s; from '
+                  'peers %s' % (
+                      'on' if on else 'off', fetched / MIB,
+                      result['x_unique'], other / MIB, result['mean_s'],
+                      result['max_s'], ', '.join(
+                          '%s %.1f MiB (waits %d, in vain %d)' % (
+                              h, c.get('peer_bytes', 0) / MIB,
+                              c.get('lead_waits', 0),
+                              c.get('lead_misses', 0))
+                          for h, c in sorted(from_peers.items()))))
+        return result
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog='bench/bench_burst.py')
+    p.add_argument('--state-dir')
+    p.add_argument('--rounds', type=int, default=1)
+    p.add_argument('--store-mbit', type=int, default=800,
+                   help='the store\'s rate, Mbit/s (default 800: 100 MB/s)')
+    p.add_argument('--link-mbit', type=int, default=1000,
+                   help='each host\'s link, Mbit/s (default 1000)')
+    p.add_argument('--json')
+    args = p.parse_args(argv)
+    bench = Burst(args.state_dir, echo=lambda t: print(t, flush=True))
+    if len(bench.hosts) != 3:
+        raise SystemExit('bench_burst needs tools/cloud.sh up --computes 3')
+    bench.setup()
+    rounds = []
+    bench.throttle(args.store_mbit, args.link_mbit)
+    try:
+        for r in range(args.rounds):
+            print('round %d: %d servers of %d images at once, anti-affinity'
+                  % (r + 1, IMAGES * PER_IMAGE, IMAGES), flush=True)
+            first = r % 2 == 0
+            runs = {}
+            for on in (first, not first):
+                runs[on] = bench.run(on, '%d%s-%d' % (
+                    r, 'on' if on else 'off', time.time()))
+            print('round %d: store bytes, peers / no peers: %.3f; against '
+                  'the unique data: %.2f x with (goal <= 1.1), %.2f x '
+                  'without; mean time to the checksum %.2f x' % (
+                      r + 1, runs[True]['fetched_bytes']
+                      / max(1, runs[False]['fetched_bytes']),
+                      runs[True]['x_unique'], runs[False]['x_unique'],
+                      runs[True]['mean_s'] / runs[False]['mean_s']),
+                  flush=True)
+            rounds.append({'peers': runs[True], 'store': runs[False]})
+    finally:
+        bench.unthrottle()
+        bench.peers(True)
+        bench.weigher(True)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(rounds, f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
