@@ -118,8 +118,8 @@ blocks of it (their first report after their first block). The four
 least loaded (approximated: up to eight sampled at random, ordered by
 the transfers their peer server has in flight) are tried; block status
 is exact, so a peer serves what it holds at that moment, the store the
-rest. A burst of a new image on many hosts therefore goes to the store
-(peers.rst, "Not built: bursts").
+rest. A burst of a new image on many hosts therefore goes to the store:
+the leads that hosts wait for (peers.rst, "Bursts") are not modelled.
 
 Inputs and derivations
 ----------------------
@@ -2076,9 +2076,10 @@ def scale_reading(runs):
     out.append('- In a storm the weigher and the peers see what hosts hold '
                'only once they report it (report_interval 60 s, the '
                'storm\'s length): its first minute is placed and fetched '
-               'as without them (scheduling.rst; peers.rst, "Not built: '
-               'bursts"). They save the fill and the boots that come '
-               'later, which is where the day\'s arrivals gain.')
+               'as without them in this model, which has no leads '
+               '(scheduling.rst; peers.rst, "Bursts"). They save the fill '
+               'and the boots that come later, which is where the day\'s '
+               'arrivals gain.')
     return out
 
 
