@@ -176,33 +176,13 @@ class Burst(bench_weigher.Bench):
                 scheduler_hints={'group': groups[i].id})
             servers[s.id] = {'image': i, 't0': time.monotonic(),
                              'server': s}
-        pending = set(servers)
-        deadline = time.monotonic() + 1800
-        while pending:
-            for sid in sorted(pending):
-                s = self.conn.compute.get_server(sid)
-                if s.status == 'ERROR':
-                    raise SystemExit('server %s: %s' % (s.name, s.fault))
-                if bench_weigher.SHA.search(self.console(s)):
-                    servers[sid]['seconds'] = (time.monotonic()
-                                               - servers[sid]['t0'])
-                    servers[sid]['host'] = s.compute_host
-                    pending.discard(sid)
-            if time.monotonic() > deadline:
-                raise SystemExit('servers never read their disks: %s'
-                                 % pending)
-            time.sleep(1)
+        self.wait_read(servers, poll=1)
         fetched, other = self.store_reads(offset, set(ids))
         # since the restart of peers(): this run's
         after = self.peer_counts()
-        for sid in servers:
-            self.conn.compute.delete_server(sid)
-        for v in servers.values():
-            self.conn.compute.wait_for_delete(v['server'], wait=300)
+        self.clean_up(servers, ids)
         for g in groups:
             self.conn.compute.delete_server_group(g)
-        for i in ids:
-            self.conn.image.delete_image(i)
         secs = [s['seconds'] for s in servers.values()]
         spread = {}
         for s in servers.values():

@@ -230,21 +230,12 @@ class Bench(object):
                 raise SystemExit('no map for some of %s' % ids)
             time.sleep(2)
 
-    def run(self, on, tag, order):
-        self.weigher(on)
-        ids = self.images(tag)
-        flavor = self.conn.compute.find_flavor(FLAVOR)
-        offset = self.store_log_offset()
-        servers = {}
-        t_start = time.monotonic()
-        for n, i in enumerate(order):
-            due = t_start + n * self.interval
-            time.sleep(max(0, due - time.monotonic()))
-            s = self.conn.compute.create_server(
-                name='w-%s-%d' % (tag, n), image_id=ids[i],
-                flavor_id=flavor.id, networks='none')
-            servers[s.id] = {'image': i, 't0': time.monotonic(),
-                             'server': s}
+    def wait_read(self, servers, poll):
+        """Wait for every guest's checksum: its host and seconds.
+
+        ``servers``: ``{server id: {'t0': monotonic time of the create,
+        ...}}``; each gets ``seconds`` (create to checksum) and ``host``.
+        """
         pending = set(servers)
         deadline = time.monotonic() + 1800
         while pending:
@@ -260,14 +251,35 @@ class Bench(object):
             if time.monotonic() > deadline:
                 raise SystemExit('servers never read their disks: %s'
                                  % pending)
-            time.sleep(3)
-        fetched, other = self.store_reads(offset, set(ids))
+            time.sleep(poll)
+
+    def clean_up(self, servers, ids):
+        """Delete the run's servers (waiting for them), then its images."""
         for sid in servers:
             self.conn.compute.delete_server(sid)
         for v in servers.values():
             self.conn.compute.wait_for_delete(v['server'], wait=300)
         for i in ids:
             self.conn.image.delete_image(i)
+
+    def run(self, on, tag, order):
+        self.weigher(on)
+        ids = self.images(tag)
+        flavor = self.conn.compute.find_flavor(FLAVOR)
+        offset = self.store_log_offset()
+        servers = {}
+        t_start = time.monotonic()
+        for n, i in enumerate(order):
+            due = t_start + n * self.interval
+            time.sleep(max(0, due - time.monotonic()))
+            s = self.conn.compute.create_server(
+                name='w-%s-%d' % (tag, n), image_id=ids[i],
+                flavor_id=flavor.id, networks='none')
+            servers[s.id] = {'image': i, 't0': time.monotonic(),
+                             'server': s}
+        self.wait_read(servers, poll=3)
+        fetched, other = self.store_reads(offset, set(ids))
+        self.clean_up(servers, ids)
         secs = [s['seconds'] for s in servers.values()]
         per_host = {}
         for s in servers.values():
