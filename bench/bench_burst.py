@@ -60,6 +60,15 @@ PER_IMAGE = 3
 # 16 MiB every image shares, 8 MiB of each image's own
 UNIQUE_BYTES = (16 + IMAGES * 8) * MIB
 FLAVOR = bench_weigher.FLAVOR
+#: the processes whose CPU a run counts, by what their command line holds
+CPU_KINDS = {
+    'peer_server': ('nbdkit_peer.py',),
+    'peer_fetcher': ('nbdkit_peers.py',),
+    'range_server': ('nbdkit_glance.py',),
+    'storage_daemon': ('qemu-storage-daemon',),
+    'guests': ('qemu-system',),
+    'glance_api': ('glance-api',),
+}
 
 
 def make_images(work, tag):
@@ -144,13 +153,33 @@ class Burst(bench_weigher.Bench):
                 h.path('vmar', 'host')).peer_counts_file())
             svc.start()
 
-    def images(self, tag):
-        real = bench_weigher.make_images
-        bench_weigher.make_images = make_images
-        try:
-            return super().images(tag)
-        finally:
-            bench_weigher.make_images = real
+    make_images = staticmethod(make_images)
+
+    def cpu_seconds(self):
+        """CPU seconds so far of the processes that move blocks, by kind.
+
+        The machine's (run nothing else beside the bench): the hosts'
+        services restart with each run (:meth:`peers`) and the guests are
+        the run's, so theirs are the run's; glance-api's are taken as a
+        difference.
+        """
+        out = dict.fromkeys(CPU_KINDS, 0.0)
+        tick = os.sysconf('SC_CLK_TCK')
+        for pid in (int(p) for p in os.listdir('/proc') if p.isdigit()):
+            try:
+                with open('/proc/%d/cmdline' % pid, 'rb') as f:
+                    cmd = f.read().replace(b'\0', b' ').decode(
+                        errors='replace')
+                with open('/proc/%d/stat' % pid) as f:
+                    fields = f.read().rsplit(')', 1)[1].split()
+            except OSError:
+                continue
+            for kind, marks in CPU_KINDS.items():
+                if any(m in cmd for m in marks):
+                    # utime, stime: fields 14 and 15 of stat, here 11, 12
+                    out[kind] += (int(fields[11]) + int(fields[12])) / tick
+                    break
+        return out
 
     def peer_counts(self):
         out = {}
@@ -164,6 +193,7 @@ class Burst(bench_weigher.Bench):
         ids = self.images(tag)
         flavor = self.conn.compute.find_flavor(FLAVOR)
         offset = self.store_log_offset()
+        cpu0 = self.cpu_seconds()
         groups = [self.conn.compute.create_server_group(
             name='burst-%s-%d' % (tag, i), policy='anti-affinity')
             for i in range(IMAGES)]
@@ -180,6 +210,9 @@ class Burst(bench_weigher.Bench):
         fetched, other = self.store_reads(offset, set(ids))
         # since the restart of peers(): this run's
         after = self.peer_counts()
+        cpu = self.cpu_seconds()
+        # the hosts' processes started with the run; glance-api did not
+        cpu['glance_api'] -= cpu0['glance_api']
         self.clean_up(servers, ids)
         for g in groups:
             self.conn.compute.delete_server_group(g)
@@ -196,6 +229,7 @@ class Burst(bench_weigher.Bench):
             'seconds': sorted(secs),
             'hosts_per_image': {i: len(h) for i, h in spread.items()},
             'from_peers': from_peers,
+            'cpu_seconds': cpu,
         }
         self.echo('  peers %-3s: store %6.1f MiB (%.2f x unique; other '
                   '%.1f MiB), checksum mean %5.1f s, max %5.1f s; from '
@@ -208,6 +242,10 @@ class Burst(bench_weigher.Bench):
                               c.get('lead_waits', 0),
                               c.get('lead_misses', 0))
                           for h, c in sorted(from_peers.items()))))
+        self.echo('    CPU s: %s; waited at leads %.1f s' % (
+            ', '.join('%s %.1f' % kv for kv in sorted(cpu.items())),
+            sum(c.get('lead_wait_ms', 0) for c in from_peers.values())
+            / 1000))
         return result
 
 

@@ -208,9 +208,12 @@ class Bench(object):
             self.aggregate, {'vmar_weight_multiplier': '5.0' if on
                              else '0.0'})
 
+    #: the run's image files: (work directory, tag) -> [path, ...]
+    make_images = staticmethod(make_images)
+
     def images(self, tag):
         ids = []
-        for path in make_images(self.work, tag):
+        for path in self.make_images(self.work, tag):
             img = self.conn.image.create_image(
                 os.path.basename(path), filename=path, disk_format='raw',
                 container_format='bare', wait=True,
