@@ -8,6 +8,13 @@ image, each image's in a server group with the ``anti-affinity`` policy,
 so that every image has a server on every host. Each guest (the test
 guest, TCG) reads its whole disk once and prints its checksum.
 
+``--images debian``: the images are minbase, python3 and nginx of the
+Debian image library (1 GiB each, uploaded anew for each run), the time is
+to their ``VMAR-BOOTED`` (doc/source/images.rst), and the unique data is
+not known beforehand: the peers run's bytes are set against a third of
+the store run's, what one host of three fetched (the same images on each,
+boot working sets prefetched).
+
 Two runs in the same minutes, in alternating order over ``--rounds``:
 
 * ``peers``: as the cloud is set up (``[vmar_peers] discover``, a peer
@@ -31,13 +38,14 @@ store) and on both ends of each host's veth (the host's link). This
 kernel has no ``sch_netem``, so no latency is added.
 
 Usage: bench/bench_burst.py [--state-dir DIR] [--rounds N] [--json FILE]
-       [--store-mbit 800] [--link-mbit 1000]
+       [--store-mbit 800] [--link-mbit 1000] [--images test|debian]
 (root; the cloud must be up with three compute hosts)
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -51,6 +59,7 @@ import bench_weigher  # noqa: E402
 
 from tools.cloud import config  # noqa: E402
 from tools.cloud import stack  # noqa: E402
+from tools.vmarenv import qemu_env  # noqa: E402
 from vmar_openstack.export import hostdir  # noqa: E402
 from vmar_openstack import fileutils  # noqa: E402
 
@@ -60,6 +69,9 @@ PER_IMAGE = 3
 # 16 MiB every image shares, 8 MiB of each image's own
 UNIQUE_BYTES = (16 + IMAGES * 8) * MIB
 FLAVOR = bench_weigher.FLAVOR
+DEBIAN = ('minbase', 'python3', 'nginx')
+DEBIAN_FLAVOR = 'vmar.burst'
+BOOTED = re.compile(r'VMAR-BOOTED ')
 #: the processes whose CPU a run counts, by what their command line holds
 CPU_KINDS = {
     'peer_server': ('nbdkit_peer.py',),
@@ -93,8 +105,9 @@ def _tc(netns, *args):
 
 class Burst(bench_weigher.Bench):
 
-    def __init__(self, state_dir, echo=print):
+    def __init__(self, state_dir, echo=print, debian=False):
         super().__init__(state_dir, 0.0, echo)
+        self.debian = debian
         self.work = self.cloud.path('bench-burst')
         os.makedirs(self.work, exist_ok=True)
         self.off_conf = os.path.join(self.work, 'peers-off.conf')
@@ -104,6 +117,11 @@ class Burst(bench_weigher.Bench):
 
     def setup(self):
         super().setup()
+        if self.debian and not self.conn.compute.find_flavor(DEBIAN_FLAVOR):
+            f = self.conn.compute.create_flavor(
+                name=DEBIAN_FLAVOR, ram=512, vcpus=1, disk=2)
+            self.conn.compute.create_flavor_extra_specs(
+                f, {'vmar:enabled': 'true'})
         # the cloud may predate this tree's schema and agent
         subprocess.run([self.cloud.bin('vmar-manage'), '--config-file',
                         self.cloud.etc('vmar', 'vmar.conf'), 'db', 'sync'],
@@ -155,6 +173,16 @@ class Burst(bench_weigher.Bench):
 
     make_images = staticmethod(make_images)
 
+    def images(self, tag):
+        if not self.debian:
+            return super().images(tag)
+        library = qemu_env.image_library()
+        ids = [self.conn.image.create_image(
+            'burst-%s-%s' % (tag, name), filename=library[name],
+            disk_format='raw', container_format='bare', wait=True,
+            vmar_guest='1').id for name in DEBIAN]
+        return self.wait_maps(ids)
+
     def cpu_seconds(self):
         """CPU seconds so far of the processes that move blocks, by kind.
 
@@ -191,7 +219,8 @@ class Burst(bench_weigher.Bench):
     def run(self, on, tag):
         self.peers(on)
         ids = self.images(tag)
-        flavor = self.conn.compute.find_flavor(FLAVOR)
+        flavor = self.conn.compute.find_flavor(
+            DEBIAN_FLAVOR if self.debian else FLAVOR)
         offset = self.store_log_offset()
         cpu0 = self.cpu_seconds()
         groups = [self.conn.compute.create_server_group(
@@ -206,7 +235,8 @@ class Burst(bench_weigher.Bench):
                 scheduler_hints={'group': groups[i].id})
             servers[s.id] = {'image': i, 't0': time.monotonic(),
                              'server': s}
-        self.wait_read(servers, poll=1)
+        self.wait_read(servers, poll=1,
+                       marker=BOOTED if self.debian else bench_weigher.SHA)
         fetched, other = self.store_reads(offset, set(ids))
         # since the restart of peers(): this run's
         after = self.peer_counts()
@@ -224,18 +254,21 @@ class Burst(bench_weigher.Bench):
         result = {
             'peers': on, 'fetched_bytes': fetched,
             'other_store_bytes': other,
-            'x_unique': fetched / UNIQUE_BYTES,
+            'x_unique': None if self.debian else fetched / UNIQUE_BYTES,
             'mean_s': statistics.mean(secs), 'max_s': max(secs),
             'seconds': sorted(secs),
             'hosts_per_image': {i: len(h) for i, h in spread.items()},
             'from_peers': from_peers,
             'cpu_seconds': cpu,
         }
-        self.echo('  peers %-3s: store %6.1f MiB (%.2f x unique; other '
-                  '%.1f MiB), checksum mean %5.1f s, max %5.1f s; from '
+        self.echo('  peers %-3s: store %6.1f MiB (%s x unique; other '
+                  '%.1f MiB), %s mean %5.1f s, max %5.1f s; from '
                   'peers %s' % (
                       'on' if on else 'off', fetched / MIB,
-                      result['x_unique'], other / MIB, result['mean_s'],
+                      '?' if self.debian else '%.2f' % result['x_unique'],
+                      other / MIB,
+                      'VMAR-BOOTED' if self.debian else 'checksum',
+                      result['mean_s'],
                       result['max_s'], ', '.join(
                           '%s %.1f MiB (waits %d, in vain %d)' % (
                               h, c.get('peer_bytes', 0) / MIB,
@@ -257,9 +290,13 @@ def main(argv=None):
                    help='the store\'s rate, Mbit/s (default 800: 100 MB/s)')
     p.add_argument('--link-mbit', type=int, default=1000,
                    help='each host\'s link, Mbit/s (default 1000)')
+    p.add_argument('--images', choices=('test', 'debian'), default='test',
+                   help='the test guest\'s images (default) or three of '
+                        'the Debian image library')
     p.add_argument('--json')
     args = p.parse_args(argv)
-    bench = Burst(args.state_dir, echo=lambda t: print(t, flush=True))
+    bench = Burst(args.state_dir, echo=lambda t: print(t, flush=True),
+                  debian=args.images == 'debian')
     if len(bench.hosts) != 3:
         raise SystemExit('bench_burst needs tools/cloud.sh up --computes 3')
     bench.setup()
@@ -274,13 +311,20 @@ def main(argv=None):
             for on in (first, not first):
                 runs[on] = bench.run(on, '%d%s-%d' % (
                     r, 'on' if on else 'off', time.time()))
+            on, off = runs[True], runs[False]
+            unique = off['fetched_bytes'] / 3 if args.images == 'debian' \
+                else UNIQUE_BYTES
             print('round %d: store bytes, peers / no peers: %.3f; against '
-                  'the unique data: %.2f x with (goal <= 1.1), %.2f x '
-                  'without; mean time to the checksum %.2f x' % (
-                      r + 1, runs[True]['fetched_bytes']
-                      / max(1, runs[False]['fetched_bytes']),
-                      runs[True]['x_unique'], runs[False]['x_unique'],
-                      runs[True]['mean_s'] / runs[False]['mean_s']),
+                  'the unique data%s: %.2f x with (goal <= 1.1), %.2f x '
+                  'without; mean time to the %s %.2f x' % (
+                      r + 1, on['fetched_bytes'] / max(
+                          1, off['fetched_bytes']),
+                      ' (a third of the store run\'s)'
+                      if args.images == 'debian' else '',
+                      on['fetched_bytes'] / unique,
+                      off['fetched_bytes'] / unique,
+                      'VMAR-BOOTED' if args.images == 'debian'
+                      else 'checksum', on['mean_s'] / off['mean_s']),
                   flush=True)
             rounds.append({'peers': runs[True], 'store': runs[False]})
     finally:

@@ -222,7 +222,11 @@ class Bench(object):
                 # panic now and then ("IO-APIC + timer doesn't work")
                 os_command_line='console=ttyS0 no_timer_check')
             ids.append(img.id)
-        deadline = time.monotonic() + 600
+        return self.wait_maps(ids)
+
+    def wait_maps(self, ids):
+        """``ids`` once vmar-agent published a map of each."""
+        deadline = time.monotonic() + 900
         while True:
             names = {i.name for i in self.conn.image.images(
                 visibility='all', is_hidden=True)}
@@ -233,11 +237,12 @@ class Bench(object):
                 raise SystemExit('no map for some of %s' % ids)
             time.sleep(2)
 
-    def wait_read(self, servers, poll):
-        """Wait for every guest's checksum: its host and seconds.
+    def wait_read(self, servers, poll, marker=SHA):
+        """Wait for every guest's ``marker``: its host and seconds.
 
         ``servers``: ``{server id: {'t0': monotonic time of the create,
-        ...}}``; each gets ``seconds`` (create to checksum) and ``host``.
+        ...}}``; each gets ``seconds`` (create to the marker on its
+        console, the checksum by default) and ``host``.
         """
         pending = set(servers)
         deadline = time.monotonic() + 1800
@@ -246,7 +251,7 @@ class Bench(object):
                 s = self.conn.compute.get_server(sid)
                 if s.status == 'ERROR':
                     raise SystemExit('server %s: %s' % (s.name, s.fault))
-                if SHA.search(self.console(s)):
+                if marker.search(self.console(s)):
                     servers[sid]['seconds'] = (time.monotonic()
                                                - servers[sid]['t0'])
                     servers[sid]['host'] = s.compute_host
