@@ -605,6 +605,7 @@ class Config:
     prefetch: bool = False
     weigher: bool = False
     peers: bool = False
+    leads: bool = False
 
 
 CONFIGS = {c.name: c for c in (
@@ -615,6 +616,8 @@ CONFIGS = {c.name: c for c in (
     Config('weigher', 'VMAR lazy + prefetch + weigher', 'lazy', True, True),
     Config('peers', 'VMAR lazy + prefetch + weigher + peers', 'lazy', True,
            True, True),
+    Config('leads', 'VMAR lazy + prefetch + weigher + peers + leads',
+           'lazy', True, True, True, True),
 )}
 SCALE_CONFIGS = ('stock', 'ondemand', 'lazy-pf', 'weigher', 'peers')
 
@@ -716,6 +719,7 @@ class Cloud(object):
         self.store_bytes = collections.Counter()
         self.peer_bytes = collections.Counter()
         self.boots = []
+        self.leads = {}         # base -> index of its lead host
 
     # -- placement --
 
@@ -835,6 +839,17 @@ class Cloud(object):
                 self.peer_bytes[kind] += n
                 evs.append(ev)
                 a = end
+        if a < x and self.c.leads:
+            got = self._lead(h, ri, x)
+            if got is not None:
+                lead, after = got
+                n = x - a
+                ev = self._after(after, lambda: self.get(
+                    lead.peer, h, n, self.p.peer_lat * rounds))
+                self._pending(h, held, ri, a, x, ev, n)
+                self.peer_bytes[kind] += n
+                evs.append(ev)
+                a = x
         if a < x:
             ev = self.get(self.store, h, x - a, self.p.store_lat * rounds)
             self._pending(h, held, ri, a, x, ev, x - a)
@@ -842,6 +857,46 @@ class Cloud(object):
             evs.append(ev)
         held.requested = x
         return evs
+
+    def _lead(self, h, ri, x):
+        """``(lead host, its fetches to wait for)``, or None: the store.
+
+        The base's lead, if another host that has asked for the region
+        through ``x`` (its fetches in flight or landed: what the peer
+        fetcher waits ``lead_wait`` for) and whose peer server takes one
+        more reader. A lead that has not asked for it yet is not waited
+        for (the real fetcher waits up to ``lead_wait``; the model
+        never).
+        """
+        k = self.leads.get(self.regions[ri].base)
+        if k is None or k == h.idx:
+            return None
+        lead = self.hosts[k]
+        lh = lead.held.get(ri)
+        if (lh is None or lh.requested < x
+                or lead.peer.n >= self.p.peer_max_clients):
+            return None
+        return lead, [ev for a, _e, ev in lh.pending
+                      if a < x and not ev.done]
+
+    @staticmethod
+    def _after(evs, start):
+        """An Event fired with ``start()``'s, called once ``evs`` are done."""
+        out = Event()
+        left = [len(evs)]
+
+        def go():
+            start().waiters.append(out.fire)
+
+        def one():
+            left[0] -= 1
+            if not left[0]:
+                go()
+        if not evs:
+            go()
+        for ev in evs:
+            ev.waiters.append(one)
+        return out
 
     def _pending(self, h, held, ri, a, end, ev, n):
         held.pending.append((a, end, ev))
@@ -942,6 +997,9 @@ class Cloud(object):
         h.exported.add(img.name)
         for r in img.regions:
             h.asked.setdefault(r.base, now)
+            if self.c.leads:
+                # the first host to ask for the holders of a base
+                self.leads.setdefault(r.base, h.idx)
         if self.c.weigher:
             self.sim.at(self._tick(h, now + p.spawn_delay), self._visible,
                         (h, img))
@@ -2184,6 +2242,98 @@ def results_draft(cal, runs, argv, wall, date):
 
 # -- main -----------------------------------------------------------------
 
+# bench_burst.py (2026-11-28 03:10-03:35, three pairs, identical bytes): 3
+# new images of 16 MiB shared and 8 MiB own, each read whole by a server
+# on each of 3 hosts, all created at once; Glance's image data
+BURST = {'hosts': 3, 'store_mib': 120.0, 'leads_mib': 40.0,
+         'store_mbit': 800, 'link_mbit': 1000}
+#: seconds over which a burst's servers start
+BURST_SPREAD_S = 10.0
+
+
+def burst_library():
+    """bench_burst.py's three images: a shared part and their own."""
+    shared = Region('b-os', 16 * MIB, 16 * MIB, 'b0')
+    images = [Image('b%d' % i, [shared, Region('b-own-%d' % i, 8 * MIB,
+                                               8 * MIB, 'b%d' % i)],
+                    compute=0.0, rounds=24 * MIB / (128 << 10),
+                    ondemand=24 * MIB, virtual=64 * MIB, sequential=True)
+              for i in range(3)]
+    return Library(images, {'b%d' % i: 64 * MIB / BS * DIGEST_PER_BLOCK
+                            for i in range(3)})
+
+
+def burst_servers(images, n_hosts, spread, seed=0):
+    """A server of each image on each host, within ``spread`` seconds."""
+    rng = random.Random(seed)
+    out = [(rng.uniform(0, spread), j, k) for j in range(len(images))
+           for k in range(n_hosts)]
+    return [(t, images[j], k) for t, j, k in sorted(out)]
+
+
+def burst(cal_lib, hosts=(10, 100, 1000), echo=print):
+    """Issue 34's burst, calibrated on bench_burst.py, then at scale.
+
+    First the measured point (three hosts, the test images read whole,
+    no prefetch: the store only against peers with leads). Then three
+    images of the calibrated library (minbase, python3, postgresql: the
+    boot working sets prefetched), a server of each on every one of N
+    hosts within BURST_SPREAD_S, through the scale runs' parameters
+    (10 Gbit/s links, maps and digest lists from the store, the store at
+    100 MiB/s, 2 ms) without the fill, for ``lazy-pf`` (no peers),
+    ``peers`` and ``leads``. [row] of dicts.
+    """
+    rows = []
+    b = BURST
+    lib = burst_library()
+    servers = burst_servers(lib.images, b['hosts'], 1.0)
+    for cfg, meas in ((Config('b', 'b', 'lazy'), b['store_mib']),
+                      (Config('b', 'b', 'lazy', peers=True, leads=True),
+                       b['leads_mib'])):
+        res = simulate(cfg, Params(
+            store_bw=b['store_mbit'] * 1e6 / 8, store_lat=0.0,
+            link=b['link_mbit'] * 1e6 / 8, report_interval=0.0),
+            lib, b['hosts'], servers)
+        rows.append({'hosts': b['hosts'], 'config': 'leads' if cfg.leads
+                     else 'lazy', 'point': 'bench_burst',
+                     'bytes_measured': meas * MIB,
+                     'store_bytes': res['store_data'],
+                     'bytes_err': _err(res['store_data'], meas * MIB),
+                     'mean_s': res['mean_s']})
+        echo(burst_line(rows[-1]))
+    images = [i for i in cal_lib.images
+              if i.name in ('minbase', 'python3', 'postgresql')]
+    for n in hosts:
+        servers = burst_servers(images, n, BURST_SPREAD_S)
+        for c in ('lazy-pf', 'peers', 'leads'):
+            t0 = time.monotonic()
+            res = simulate(c, scale_params(fill=False), cal_lib, n, servers)
+            rows.append({'hosts': n, 'config': c, 'point': 'scale',
+                         'store_bytes': res['store_data'],
+                         'metadata_bytes': res['store_bytes']
+                         - res['store_data'],
+                         'peer_bytes': res['peer_bytes'],
+                         'mean_s': res['mean_s'], 'p95_s': res['p95_s'],
+                         'max_wait': res['max_wait'],
+                         'wall_s': time.monotonic() - t0})
+            echo(burst_line(rows[-1]))
+    return rows
+
+
+def burst_line(r):
+    if r['point'] == 'bench_burst':
+        return ('burst, measured point: %d hosts %-8s store %s (measured '
+                '%s, %+.1f %%), boot mean %.2f s' % (
+                    r['hosts'], r['config'], _bytes(r['store_bytes']),
+                    _bytes(r['bytes_measured']), 100 * r['bytes_err'],
+                    r['mean_s']))
+    return ('burst: %4d hosts %-8s store data %-9s metadata %-9s peers '
+            '%-9s boot mean %.1f s p95 %.1f s, max wait %.1f s [%.0f s]' % (
+                r['hosts'], r['config'], _bytes(r['store_bytes']),
+                _bytes(r['metadata_bytes']), _bytes(r['peer_bytes']),
+                r['mean_s'], r['p95_s'], r['max_wait'], r['wall_s']))
+
+
 def smoke(echo=print):
     """CI's reduced run.
 
@@ -2206,6 +2356,10 @@ def main(argv=None):
     p.add_argument('--scale', action='store_true')
     p.add_argument('--report', metavar='DIR')
     p.add_argument('--smoke', action='store_true')
+    p.add_argument('--burst', action='store_true',
+                   help='issue 34\'s burst: the measured point, then a '
+                        'server of each of 3 images on every one of '
+                        '--hosts at once')
     p.add_argument('--render', metavar='DIR',
                    help='the plots and Markdown again from DIR/sim.json '
                         '(a --report run), without running the model')
@@ -2229,9 +2383,12 @@ def main(argv=None):
         for path in render(args.render):
             print(path)
         return 0
-    if not (args.calibrate or args.scale or args.report):
-        p.error('one of --calibrate, --scale, --report, --render, --smoke')
+    if not (args.calibrate or args.scale or args.report or args.burst):
+        p.error('one of --calibrate, --scale, --report, --burst, --render, '
+                '--smoke')
     cal = calibrate()
+    if args.burst:
+        burst(cal['library'], [int(x) for x in args.hosts.split(',')])
     if args.calibrate or args.report:
         print_calibration(cal)
     runs = []
