@@ -648,6 +648,7 @@ class Params:
     max_holders: int = 4
     peer_max_clients: int = 16      # [vmar_peers] max_clients
     peer_timeout: float = 5.0       # [vmar_peers] read_timeout
+    lead_fanout: int = 8            # [vmar_agent] fetch_lead_fanout
     seed: int = 0
 
 
@@ -719,7 +720,7 @@ class Cloud(object):
         self.store_bytes = collections.Counter()
         self.peer_bytes = collections.Counter()
         self.boots = []
-        self.leads = {}         # base -> index of its lead host
+        self.leads = {}         # base -> [host index, ...] in ask order
 
     # -- placement --
 
@@ -861,17 +862,19 @@ class Cloud(object):
     def _lead(self, h, ri, x):
         """``(lead host, its fetches to wait for)``, or None: the store.
 
-        The base's lead, if another host that has asked for the region
-        through ``x`` (its fetches in flight or landed: what the peer
-        fetcher waits ``lead_wait`` for) and whose peer server takes one
-        more reader. A lead that has not asked for it yet is not waited
-        for (the real fetcher waits up to ``lead_wait``; the model
-        never).
+        The host ``h`` waits for in the burst of the region's base (the
+        one at place ``(i - 1) // lead_fanout`` for ``h``'s place ``i``),
+        if it has asked for the region through ``x`` (its fetches in
+        flight or landed: what the peer fetcher waits ``lead_wait`` for)
+        and its peer server takes one more reader. A lead that has not
+        asked for it yet is not waited for (the real fetcher waits up to
+        ``lead_wait``; the model never).
         """
-        k = self.leads.get(self.regions[ri].base)
-        if k is None or k == h.idx:
+        places = self.leads.get(self.regions[ri].base) or []
+        i = places.index(h.idx) if h.idx in places else 0
+        if not i:
             return None
-        lead = self.hosts[k]
+        lead = self.hosts[places[(i - 1) // self.p.lead_fanout]]
         lh = lead.held.get(ri)
         if (lh is None or lh.requested < x
                 or lead.peer.n >= self.p.peer_max_clients):
@@ -998,8 +1001,8 @@ class Cloud(object):
         for r in img.regions:
             h.asked.setdefault(r.base, now)
             if self.c.leads:
-                # the first host to ask for the holders of a base
-                self.leads.setdefault(r.base, h.idx)
+                # places in the burst, in the order hosts ask
+                self.leads.setdefault(r.base, []).append(h.idx)
         if self.c.weigher:
             self.sim.at(self._tick(h, now + p.spawn_delay), self._visible,
                         (h, img))

@@ -357,6 +357,6 @@ class TestMigration0017(MigrationTestCase):
         reports = db_hosts.HostReports(self.conf)
         reports.record('h1', [], {}, peer_address='h1:1')
         ttl = datetime.timedelta(seconds=60)
-        self.assertIsNone(reports.lead('a', 'h1', ttl))
-        self.assertEqual('h1', reports.lead('a', 'h2', ttl).host)
+        self.assertIsNone(reports.lead('a', 'h1', ttl, 8))
+        self.assertEqual('h1', reports.lead('a', 'h2', ttl, 8).host)
         self.assertEqual(1, reports.counts()['vmar_fetch_leads'])

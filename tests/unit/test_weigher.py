@@ -367,6 +367,31 @@ class TestHostSide(HoldingsTestCase):
                           {'host': 'h2', 'peer': 'h2:1', 'blocks': 3}],
                          ep.holders({}, A, host='h3'))
 
+    def test_a_burst_is_a_tree(self):
+        """No host leads more than fetch_lead_fanout others."""
+        self.conf.set_override('holder_max_age', 60, group='vmar_agent')
+        self.conf.set_override('fetch_lead_fanout', 2, group='vmar_agent')
+        hosts = ['h%d' % i for i in range(7)]
+        for h in hosts:
+            self.reports.record(h, [], {}, peer_address='%s:1' % h)
+        self.reports.record('x', [], {})        # serves no peer
+        ep = agent.HoldersEndpoint(self.conf)
+
+        def lead(host):
+            return [h['host'] for h in ep.holders({}, A, host=host)]
+        # in the order they ask: h0 first; h1, h2 wait for h0; h3, h4 for
+        # h1; h5, h6 for h2
+        got = {h: lead(h) for h in hosts}
+        self.assertEqual({'h0': [], 'h1': ['h0'], 'h2': ['h0'],
+                          'h3': ['h1'], 'h4': ['h1'], 'h5': ['h2'],
+                          'h6': ['h2']}, got)
+        # asked again, a host keeps its place
+        self.assertEqual(['h1'], lead('h4'))
+        # a host without a peer server waits too, and takes no place
+        self.assertEqual(['h3'], lead('x'))
+        self.assertEqual(['h3'], lead('x'))
+        self.assertEqual(7, self.reports.counts()['vmar_fetch_leads'])
+
     def test_a_lead_lasts_its_time(self):
         self.conf.set_override('holder_max_age', 60, group='vmar_agent')
         self.conf.set_override('fetch_lead_seconds', 300,
@@ -384,14 +409,16 @@ class TestHostSide(HoldingsTestCase):
         self.assertEqual([], ep.holders({}, A, host='h2'))
         self.assertEqual(['h2'], [h['host'] for h in ep.holders(
             {}, A, host='h1')])
-        # a forgotten host leads no more
+        # a forgotten host leads no more: h1 is first now
         self.assertTrue(self.reports.forget('h2'))
-        self.assertEqual(0, self.reports.counts()['vmar_fetch_leads'])
+        self.assertEqual(1, self.reports.counts()['vmar_fetch_leads'])
+        self.assertEqual([], ep.holders({}, A, host='h1'))
         # 0: no leads at all
         self.conf.set_override('fetch_lead_seconds', 0, group='vmar_agent')
         ep = agent.HoldersEndpoint(self.conf)
         self.assertEqual([], ep.holders({}, B, host='h1'))
-        self.assertEqual(0, self.reports.counts()['vmar_fetch_leads'])
+        self.assertEqual([], ep.holders({}, B, host='h2'))
+        self.assertEqual(1, self.reports.counts()['vmar_fetch_leads'])
 
     def test_report_names_the_peer_server(self):
         root = self.scratch()

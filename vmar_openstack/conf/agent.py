@@ -67,16 +67,25 @@ agent_opts = [
                     'a few times the hosts\' [vmar_host] report_interval.'
                     '\n\nRelated options: [vmar_peers] discover.'),
     cfg.IntOpt('fetch_lead_seconds', default=300, min=0,
-               help='How long the first host that asks for the holders of '
-                    'a base nobody holds stays its lead: the hosts that '
-                    'ask after it are told to wait a moment for the runs '
-                    'the lead is fetching from the store instead of '
-                    'fetching them too, so that a burst of servers of a '
+               help='How long a burst of a base lasts from the first host '
+                    'that asked for the holders of it when nobody held any: '
+                    'the hosts that ask after it, in that time, are each '
+                    'told a host to wait a moment for (the first, or one '
+                    'that asked before them) instead of fetching the runs '
+                    'from the store too, so that a burst of servers of a '
                     'new image on many hosts reads it from the store about '
                     'once (doc/source/peers.rst, "Bursts").\n\nPossible '
                     'values: seconds, about as long as a boot storm lasts; '
-                    '0 names no lead.\n\nRelated options: [vmar_peers] '
-                    'lead_wait, discover.'),
+                    '0 names no lead.\n\nRelated options: '
+                    'fetch_lead_fanout, [vmar_peers] lead_wait, discover.'),
+    cfg.IntOpt('fetch_lead_fanout', default=8, min=1,
+               help='Hosts of a burst that wait for the same host: the '
+                    'first host leads the next fetch_lead_fanout to ask, '
+                    'each of those the next as many, and so on, so that no '
+                    'host serves more than that many others at once.\n\n'
+                    'Possible values: a count, at most the hosts\' '
+                    '[vmar_peers] max_clients.\n\nRelated options: '
+                    'fetch_lead_seconds.'),
 ]
 
 ALL_OPTS = agent_opts

@@ -235,47 +235,57 @@ class HostReports:
                            -(h.blocks or 0), h.host))
         return out[:limit] if limit else out
 
-    # two agents naming the first lead of a base at once: the loser runs
+    # two agents placing a host in a base's burst at once: the loser runs
     # again and finds the winner's
     @db_session.retry_conflicts(
         also=lambda e: isinstance(e, sa.exc.IntegrityError))
-    def lead(self, base_id, host, ttl, name=True):
-        """The host that fetches ``base_id`` from the store first, or None.
+    def lead(self, base_id, host, ttl, fanout, name=True):
+        """The host ``host`` should wait for in a burst of ``base_id``.
 
-        A burst's hosts ask at once, and none holds anything yet; they
-        agree that the first to ask fetches and the others wait a moment
-        for it (doc/source/peers.rst, "Bursts"). The lead of the last
-        ``ttl`` (a timedelta) stands; with none, ``host`` becomes the lead
-        if ``name`` and its last report names a peer server (nobody could
-        read from it otherwise). A :class:`Holder` (``blocks`` 0: what it
-        holds is the reports' business) when the lead is another host that
-        serves peers; None when ``host`` is the lead or there is none.
+        A burst's hosts ask at once, and none holds anything yet. They
+        take places in the order they ask (``vmar_fetch_leads``): the
+        first fetches from the store, and the host at place ``i`` waits a
+        moment for the runs of the one at place ``(i - 1) // fanout``, which
+        fetched them from its own lead: a tree, so that no host serves
+        more than ``fanout`` others while they wait (doc/source/peers.rst,
+        "Bursts"). A burst lasts ``ttl`` (a timedelta) from its first
+        place; with none, ``host`` starts one if ``name``. Only hosts
+        whose last report names a peer server take a place (nobody could
+        read from the others); those others are still told whom to wait
+        for. A :class:`Holder` (``blocks`` 0: what it holds is the
+        reports' business), or None: ``host`` fetches first, or there is
+        no burst.
         """
         fl, hr = models.FetchLead, models.HostReport
         now = models.utcnow()
         with db_session.writer(self.conf) as s:
-            row = s.execute(sa.select(fl).where(fl.base_id == str(base_id))
-                            .with_for_update()).scalar_one_or_none()
-            if row is not None and row.since < now - ttl:
-                s.delete(row)
-                s.flush()
-                row = None
-            if row is None:
-                if not name:
-                    return None
+            rows = s.execute(sa.select(fl).where(fl.base_id == str(base_id))
+                             .order_by(fl.seq).with_for_update()
+                             ).scalars().all()
+            if rows and rows[0].since < now - ttl:
+                s.execute(sa.delete(fl).where(fl.base_id == str(base_id)))
+                rows = []
+            if not rows and not name:
+                return None
+            hosts = [r.host for r in rows]
+            if host in hosts:
+                place = hosts.index(host)
+            else:
+                place = len(hosts)
                 serves = s.execute(sa.select(hr.peer_address).where(
                     hr.host == host)).scalar_one_or_none()
                 if serves is not None:
-                    s.add(fl(base_id=str(base_id), host=host, since=now))
+                    s.add(fl(base_id=str(base_id), host=host, since=now,
+                             seq=rows[-1].seq + 1 if rows else 0))
                     s.flush()
+            if not place:
                 return None
-            if row.host == host:
-                return None
+            lead = hosts[(place - 1) // fanout]
             r = s.execute(sa.select(hr.peer_address, hr.load_per_cpu).where(
-                hr.host == row.host)).one_or_none()
+                hr.host == lead)).one_or_none()
             if r is None or r.peer_address is None:
                 return None
-            return Holder(row.host, r.peer_address, 0, r.load_per_cpu)
+            return Holder(lead, r.peer_address, 0, r.load_per_cpu)
 
     def shares(self, image_id):
         """``{host: share}`` of ``image_id``'s canonical blocks each holds.

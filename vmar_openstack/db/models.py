@@ -237,16 +237,19 @@ class HostBase(Base):
 
 
 class FetchLead(Base):
-    """The host that fetches a base from the store first (0017).
+    """A host's place in a burst of a base (0017).
 
-    The first host that asked for the holders of a base nobody held, at
-    ``since``: for ``[vmar_agent] fetch_lead_seconds`` the hosts that ask
-    after it wait a moment for the runs it is fetching
+    Hosts take places in the order they ask for the holders of a base,
+    from the first one, who asked when nobody held any of it: for
+    ``[vmar_agent] fetch_lead_seconds`` from then, each waits a moment for
+    the runs of the host at the place its own leads to
     (:meth:`vmar_openstack.db.hosts.HostReports.lead`).
     """
     __tablename__ = 'vmar_fetch_leads'
+    __table_args__ = (sa.UniqueConstraint('base_id', 'host'),)
 
     base_id = sa.Column(sa.String(36), primary_key=True)
+    seq = sa.Column(sa.Integer, primary_key=True, autoincrement=False)
     host = sa.Column(sa.String(255), nullable=False)
     since = sa.Column(sa.DateTime, nullable=False, default=utcnow)
 

@@ -576,14 +576,16 @@ class HoldersEndpoint:
             seconds=conf.vmar_agent.holder_max_age)
         self.lead_ttl = datetime.timedelta(
             seconds=conf.vmar_agent.fetch_lead_seconds)
+        self.fanout = conf.vmar_agent.fetch_lead_fanout
 
     def holders(self, ctxt, base_id, host, limit=None):
         """The holders of ``base_id``, best first, then its lead.
 
-        The lead (:meth:`.db.hosts.HostReports.lead`), if another host,
-        comes last with ``"lead": true``: a run no holder has is worth
-        waiting a moment for there. None when a host holds the base whole;
-        the asker becomes the lead only when nobody holds any of it.
+        The host to wait for in a burst (:meth:`.db.hosts.HostReports.
+        lead`), if another, comes last with ``"lead": true``: a run no
+        holder has is worth waiting a moment for there. None when a host
+        holds the base whole; a burst starts only when nobody holds any of
+        it.
         """
         base_id = str(uuid.UUID(base_id))
         found = self.reports.holders(base_id, exclude=host,
@@ -594,7 +596,7 @@ class HoldersEndpoint:
         # a whole copy serves every run: nothing to wait for
         if self.lead_ttl and all(h.blocks is not None for h in found):
             lead = self.reports.lead(base_id, host, self.lead_ttl,
-                                     name=not found)
+                                     self.fanout, name=not found)
         if lead is not None:
             out = [h for h in out if h['host'] != lead.host] + [{
                 'host': lead.host, 'peer': lead.peer_address,
