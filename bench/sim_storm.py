@@ -870,17 +870,23 @@ class Cloud(object):
         asked for it yet is not waited for (the real fetcher waits up to
         ``lead_wait``; the model never).
         """
-        places = self.leads.get(self.regions[ri].base) or []
-        i = places.index(h.idx) if h.idx in places else 0
-        if not i:
+        lead = self.lead_of(h, self.regions[ri].base)
+        if lead is None:
             return None
-        lead = self.hosts[places[(i - 1) // self.p.lead_fanout]]
         lh = lead.held.get(ri)
         if (lh is None or lh.requested < x
                 or lead.peer.n >= self.p.peer_max_clients):
             return None
         return lead, [ev for a, _e, ev in lh.pending
                       if a < x and not ev.done]
+
+    def lead_of(self, h, base):
+        """The host ``h`` waits for in a burst of ``base``, or None."""
+        places = self.leads.get(base) or []
+        i = places.index(h.idx) if h.idx in places else 0
+        if not i:
+            return None
+        return self.hosts[places[(i - 1) // self.p.lead_fanout]]
 
     @staticmethod
     def _after(evs, start):
@@ -1020,6 +1026,17 @@ class Cloud(object):
                              / GIB)] + [(r.base, self.lib.digest[r.base])
                                         for r in img.regions]:
             ev = h.meta.get(key)
+            if ev is None and self.c.leads:
+                # a digest list from the lead, once it has it
+                lead = self.lead_of(h, key)
+                got = lead.meta.get(key) if lead is not None else None
+                if got is not None:
+                    ev = h.meta[key] = self._after(
+                        [] if got.done else [got],
+                        lambda lead=lead, n=nbytes: self.get(
+                            lead.peer, h, n, self.p.peer_lat))
+                    self.peer_bytes['metadata'] += nbytes
+                    h.meta_bytes += nbytes
             if ev is None:
                 want.append(key)
                 size += nbytes

@@ -336,6 +336,16 @@ def peer_fetch_export(image_id, size):
     return '%s%s/%d' % (_PEER_FETCH_PREFIX, image_id, size)
 
 
+def peer_digests_export(image_id):
+    """The peer server's export of a host's digest list of ``image_id``.
+
+    What a host that mirrors the base kept from the library (mirror-
+    format.rst), served to other hosts, which check it against the SHA-256
+    vmar-agent published before they use it.
+    """
+    return '%s.digests' % image_id
+
+
 def parse_peer_fetch_export(name):
     """(image id, size) of a :func:`peer_fetch_export` name; ValueError."""
     rest = name[len(_PEER_FETCH_PREFIX):] if name.startswith(

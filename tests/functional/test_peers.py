@@ -7,10 +7,12 @@ credentials the export daemon would use. The certificates are made with
 openssl for each run.
 """
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 
@@ -25,7 +27,9 @@ from tools.vmarenv import range_env
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
 from vmar_openstack.export import hostdir
+from vmar_openstack.export import peer_digests
 from vmar_openstack.export import peers
+from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.mapsource import peers as peer_source
@@ -360,3 +364,84 @@ class TestLeadOfABurst(PeerFetcherTestCase):
         self.assertEqual(1, self.counts()['lead_waits'])
         # what it holds still comes from it
         self.assert_read(self.mirror_id, 'read -P 0x11 0 4k')
+
+
+class TestDigestListsFromPeers(PeerServerTestCase):
+    """A host reads a base's digest list from a peer, checked, or not.
+
+    The peer server is the real one; the reading host's
+    :class:`~vmar_openstack.export.peer_digests.PeerDigests` copies the
+    peer's ``<id>.digests`` export with the real qemu-img over NBD with
+    TLS.
+    """
+
+    def setUp(self):
+        super().setUp()
+        src = os.path.join(self.tmp, 'base.raw')
+        with open(src, 'wb') as f:
+            f.write(os.urandom(5 * BS + 100))       # a partial last block
+        self.body = mirror_format.digests_bytes(
+            self.mirror_id, fingerprint.hash_file(src, 5 * BS + 100))
+        # not a multiple of 512: QEMU's NBD client rounds it up
+        self.assertNotEqual(0, len(self.body) % 512)
+        self.sha = hashlib.sha256(self.body).hexdigest()
+        self.peer_copy = hostdir.Layout(self.host_dir).mirror(
+            self.mirror_id).digests
+        reader = os.path.join(self.tmp, 'reader-host')
+        self.holders = hostdir.Layout(reader).holders_file
+        os.makedirs(os.path.dirname(self.holders(self.mirror_id)))
+        conf = cfg.ConfigOpts()
+        vmar_conf.register_opts(conf)
+        conf([], project='vmar', default_config_files=[])
+        conf.set_override('qemu_img', qemu_env.qemu_bin('qemu-img'),
+                          group='vmar_host')
+        for k, v in (('tls_dir', self.client_tls), ('lead_wait', 5.0),
+                     ('read_timeout', 5.0)):
+            conf.set_override(k, v, group='vmar_peers')
+        self.fetcher = peer_digests.PeerDigests(conf, self.holders)
+        self.dest = os.path.join(self.tmp, 'got.digests')
+
+    def name_peer(self, lead=False):
+        with open(self.holders(self.mirror_id), 'w') as f:
+            json.dump({'holders': [dict(
+                {'host': 'compute-1', 'peer': '127.0.0.1:%d' % self.port,
+                 'blocks': 0}, **({'lead': True} if lead else {}))]}, f)
+
+    def test_a_peers_copy_is_read_and_checked(self):
+        with open(self.peer_copy, 'wb') as f:
+            f.write(self.body)
+        # no holder named: nothing asked
+        self.assertFalse(self.fetcher.fetch(self.mirror_id, self.dest,
+                                            self.sha))
+        self.name_peer()
+        self.assertTrue(self.fetcher.fetch(self.mirror_id, self.dest,
+                                           self.sha))
+        with open(self.dest, 'rb') as f:
+            self.assertEqual(self.body, f.read())
+        self.assertEqual(1, self.fetcher.from_peers)
+        # a copy that is not the published one is not kept
+        self.assertFalse(self.fetcher.fetch(self.mirror_id, self.dest,
+                                            'f' * 64))
+        self.assertFalse(os.path.exists(self.dest))
+        self.assertEqual(1, self.fetcher.refused)
+
+    def test_a_lead_is_waited_for(self):
+        self.name_peer(lead=True)
+
+        def later():
+            time.sleep(0.5)
+            fileutils.write_atomic(self.peer_copy, self.body)
+        t = threading.Thread(target=later)
+        t.start()
+        self.addCleanup(t.join)
+        self.assertTrue(self.fetcher.fetch(self.mirror_id, self.dest,
+                                           self.sha))
+        with open(self.dest, 'rb') as f:
+            self.assertEqual(self.body, f.read())
+
+    def test_a_lead_that_never_gets_it(self):
+        self.name_peer(lead=True)
+        self.fetcher.lead_wait = 0.5
+        self.assertFalse(self.fetcher.fetch(self.mirror_id, self.dest,
+                                            self.sha))
+        self.assertFalse(os.path.exists(self.dest))

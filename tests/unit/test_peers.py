@@ -22,6 +22,7 @@ from vmar_openstack import exception
 from vmar_openstack.export import discovery
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import metrics
+from vmar_openstack.export import peer_digests
 from vmar_openstack.export import peers
 from vmar_openstack.export import status
 from vmar_openstack.export import supervisor
@@ -44,6 +45,25 @@ class TestPeers(testtools.TestCase):
 
     def test_off_by_default(self):
         self.assertFalse(peers.enabled(self.conf))
+
+    def test_digest_lists_are_copied_with_tls(self):
+        self.conf.set_override('tls_dir', '/etc/a,b', group='vmar_peers')
+        got = peer_digests.PeerDigests(self.conf, None).command(
+            ('fd00::2', 10810), 'i', '/x')
+        self.assertEqual(['convert', '-O', 'raw', '--object',
+                          'tls-creds-x509,id=tls0,endpoint=client,'
+                          'dir=/etc/a,,b', '--image-opts'], got[1:7])
+        self.assertIn('file.server.host=fd00::2,file.server.port=10810,'
+                      'file.export=%s,file.tls-creds=tls0'
+                      % names.peer_digests_export('i'), got[7])
+        self.assertEqual('/x', got[8])
+        # the peer server serves them under that name
+        self.conf.set_override('tls_dir', self.tmp, group='vmar_peers')
+        cmd = peers.command(self.conf, 'pid')
+        self.assertIn('digests-export=%s' % names.peer_digests_export('{}'),
+                      cmd)
+        self.assertIn('digests=%s' % hostdir.Layout(self.tmp).mirror(
+            '{}').digests, cmd)
         self.conf.set_override('listen_address', '10.0.0.5',
                                group='vmar_peers')
         self.assertTrue(peers.enabled(self.conf))

@@ -170,6 +170,10 @@ class Layout:
                 image_id, int(version), target.size, path)))
         return [a for _t, a in sorted(out)]
 
+    def is_whole(self, image_id):
+        """Whether the host holds the base whole (no peer is needed)."""
+        return os.path.exists(self._whole(image_id))
+
     def is_mirror(self, image_id):
         """Whether the base is served from a mirror (no whole base)."""
         return not os.path.exists(self._whole(image_id)) and os.path.exists(
@@ -257,12 +261,13 @@ class HostDir(Layout):
     Only the export daemon makes one (:mod:`vmar_openstack.hostapi`).
     """
 
-    def __init__(self, root, source, mirror_cache_bytes=0, peers=False):
+    def __init__(self, root, source, mirror_cache_bytes=0, peers=None):
         super().__init__(root)
         self.source = source
         self.mirror_cache_bytes = mirror_cache_bytes
         # mirrors also read from peers (the first child of their quorum):
-        # a base the source cannot read is still mirrored
+        # a base the source cannot read is still mirrored; digest lists
+        # come from them first (a PeerDigests, or None: no peers)
         self.peers = peers
         # per image: held while its base is fetched or its mirror made
         self._fetch_locks = locks.Keyed()
@@ -381,7 +386,8 @@ class HostDir(Layout):
         except exception.SourceError as e:
             raise exception.ExportError(str(e))
 
-    def ensure(self, image_id, version, lazy=False, hold=None, whole=()):
+    def ensure(self, image_id, version, lazy=False, hold=None, whole=(),
+               on_map=None):
         """Fetch a map version and its bases if missing; check them.
 
         ``lazy``: a missing base becomes an empty mirror, not a copy, if
@@ -390,7 +396,8 @@ class HostDir(Layout):
         ``hold``: a :class:`contextlib.ExitStack`
         that keeps the files (:meth:`hold`) until it is closed. Returns
         the map (:class:`vmar_openstack.mapformat` reader's) and the
-        :class:`Fetch` of each base copied now.
+        :class:`Fetch` of each base copied now. ``on_map(map)`` is called
+        once the map is read, before any base or mirror is made.
         """
         if hold is not None:
             self.hold(image_id, hold)
@@ -409,6 +416,8 @@ class HostDir(Layout):
             raise exception.ExportError(
                 'map file %s describes %s v%d'
                 % (path, bmap.image_id, bmap.map_version))
+        if on_map is not None:
+            on_map(bmap)
         fetched = []
         itself = mapformat.Target(image_id, bmap.virtual_size)
         for t in bmap.targets:
@@ -530,7 +539,8 @@ class HostDir(Layout):
         """
         tmp = fileutils.new_temp(dest)
         try:
-            self.source.fetch_digests(target.image_id, tmp)
+            if not self._digests_from_peers(target.image_id, tmp):
+                self.source.fetch_digests(target.image_id, tmp)
             hdr, _rows = mirror_format.read_digests(tmp)
         except (exception.SourceError, exception.MirrorFormatError) as e:
             fileutils.unlink(tmp)
@@ -546,6 +556,16 @@ class HostDir(Layout):
                                        hdr.size, target.size))
         fileutils.install(tmp, dest)
         return hdr
+
+    def _digests_from_peers(self, image_id, dest):
+        """Whether a peer's copy of the list, checked, is at ``dest``."""
+        if self.peers is None or not self.source.has_digest_sums:
+            return False
+        try:
+            sha = self.source.digests_sha256(image_id)
+        except exception.SourceError:
+            return False        # the store says why, next
+        return self.peers.fetch(image_id, dest, sha)
 
     def prune(self, exports):
         """Delete maps and bases that no export in ``exports`` reads.

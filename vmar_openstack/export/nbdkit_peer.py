@@ -12,7 +12,15 @@ behalf: a mirror's missing blocks are holes, and block status (NBD
 fetches the rest from the store. Whatever a peer sends is checked against
 the library's digest list by the host that reads it, as any fetched block.
 
-Keys: ``host-dir=DIR`` (``[vmar_host] host_dir``).
+It also serves the digest lists of the bases the host mirrors, under the
+export names ``digests-export`` makes of an image id (``<id>.digests``):
+a host that mirrors a base too reads the list from a peer, and checks it
+against the SHA-256 vmar-agent published, instead of from the store.
+
+Keys: ``host-dir=DIR`` (``[vmar_host] host_dir``); ``digests=FORMAT``
+and ``digests-export=FORMAT``, ``{}`` standing for the image id: the
+path of a digest list on the host and its export's name
+(:func:`vmar_openstack.names.peer_digests_export`).
 
 Standard library only: nbdkit runs the system's Python.
 """
@@ -25,18 +33,46 @@ import nbdkit
 
 API_VERSION = 2
 
-_host_dir = []
+_keys = {}
 
 
 def config(key, value):
-    if key != 'host-dir':
-        raise RuntimeError('unknown key %r (host-dir=)' % key)
-    _host_dir.append(value)
+    if key not in ('host-dir', 'digests', 'digests-export'):
+        raise RuntimeError('unknown key %r (host-dir=, digests=, '
+                           'digests-export=)' % key)
+    if key in _keys:
+        raise RuntimeError('%s= given twice' % key)
+    _keys[key] = value
 
 
 def config_complete():
-    if len(_host_dir) != 1:
-        raise RuntimeError('host-dir= is needed, once')
+    if 'host-dir' not in _keys:
+        raise RuntimeError('host-dir= is needed')
+    if ('digests' in _keys) != ('digests-export' in _keys):
+        raise RuntimeError('digests= and digests-export= go together')
+
+
+def _is_uuid(name):
+    try:
+        return str(uuid.UUID(name)) == name
+    except ValueError:
+        return False
+
+
+def _paths(name):
+    """The files an export name may read, in order: [] if none."""
+    fmt = _keys.get('digests-export')
+    if fmt:
+        head, _brace, tail = fmt.partition('{}')
+        inner = name[len(head):len(name) - len(tail)] if (
+            name.startswith(head) and name.endswith(tail)
+            and len(name) > len(head) + len(tail)) else ''
+        if _is_uuid(inner) and name != inner:
+            return [_keys['digests'].format(inner)]
+    if _is_uuid(name):
+        return [os.path.join(_keys['host-dir'], kind, name)
+                for kind in ('bases', 'mirrors')]
+    return []
 
 
 def thread_model():
@@ -45,15 +81,11 @@ def thread_model():
 
 def open(readonly):
     name = nbdkit.export_name()
-    try:
-        ok = str(uuid.UUID(name)) == name
-    except ValueError:
-        ok = False
-    if not ok:
+    paths = _paths(name)
+    if not paths:
         nbdkit.set_error(errno.EINVAL)
         raise RuntimeError('export %r is not an image id' % name)
-    for kind in ('bases', 'mirrors'):
-        path = os.path.join(_host_dir[0], kind, name)
+    for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -61,7 +93,8 @@ def open(readonly):
         nbdkit.debug('peer export %s: %s' % (name, path))
         return {'fd': fd, 'size': os.fstat(fd).st_size}
     nbdkit.set_error(errno.ENOENT)
-    raise RuntimeError('this host holds no base of image %s' % name)
+    raise RuntimeError('this host holds no %s' % (
+        'base of image %s' % name if _is_uuid(name) else name))
 
 
 def close(h):

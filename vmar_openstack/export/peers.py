@@ -17,6 +17,7 @@ from vmar_openstack import exception
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import nbdkit_proc
 from vmar_openstack.mapsource import peers as peer_source
+from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ def command(conf, pid_file):
     if p.rate_mib:
         cmd += ['--filter=rate']
     cmd += ['python', PLUGIN, 'host-dir=%s' % conf.vmar_host.host_dir,
+            'digests=%s' % hostdir.Layout(conf.vmar_host.host_dir).mirror(
+                '{}').digests,
+            'digests-export=%s' % names.peer_digests_export('{}'),
             'limit=%d' % p.max_clients]
     if p.rate_mib:
         cmd += ['rate=%d' % (p.rate_mib * 8 * 1024 * 1024)]

@@ -26,6 +26,7 @@ from vmar_openstack.export import graph
 from vmar_openstack.export import guests as export_guests
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import metrics as export_metrics
+from vmar_openstack.export import peer_digests
 from vmar_openstack.export import prefetch
 from vmar_openstack.export import qmp
 from vmar_openstack.export import report as export_report
@@ -53,9 +54,11 @@ class ExportService:
         self.qmp_socket = os.path.join(c.host_dir, 'qsd-qmp.sock')
         self.pid_file = os.path.join(c.host_dir, 'qsd.pid')
         self.source = source or mapsource.get_source(conf)
-        self.files = hostdir.HostDir(c.host_dir, self.source,
-                                     c.mirror_cache_gb << 30,
-                                     peers=peer_source.enabled(conf))
+        self.files = hostdir.HostDir(
+            c.host_dir, self.source, c.mirror_cache_gb << 30,
+            peers=peer_digests.PeerDigests(
+                conf, hostdir.Layout(c.host_dir).holders_file)
+            if peer_source.enabled(conf) else None)
         # exports the last restore could not re-create (tried again)
         self.unrestored = 0
         # set while the daemon runs with every export it could restore
@@ -260,18 +263,19 @@ class ExportService:
         with contextlib.ExitStack() as held:
             # the map source's I/O, outside the host-wide state lock: other
             # images' exports go on meanwhile
+            ask = (known is None and self.discovery is not None
+                   and self.lazy(host_cache))
             bmap, fetched = self.files.ensure(
                 image_id, version, self.lazy(host_cache), hold=held,
-                whole=(image_id,) if whole and not own_blocks else ())
+                whole=(image_id,) if whole and not own_blocks else (),
+                # who holds its mirrors' blocks, before the first reads
+                # and the digest lists
+                on_map=self._ask_holders if ask else None)
             boot = (self.conf.vmar_host.prefetch and self.lazy(host_cache)
                     and known is None
                     and self.files.ensure_bootset(image_id))
             if self.conf.vmar_host.warm_metadata_mb and host_cache == 'base':
                 self.files.ensure_layout(image_id)
-            if known is None and self.discovery and self.lazy(host_cache):
-                # who holds its mirrors' blocks, before the first reads
-                self.discovery.ensure(t.image_id for t in bmap.targets
-                                      if self.files.is_mirror(t.image_id))
             with export_state.State(self.host_dir) as state:
                 new = _existing(state, image_id, version, host_cache) is None
                 exp = self._add(state, bmap, fetched, host_cache, holder,
@@ -286,6 +290,11 @@ class ExportService:
             if own_blocks and self.files.is_mirror(image_id):
                 prefetch.Prefetcher(self).fill(exp.name, only=image_id)
             return exp
+
+    def _ask_holders(self, bmap):
+        """Ask vmar-agent who holds the bases ``bmap`` reads lazily."""
+        self.discovery.ensure(t.image_id for t in bmap.targets
+                              if not self.files.is_whole(t.image_id))
 
     def digest_list(self, image_id, version):
         """The path of an image's digest list, fetched if missing.

@@ -84,6 +84,20 @@ def digests_bytes(image_id, fingerprints):
                                        np.uint8).tobytes()
 
 
+def digests_length(path):
+    """The bytes a digest list's header says the file has.
+
+    A copy read through a block layer that rounds sizes up to its sector
+    (QEMU's NBD client) is cut to it before it is checked.
+
+    :raises MirrorFormatError: no digest list header.
+    """
+    with open(path, 'rb') as f:
+        hdr, _dsize = _parse(f.read(DIGESTS_HEADER_SIZE), DIGESTS_MAGIC,
+                             path)
+    return DIGESTS_HEADER_SIZE + hdr.n_blocks * DIGEST_SIZE
+
+
 def read_digests(path):
     """(:class:`Header`, ``(n_blocks, 32)`` uint8 array) of a digest list.
 

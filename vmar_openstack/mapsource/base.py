@@ -26,6 +26,9 @@ class MapSource(abc.ABC):
     #: its base readers are exports of a range server the export daemon
     #: runs beside qemu-storage-daemon (:meth:`range_server_command`)
     needs_range_server = False
+    #: publishes the SHA-256 of each digest list (:meth:`digests_sha256`):
+    #: a peer's copy of a list can be checked, and read instead
+    has_digest_sums = False
 
     @abc.abstractmethod
     def current_version(self, image_id):
@@ -42,6 +45,14 @@ class MapSource(abc.ABC):
     def fetch_digests(self, image_id, dest):
         """The base's digest list at ``dest`` (``can_mirror``)."""
         raise self._cannot('fetch digest lists')
+
+    def digests_sha256(self, image_id):
+        """The published SHA-256 of the base's digest list (``has_...``).
+
+        Hex; what a copy of the list from elsewhere must hash to
+        (``has_digest_sums``).
+        """
+        raise self._cannot('publish the sums of digest lists')
 
     def base_reader(self, image_id, size):
         """Where the base's ``size`` raw bytes can be read range by range.

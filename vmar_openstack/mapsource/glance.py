@@ -142,6 +142,7 @@ class GlanceSource(base.MapSource):
     can_mirror = True
     has_bootsets = True
     has_layouts = True
+    has_digest_sums = True
 
     @property
     def needs_range_server(self):
@@ -280,8 +281,17 @@ class GlanceSource(base.MapSource):
         self._fetch_file(names.layout_image_id(image_id), image_id,
                          names.PROP_LAYOUT_SHA256, 'block layout', dest)
 
-    def _fetch_file(self, did, image_id, sha_prop, what, dest):
-        """A hidden file image of vmar-agent's, checked, at ``dest``."""
+    def digests_sha256(self, image_id):
+        """The SHA-256 vmar-agent published of an image's digest list.
+
+        :raises SourceError: none published, or not the agent's.
+        """
+        return self._published_file(names.digests_image_id(image_id),
+                                    image_id, names.PROP_DIGESTS_SHA256,
+                                    'digest list')[1]
+
+    def _published_file(self, did, image_id, sha_prop, what):
+        """(image, SHA-256) of a hidden file image of vmar-agent's."""
         dig = self._get(did)
         sha = dig.get(sha_prop)
         if (dig.get('status') != 'active' or not self._owner_ok(dig)
@@ -289,6 +299,11 @@ class GlanceSource(base.MapSource):
             raise SourceError('Glance image %s is not the %s of %s '
                               'published by vmar-agent'
                               % (did, what, image_id))
+        return dig, sha
+
+    def _fetch_file(self, did, image_id, sha_prop, what, dest):
+        """A hidden file image of vmar-agent's, checked, at ``dest``."""
+        dig, sha = self._published_file(did, image_id, sha_prop, what)
         tmp = glance_io.download(
             self.glance, dict(dig, os_hash_algo='sha256', os_hash_value=sha),
             os.path.dirname(dest))

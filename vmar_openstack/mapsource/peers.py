@@ -258,23 +258,13 @@ class PeerReader:
         path = self.holders_path(image_id)
         try:
             mtime = os.stat(path).st_mtime_ns
-            cached = self._holders.get(image_id)
-            if cached is None or cached[0] != mtime:
-                with open(path) as f:
-                    holders = json.load(f)['holders']
-                found = [names.parse_peer_address(h['peer'])
-                         for h in holders]
-                lead = [p for p, h in zip(found, holders) if h.get('lead')]
-                cached = (mtime, found, lead[0] if lead else None)
-                self._holders[image_id] = cached
-            return cached[1], cached[2]
         except FileNotFoundError:
             return [], None
-        except (OSError, ValueError, KeyError, TypeError,
-                AttributeError) as e:
-            LOG.warning('holders of %s in %s unreadable: %s', image_id,
-                        path, e)
-            return [], None
+        cached = self._holders.get(image_id)
+        if cached is None or cached[0] != mtime:
+            cached = (mtime,) + read_holders(path)
+            self._holders[image_id] = cached
+        return cached[1], cached[2]
 
     def _rows(self, image_id):
         with self._lock:
@@ -422,6 +412,26 @@ class PeerReader:
                           self.down_seconds)
             self._drop(peer, image_id)
             return None
+
+
+def read_holders(path):
+    """``([holder peer, ...], lead peer or None)`` of a holders file.
+
+    Peers as ``(host, port)``, best first, as discovery wrote them
+    (:mod:`vmar_openstack.export.discovery`). A file that is gone or
+    unreadable holds none (unreadable is logged).
+    """
+    try:
+        with open(path) as f:
+            holders = json.load(f)['holders']
+        found = [names.parse_peer_address(h['peer']) for h in holders]
+        lead = [p for p, h in zip(found, holders) if h.get('lead')]
+    except FileNotFoundError:
+        return [], None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        LOG.warning('holders in %s unreadable: %s', path, e)
+        return [], None
+    return found, lead[0] if lead else None
 
 
 def _not_held(error):
