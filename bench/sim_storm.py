@@ -2029,8 +2029,8 @@ def calibration_reading(cal):
         'cache budget (not modelled; measured times did not move); '
         '`vmar-full` (its copies ran one base at a time, not modelled); '
         'the peer read times of `bench_peers_hosts` (one machine, no '
-        'network: context only); bursts with peers at three hosts (the '
-        'issue\'s burst figure was not measured).')
+        'network: context only); the times of `bench_burst` (TCG-bound; '
+        'its bytes are calibrated by `--burst`).')
     return out
 
 
