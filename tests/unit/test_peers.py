@@ -550,8 +550,15 @@ class TestDiscovery(testtools.TestCase):
         self.assertEqual([self.B, self.A],
                          [a[1] for a in self.agent.asked])
         self.assertEqual([], self.holders(self.A))
-        # B's answer went: the host does not mirror it
-        self.assertFalse(os.path.exists(self.layout.holders_file(self.B)))
+        # B's answer stays while it is fresh: an export being added asks
+        # before it makes its mirrors
+        path = self.layout.holders_file(self.B)
+        self.assertTrue(os.path.exists(path))
+        # older: gone, the host does not mirror it
+        old = time.time() - self.found.interval - 1
+        os.utime(path, (old, old))
+        self.found.step()
+        self.assertFalse(os.path.exists(path))
 
     def test_ensure_asks_only_for_missing_or_old_answers(self):
         self.agent.answers = {self.A: [], self.B: []}

@@ -137,10 +137,21 @@ class Discovery(periodic.Periodic):
             f.write(json.dumps(body).encode())
 
     def _prune(self, keep):
-        """Remove the files of bases the host no longer mirrors."""
+        """Remove the files of bases the host no longer mirrors.
+
+        Not those asked for within the interval: an export being added
+        asks before it makes its mirrors.
+        """
+        now = time.time()
         for base_id, path in _answers(self.layout):
-            if base_id not in keep:
-                fileutils.unlink(path)
+            if base_id in keep:
+                continue
+            try:
+                if now - os.stat(path).st_mtime < self.interval:
+                    continue
+            except FileNotFoundError:
+                continue
+            fileutils.unlink(path)
 
 
 def _answers(layout):
