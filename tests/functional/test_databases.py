@@ -282,3 +282,11 @@ class TestConcurrentPostgreSQL(PostgreSQL, ConcurrentIngests,
 
 class TestConcurrentSQLite(ConcurrentIngests, base.LibraryTestCase):
     pass
+
+
+class TestLeadsMariaDB(MariaDB, test_weigher.TestLeads):
+    pass
+
+
+class TestLeadsPostgreSQL(PostgreSQL, test_weigher.TestLeads):
+    pass

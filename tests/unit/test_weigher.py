@@ -337,6 +337,93 @@ class TestHostSide(HoldingsTestCase):
         self.assertEqual(1, len(ep.holders({}, A, host='h9', limit=1)))
         self.assertRaises(ValueError, ep.holders, {}, 'not-a-uuid', 'h1')
 
+    def test_report_names_the_peer_server(self):
+        root = self.scratch()
+        self.conf.set_override('host', 'h1', group='vmar_host')
+        body = report.payload(self.conf, root)
+        self.assertNotIn('peer', body)
+        self.conf.set_override('listen_address', 'fd00::5',
+                               group='vmar_peers')
+        body = report.payload(self.conf, root)
+        self.assertEqual('[fd00::5]:10810', body['peer'])
+        self.assertGreaterEqual(body['load'], 0)
+
+    def test_complete_mirrors_hold_every_block_only_their_image_has(self):
+        """What a host can serve once an image is deleted (issue 34)."""
+        root = self.scratch()
+        files = hostdir.HostDir(root, None)
+        # B's map reads blocks 0 and 1 from A, block 2 from B itself
+        version = self.lib.remap(B)
+        os.makedirs(os.path.join(root, 'maps'))
+        shutil.copy(ingest_paths.map_path(self.conf, B, version),
+                    files.map_file(B, version))
+        m = files.mirror(B)
+        os.makedirs(os.path.dirname(m.data))
+        open(m.data, 'wb').close()
+        mirror_format.create_present(m.present, mirror_format.Header(
+            B, 4 * BS, BS))
+
+        def present(bits):
+            with open(m.present, 'r+b') as f:
+                f.seek(mirror_format.PRESENT_HEADER_SIZE)
+                f.write(bytes([bits]))
+            return files.complete_mirrors([(B, version)])
+        self.assertEqual(set(), present(0b0011))     # A's blocks only
+        self.assertEqual({B}, present(0b0100))       # B's own block
+        # a version whose map the host lacks says nothing of it
+        self.assertEqual(set(), files.complete_mirrors([(B, version),
+                                                        (B, version + 1)]))
+        # not exported: not asked; a whole base: not a mirror
+        self.assertEqual(set(), files.complete_mirrors([]))
+        # the report asks about the host's exports: none here
+        self.conf.set_override('host', 'h1', group='vmar_host')
+        self.assertEqual([], report.payload(self.conf, root)['complete'])
+
+    def test_complete_holders(self):
+        def record(host, holds, complete=(), peer='10.0.0.1:1', age=0):
+            self.reports.record(
+                host, [], holds, peer_address=peer, complete=complete,
+                reported_at=models.utcnow() - datetime.timedelta(
+                    seconds=age))
+        record('h1', {A: 3})                    # a mirror still filling
+        record('h2', {A: 4}, complete=[A])      # filled
+        record('h3', {A: None})                 # the whole base
+        record('h4', {A: None}, peer=None)      # serves no peer
+        record('h5', {A: 4}, complete=[A], age=3600)
+        self.assertEqual(['h2', 'h3', 'h5'],
+                         self.reports.complete_holders(A))
+        self.assertEqual(['h2', 'h3'], self.reports.complete_holders(
+            A, max_age=datetime.timedelta(minutes=5)))
+        self.assertEqual([], self.reports.complete_holders(B))
+        self.assertEqual((A,), [h for h in self.reports.list()
+                                if h.host == 'h2'][0].complete)
+
+    def test_agent_records_complete_mirrors(self):
+        ep = agent.HostReportEndpoint(self.conf, None)
+
+        def send(complete):
+            ep.info({}, 'vmar-export.h', 'vmar.host.exports', {
+                'host': 'h', 'exports': [[B, 1]], 'holds': [[A, 4], [B, 1]],
+                'peer': '10.0.0.1:1', 'complete': complete}, {})
+            (h,) = self.reports.list()
+            return h.complete, h.exports
+        self.assertEqual(((A,), ((B, 1),)), send([A]))
+        # an earlier release's report, and bad ones: nothing is complete,
+        # the rest of the report stands
+        for bad in (None, 'x', [C], ['x'], [7], {A: 1}):
+            self.assertEqual(((), ((B, 1),)), send(bad))
+
+    def test_holdings_skip_what_is_not_vmars(self):
+        root = self.scratch()
+        os.makedirs(os.path.join(root, 'bases', 'lost+found'))
+        with open(os.path.join(root, 'bases', A), 'wb') as f:
+            f.write(bytes(BS))
+        self.assertEqual({A: None}, hostdir.HostDir(root, None).holdings())
+
+
+class TestLeads(HoldingsTestCase):
+    """Places in a burst, what vmar-agent tells hosts to wait for."""
+
     def test_a_burst_has_a_lead(self):
         """The first host to ask for a base nobody holds fetches it first."""
         self.conf.set_override('holder_max_age', 60, group='vmar_agent')
@@ -420,88 +507,37 @@ class TestHostSide(HoldingsTestCase):
         self.assertEqual([], ep.holders({}, B, host='h2'))
         self.assertEqual(1, self.reports.counts()['vmar_fetch_leads'])
 
-    def test_report_names_the_peer_server(self):
-        root = self.scratch()
-        self.conf.set_override('host', 'h1', group='vmar_host')
-        body = report.payload(self.conf, root)
-        self.assertNotIn('peer', body)
-        self.conf.set_override('listen_address', 'fd00::5',
-                               group='vmar_peers')
-        body = report.payload(self.conf, root)
-        self.assertEqual('[fd00::5]:10810', body['peer'])
-        self.assertGreaterEqual(body['load'], 0)
+    def test_hosts_asking_at_once_get_one_place_each(self):
+        self.conf.set_override('holder_max_age', 60, group='vmar_agent')
+        self.conf.set_override('fetch_lead_fanout', 2, group='vmar_agent')
+        hosts = ['h%d' % i for i in range(8)]
+        for h in hosts:
+            self.reports.record(h, [], {}, peer_address='%s:1' % h)
+        ep = agent.HoldersEndpoint(self.conf)
+        got, errors = {}, []
 
-    def test_complete_mirrors_hold_every_block_only_their_image_has(self):
-        """What a host can serve once an image is deleted (issue 34)."""
-        root = self.scratch()
-        files = hostdir.HostDir(root, None)
-        # B's map reads blocks 0 and 1 from A, block 2 from B itself
-        version = self.lib.remap(B)
-        os.makedirs(os.path.join(root, 'maps'))
-        shutil.copy(ingest_paths.map_path(self.conf, B, version),
-                    files.map_file(B, version))
-        m = files.mirror(B)
-        os.makedirs(os.path.dirname(m.data))
-        open(m.data, 'wb').close()
-        mirror_format.create_present(m.present, mirror_format.Header(
-            B, 4 * BS, BS))
-
-        def present(bits):
-            with open(m.present, 'r+b') as f:
-                f.seek(mirror_format.PRESENT_HEADER_SIZE)
-                f.write(bytes([bits]))
-            return files.complete_mirrors([(B, version)])
-        self.assertEqual(set(), present(0b0011))     # A's blocks only
-        self.assertEqual({B}, present(0b0100))       # B's own block
-        # a version whose map the host lacks says nothing of it
-        self.assertEqual(set(), files.complete_mirrors([(B, version),
-                                                        (B, version + 1)]))
-        # not exported: not asked; a whole base: not a mirror
-        self.assertEqual(set(), files.complete_mirrors([]))
-        # the report asks about the host's exports: none here
-        self.conf.set_override('host', 'h1', group='vmar_host')
-        self.assertEqual([], report.payload(self.conf, root)['complete'])
-
-    def test_complete_holders(self):
-        def record(host, holds, complete=(), peer='10.0.0.1:1', age=0):
-            self.reports.record(
-                host, [], holds, peer_address=peer, complete=complete,
-                reported_at=models.utcnow() - datetime.timedelta(
-                    seconds=age))
-        record('h1', {A: 3})                    # a mirror still filling
-        record('h2', {A: 4}, complete=[A])      # filled
-        record('h3', {A: None})                 # the whole base
-        record('h4', {A: None}, peer=None)      # serves no peer
-        record('h5', {A: 4}, complete=[A], age=3600)
-        self.assertEqual(['h2', 'h3', 'h5'],
-                         self.reports.complete_holders(A))
-        self.assertEqual(['h2', 'h3'], self.reports.complete_holders(
-            A, max_age=datetime.timedelta(minutes=5)))
-        self.assertEqual([], self.reports.complete_holders(B))
-        self.assertEqual((A,), [h for h in self.reports.list()
-                                if h.host == 'h2'][0].complete)
-
-    def test_agent_records_complete_mirrors(self):
-        ep = agent.HostReportEndpoint(self.conf, None)
-
-        def send(complete):
-            ep.info({}, 'vmar-export.h', 'vmar.host.exports', {
-                'host': 'h', 'exports': [[B, 1]], 'holds': [[A, 4], [B, 1]],
-                'peer': '10.0.0.1:1', 'complete': complete}, {})
-            (h,) = self.reports.list()
-            return h.complete, h.exports
-        self.assertEqual(((A,), ((B, 1),)), send([A]))
-        # an earlier release's report, and bad ones: nothing is complete,
-        # the rest of the report stands
-        for bad in (None, 'x', [C], ['x'], [7], {A: 1}):
-            self.assertEqual(((), ((B, 1),)), send(bad))
-
-    def test_holdings_skip_what_is_not_vmars(self):
-        root = self.scratch()
-        os.makedirs(os.path.join(root, 'bases', 'lost+found'))
-        with open(os.path.join(root, 'bases', A), 'wb') as f:
-            f.write(bytes(BS))
-        self.assertEqual({A: None}, hostdir.HostDir(root, None).holdings())
+        def ask(h):
+            try:
+                got[h] = [x['host'] for x in ep.holders({}, A, host=h)]
+            except Exception as e:      # reported below
+                errors.append(e)
+        threads = [threading.Thread(target=ask, args=(h,)) for h in hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual([], errors)
+        with db_session.reader(self.conf) as s:
+            rows = s.execute(sa.select(models.FetchLead.seq,
+                                       models.FetchLead.host).order_by(
+                models.FetchLead.seq)).all()
+        order = [r.host for r in rows]
+        self.assertEqual(sorted(hosts), sorted(order))
+        # one first host; each other waits for the one its place says
+        self.assertEqual({order[0]: []}, {h: v for h, v in got.items()
+                                          if not v})
+        for i, h in enumerate(order[1:], 1):
+            self.assertEqual([order[(i - 1) // 2]], got[h])
 
 
 class TestWeigher(HoldingsTestCase):
