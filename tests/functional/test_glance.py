@@ -488,6 +488,11 @@ class GlanceTestCase(testtools.TestCase):
             found = json.load(f)
         self.assertEqual([{'host': 'peer-a', 'peer': '127.0.0.1:%d' % port,
                            'blocks': 320}], found['holders'])
+        # and its digest list came from a, checked against the sum the
+        # agent published in Glance
+        with open(os.path.join(self.tmp, 'peer-b-serve.log')) as f:
+            self.assertIn('digest list of %s read from peer 127.0.0.1:%d'
+                          % (iid, port), f.read())
         # the store out of b's reach: every block comes from a, each
         # checked against its digest (and counted: all 320 from a)
         layout = hostdir.Layout(b_dir)
