@@ -117,6 +117,19 @@ class Burst(bench_weigher.Bench):
 
     def setup(self):
         super().setup()
+        c = self.conn
+        # what an earlier run that stopped half way left
+        stale = [x for x in c.compute.servers() if x.name.startswith('b-')]
+        for x in stale:
+            c.compute.delete_server(x)
+        for x in stale:
+            c.compute.wait_for_delete(x, wait=300)
+        for g in c.compute.server_groups():
+            if g.name.startswith('burst-'):
+                c.compute.delete_server_group(g)
+        for img in c.image.images():
+            if img.name.startswith('burst-'):
+                c.image.delete_image(img)
         if self.debian and not self.conn.compute.find_flavor(DEBIAN_FLAVOR):
             f = self.conn.compute.create_flavor(
                 name=DEBIAN_FLAVOR, ram=512, vcpus=1, disk=2)
@@ -226,15 +239,25 @@ class Burst(bench_weigher.Bench):
         groups = [self.conn.compute.create_server_group(
             name='burst-%s-%d' % (tag, i), policy='anti-affinity')
             for i in range(IMAGES)]
-        servers = {}
-        for n in range(IMAGES * PER_IMAGE):
-            i = n % IMAGES
-            s = self.conn.compute.create_server(
-                name='b-%s-%d' % (tag, n), image_id=ids[i],
+        # one request per image for its servers: Nova schedules the
+        # members of one request apart; members of a group created by
+        # requests at once race for hosts, fail the compute's late check
+        # and run out of reschedules
+        t0 = {}
+        for i in range(IMAGES):
+            self.conn.compute.create_server(
+                name='b-%s-%d' % (tag, i), image_id=ids[i],
                 flavor_id=flavor.id, networks='none',
-                scheduler_hints={'group': groups[i].id})
-            servers[s.id] = {'image': i, 't0': time.monotonic(),
-                             'server': s}
+                scheduler_hints={'group': groups[i].id},
+                min_count=PER_IMAGE, max_count=PER_IMAGE)
+            t0[ids[i]] = time.monotonic()
+        servers = {}
+        for s in self.conn.compute.servers(name='^b-%s-' % tag):
+            i = ids.index(s.image.id)
+            servers[s.id] = {'image': i, 't0': t0[ids[i]], 'server': s}
+        if len(servers) != IMAGES * PER_IMAGE:
+            raise SystemExit('%d servers made, not %d' % (
+                len(servers), IMAGES * PER_IMAGE))
         self.wait_read(servers, poll=1,
                        marker=BOOTED if self.debian else bench_weigher.SHA)
         fetched, other = self.store_reads(offset, set(ids))

@@ -646,7 +646,7 @@ class Params:
     store_cpu: float = 0.0          # with cores: CPU s per store byte
     overhead: float = 0.0           # s from create to the boot's start
     max_holders: int = 4
-    peer_max_clients: int = 16      # [vmar_peers] max_clients
+    peer_max_clients: int = 16      # transfers a peer server takes
     peer_timeout: float = 5.0       # [vmar_peers] read_timeout
     lead_fanout: int = 8            # [vmar_agent] fetch_lead_fanout
     seed: int = 0

@@ -74,7 +74,7 @@ class TestPeers(testtools.TestCase):
         cmd = peers.command(self.conf, '/run/p.pid')
         for arg in ('--tls=require', '--tls-verify-peer',
                     '--tls-certificates=%s' % self.tmp, '--filter=limit',
-                    '--filter=rate', 'limit=16', 'host-dir=%s' % self.tmp,
+                    '--filter=rate', 'limit=64', 'host-dir=%s' % self.tmp,
                     # 100 MiB/s, in bits (nbdkit's rate filter)
                     'rate=838860800'):
             self.assertIn(arg, cmd)
@@ -623,3 +623,27 @@ class TestPeerCounts(testtools.TestCase):
         # every count the reader keeps is a metric
         self.assertEqual(set(peer_source.COUNTS),
                          {k for k, _n, _d in metrics._PEER_COUNTS})
+
+
+class TestConnectionPool(testtools.TestCase):
+    """The fetcher's threads share a few connections per peer and image."""
+
+    def test_at_most_a_few_lent_then_busy(self):
+        reader = peer_source.PeerReader([], '/tls', None, timeout=0.05)
+        key = (('10.0.0.2', 1), 'i')
+        # none idle: the first CONNECTIONS borrowers make their own
+        for _ in range(peer_source.CONNECTIONS):
+            self.assertIsNone(reader._borrow(key))
+        self.assertRaises(peer_source.PeerBusy, reader._borrow, key)
+        # one given back is lent again, not made anew
+        reader._give_back(key, 'h')
+        self.assertEqual('h', reader._borrow(key))
+        # one given back as unusable frees a place
+        reader._give_back(key, None)
+        self.assertIsNone(reader._borrow(key))
+        # another image of the same peer has its own
+        self.assertIsNone(reader._borrow((key[0], 'j')))
+        # a drop forgets the idle ones
+        reader._give_back(key, 'g')
+        reader._drop(*key)
+        self.assertIsNone(reader._borrow(key))

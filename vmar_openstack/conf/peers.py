@@ -104,8 +104,12 @@ ALL_OPTS = [
                       'seconds, a few times a store read of a run; 0 never '
                       'waits.\n\nRelated options: discover, [vmar_agent] '
                       'fetch_lead_seconds.'),
-    cfg.IntOpt('max_clients', default=16, min=1,
+    cfg.IntOpt('max_clients', default=64, min=1,
                help='Peer connections served at once; more are refused '
-                    'and their host falls back to the store.\n\nPossible '
-                    'values: a count.\n\nRelated options: rate_mib.'),
+                    'and their host falls back to the store. A reading '
+                    'host keeps up to 4 connections per base it reads '
+                    'from a peer; in a burst a host serves up to '
+                    '[vmar_agent] fetch_lead_fanout such hosts.\n\n'
+                    'Possible values: a count, at least 4 x fanout x the '
+                    'bases a burst reads.\n\nRelated options: rate_mib.'),
 ]

@@ -30,6 +30,7 @@ it: a peer's bytes are never taken on trust, and a bad peer costs one
 more read from the store instead of a failed guest read.
 """
 
+import collections
 import hashlib
 import json
 import os
@@ -65,6 +66,10 @@ _POLL_FIRST, _POLL_MAX = 0.002, 0.02
 #: seconds before a run that failed its digest is read once more: a peer
 #: may be writing it (its block status says data before its bytes are in)
 _REREAD_PAUSE = 0.02
+#: connections to one peer for one image, shared by the fetcher's threads:
+#: a thread per connection would open 16 per image to every peer, and a
+#: peer server refuses those beyond [vmar_peers] max_clients
+CONNECTIONS = 4
 
 
 def read_counts(path):
@@ -112,6 +117,10 @@ class PeerTimeout(Exception):
     """A peer did not answer in time."""
 
 
+class PeerBusy(Exception):
+    """Every connection to a peer for an image stayed lent out."""
+
+
 class PeerReader:
     """Reads verified runs of images from peer hosts.
 
@@ -151,9 +160,13 @@ class PeerReader:
         self._written = None        # when the counts were last written
         self._flush_due = False     # a write is scheduled
         self._write_lock = threading.Lock()
-        self._local = threading.local()
         self._lock = threading.Lock()
         self._digests = {}
+        # connections to peers, shared by the fetcher's threads: per
+        # (peer, image id), the idle ones and how many are lent out
+        self._pool = threading.Condition(threading.Lock())
+        self._idle = {}
+        self._lent = collections.Counter()
 
     def read(self, image_id, offset, length):
         """The run's bytes from a peer, verified; None if no peer has it."""
@@ -276,25 +289,50 @@ class PeerReader:
                 self._digests[image_id] = (hdr.block_size, rows)
             return self._digests[image_id]
 
-    def _handles(self):
-        if not hasattr(self._local, 'handles'):
-            self._local.handles = {}
-        return self._local.handles
+    def _borrow(self, key):
+        """An idle connection for ``key``, or None: the caller makes one.
 
-    def _handle(self, peer, image_id):
+        At most CONNECTIONS per ``(peer, image id)`` at once; a thread
+        that finds them all lent waits for one, ``timeout`` seconds at
+        most (:class:`PeerBusy`).
+        """
+        deadline = time.monotonic() + self.timeout
+        with self._pool:
+            while True:
+                idle = self._idle.get(key)
+                if idle:
+                    self._lent[key] += 1
+                    return idle.pop()
+                if self._lent[key] < CONNECTIONS:
+                    self._lent[key] += 1
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PeerBusy()
+                self._pool.wait(left)
+
+    def _give_back(self, key, h):
+        """Return a borrowed connection; None: it is not to be used again."""
+        with self._pool:
+            self._lent[key] -= 1
+            if h is not None:
+                self._idle.setdefault(key, []).append(h)
+            self._pool.notify()
+
+    def _connect(self, peer, image_id, made):
+        """A new connection to ``peer`` for ``image_id``.
+
+        ``made`` gets it first: one that times out is still closed.
+        """
         import nbd      # python3-libnbd: only where peers are configured
-        key = (peer, image_id)
-        h = self._handles().get(key)
-        if h is None:
-            h = nbd.NBD()
-            h.set_tls(nbd.TLS_REQUIRE)
-            h.set_tls_certificates(self.tls_dir)
-            h.set_export_name(image_id)
-            h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
-            # stored first: a connection that times out is shut down
-            self._handles()[key] = h
-            h.aio_connect_tcp(peer[0], str(peer[1]))
-            self._wait(h, h.aio_is_ready)
+        h = nbd.NBD()
+        h.set_tls(nbd.TLS_REQUIRE)
+        h.set_tls_certificates(self.tls_dir)
+        h.set_export_name(image_id)
+        h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+        made.append(h)
+        h.aio_connect_tcp(peer[0], str(peer[1]))
+        self._wait(h, h.aio_is_ready)
         return h
 
     def _wait(self, h, done):
@@ -342,11 +380,12 @@ class PeerReader:
                                        self.clock() + self.down_seconds)
 
     def _drop(self, peer, image_id):
-        """Forget a peer's connection: closed when its handle goes.
+        """Forget a peer's idle connections: closed when their handles go.
 
         Not shut down: that would wait on a peer that stopped answering.
         """
-        self._handles().pop((peer, image_id), None)
+        with self._pool:
+            self._idle.pop((peer, image_id), None)
 
     def _wait_for(self, peer, image_id, h, nbd, offset, length, wait):
         """Whether the lead ``peer`` gets the run within ``wait`` seconds.
@@ -374,16 +413,28 @@ class PeerReader:
 
     def _read_from(self, peer, image_id, offset, length, wait=0):
         import nbd
+        key = (peer, image_id)
         try:
-            h = self._handle(peer, image_id)
-            if not self._holds(h, nbd, offset, length) and not (
-                    wait and self._wait_for(peer, image_id, h, nbd, offset,
-                                            length, wait)):
+            h = self._borrow(key)
+        except PeerBusy:
+            # every connection to it busy that long: the store, this time
+            self._count(not_held=1)
+            return None
+        made, keep = [h], None
+        try:
+            if h is None:
+                h = self._connect(peer, image_id, made)
+            held = self._holds(h, nbd, offset, length) or (
+                wait and self._wait_for(peer, image_id, h, nbd, offset,
+                                        length, wait))
+            if not held:
+                keep = h
                 self._count(not_held=1)
                 return None
             buf = nbd.Buffer(length)
             cookie = h.aio_pread(buf, offset)
             self._wait(h, lambda: h.aio_command_completed(cookie))
+            keep = h
             return bytes(buf.to_bytearray())
         except PeerTimeout:
             self._count(timeouts=1)
@@ -412,6 +463,8 @@ class PeerReader:
                           self.down_seconds)
             self._drop(peer, image_id)
             return None
+        finally:
+            self._give_back(key, keep)
 
 
 def read_holders(path):
