@@ -35,10 +35,14 @@ Figures, for each run:
 Throttles (``--store-mbit``, ``--link-mbit``): tc ``tbf`` on the cloud's
 bridge (what the control plane, glance-api among it, sends the hosts: the
 store) and on both ends of each host's veth (the host's link). This
-kernel has no ``sch_netem``, so no latency is added.
+kernel has no ``sch_netem``: the store's latency (``--store-delay-ms``)
+is nbdkit's ``delay`` filter on each host's range server, the nbdkit
+that reads Glance for the host's mirrors (``[vmar_host] nbdkit`` pointed,
+for both runs, at a script that adds the filter to that nbdkit only).
 
 Usage: bench/bench_burst.py [--state-dir DIR] [--rounds N] [--json FILE]
        [--store-mbit 800] [--link-mbit 1000] [--images test|debian]
+       [--store-first] [--store-delay-ms N]
 (root; the cloud must be up with three compute hosts)
 """
 
@@ -46,6 +50,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -114,6 +119,32 @@ class Burst(bench_weigher.Bench):
         with open(self.off_conf, 'w') as f:
             f.write('# bench_burst.py: the baseline, no reads from peers\n'
                     '[vmar_peers]\nfetch = false\n')
+        self.extra_conf = []
+
+    def store_delay(self, ms):
+        """Every run's range servers read Glance behind nbdkit's delay."""
+        if not ms:
+            self.extra_conf = []
+            return
+        script = os.path.join(self.work, 'nbdkit-store-delay')
+        with open(script, 'w') as f:
+            f.write('#!/bin/sh\n'
+                    '# bench_burst.py: the range server (the store) behind\n'
+                    '# nbdkit\'s delay filter; any other nbdkit as it is\n'
+                    'for a in "$@"; do\n'
+                    '    case $a in\n'
+                    '        */nbdkit_glance.py) exec %(n)s --filter=delay '
+                    '"$@" delay-read=%(ms)dms ;;\n'
+                    '    esac\n'
+                    'done\n'
+                    'exec %(n)s "$@"\n' % {'n': shutil.which('nbdkit'),
+                                           'ms': ms})
+        os.chmod(script, 0o755)
+        conf = os.path.join(self.work, 'store-delay.conf')
+        with open(conf, 'w') as f:
+            f.write('# bench_burst.py: the store\'s latency\n'
+                    '[vmar_host]\nnbdkit = %s\n' % script)
+        self.extra_conf = [conf]
 
     def setup(self):
         super().setup()
@@ -177,8 +208,8 @@ class Burst(bench_weigher.Bench):
         """
         for h in self.hosts:
             svc = stack.HostExport(self.cloud, h)
-            if not on:
-                svc.conf = list(h.export_conf) + [self.off_conf]
+            svc.conf = list(h.export_conf) + self.extra_conf + (
+                [] if on else [self.off_conf])
             svc.stop()
             fileutils.unlink(hostdir.Layout(
                 h.path('vmar', 'host')).peer_counts_file())
@@ -202,7 +233,8 @@ class Burst(bench_weigher.Bench):
         The machine's (run nothing else beside the bench): the hosts'
         services restart with each run (:meth:`peers`) and the guests are
         the run's, so theirs are the run's; glance-api's are taken as a
-        difference.
+        difference. Guests that powered off before the count (the test
+        guest does once it has read its disk) are not in it.
         """
         out = dict.fromkeys(CPU_KINDS, 0.0)
         tick = os.sysconf('SC_CLK_TCK')
@@ -316,6 +348,12 @@ def main(argv=None):
     p.add_argument('--images', choices=('test', 'debian'), default='test',
                    help='the test guest\'s images (default) or three of '
                         'the Debian image library')
+    p.add_argument('--store-delay-ms', type=int, default=0,
+                   help='the store\'s latency per read, ms (nbdkit\'s '
+                        'delay filter on the range servers; default none)')
+    p.add_argument('--store-first', action='store_true',
+                   help='the store run first in the first round (rounds '
+                        'alternate)')
     p.add_argument('--json')
     args = p.parse_args(argv)
     bench = Burst(args.state_dir, echo=lambda t: print(t, flush=True),
@@ -323,13 +361,14 @@ def main(argv=None):
     if len(bench.hosts) != 3:
         raise SystemExit('bench_burst needs tools/cloud.sh up --computes 3')
     bench.setup()
+    bench.store_delay(args.store_delay_ms)
     rounds = []
     bench.throttle(args.store_mbit, args.link_mbit)
     try:
         for r in range(args.rounds):
             print('round %d: %d servers of %d images at once, anti-affinity'
                   % (r + 1, IMAGES * PER_IMAGE, IMAGES), flush=True)
-            first = r % 2 == 0
+            first = (r + args.store_first) % 2 == 0
             runs = {}
             for on in (first, not first):
                 runs[on] = bench.run(on, '%d%s-%d' % (
@@ -352,6 +391,7 @@ def main(argv=None):
             rounds.append({'peers': runs[True], 'store': runs[False]})
     finally:
         bench.unthrottle()
+        bench.store_delay(0)
         bench.peers(True)
         bench.weigher(True)
     if args.json:
