@@ -97,6 +97,23 @@ class TestMemberBasesPostgreSQL(PostgreSQL, test_clusters.TestMemberBases):
     pass
 
 
+class TestShadowsMariaDB(MariaDB, test_clusters.TestShadows):
+    pass
+
+
+class TestShadowsPostgreSQL(PostgreSQL, test_clusters.TestShadows):
+    pass
+
+
+class TestMigration0018MariaDB(MariaDB, test_migrations.TestMigration0018):
+    pass
+
+
+class TestMigration0018PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0018):
+    pass
+
+
 class TestMigration0006MariaDB(MariaDB, test_migrations.TestMigration0006):
     pass
 

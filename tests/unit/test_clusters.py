@@ -99,8 +99,10 @@ class TestSplits(base.LibraryTestCase):
                 keys)]))
 
     def _add(self, n, seeds):
+        # private images of one project: a public one before them would
+        # make later images shadow holders, and nothing would split
         self.lib.add(_uuid(n), self.image('i%d' % n, seeds),
-                     visibility='public')
+                     visibility='private', owner='p1')
 
     def test_image_holding_most_of_a_cluster_moves_only_the_rest(self):
         self._add(1, range(1, 301))
@@ -147,7 +149,7 @@ class TestSplits(base.LibraryTestCase):
         self.assertEqual(1, gone)
         e = self.assertRaises(RuntimeError, self.lib.add, _uuid(2),
                               self.image('i2', range(1, 291)),
-                              visibility='public')
+                              visibility='private', owner='p1')
         self.assertIn('run vmar-manage check', str(e))
         with db_session.reader(self.conf) as s:
             self.assertIsNone(db_api.get_image(s, _uuid(2)))
@@ -267,7 +269,7 @@ class TestMemberBases(base.LibraryTestCase):
             if n % 3 == 0:
                 seeds += list(range(10000, 10004))
             self.lib.add(_uuid(n), self.image('i%d' % n, seeds),
-                         visibility='public' if n % 2 else 'private')
+                         visibility='private', owner='p1')
             self.assertEqual([], check.check(self.conf)[0], n)
         self.assertGreater(len(self._bases()), 0)
         # the core: every image; the shares of 3, 6, 9 and 12; its own
@@ -299,7 +301,7 @@ class TestMemberBases(base.LibraryTestCase):
             bulk.BulkSQL, 'set_members', spy))
         for n in range(1, 40):
             self.lib.add(_uuid(n), self.image('i%d' % n, [1, 2, 3, n + 10]),
-                         visibility='public')
+                         visibility='private', owner='p1')
         # the core, at each join after the second image split it
         self.assertEqual(39 - 2, len(written))
         for row in written:
@@ -310,7 +312,7 @@ class TestMemberBases(base.LibraryTestCase):
     def test_check_reports_a_missing_or_unused_base(self):
         for n in range(1, 6):
             self.lib.add(_uuid(n), self.image('i%d' % n, [1, 2, n + 10]),
-                         visibility='public')
+                         visibility='private', owner='p1')
         self.lib.delete(_uuid(2))   # the core's delta: 1,3-5 and 2: folds
         (bid,) = self._bases()
         with db_session.locked_writer(self.conf) as s:
@@ -326,4 +328,118 @@ class TestMemberBases(base.LibraryTestCase):
                       {'b': bid})
         problems = check.check(self.conf)[0]
         self.assertTrue(any('names missing member base %d' % bid in p
+                            for p in problems), problems)
+
+
+class TestShadows(base.LibraryTestCase):
+    """Images after a public holder are shadow holders, not members."""
+
+    def _add(self, n, seeds, visibility='private', owner=None):
+        self.lib.add(_uuid(n), self.image('i%d' % n, seeds),
+                     visibility=visibility, owner=owner or 'p%d' % n)
+
+    def _state(self):
+        with db_session.reader(self.conf) as s:
+            store = db_store.ClusterStore(s)
+            seqs = {i.image_id: i.seq for i in store.list_images()}
+            shadows = {}
+            for cid, seq in store.shadow_rows():
+                shadows.setdefault(seq, set()).add(cid)
+            return seqs, store.cluster_count(), shadows
+
+    def _reads(self, n):
+        """Image ids the current map of image ``n`` reads from."""
+        with db_session.reader(self.conf) as s:
+            img = db_api.get_image(s, _uuid(n))
+            version = img.map_version
+        return self.lib.bases_of(_uuid(n), version)
+
+    def _family(self, snapshots):
+        # a public base of 64 blocks, a public image derived from it (its
+        # first 8 blocks changed), and private snapshots of either, each
+        # rewriting a block of its own: what a cloud's catalogue is
+        self._add(1, range(1, 65), 'public')
+        self._add(2, list(range(1001, 1009)) + list(range(9, 65)), 'public')
+        for n in range(3, 3 + snapshots):
+            seeds = list(range(1, 65)) if n % 2 else (
+                list(range(1001, 1009)) + list(range(9, 65)))
+            seeds[8 + n] = 5000 + n
+            self._add(n, seeds)
+
+    def test_snapshots_split_no_cluster(self):
+        self._family(30)
+        seqs, clusters, shadows = self._state()
+        # the base, the derived image's own blocks, and a cluster of each
+        # snapshot's own block: the base's cluster did not split at the
+        # derived image nor at each snapshot (that made 2 per image)
+        self.assertEqual(2 + 30, clusters)
+        for n in range(3, 33):
+            self.assertIn(seqs[_uuid(n)], shadows)
+            self.assertEqual({_uuid(1)} | ({_uuid(2)} if n % 2 == 0
+                                           else set()) | {_uuid(n)},
+                             self._reads(n))
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_an_add_touches_the_same_rows_however_many_snapshots(self):
+        touched = []
+        real = bulk.BulkSQL.set_members
+
+        def spy(sql, rows, also=''):
+            touched.append(len(rows))
+            return real(sql, rows, also)
+
+        self._family(10)
+        self.useFixture(fixtures.MockPatchObject(
+            bulk.BulkSQL, 'set_members', spy))
+        for n in range(13, 40):
+            self._add(n, [1, 2, 3] + list(range(9, 65)) + [7000 + n])
+        self.assertEqual([], touched)
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_deleting_the_public_holder_makes_members_of_shadows(self):
+        self._family(12)
+        out = self.lib.delete(_uuid(1))
+        # every image that read the base reads its own copy or image 2's
+        self.assertEqual({_uuid(n) for n in range(2, 15)},
+                         set(out.regenerated))
+        for n in range(2, 15):
+            self.assertNotIn(_uuid(1), self._reads(n))
+        for n in range(4, 15, 2):
+            # image 2 holds the base's blocks 9-64: they read it there
+            self.assertIn(_uuid(2), self._reads(n))
+        # blocks 1-8 of the odd snapshots: held by private images of
+        # other projects only, each is a member now and reads itself
+        self.assertEqual({_uuid(2), _uuid(3)}, self._reads(3))
+        self.assertEqual([], check.check(self.conf)[0])
+        for n in range(2, 15):
+            self.lib.delete(_uuid(n))
+            self.assertEqual([], check.check(self.conf)[0], n)
+        self.assertEqual((0, {}), self._state()[1:])
+
+    def test_the_public_holder_made_private_makes_members_of_shadows(self):
+        self._family(6)
+        self.lib.update_metadata(_uuid(1), visibility='private')
+        self.assertEqual([], check.check(self.conf)[0])
+        for n in range(3, 9):
+            self.assertNotIn(_uuid(1), self._reads(n))
+        # and public again: the shadows it uncovered stay members
+        self.lib.update_metadata(_uuid(1), visibility='public')
+        self.assertEqual([], check.check(self.conf)[0])
+        for n in range(3, 9):
+            self.assertIn(_uuid(1), self._reads(n))
+
+    def test_new_content_of_the_public_holder(self):
+        self._family(6)
+        self.lib.update_content(_uuid(1), self.image('new', range(200, 264)))
+        self.assertEqual([], check.check(self.conf)[0])
+        self.assertEqual({_uuid(3)}, self._reads(3) - {_uuid(2)})
+
+    def test_check_reports_a_shadow_without_a_public_member_before(self):
+        self._family(2)
+        with db_session.locked_writer(self.conf) as s:
+            s.execute(sa.text("UPDATE vmar_images SET visibility = "
+                              "'private' WHERE image_id IN (:a, :b)"),
+                      {'a': _uuid(1), 'b': _uuid(2)})
+        problems = check.check(self.conf)[0]
+        self.assertTrue(any('has no public member before it' in p
                             for p in problems), problems)

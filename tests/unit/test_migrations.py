@@ -360,3 +360,23 @@ class TestMigration0017(MigrationTestCase):
         self.assertIsNone(reports.lead('a', 'h1', ttl, 8))
         self.assertEqual('h1', reports.lead('a', 'h2', ttl, 8).host)
         self.assertEqual(1, reports.counts()['vmar_fetch_leads'])
+
+
+class TestMigration0018(MigrationTestCase):
+    """No shadow holder after the upgrade: every member stays one."""
+
+    def test_no_shadows_and_images_by_owner(self):
+        migration.upgrade('0017', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        with engine.begin() as c:
+            self.insert_image(c, 1, 'private')
+            self.insert_image(c, 2)
+            c.execute(sa.text("UPDATE vmar_images SET owner = 'p1'"))
+        migration.upgrade('head', conf=self.conf)
+        with db_session.reader(self.conf) as s:
+            store = db_store.ClusterStore(s)
+            self.assertEqual([], store.shadow_rows())
+            self.assertEqual([1], store.private_seqs('p1', 3).tolist())
+            self.assertEqual([], store.private_seqs('p1', 1).tolist())
+        self.assertIn('ix_vmar_images_owner', [i['name'] for i in sa.inspect(
+            engine).get_indexes('vmar_images')])

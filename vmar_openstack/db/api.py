@@ -70,6 +70,15 @@ def database_bytes(session):
 
 
 def largest_cluster(session):
-    """Members of the cluster most images share (0 without clusters)."""
-    return session.execute(sa.select(sa.func.max(
-        models.Cluster.n_images))).scalar() or 0
+    """Holders of the cluster most images share (0 without clusters).
+
+    Its members and its shadow holders.
+    """
+    sh = models.ClusterShadow
+    shadows = (sa.select(sh.cluster_id, sa.func.count().label('n'))
+               .group_by(sh.cluster_id).subquery())
+    c = models.Cluster
+    return session.execute(
+        sa.select(sa.func.max(c.n_images + sa.func.coalesce(shadows.c.n, 0)))
+        .select_from(c).outerjoin(shadows, shadows.c.cluster_id == c.id)
+    ).scalar() or 0

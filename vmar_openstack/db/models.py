@@ -15,6 +15,10 @@
   member table inserted into one b-tree position per cluster), its
   smallest member and its smallest public member, so that map generation
   rarely reads member lists.
+* ``vmar_cluster_shadows``: images that hold keys of a cluster without
+  being its members, because a public member before them holds the same
+  keys: no map ever reads them there (vmar_openstack.db.store, "Shadow
+  holders").
 * ``vmar_maps``: every map version written, with its checksum;
   ``vmar_map_targets``: how many blocks each version reads from each of
   its targets.
@@ -47,7 +51,9 @@ class Base(orm.DeclarativeBase):
 
 class Image(Base):
     __tablename__ = 'vmar_images'
-    __table_args__ = {'sqlite_autoincrement': True}
+
+    __table_args__ = (sa.Index('ix_vmar_images_owner', 'owner'),
+                      {'sqlite_autoincrement': True})
 
     seq = sa.Column(BigInt, primary_key=True, autoincrement=True)
     image_id = sa.Column(sa.String(36), nullable=False, unique=True)
@@ -128,6 +134,22 @@ class MemberBase(Base):
     id = sa.Column(BigInt, primary_key=True, autoincrement=True)
     members_hash = sa.Column(sa.String(64), nullable=False, unique=True)
     members = sa.Column(MembersText, nullable=False)
+
+
+class ClusterShadow(Base):
+    """An image holding keys of a cluster, not one of its members.
+
+    A public member of the cluster comes before it: every image that may
+    read it may read that member, whose sequence id is smaller, so no map
+    reads the shadow's copy of these keys. The image joins the cluster
+    (and may split it) only once no such member is left. Which of the
+    cluster's keys it holds is in its digest list.
+    """
+    __tablename__ = 'vmar_cluster_shadows'
+    __table_args__ = (sa.Index('ix_vmar_cluster_shadows_seq', 'seq'),)
+
+    cluster_id = sa.Column(BigInt, primary_key=True, autoincrement=False)
+    seq = sa.Column(BigInt, primary_key=True, autoincrement=False)
 
 
 class PendingMap(Base):

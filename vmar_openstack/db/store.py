@@ -6,6 +6,18 @@ their member sets: deltas against shared bases, :mod:`.members`), the
 images' digest lists and the maps left pending; callers outside this
 package reach the tables only through it, and never see SQL.
 
+Shadow holders: an image that holds keys of a cluster after a public
+member of it (every image that may read the image may read that member,
+whose sequence id is smaller) is not made a member: it is recorded as a
+shadow holder of the cluster (``vmar_cluster_shadows``), and the cluster
+neither changes nor splits. No map reads a shadow's copy of those keys
+while such a member is there. When the cluster's smallest public member
+leaves (a delete, new content, the image made private), the shadows it
+covered are read in order and made members where no public member before
+them is left (:meth:`ClusterStore._recover`). Without them every snapshot
+of an image split its parent's clusters, and an add touched more clusters
+the more snapshots the library held (issue 35).
+
 The fingerprint table is keyed by fingerprint keys
 (:mod:`vmar_openstack.fingerprint.keys`). Full digests live in each image's
 digest list and are compared whenever a map is built, so two digests that
@@ -103,6 +115,30 @@ class ClusterStore:
 
     def image_rows(self):
         return db_api.image_rows(self.session)
+
+    def public_seqs(self, seqs):
+        """Those of image ``seqs`` that are public, as a set."""
+        img = models.Image
+        seqs = sorted({int(x) for x in seqs})
+        out = set()
+        for i in range(0, len(seqs), 500):
+            out.update(self.session.execute(sa.select(img.seq).where(
+                img.seq.in_(seqs[i:i + 500]),
+                img.visibility == 'public')).scalars())
+        return out
+
+    def private_seqs(self, owner, below):
+        """Seqs of ``owner``'s images that are not public, before ``below``.
+
+        Ascending int64 (through the owner's index: a map reads its owner's
+        images, never the library's).
+        """
+        img = models.Image
+        return np.array(self.session.execute(
+            sa.select(img.seq).where(img.owner == owner,
+                                     img.visibility != 'public',
+                                     img.seq < below)
+            .order_by(img.seq)).scalars().all(), dtype=np.int64)
 
     def list_images(self):
         return db_api.list_images(self.session)
@@ -327,17 +363,6 @@ class ClusterStore:
         return self.session.execute(sa.select(sa.func.count()).select_from(
             models.Cluster)).scalar()
 
-    def fingerprints_by_images(self):
-        """Distinct fingerprints by the number of images holding them.
-
-        The paper's Fig. 12b, as ``{n_images: n_fingerprints}``.
-        """
-        return {int(n_images): int(n_fps) for n_images, n_fps in
-                self.session.execute(
-                    sa.select(models.Cluster.n_images,
-                              sa.func.sum(models.Cluster.n_fingerprints))
-                    .group_by(models.Cluster.n_images))}
-
     def cluster_minima(self, cluster_ids):
         """The smallest member and smallest public member of clusters.
 
@@ -456,10 +481,11 @@ class ClusterStore:
 
         After a member left them, or a member's visibility changed.
         """
-        public = {row.seq for row in self.image_rows()
-                  if row.visibility == 'public'}
+        lists = self.member_lists(cluster_ids)
+        public = self.public_seqs(
+            {s for m in lists.values() for s in m.tolist()})
         rows = []
-        for cid, m in self.member_lists(cluster_ids).items():
+        for cid, m in lists.items():
             pub = [x for x in m.tolist() if x in public]
             rows.append({'id': cid, 'm': int(m.min()) if len(m) else 0,
                          'p': min(pub) if pub else None})
@@ -494,10 +520,13 @@ class ClusterStore:
     def _drop_clusters(self, ids, info):
         """Delete clusters ``ids`` (``info``: their rows, as read)."""
         self._orphans.update(info[c].base_id for c in ids)
+        sh = models.ClusterShadow
         for i in range(0, len(ids), 500):
             part = [int(c) for c in ids[i:i + 500]]
             self.session.execute(sa.delete(models.Cluster).where(
                 models.Cluster.id.in_(part)))
+            self.session.execute(sa.delete(sh).where(
+                sh.cluster_id.in_(part)))
 
     def _ids_by_hash(self, hashes):
         out = {}
@@ -537,13 +566,21 @@ class ClusterStore:
         need them: no sort on the ingest path).
         """
         found_k, found_c = found or self.lookup(keys)
+        new = np.setdiff1d(keys, found_k, assume_unique=True)
         out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        if len(found_k):
+            shadow = self._dominated(found_c, seq)
+            if shadow.any():
+                self._add_shadows([(c, seq) for c in
+                                   fp_keys.unique(found_c[shadow]).tolist()])
+                out_k.append(found_k[shadow])
+                out_c.append(found_c[shadow])
+                found_k, found_c = found_k[~shadow], found_c[~shadow]
         if len(found_k):
             k, c = self._regroup(found_k, found_c, seq, True, public,
                                  image_keys=keys)
             out_k.append(k)
             out_c.append(c)
-        new = np.setdiff1d(keys, found_k, assume_unique=True)
         if len(new):
             cid = self._singleton_cluster(seq, public)
             self._sql.add_fingerprints(new, cid)
@@ -553,13 +590,46 @@ class ClusterStore:
         return np.concatenate(out_k), np.concatenate(out_c)
 
     def remove_keys(self, seq, keys):
-        """Remove image ``seq`` from the clusters of ``keys``."""
+        """Remove image ``seq`` from the clusters of ``keys``.
+
+        As a shadow holder it only leaves; as a member, the shadows its
+        leaving uncovers become members (:meth:`_recover`).
+        """
         found_k, found_c = self.lookup(keys)
         if len(found_k) != len(keys):
             raise exception.LibraryInconsistent(
                 what='image %d has %d fingerprint keys missing from the '
                 'fingerprint table' % (seq, len(keys) - len(found_k)))
-        self._regroup(found_k, found_c, seq, False)
+        shadowed = self._drop_shadows_of(seq)
+        if shadowed:
+            member = ~fp_keys.isin(found_c, np.array(sorted(shadowed),
+                                                     dtype=np.int64))
+            found_k, found_c = found_k[member], found_c[member]
+        if len(found_k):
+            self._regroup(found_k, found_c, seq, False)
+
+    def recover_uncovered(self, image, digests=None):
+        """Make members of the shadows ``image`` no longer covers.
+
+        After ``image`` (a member of its clusters) stopped being public.
+        """
+        if digests is None:
+            digests = self.load_digests(image)
+        keys, clusters = self.key_clusters(fp_keys.image_key_set(image,
+                                                                 digests))
+        order = fp_keys.stable_order(clusters)
+        keys, clusters = keys[order], clusters[order]
+        ids = fp_keys.unique(clusters).tolist()
+        info = self._cluster_info(ids)
+        members = self._resolve(info.values())
+        shadows = self.shadows_of(ids)
+        for cid in shadows:
+            if image.seq not in set(members[cid].tolist()):
+                continue       # a shadow there itself: nothing uncovered
+            grp = keys[clusters == cid]
+            if self._uncovered(members[cid], shadows[cid]):
+                self._recover(cid, grp, members[cid], info[cid],
+                              shadows[cid])
 
     def _regroup(self, keys, clusters, seq, adding, public=False,
                  image_keys=None):
@@ -584,6 +654,7 @@ class ClusterStore:
         ids = clusters[starts].tolist()
         info = self._cluster_info(ids)
         counts = (ends - starts).tolist()
+        span = dict(zip(ids, zip(starts.tolist(), ends.tolist())))
         whole, split = [], []
         for cid, start, count in zip(ids, starts.tolist(), counts):
             if count == info[cid].n_fingerprints:
@@ -593,12 +664,23 @@ class ClusterStore:
         if not adding and split:
             raise exception.LibraryInconsistent(
                 what='image %d holds only part of a cluster' % seq)
+        shadows = {} if adding else self.shadows_of(whole)
+        if shadows:
+            # leaving: the shadows of a cluster whose public members no
+            # longer come before them all become members
+            members = self._resolve(info[c] for c in shadows)
+            for cid in list(shadows):
+                rest = members[cid][members[cid] != seq]
+                if self._uncovered(rest, shadows[cid]):
+                    lo, hi = span[cid]
+                    self._recover(cid, keys[lo:hi], rest, info[cid],
+                                  shadows.pop(cid), leaving=seq)
+                    whole.remove(cid)
         flips = {}
         if split and image_keys is not None:
             flips = self._flips(split, info, image_keys)
             split = [(cid, grp) for cid, grp in split if cid not in flips]
             whole += list(flips)
-        span = dict(zip(ids, zip(starts.tolist(), ends.tolist())))
         dest = {}
         # whole clusters: new member set = old toggled by seq
         new_hash = {cid: db_members.toggle(info[cid].members_hash, seq)
@@ -617,6 +699,9 @@ class ClusterStore:
                 lo, hi = span[cid]
                 self._sql.move(keys[lo:hi], dst)
                 self._adjust_counts({dst: hi - lo})
+                if cid in shadows:
+                    self._add_shadows([(dst, x) for x in
+                                       shadows[cid].tolist()])
                 self._drop_clusters([cid], info)
                 dest[cid] = dst
             else:
@@ -639,6 +724,180 @@ class ClusterStore:
             np.full(span[c][1] - span[c][0], d, np.int64)
             for c, d in dest.items()]
         return np.concatenate(out_k), np.concatenate(out_c)
+
+    # -- shadow holders ------------------------------------------------------
+
+    def _dominated(self, clusters, seq):
+        """Mask of ``clusters`` (one per key) image ``seq`` only shadows.
+
+        Those with a public member before ``seq``.
+        """
+        ids = fp_keys.unique(clusters)
+        cl, _low, low_pub = self.cluster_minima(ids)
+        covered = cl[(low_pub >= 0) & (low_pub < seq)]
+        return fp_keys.isin(clusters, np.sort(covered))
+
+    def _add_shadows(self, pairs):
+        """Record ``(cluster id, seq)`` shadow holders, those not yet."""
+        sh = models.ClusterShadow
+        pairs = sorted({(int(c), int(q)) for c, q in pairs})
+        have = set()
+        cids = sorted({c for c, _q in pairs})
+        for i in range(0, len(cids), 500):
+            have.update(tuple(r) for r in self.session.execute(
+                sa.select(sh.cluster_id, sh.seq).where(
+                    sh.cluster_id.in_(cids[i:i + 500]))))
+        rows = [{'cluster_id': c, 'seq': q} for c, q in pairs
+                if (c, q) not in have]
+        if rows:
+            self.session.execute(sa.insert(sh), rows)
+
+    def shadows_of(self, cluster_ids):
+        """``{cluster id: shadow seqs, ascending int64}``, those with any."""
+        sh = models.ClusterShadow
+        ids = sorted({int(c) for c in cluster_ids})
+        out = {}
+        for i in range(0, len(ids), 500):
+            for cid, seq in self.session.execute(
+                    sa.select(sh.cluster_id, sh.seq).where(
+                        sh.cluster_id.in_(ids[i:i + 500]))):
+                out.setdefault(cid, []).append(seq)
+        return {c: np.array(sorted(v), dtype=np.int64)
+                for c, v in out.items()}
+
+    def shadow_rows(self):
+        """Every ``(cluster id, seq)`` shadow holder."""
+        sh = models.ClusterShadow
+        return [tuple(r) for r in self.session.execute(
+            sa.select(sh.cluster_id, sh.seq))]
+
+    def _copy_shadows(self, pairs):
+        """Give each ``{old: new}`` cluster the old one's shadow holders.
+
+        After a split: the new cluster holds some keys of the old, and
+        all the public members before them.
+        """
+        got = self.shadows_of(pairs)
+        self._add_shadows([(pairs[c], q) for c, sh in got.items()
+                           for q in sh.tolist()])
+
+    def _drop_shadows_of(self, seq):
+        """Forget image ``seq`` as a shadow holder; its clusters, a set."""
+        sh = models.ClusterShadow
+        cids = set(self.session.execute(sa.select(sh.cluster_id).where(
+            sh.seq == seq)).scalars())
+        if cids:
+            self.session.execute(sa.delete(sh).where(sh.seq == seq))
+        return cids
+
+    def _uncovered(self, members, shadows):
+        """Whether a shadow comes before every public one of ``members``.
+
+        (Then the cluster must be :meth:`_recover` ed.)
+        """
+        if not len(shadows):
+            return False
+        public = self.public_seqs(members.tolist())
+        return not public or min(public) > int(shadows[0])
+
+    def _recover(self, cid, keys, members, row, shadows, leaving=None):
+        """Make members of the shadows of cluster ``cid`` left uncovered.
+
+        ``keys``: the cluster's keys; ``members``: its members once
+        ``leaving`` (a member, or None) has left; ``row``: its row as
+        read; ``shadows``: its shadow seqs, ascending. The shadows before
+        the first public member are read in order: each becomes a member
+        for the keys no public image before it holds, and stays a shadow
+        for the others. The keys are then grouped by their new member
+        sets, each group into the cluster of that set (found or made);
+        keys no image holds any more are deleted. The shadows not read
+        (all keys were covered before them) stay shadows of every group.
+        """
+        public = self.public_seqs(members.tolist())
+        first_public = min(public) if public else None
+        need = [q for q in shadows.tolist()
+                if first_public is None or q < first_public]
+        images = self.images_by_seq(need)
+        covered = np.zeros(len(keys), dtype=bool)
+        held, promoted = {}, []
+        for q in need:
+            if covered.all():
+                break
+            img = images[q]
+            held[q] = fp_keys.isin(keys, fp_keys.image_key_set(
+                img, self.load_digests(img)))
+            if (held[q] & ~covered).any():
+                promoted.append(q)
+            if img.visibility == 'public':
+                covered |= held[q]
+        # each key's new members: those promoted where it was uncovered
+        covered[:] = False
+        joins = np.zeros((len(keys), len(promoted)), dtype=bool)
+        for j, q in enumerate(promoted):
+            joins[:, j] = held[q] & ~covered
+            if images[q].visibility == 'public':
+                covered |= held[q]
+        unread = [q for q in shadows.tolist() if q not in held]
+        groups, inverse = np.unique(joins, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        base = members.tolist()
+        deltas, gone, moves, sets = {}, [], [], []
+        for g, pattern in enumerate(groups.tolist()):
+            sel = np.flatnonzero(inverse == g)
+            joined = [q for q, on in zip(promoted, pattern) if on]
+            new = sorted(set(base) | set(joined))
+            if not new:
+                gone.append(keys[sel])
+                continue
+            stay = [q for q in unread] + [
+                q for q in held if q not in joined and held[q][sel].any()]
+            sets.append((new, joined, sel, stay))
+        found = self._ids_by_hash(db_members.members_hash(m)
+                                  for m, _j, _s, _t in sets)
+        create = []
+        for new, joined, _sel, _stay in sets:
+            h = db_members.members_hash(new)
+            if h in found or h in {r['members_hash'] for r in create}:
+                continue
+            added, removed = row.added, row.removed
+            if leaving is not None:
+                added, removed = db_members.delta_remove(added, removed,
+                                                         leaving)
+            for q in joined:
+                added, removed = db_members.delta_add(added, removed, q)
+            pub = [q for q in new if q in public
+                   or (q in images and images[q].visibility == 'public')]
+            create.append({
+                'members_hash': h, 'n_images': len(new),
+                'n_fingerprints': 0, 'min_seq': new[0],
+                'min_public_seq': min(pub) if pub else None,
+                'base_id': row.base_id, 'added': added,
+                'removed': removed})
+        if create:
+            self._fold(create)
+            found.update(self._create_clusters(create))
+        pairs = []
+        for new, _joined, sel, stay in sets:
+            dst = found[db_members.members_hash(new)]
+            if dst != cid:
+                moves.append((keys[sel], dst))
+                deltas[dst] = deltas.get(dst, 0) + len(sel)
+                deltas[cid] = deltas.get(cid, 0) - len(sel)
+            pairs += [(dst, q) for q in stay]
+        for k, dst in moves:
+            self._sql.move(k, dst)
+        if gone:
+            dead = np.concatenate(gone)
+            self._sql.delete(dead)
+            deltas[cid] = deltas.get(cid, 0) - len(dead)
+        sh = models.ClusterShadow
+        self.session.execute(sa.delete(sh).where(sh.cluster_id == cid))
+        if -deltas.get(cid, 0) == row.n_fingerprints:
+            self._drop_clusters([cid], {cid: row})
+            deltas.pop(cid)
+        self._adjust_counts(deltas)
+        self._add_shadows(pairs)
+        self._drop_orphan_bases()
 
     def _split_off(self, splits, info, keys, seq, public):
         """Move each split cluster's keys in the image to old members + seq.
@@ -674,6 +933,7 @@ class ClusterStore:
             deltas[cid] = deltas.get(cid, 0) - len(grp)
             dest[cid] = new
         self._adjust_counts(deltas)
+        self._copy_shadows(dest)
         return dest
 
     def _flips(self, split, info, image_keys):
@@ -767,6 +1027,7 @@ class ClusterStore:
             for c, rest in flips.items()])
         for c, rest in flips.items():
             self._sql.move(rest, ids[info[c].members_hash])
+        self._copy_shadows({c: ids[info[c].members_hash] for c in flips})
         self._adjust_counts({c: -len(rest) for c, rest in flips.items()})
 
     def _relabel(self, cids, info, new_hash, seq, adding, public):

@@ -192,7 +192,7 @@ class Ahead:
         try:
             resolver = mapgen.Resolver(self.store, scope,
                                        digests={prov.seq: digests})
-            resolver.images()[prov.seq] = prov
+            resolver.register(prov)
             result = resolver.build(prov, (index.keys, clusters), index)
             version = prov.map_version + 1
             data = mapformat.encode(prov.image_id, prov.virtual_size,

@@ -2,8 +2,9 @@
 
 Recomputes, from every image's digest list, which images hold each
 fingerprint key, and compares that with the fingerprint, cluster and member
-tables. Then re-reads every current map file, checks its checksum and
-structure, and compares its extents with a freshly generated map.
+tables (each holder a member, or a shadow holder after a public member).
+Then re-reads every current map file, checks its checksum and structure,
+and compares its extents with a freshly generated map.
 
 Returns ``(problems, warnings)``: problems break an invariant; warnings are
 leftovers that harm nothing, such as a map file written by a transaction
@@ -60,6 +61,7 @@ def check(conf):
             for seq in sorted(members[cid] - set(by_seq)):
                 problems.append('cluster %d names missing image seq %d'
                                 % (cid, seq))
+        shadows = _shadows(store, clusters, members, by_seq, problems)
         counts = collections.Counter()
         actual_keys = set()
         for key, cid in rows:
@@ -72,10 +74,12 @@ def check(conf):
             want = expected.get(key)
             if want is None:
                 problems.append('fingerprint %d is in no image' % key)
-            elif want != members[cid]:
-                problems.append('fingerprint %d is in cluster %s but in '
-                                'images %s' % (key, sorted(members[cid]),
-                                               sorted(want)))
+            elif not members[cid] <= want or (
+                    want - members[cid] - shadows[cid]):
+                problems.append('fingerprint %d is in cluster %s (shadow '
+                                'holders %s) but in images %s' % (
+                                    key, sorted(members[cid]),
+                                    sorted(shadows[cid]), sorted(want)))
         missing = set(expected) - actual_keys
         if missing:
             problems.append('%d fingerprint keys of images are missing from '
@@ -104,6 +108,32 @@ def check(conf):
         problems.extend(map_problems)
         warnings = pending + _orphans(conf, images)
     return problems, warnings
+
+
+def _shadows(store, clusters, members, by_seq, problems):
+    """Each cluster's shadow holders; problems of them.
+
+    A shadow holder is an image that is not a member, after a public
+    member of the cluster (vmar_openstack.db.store, "Shadow holders").
+    """
+    shadows = collections.defaultdict(set)
+    for cid, seq in store.shadow_rows():
+        shadows[cid].add(seq)
+        if cid not in clusters:
+            problems.append('shadow holder %d of missing cluster %d'
+                            % (seq, cid))
+        elif seq not in by_seq:
+            problems.append('cluster %d names missing shadow holder %d'
+                            % (cid, seq))
+        elif seq in members[cid]:
+            problems.append('image %d is a member and a shadow holder of '
+                            'cluster %d' % (seq, cid))
+        elif not any(m < seq and m in by_seq
+                     and by_seq[m].visibility == 'public'
+                     for m in members[cid]):
+            problems.append('shadow holder %d of cluster %d has no public '
+                            'member before it' % (seq, cid))
+    return shadows
 
 
 def _runs(text, what, problems):

@@ -222,14 +222,18 @@ class Library:
                              % ', '.join(db_api.VISIBILITIES))
         with self._mutation() as (store, written):
             img = self._get(store, image_id)
-            affected = self._affected(store, img)
+            digests = store.load_digests(img)
+            affected = self._affected(store, img, digests)
+            was_public = img.visibility == 'public'
             if owner is not None:
                 img.owner = owner
             if visibility is not None:
                 img.visibility = visibility
             store.flush()
-            store.refresh_smallest(store.clusters_of_image(img))
-            affected |= self._affected(store, img)
+            store.refresh_smallest(store.clusters_of_image(img, digests))
+            if was_public and img.visibility != 'public':
+                store.recover_uncovered(img, digests)
+            affected |= self._affected(store, img, digests)
             return self._regenerate(store, written, img, affected)
 
     @db_session.retry_conflicts()
@@ -528,10 +532,14 @@ class Library:
         A member's canonical target is its smallest allowed member (itself
         at worst), so only the members after ``img`` can have it, and only
         when none of the members before it is allowed: the work is linear
-        in the members, however many a cluster has.
+        in the members, however many a cluster has. A cluster's shadow
+        holders read from its members as its members after them do.
         """
         scope = self.conf.vmar.dedup_scope
-        members = store.member_lists(store.clusters_of_image(img, digests))
+        ids = store.clusters_of_image(img, digests)
+        members = store.member_lists(ids)
+        for cid, sh in store.shadows_of(ids).items():
+            members[cid] = np.union1d(members[cid], sh)
         seqs = set()
         for m in members.values():
             seqs.update(m.tolist())

@@ -42,8 +42,7 @@ class Resolver:
         self.store = store
         self.scope = scope
         self._digests = dict(digests or {})
-        self._images = None
-        self._readable = {}     # image seq -> (sorted array, set) of seqs
+        self._images = {}       # seq -> image row, those read so far
 
     def digests(self, image):
         d = self._digests.get(image.seq)
@@ -91,7 +90,8 @@ class Resolver:
                 what='image %s: %d fingerprint keys are in no cluster of '
                 'the image' % (image.image_id, int((~ok).sum())))
         ucluster = kc_clusters[pos]
-        imgs = self.images()
+        imgs = self._images
+        imgs[image.seq] = image
         # Resolve each distinct key through the digest of its first block:
         # round r tries each pending key's r-th candidate, one batch per
         # candidate image, so the work is per image, not per cluster.
@@ -152,15 +152,29 @@ class Resolver:
             tseq[-1], tblk[-1] = image.seq, n - 1
         return self._extents(image, imgs, tseq, tblk)
 
-    def images(self):
-        """Every image of the library, by seq (read once per resolver).
+    def register(self, image):
+        """Make ``image`` known without reading it (not in the library yet)."""
+        self._images[image.seq] = image
 
-        Plain rows with the image's columns as attributes, not ORM objects,
-        which cost ten times as much to build.
+    def _load(self, seqs):
+        """Read the rows of those of image ``seqs`` not read yet.
+
+        Only the images a map reads from are read, never the whole
+        library: the work of a map does not grow with the library.
         """
-        if self._images is None:
-            self._images = {i.seq: i for i in self.store.image_rows()}
+        want = {int(s) for s in seqs} - set(self._images)
+        want.discard(-1)
+        if want:
+            self._images.update(self.store.images_by_seq(want))
         return self._images
+
+    def _allowed(self, image, seqs):
+        """Mask of those of ``seqs`` (int64 array) ``image`` may read."""
+        imgs = self._load(fp_keys.unique(seqs).tolist())
+        may = mapgen_scope.may_redirect
+        ok = {s for s in fp_keys.unique(seqs).tolist()
+              if s in imgs and may(image, imgs[s], self.scope)}
+        return fp_keys.isin(seqs, np.array(sorted(ok), dtype=np.int64))
 
     def _candidate_table(self, image, imgs, clusters):
         """Candidates of each cluster of ``image``, smallest seq first.
@@ -179,7 +193,6 @@ class Resolver:
         """
         clusters = np.asarray(clusters, dtype=np.int64)
         real = clusters >= 0      # NO_CLUSTER: keys new to the library
-        allowed = self._may_read(image, imgs)[0]
         cl, low, low_pub = self.store.cluster_minima(clusters[real])
         pos = np.searchsorted(clusters, cl)
         if len(cl) != real.sum() or not np.array_equal(clusters[pos], cl):
@@ -188,17 +201,16 @@ class Resolver:
                 % image.image_id)
         # the image itself holds every key of its clusters
         best = np.full(len(clusters), image.seq, np.int64)
-        best[pos] = np.where(fp_keys.isin(low, allowed), low, best[pos])
-        best[pos] = np.minimum(best[pos], np.where(
-            fp_keys.isin(low_pub, allowed), low_pub, best[pos]))
+        low_ok = self._allowed(image, low)
+        pub_ok = self._allowed(image, low_pub)
+        best[pos] = np.where(low_ok, low, best[pos])
+        best[pos] = np.minimum(best[pos], np.where(pub_ok, low_pub,
+                                                   best[pos]))
         # a public smallest member this image may not read (another block
         # size, say): the next public member may qualify; read the lists
         exact = np.zeros(len(clusters), dtype=bool)
-        exact[pos] = (low_pub >= 0) & ~fp_keys.isin(low_pub, allowed) & (
-            best[pos] > low_pub)
-        others = np.array(sorted(
-            s for s in allowed.tolist() if s < image.seq
-            and imgs[s].visibility != 'public'), dtype=np.int64)
+        exact[pos] = (low_pub >= 0) & ~pub_ok & (best[pos] > low_pub)
+        others = self._private_readable(image, int(best.max(initial=-1)))
         todo = real & ~exact & (best > (others[0] if len(others) else best))
         if todo.any():
             # the member lists of those clusters, for their smallest member
@@ -218,30 +230,29 @@ class Resolver:
         seqs[seqs[:, 0] != image.seq, 1] = image.seq
         return _Table(clusters, seqs)
 
-    def _may_read(self, image, imgs):
-        """The seqs ``image`` may read from: (sorted array, set).
+    def _private_readable(self, image, below):
+        """Private images before ``below`` that ``image`` may read, sorted.
 
-        Worked out once per image and resolver (``imgs`` is the resolver's
-        :meth:`images`): it checks every image of the library.
+        Under ``project`` scope, its owner's other images; under ``global``
+        every cluster's smallest member is readable already, and under
+        ``public`` no other private image is: none to look for.
         """
-        got = self._readable.get(image.seq)
-        if got is None:
-            may = mapgen_scope.may_redirect
-            seqs = sorted(s for s, t in imgs.items()
-                          if may(image, t, self.scope))
-            got = self._readable[image.seq] = (
-                np.array(seqs, dtype=np.int64), frozenset(seqs))
-        return got
+        if self.scope != 'project' or image.owner is None:
+            return np.zeros(0, dtype=np.int64)
+        seqs = self.store.private_seqs(image.owner, below)
+        if not len(seqs):
+            return seqs
+        return seqs[self._allowed(image, seqs)]
 
     def _full_candidates(self, image, imgs, cluster):
         """Every member of ``cluster`` that ``image`` may read, ascending.
 
         The image itself is one, whether or not it is a member yet.
         """
-        members = self.store.cluster_members([cluster])
-        allowed = self._may_read(image, imgs)[1]
-        return sorted((members.get(cluster, frozenset()) & allowed)
-                      | {image.seq})
+        members = self.store.member_lists([cluster]).get(
+            cluster, np.zeros(0, dtype=np.int64))
+        members = members[self._allowed(image, members)]
+        return sorted(set(members.tolist()) | {image.seq})
 
     def _resolve(self, grp, cands, imgs, udig, u_tseq, u_tblk):
         pending = grp
@@ -259,6 +270,7 @@ class Resolver:
     def _extents(self, image, imgs, tseq, tblk):
         mapped = np.flatnonzero(tseq >= 0)
         target_seqs = fp_keys.unique(tseq[mapped]).tolist()
+        imgs = self._load(target_seqs)
         targets = [mapformat.Target(imgs[s].image_id, imgs[s].virtual_size,
                                     s == image.seq) for s in target_seqs]
         if not len(mapped):
