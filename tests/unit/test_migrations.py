@@ -376,7 +376,8 @@ class TestMigration0018(MigrationTestCase):
         with db_session.reader(self.conf) as s:
             store = db_store.ClusterStore(s)
             self.assertEqual([], store.shadow_rows())
-            self.assertEqual([1], store.private_seqs('p1', 3).tolist())
-            self.assertEqual([], store.private_seqs('p1', 1).tolist())
+            (one,) = store.images_by_seq([1]).values()
+            self.assertEqual([1], store.private_seqs(one, 3).tolist())
+            self.assertEqual([], store.private_seqs(one, 1).tolist())
         self.assertIn('ix_vmar_images_owner', [i['name'] for i in sa.inspect(
             engine).get_indexes('vmar_images')])

@@ -127,17 +127,22 @@ class ClusterStore:
                 img.visibility == 'public')).scalars())
         return out
 
-    def private_seqs(self, owner, below):
-        """Seqs of ``owner``'s images that are not public, before ``below``.
+    def private_seqs(self, image, below):
+        """Seqs of the owner's other images ``image`` may read, < ``below``.
 
-        Ascending int64 (through the owner's index: a map reads its owner's
-        images, never the library's).
+        Those that are not public, in its key space and active, ascending
+        int64: what ``project`` scope adds to the public images
+        (:func:`vmar_openstack.mapgen.may_redirect`). Through the owner's
+        index: a map reads its owner's images, never the library's.
         """
         img = models.Image
         return np.array(self.session.execute(
-            sa.select(img.seq).where(img.owner == owner,
-                                     img.visibility != 'public',
-                                     img.seq < below)
+            sa.select(img.seq).where(
+                img.owner == image.owner, img.visibility != 'public',
+                img.seq < below, img.state == 'active',
+                img.space_key == image.space_key,
+                img.algorithm == image.algorithm,
+                img.block_size == image.block_size)
             .order_by(img.seq)).scalars().all(), dtype=np.int64)
 
     def list_images(self):
@@ -742,11 +747,10 @@ class ClusterStore:
         sh = models.ClusterShadow
         pairs = sorted({(int(c), int(q)) for c, q in pairs})
         have = set()
-        cids = sorted({c for c, _q in pairs})
-        for i in range(0, len(cids), 500):
+        for i in range(0, len(pairs), 500):
             have.update(tuple(r) for r in self.session.execute(
                 sa.select(sh.cluster_id, sh.seq).where(
-                    sh.cluster_id.in_(cids[i:i + 500]))))
+                    sa.tuple_(sh.cluster_id, sh.seq).in_(pairs[i:i + 500]))))
         rows = [{'cluster_id': c, 'seq': q} for c, q in pairs
                 if (c, q) not in have]
         if rows:

@@ -228,6 +228,7 @@ class Resolver:
         seqs = np.full((len(clusters), 2), -1, dtype=np.int64)
         seqs[:, 0] = best
         seqs[seqs[:, 0] != image.seq, 1] = image.seq
+        self._load(fp_keys.unique(seqs.ravel()).tolist())
         return _Table(clusters, seqs)
 
     def _private_readable(self, image, below):
@@ -239,10 +240,7 @@ class Resolver:
         """
         if self.scope != 'project' or image.owner is None:
             return np.zeros(0, dtype=np.int64)
-        seqs = self.store.private_seqs(image.owner, below)
-        if not len(seqs):
-            return seqs
-        return seqs[self._allowed(image, seqs)]
+        return self.store.private_seqs(image, below)
 
     def _full_candidates(self, image, imgs, cluster):
         """Every member of ``cluster`` that ``image`` may read, ascending.
