@@ -177,14 +177,18 @@ class PeerReader:
         if offset % block_size:
             return None
         check = (block_size, rows)
+        lead = self.lead(image_id)
+        if lead is not None and (
+                not self.lead_wait or self.clock() < self.no_wait_until.get(
+                    (lead, image_id), 0)):
+            lead = None     # not waited for: asked as any other holder
         for peer in self.candidates(image_id):
+            if peer == lead:
+                continue    # asked last, and waited for
             data = self._verified(peer, image_id, offset, length, check)
             if data is not None:
                 return data
-        lead = self.lead(image_id)
-        if (lead is None or not self.lead_wait
-                or self.clock() < self.no_wait_until.get((lead, image_id),
-                                                         0)):
+        if lead is None:
             return None
         return self._verified(lead, image_id, offset, length, check,
                               wait=self.lead_wait)
@@ -319,10 +323,10 @@ class PeerReader:
                 self._idle.setdefault(key, []).append(h)
             self._pool.notify()
 
-    def _connect(self, peer, image_id, made):
+    def _connect(self, peer, image_id):
         """A new connection to ``peer`` for ``image_id``.
 
-        ``made`` gets it first: one that times out is still closed.
+        One that times out is closed when its handle goes.
         """
         import nbd      # python3-libnbd: only where peers are configured
         h = nbd.NBD()
@@ -330,7 +334,6 @@ class PeerReader:
         h.set_tls_certificates(self.tls_dir)
         h.set_export_name(image_id)
         h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
-        made.append(h)
         h.aio_connect_tcp(peer[0], str(peer[1]))
         self._wait(h, h.aio_is_ready)
         return h
@@ -420,10 +423,10 @@ class PeerReader:
             # every connection to it busy that long: the store, this time
             self._count(not_held=1)
             return None
-        made, keep = [h], None
+        keep = None
         try:
             if h is None:
-                h = self._connect(peer, image_id, made)
+                h = self._connect(peer, image_id)
             held = self._holds(h, nbd, offset, length) or (
                 wait and self._wait_for(peer, image_id, h, nbd, offset,
                                         length, wait))
