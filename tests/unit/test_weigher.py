@@ -478,6 +478,13 @@ class TestLeads(HoldingsTestCase):
         self.assertEqual(['h3'], lead('x'))
         self.assertEqual(['h3'], lead('x'))
         self.assertEqual(7, self.reports.counts()['vmar_fetch_leads'])
+        # a forgotten lead passes its followers on to its own lead
+        self.assertTrue(self.reports.forget('h1'))
+        self.assertEqual({'h3': ['h0'], 'h4': ['h0'], 'h5': ['h2']},
+                         {h: lead(h) for h in ('h3', 'h4', 'h5')})
+        self.assertTrue(self.reports.forget('h0'))
+        self.assertEqual({'h2': [], 'h3': ['h2'], 'h6': ['h2']},
+                         {h: lead(h) for h in ('h2', 'h3', 'h6')})
 
     def test_a_lead_lasts_its_time(self):
         self.conf.set_override('holder_max_age', 60, group='vmar_agent')

@@ -257,35 +257,57 @@ class HostReports:
         no burst.
         """
         fl, hr = models.FetchLead, models.HostReport
+        base_id = str(base_id)
         now = models.utcnow()
         with db_session.writer(self.conf) as s:
-            rows = s.execute(sa.select(fl).where(fl.base_id == str(base_id))
-                             .order_by(fl.seq).with_for_update()
-                             ).scalars().all()
-            if rows and rows[0].since < now - ttl:
-                s.execute(sa.delete(fl).where(fl.base_id == str(base_id)))
-                rows = []
-            if not rows and not name:
+            # the first place, locked: askers of one base take turns
+            first = s.execute(sa.select(fl).where(fl.base_id == base_id)
+                              .order_by(fl.seq).limit(1).with_for_update()
+                              ).scalars().first()
+            if first is not None and first.since < now - ttl:
+                s.execute(sa.delete(fl).where(fl.base_id == base_id))
+                first = None
+            if first is None and not name:
                 return None
-            hosts = [r.host for r in rows]
-            if host in hosts:
-                place = hosts.index(host)
-            else:
-                place = len(hosts)
+            seq = s.execute(sa.select(fl.seq).where(
+                fl.base_id == base_id, fl.host == host)).scalar()
+            if seq is None:
+                seq = 0 if first is None else s.execute(
+                    sa.select(sa.func.max(fl.seq)).where(
+                        fl.base_id == base_id)).scalar() + 1
                 serves = s.execute(sa.select(hr.peer_address).where(
                     hr.host == host)).scalar_one_or_none()
                 if serves is not None:
-                    s.add(fl(base_id=str(base_id), host=host, since=now,
-                             seq=rows[-1].seq + 1 if rows else 0))
+                    s.add(fl(base_id=base_id, host=host, since=now,
+                             seq=seq))
                     s.flush()
-            if not place:
+            lead = self._lead_of(s, base_id, seq, first, fanout)
+            if lead is None:
                 return None
-            lead = hosts[(place - 1) // fanout]
             r = s.execute(sa.select(hr.peer_address, hr.load_per_cpu).where(
                 hr.host == lead)).one_or_none()
             if r is None or r.peer_address is None:
                 return None
             return Holder(lead, r.peer_address, 0, r.load_per_cpu)
+
+    @staticmethod
+    def _lead_of(s, base_id, seq, first, fanout):
+        """The host at the lead of place ``seq``; None for the first.
+
+        A place whose host was forgotten (``hosts forget``) passes its
+        followers on to its own lead, up to the first place left. A row
+        or two per question, however many hosts a burst has.
+        """
+        fl = models.FetchLead
+        while first is not None and seq > first.seq:
+            seq = (seq - 1) // fanout
+            if seq <= first.seq:
+                return first.host
+            host = s.execute(sa.select(fl.host).where(
+                fl.base_id == base_id, fl.seq == seq)).scalar()
+            if host is not None:
+                return host
+        return None
 
     def shares(self, image_id):
         """``{host: share}`` of ``image_id``'s canonical blocks each holds.
