@@ -746,6 +746,9 @@ def run_library(args):
     # the most shared cluster, and a map built against it
     with db_session.reader(conf) as s:
         result['largest_cluster_members'] = db_api.largest_cluster(s)
+        result['rows'] = db_api.row_counts(s, ('vmar_clusters',
+                                               'vmar_cluster_shadows',
+                                               'vmar_fingerprints'))
     t = time.perf_counter()
     lib.remap(ids[-1])
     result['remap_s'] = time.perf_counter() - t
@@ -832,8 +835,11 @@ def library_report(r):
     print('database: %.1f MiB for %d images: %.1f KiB per image' % (
         sum(last.values()) / 2 ** 20, max(r['sizes']),
         sum(last.values()) / 1024 / max(r['sizes'])))
-    print('largest cluster: %d members; a map built against it: %.2f s' % (
+    print('largest cluster: %d holders; a map built against it: %.2f s' % (
         r['largest_cluster_members'], r['remap_s']))
+    if 'rows' in r:
+        print('rows: %s' % ', '.join('%s %d' % kv
+                                     for kv in sorted(r['rows'].items())))
     d = r['delete_canonical']
     print('delete of the most shared canonical image: %.1f s, %d maps '
           'rewritten in its transaction, %d left pending ([vmar] '

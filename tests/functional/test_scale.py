@@ -73,6 +73,14 @@ class TestLibrary(testtools.TestCase):
         self.assertGreater(delete['pending'], 0)
         self.assertEqual(delete['pending'], res['pending_rewrite']['maps'])
         self.assertGreater(res['largest_cluster_members'], 10)
+        # snapshots and derived images of public images do not split
+        # their clusters (shadow holders): about a cluster per image,
+        # where each snapshot cut its parent's clusters (2,000 an image
+        # at 10,000 images, and as many rows an add updated)
+        self.assertLessEqual(res['rows']['vmar_clusters'],
+                             1.1 * res['images'])
+        self.assertGreater(res['rows']['vmar_cluster_shadows'],
+                           res['images'])
 
 
 class TestWriters(testtools.TestCase):

@@ -69,6 +69,13 @@ def database_bytes(session):
     return {t: int(n) for t, n in rows}
 
 
+def row_counts(session, tables):
+    """``{table: rows}`` of the library's ``tables`` (bench and stats)."""
+    return {t: session.execute(sa.text('SELECT COUNT(*) FROM %s' % t))
+            .scalar() for t in tables
+            if t in sa.inspect(session.get_bind()).get_table_names()}
+
+
 def largest_cluster(session):
     """Holders of the cluster most images share (0 without clusters).
 
