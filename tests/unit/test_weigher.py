@@ -573,6 +573,18 @@ class TestWeigher(HoldingsTestCase):
         self.assertEqual([('h2', 5.0), ('h1', 3.333), ('h0', 0.0)],
                          self.weighed(self.spec()))
 
+    def test_the_option_is_read_at_each_request(self):
+        w = weigher.VmarWeigher()
+        handler = weights.HostWeightHandler()
+        for m in (5.0, 2.0):
+            vmar_conf.CONF.set_override('weight_multiplier', m,
+                                        group='vmar_scheduler')
+            got = [(o.obj.host, round(o.weight, 3)) for o in
+                   handler.get_weighed_objects([w], self.hosts,
+                                               self.spec())]
+            self.assertEqual([('h2', m), ('h1', round(m * 2 / 3, 3)),
+                              ('h0', 0.0)], got)
+
     def test_aggregate_multiplier_overrides_the_option(self):
         self.hosts[1].aggregates = [objects.Aggregate(
             metadata={'vmar_weight_multiplier': '9'})]

@@ -66,6 +66,9 @@ class VmarWeigher(weights.BaseHostWeigher):
         # several threads at once: no per-request state on the object
         self._lock = threading.Lock()
         self._failed_until = 0.0
+        # the configured multiplier, read once per request: Nova asks for
+        # each host's, a thousand configuration lookups a request
+        self._multiplier = CONF.vmar_scheduler.weight_multiplier
         if not db_session.configured(CONF):
             LOG.error('vmar weigher: [vmar_database] connection is not set '
                       'in nova-scheduler\'s configuration; every host '
@@ -73,11 +76,11 @@ class VmarWeigher(weights.BaseHostWeigher):
 
     def weight_multiplier(self, host_state):
         return utils.get_weight_multiplier(
-            host_state, 'vmar_weight_multiplier',
-            CONF.vmar_scheduler.weight_multiplier)
+            host_state, 'vmar_weight_multiplier', self._multiplier)
 
     def weigh_objects(self, weighed_obj_list, weight_properties):
         """Look the image's holders up once, then weigh every host."""
+        self._multiplier = CONF.vmar_scheduler.weight_multiplier
         shares = self.shares(weight_properties)
         return [shares.get(o.obj.host, 0.0) for o in weighed_obj_list]
 
