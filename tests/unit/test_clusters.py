@@ -428,6 +428,22 @@ class TestShadows(base.LibraryTestCase):
         for n in range(3, 9):
             self.assertIn(_uuid(1), self._reads(n))
 
+    def test_made_private_when_a_recovery_joins_another_cluster(self):
+        # X's keys: 10 (with T), 20 and 30 (its own; T shadows 30 behind
+        # X), W shadows 10 behind X. X made private: T joins 30, which
+        # moves into the cluster of {X, T}, the next cluster to recover
+        # (found by a review: the keys of it were read before the move)
+        self._add(1, [30], 'public')
+        self._add(2, [10, 20, 30], owner='o')
+        self._add(3, [10, 30], owner='o')
+        self.lib.update_metadata(_uuid(2), visibility='public')
+        self.lib.delete(_uuid(1))
+        self._add(4, [10], owner='o')
+        self.assertEqual([], check.check(self.conf)[0])
+        self.lib.update_metadata(_uuid(2), visibility='private')
+        self.assertEqual([], check.check(self.conf)[0])
+        self.assertEqual({}, self._state()[2])
+
     def test_new_content_of_the_public_holder(self):
         self._family(6)
         self.lib.update_content(_uuid(1), self.image('new', range(200, 264)))

@@ -617,24 +617,26 @@ class ClusterStore:
         """Make members of the shadows ``image`` no longer covers.
 
         After ``image`` (a member of its clusters) stopped being public.
+        One cluster at a time, read again after each: a recovery can move
+        keys into another cluster of the image (the one with the new
+        member set).
         """
         if digests is None:
             digests = self.load_digests(image)
-        keys, clusters = self.key_clusters(fp_keys.image_key_set(image,
-                                                                 digests))
-        order = fp_keys.stable_order(clusters)
-        keys, clusters = keys[order], clusters[order]
-        ids = fp_keys.unique(clusters).tolist()
-        info = self._cluster_info(ids)
-        members = self._resolve(info.values())
-        shadows = self.shadows_of(ids)
-        for cid in shadows:
-            if image.seq not in set(members[cid].tolist()):
-                continue       # a shadow there itself: nothing uncovered
-            grp = keys[clusters == cid]
-            if self._uncovered(members[cid], shadows[cid]):
-                self._recover(cid, grp, members[cid], info[cid],
-                              shadows[cid])
+        image_keys = fp_keys.image_key_set(image, digests)
+        while True:
+            keys, clusters = self.key_clusters(image_keys)
+            shadows = self.shadows_of(fp_keys.unique(clusters).tolist())
+            info = self._cluster_info(list(shadows))
+            members = self._resolve(info.values())
+            todo = [cid for cid in sorted(shadows)
+                    if image.seq in set(members[cid].tolist())
+                    and self._uncovered(members[cid], shadows[cid])]
+            if not todo:
+                return
+            cid = todo[0]
+            self._recover(cid, keys[clusters == cid], members[cid],
+                          info[cid], shadows[cid])
 
     def _regroup(self, keys, clusters, seq, adding, public=False,
                  image_keys=None):
