@@ -617,9 +617,9 @@ class ClusterStore:
         """Make members of the shadows ``image`` no longer covers.
 
         After ``image`` (a member of its clusters) stopped being public.
-        One cluster at a time, read again after each: a recovery can move
-        keys into another cluster of the image (the one with the new
-        member set).
+        A recovery can move keys into another cluster of the image (the
+        one with the new member set): the clusters are read again before
+        the next one then, and only then.
         """
         if digests is None:
             digests = self.load_digests(image)
@@ -634,9 +634,11 @@ class ClusterStore:
                     and self._uncovered(members[cid], shadows[cid])]
             if not todo:
                 return
-            cid = todo[0]
-            self._recover(cid, keys[clusters == cid], members[cid],
-                          info[cid], shadows[cid])
+            for i, cid in enumerate(todo):
+                moved = self._recover(cid, keys[clusters == cid],
+                                      members[cid], info[cid], shadows[cid])
+                if moved & set(todo[i + 1:]):
+                    break       # read again: a later one gained keys
 
     def _regroup(self, keys, clusters, seq, adding, public=False,
                  image_keys=None):
@@ -818,6 +820,7 @@ class ClusterStore:
         sets, each group into the cluster of that set (found or made);
         keys no image holds any more are deleted. The shadows not read
         (all keys were covered before them) stay shadows of every group.
+        Returns the other clusters keys moved into.
         """
         public = self.public_seqs(members.tolist())
         first_public = min(public) if public else None
@@ -882,9 +885,10 @@ class ClusterStore:
         if create:
             self._fold(create)
             found.update(self._create_clusters(create))
-        pairs = []
+        pairs, dests = [], set()
         for new, _joined, sel, stay in sets:
             dst = found[db_members.members_hash(new)]
+            dests.add(dst)
             if dst != cid:
                 moves.append((keys[sel], dst))
                 deltas[dst] = deltas.get(dst, 0) + len(sel)
@@ -904,6 +908,7 @@ class ClusterStore:
         self._adjust_counts(deltas)
         self._add_shadows(pairs)
         self._drop_orphan_bases()
+        return dests - {cid}
 
     def _split_off(self, splits, info, keys, seq, public):
         """Move each split cluster's keys in the image to old members + seq.
