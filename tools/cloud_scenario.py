@@ -49,6 +49,15 @@ PROBE = re.compile(r'VMAR-PROBE ((?:\w+=\d+ ?)+)')
 VMAR_PREFIX = ('vmar-map-',)
 
 
+def _args(pid):
+    """A process's command line, cut short, for a failure's message."""
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as f:
+            return f.read(200).replace(b'\0', b' ').decode(errors='replace')
+    except (OSError, TypeError) as e:
+        return 'unknown (%s)' % e
+
+
 class ScenarioError(AssertionError):
     pass
 
@@ -516,9 +525,11 @@ class UserPath(Scenario):
             g = self.wait('vm-p\'s QEMU to give back %d MiB' % (
                 RETURNED_MIN >> 20), returned, timeout=180)
         except ScenarioError as e:
+            view = seen.get('view') or {}
             raise ScenarioError('%s; the daemon\'s last view of vm-p: %s; '
-                                '%s' % (e, seen.get('view'),
-                                        self._guest_said('vm-p')))
+                                'its qemu_pid runs %r; %s' % (
+                                    e, view, _args(view.get('qemu_pid')),
+                                    self._guest_said('vm-p')))
         self.echo('  vm-p: the host got %d MiB back (guest RAM it holds '
                   '%d MiB now); vmar-guest dropped %d MiB, reporting order '
                   '%s' % (g['returned_bytes'] >> 20, g['resident_bytes'] >> 20,

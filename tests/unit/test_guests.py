@@ -9,6 +9,8 @@ the real vmar-guest in a guest.
 import mmap
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -179,6 +181,39 @@ class TestGuestRam(testtools.TestCase):
 
     def test_a_process_without_guest_ram(self):
         self.assertIsNone(guests.guest_ram_resident(1 << 30))
+
+
+class TestQemuOf(testtools.TestCase):
+    """Which process is a server's QEMU: the one naming it, as libvirt's."""
+
+    def qemu(self, instance):
+        """A process with a command line like a QEMU libvirt started."""
+        p = subprocess.Popen([sys.executable, '-c', 'import time; '
+                              'time.sleep(60)', '-uuid', instance])
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        for _ in range(200):        # until it has exec'd
+            if guests._runs(p.pid, instance.encode()):
+                return p.pid
+            time.sleep(0.01)
+        self.fail('the stand-in QEMU did not start')
+
+    def test_the_peer_when_it_names_the_server(self):
+        instance = str(uuid.uuid4())
+        pid = self.qemu(instance)
+        self.assertEqual(pid, guests.qemu_of(instance, pid))
+
+    def test_the_process_naming_the_server_over_another_peer(self):
+        # SO_PEERCRED names whoever called listen(): here not the QEMU
+        instance = str(uuid.uuid4())
+        pid = self.qemu(instance)
+        self.assertEqual(pid, guests.qemu_of(instance, os.getpid()))
+        self.assertEqual(pid, guests.qemu_of(instance, 1 << 30))
+
+    def test_the_peer_when_no_process_names_the_server(self):
+        self.assertEqual(os.getpid(),
+                         guests.qemu_of(str(uuid.uuid4()), os.getpid()))
+        self.assertIsNone(guests.qemu_of(str(uuid.uuid4())))
 
 
 class FakeGuest:

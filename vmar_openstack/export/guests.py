@@ -29,14 +29,15 @@ host's and each guest's own:
 
 ``private`` servers are always told ``private``.
 
-What the host sees of each server comes from the QEMU at the other end of
-its socket (``SO_PEERCRED``): the guest RAM the host holds (the resident
-bytes of QEMU's RAM mappings, :func:`guest_ram_resident`) and what the
-guest gave back since its peak (the highest of those the daemon sampled,
-less now: free page reporting discards guest pages). Not ``VmHWM -
-VmRSS``: the QEMU's own memory grows beside the guest's (under TCG its
-translation buffer, hundreds of MiB), which hides what the guest gave
-back.
+What the host sees of each server comes from its QEMU (:func:`qemu_of`:
+the process at the other end of its socket, ``SO_PEERCRED``, when its
+command line names the server; else the QEMU that does): the guest RAM
+the host holds (the resident bytes of QEMU's RAM mappings,
+:func:`guest_ram_resident`) and what the guest gave back since its peak
+(the highest of those the daemon sampled, less now: free page reporting
+discards guest pages). Not ``VmHWM - VmRSS``: the QEMU's own memory grows
+beside the guest's (under TCG its translation buffer, hundreds of MiB),
+which hides what the guest gave back.
 """
 
 import collections
@@ -123,6 +124,41 @@ def guest_ram_resident(pid):
     except (OSError, ValueError, IndexError):
         return None
     return total if found else None
+
+
+def _cmdline(pid):
+    """The arguments of a process; () if it is gone."""
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as f:
+            return tuple(f.read().split(b'\0'))
+    except OSError:
+        return ()
+
+
+def _runs(pid, uuid):
+    """Whether process ``pid`` is the QEMU of the domain ``uuid``."""
+    args = _cmdline(pid)
+    return any(a == b'-uuid' and b == uuid
+               for a, b in zip(args, args[1:]))
+
+
+def qemu_of(instance, pid=None):
+    """The pid of the QEMU that runs server ``instance``.
+
+    ``pid``, the socket's peer, is taken when its command line names the
+    server (libvirt gives QEMU ``-uuid``, Nova's instance UUID), or when
+    no process's does (a QEMU libvirt did not start); else the process
+    whose command line does. ``SO_PEERCRED`` names the process that
+    called listen(), which need not be the QEMU that holds the socket
+    now: one that opened it and passed it on, or a pid number used again.
+    """
+    uuid = instance.encode()
+    if pid and _runs(pid, uuid):
+        return pid
+    for name in os.listdir('/proc'):
+        if name.isdigit() and _runs(int(name), uuid):
+            return int(name)
+    return pid
 
 
 def read_meminfo(path='/proc/meminfo', key='MemAvailable'):
@@ -283,13 +319,17 @@ class Channel:
             s.close()
             return False
         s.setblocking(False)
-        self.pid = api.peer(s)[0]
+        peer = api.peer(s)[0]
+        self.pid = qemu_of(self.instance, peer)
         self.sock = s
         self.connected_at = now
         self.sent_mode = self.sent_at = None
         self.ram = self.ram_peak = None     # perhaps another QEMU now
-        LOG.info('guest channel of %s (%s) connected, QEMU pid %d',
-                 self.instance, self.flavor_mode, self.pid)
+        LOG.info('guest channel of %s (%s) connected, QEMU pid %s%s',
+                 self.instance, self.flavor_mode, self.pid,
+                 '' if self.pid == peer else
+                 ' (the socket\'s peer is pid %d, %r)' % (
+                     peer, b' '.join(_cmdline(peer))[:80]))
         return True
 
     def close(self):
@@ -345,8 +385,18 @@ class Channel:
         return True
 
     def sample_memory(self):
-        """Read the guest RAM its QEMU holds; keep the highest seen."""
+        """Read the guest RAM its QEMU holds; keep the highest seen.
+
+        A QEMU whose RAM cannot be read is looked for again.
+        """
         self.ram = guest_ram_resident(self.pid) if self.pid else None
+        if self.ram is None and self.sock is not None:
+            pid = qemu_of(self.instance, self.pid)
+            if pid != self.pid:
+                LOG.info('guest channel of %s: its QEMU is pid %s, not %s',
+                         self.instance, pid, self.pid)
+                self.pid, self.ram_peak = pid, None
+                self.ram = guest_ram_resident(pid) if pid else None
         if self.ram is not None:
             self.ram_peak = max(self.ram_peak or 0, self.ram)
 
