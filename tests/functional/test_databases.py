@@ -114,6 +114,15 @@ class TestMigration0018PostgreSQL(PostgreSQL,
     pass
 
 
+class TestMigration0019MariaDB(MariaDB, test_migrations.TestMigration0019):
+    pass
+
+
+class TestMigration0019PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0019):
+    pass
+
+
 class TestMigration0006MariaDB(MariaDB, test_migrations.TestMigration0006):
     pass
 

@@ -381,3 +381,20 @@ class TestMigration0018(MigrationTestCase):
             self.assertEqual([], store.private_seqs(one, 1).tolist())
         self.assertIn('ix_vmar_images_owner', [i['name'] for i in sa.inspect(
             engine).get_indexes('vmar_images')])
+
+
+class TestMigration0019(MigrationTestCase):
+    """Each base's holders come from one index, and shares stand."""
+
+    def test_the_index_covers_the_weighers_read(self):
+        migration.upgrade('0018', conf=self.conf)
+        reports = db_hosts.HostReports(self.conf)
+        reports.record('h1', [], {'b1': None})
+        migration.upgrade('head', conf=self.conf)
+        engine = db_session.get_engine(self.conf)
+        indexes = {i['name']: i['column_names'] for i in sa.inspect(
+            engine).get_indexes('vmar_host_shares')}
+        self.assertEqual(['base_id', 'host', 'share'],
+                         indexes['ix_vmar_host_shares_base_id_host_share'])
+        self.assertNotIn('ix_vmar_host_shares_base_id', indexes)
+        self.assertEqual({'b1': {'h1': 1.0}}, reports.base_shares(['b1']))

@@ -102,6 +102,28 @@ class TestShares(HoldingsTestCase):
         self.reports.record('serves-b', [], {})
         self.assertNotIn('serves-b', self.reports.shares(A))
 
+    def test_host_names_with_the_separators_of_a_group(self):
+        # each base's holders and each version's hosts come as one string
+        # per group; a name that would cut it wrongly is read row by row
+        for host in ('a,b', 'c d', 'e f,g', 'plain'):
+            self.reports.record(host, [(B, 1)] if host != 'plain' else [],
+                                {A: 2})
+        shares = self.reports.shares(B)
+        self.assertEqual({'a,b', 'c d', 'e f,g'},
+                         {h for h, f in shares.items() if f == 1.0})
+        self.assertAlmostEqual(1 / 3, shares['plain'])
+        self.assertEqual({'a,b': 0.5, 'c d': 0.5, 'e f,g': 0.5,
+                          'plain': 0.5}, self.reports.base_shares([A])[A])
+
+    def test_shares_keep_the_precision_they_are_stored_with(self):
+        # a third: MariaDB writes its FLOAT as text with 6 digits
+        self.lib.add(C, self.image('c', [7, 8, 9]), visibility='public')
+        self.reports.record('h', [], {C: 1})
+        self.assertAlmostEqual(1 / 3, self.reports.base_shares([C])[C]['h'],
+                               places=7)
+        self.assertAlmostEqual(1 / 3, self.reports.shares(C)['h'],
+                               places=7)
+
     def test_unknown_images_and_forgotten_hosts(self):
         self.reports.record('h', [], {A: None})
         self.assertEqual({}, self.reports.shares(C))
@@ -620,9 +642,9 @@ class TestWeigher(HoldingsTestCase):
         calls = []
         real = db_hosts.HostReports.shares
 
-        def counted(reports, image_id):
+        def counted(reports, image_id, *args):
             calls.append(image_id)
-            return real(reports, image_id)
+            return real(reports, image_id, *args)
         self.useFixture(fixtures.MockPatchObject(
             db_hosts.HostReports, 'shares', counted))
         for _ in range(3):

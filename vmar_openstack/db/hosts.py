@@ -17,9 +17,34 @@ import dataclasses
 import datetime
 
 import sqlalchemy as sa
+from sqlalchemy.ext import compiler as sa_compiler
 
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
+
+
+class _joined(sa.sql.functions.GenericFunction):
+    """The strings of a group joined with ``,``, as one string."""
+    type = sa.String()
+    inherit_cache = True
+
+
+@sa_compiler.compiles(_joined)
+def _group_concat(element, compiler, **kw):     # MariaDB, SQLite
+    return 'group_concat(%s)' % compiler.process(element.clauses, **kw)
+
+
+@sa_compiler.compiles(_joined, 'postgresql')
+def _string_agg(element, compiler, **kw):
+    return "string_agg(%s, ',')" % compiler.process(element.clauses, **kw)
+
+
+def _exact(column):
+    """A float column as text that reads back as the value it holds.
+
+    Through a double: MariaDB writes a ``FLOAT`` as text with 6 digits.
+    """
+    return sa.cast(sa.cast(column, sa.Double), sa.String)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,56 +356,105 @@ class HostReports:
         Hosts holding none of them are left out; empty if the image is
         unknown, has no map yet or its map predates the per-target counts.
         """
-        hs, he, mt, im = (models.HostShare, models.HostExport,
-                          models.MapTarget, models.Image)
         with db_session.reader(self.conf) as s:
-            # the blocks the current map reads from each base
-            rows = s.execute(
-                sa.select(im.map_version, mt.target_id, mt.blocks)
-                .join(mt, sa.and_(mt.seq == im.seq,
-                                  mt.version == im.map_version))
-                .where(im.image_id == image_id)).all()
-            need = {r.target_id: r.blocks for r in rows}
-            total = sum(need.values())
-            if not total:
+            current, need = self._reads(s, image_id)
+            if not sum(need.values()):
                 return {}
-            current = rows[0].map_version
-            # One row per host, summed by the database from what each
-            # report worked out: at a thousand hosts the rows a driver
-            # parses and the joins were the lookup's cost (issue 35,
-            # bench/bench_scale.py hosts). The hosts exporting the image's
-            # current map version (its servers': at a popular image,
-            # hundreds) are flagged on their row: they hold what it reads
-            # whole.
-            cur = sa.and_(he.host == hs.host, he.image_id == image_id,
-                          he.map_version == current)
+            by_base = self._base_shares(s, need)
+            exports = self._exports(s, image_id)
+            total = sum(need.values())
             held = {}
-            for host, blocks, server in s.execute(
-                    sa.select(hs.host, sa.func.sum(
-                        sa.case(need, value=hs.base_id, else_=0) * hs.share),
-                        sa.func.max(he.map_version))
-                    .outerjoin(he, cur)
-                    .where(hs.base_id.in_(list(need)))
-                    .group_by(hs.host)).all():
-                held[host] = total if server is not None else blocks
-            earlier = sorted(set(s.execute(
-                sa.select(he.host).where(he.image_id == image_id,
-                                         he.map_version != current)
-            ).scalars()) - {h for h, v in held.items() if v == total})
+            for base, blocks in need.items():
+                for host, f in by_base[base].items():
+                    held[host] = held.get(host, 0.0) + blocks * f
+            # a host serving the current map holds what it reads whole
+            held.update((h, total) for h, v in exports.items()
+                        if current in v)
+            earlier = sorted(h for h in exports if held.get(h) != total)
             if earlier:
-                self._earlier_servers(s, image_id, need, held, earlier)
-            return {h: float(v) / total for h, v in held.items() if v > 0}
+                self._earlier_servers(s, image_id, need, held, earlier,
+                                      by_base)
+        return {h: float(v) / total for h, v in held.items() if v > 0}
 
     @staticmethod
-    def _earlier_servers(s, image_id, need, held, hosts):
+    def _reads(s, image_id):
+        """``(current map version, {base id: blocks it reads from it})``.
+
+        ``(None, {})`` for an unknown image or one without a map.
+        """
+        im, mt = models.Image, models.MapTarget
+        rows = s.execute(
+            sa.select(im.map_version, mt.target_id, mt.blocks)
+            .join(mt, sa.and_(mt.seq == im.seq,
+                              mt.version == im.map_version))
+            .where(im.image_id == image_id)).all()
+        if not rows:
+            return None, {}
+        return rows[0].map_version, {r.target_id: r.blocks for r in rows}
+
+    # The weigher's reads return a row per group, its members joined in
+    # one string, not a row per host: at a thousand hosts the driver's
+    # parsing of a row per holder, and the database's grouping by host,
+    # were most of a lookup (issue 35, bench/bench_scale.py hosts). A
+    # group whose string does not hold as many members as it counts (a
+    # name with the separators in it, MariaDB's group_concat_max_len) is
+    # read row by row.
+
+    @staticmethod
+    def _base_shares(s, base_ids):
+        """``{base id: {host: share}}``: each host's share of each base.
+
+        Hosts holding none of a base are left out. Read from the index on
+        ``(base_id, host, share)`` alone.
+        """
+        hs = models.HostShare
+        out = {b: {} for b in base_ids}
+        for base, n, text in s.execute(
+                sa.select(hs.base_id, sa.func.count(),
+                          _joined(hs.host + ' ' + _exact(hs.share)))
+                .where(hs.base_id.in_(list(base_ids)))
+                .group_by(hs.base_id)).all():
+            pairs = [p.split(' ') for p in text.split(',')]
+            if len(pairs) == n and all(len(p) == 2 for p in pairs):
+                out[base] = {h: float(f) for h, f in pairs}
+            else:
+                out[base] = dict(s.execute(
+                    sa.select(hs.host, hs.share)
+                    .where(hs.base_id == base)).all())
+        return out
+
+    def base_shares(self, base_ids):
+        """``{base id: {host: share}}``: each host's share of each base."""
+        with db_session.reader(self.conf) as s:
+            return self._base_shares(s, base_ids)
+
+    @staticmethod
+    def _exports(s, image_id):
+        """``{host: {map versions}}`` of the hosts exporting the image."""
+        he = models.HostExport
+        out = {}
+        for version, n, text in s.execute(
+                sa.select(he.map_version, sa.func.count(), _joined(he.host))
+                .where(he.image_id == image_id)
+                .group_by(he.map_version)).all():
+            hosts = text.split(',')
+            if len(hosts) != n:
+                hosts = s.execute(sa.select(he.host).where(
+                    he.image_id == image_id,
+                    he.map_version == version)).scalars().all()
+            for host in hosts:
+                out.setdefault(host, set()).add(version)
+        return out
+
+    @staticmethod
+    def _earlier_servers(s, image_id, need, held, hosts, by_base):
         """Hosts exporting only earlier map versions of the image.
 
         Rare (servers started before the image's map changed): each holds
         whole what its versions read from each base, and its share of the
         other bases.
         """
-        hs, he, mt, im = (models.HostShare, models.HostExport,
-                          models.MapTarget, models.Image)
+        he, mt, im = models.HostExport, models.MapTarget, models.Image
         read = {}
         for host, target in s.execute(
                 sa.select(he.host, mt.target_id)
@@ -390,13 +464,11 @@ class HostReports:
                 .where(he.image_id == image_id, he.host.in_(hosts),
                        mt.target_id.in_(list(need)))).all():
             read.setdefault(host, set()).add(target)
-        frac = {(h, b): f for h, b, f in s.execute(
-            sa.select(hs.host, hs.base_id, hs.share)
-            .where(hs.host.in_(hosts), hs.base_id.in_(list(need)))).all()}
         for host in hosts:
             targets = read.get(host, set())
             held[host] = sum(
-                n * (1.0 if t in targets else frac.get((host, t), 0.0))
+                n * (1.0 if t in targets else
+                     by_base.get(t, {}).get(host, 0.0))
                 for t, n in need.items())
 
     @staticmethod

@@ -286,7 +286,9 @@ class HostShare(Base):
     (0 to 1). Derived data: the next report rewrites it.
     """
     __tablename__ = 'vmar_host_shares'
-    __table_args__ = (sa.Index('ix_vmar_host_shares_base_id', 'base_id'),)
+    # each base's holders from the index alone (the weigher, 0019)
+    __table_args__ = (sa.Index('ix_vmar_host_shares_base_id_host_share',
+                               'base_id', 'host', 'share'),)
 
     host = sa.Column(sa.String(255), sa.ForeignKey(
         'vmar_hosts.host', ondelete='CASCADE'), primary_key=True)
