@@ -519,10 +519,22 @@ def schedule(args, sim, notifier, depth, metrics_port, w, images,
     m1 = scrape(metrics_port)
     n = (m1['vmar_agent_report_seconds_count']
          - m0['vmar_agent_report_seconds_count'])
+    # the reports sent and not recorded yet: the queue's depth counts only
+    # those no consumer took (the agent's prefetch holds more); the quiet
+    # figures after the schedule need an agent that recorded them all
+    t_end = time.monotonic()
+    recorded = n
+    while recorded < sent and time.monotonic() - t_end < 300:
+        time.sleep(0.5)
+        recorded = (scrape(metrics_port)['vmar_agent_report_seconds_count']
+                    - m0['vmar_agent_report_seconds_count'])
+    drain_s = time.monotonic() - t_end
     d = [x for _t, x in samples]
     out = {'sent': sent, 'sent_late_over_1s': late,
            'asked_per_s': args.hosts / period,
-           'recorded': n, 'wall_s': time.monotonic() - start,
+           'recorded': n, 'wall_s': t_end - start,
+           'backlog_end': sent - n, 'drained_after_s': drain_s,
+           'recorded_after': recorded,
            'mean_record_ms': 1e3 * (m1['vmar_agent_report_seconds_sum']
                                     - m0['vmar_agent_report_seconds_sum'])
            / max(n, 1),
@@ -532,11 +544,12 @@ def schedule(args, sim, notifier, depth, metrics_port, w, images,
            'weigher_p50_ms': pct(lookups, 50) * 1e3 if lookups else None,
            'weigher_p99_ms': pct(lookups, 99) * 1e3 if lookups else None,
            'weigher_lookups': len(lookups), 'ingest_times': ingest_times}
-    print('schedule: %d reports sent (%.1f/s asked, %d late), %d recorded; '
-          'queue max %d, end %d; weigher p50 %.2f ms p99 %.2f ms under load'
-          % (sent, out['asked_per_s'], late, n, out['queue_max'], final,
-             out['weigher_p50_ms'] or 0, out['weigher_p99_ms'] or 0),
-          flush=True)
+    print('schedule: %d reports sent (%.1f/s asked, %d late), %d recorded '
+          '(all %d %.1f s after the end); queue max %d, end %d; weigher p50 '
+          '%.2f ms p99 %.2f ms under load'
+          % (sent, out['asked_per_s'], late, n, recorded, drain_s,
+             out['queue_max'], final, out['weigher_p50_ms'] or 0,
+             out['weigher_p99_ms'] or 0), flush=True)
     return out
 
 
@@ -552,8 +565,11 @@ def report(r):
               f['reports_per_s'], s['asked_per_s'], r['speed'],
               f['reports_per_s'] / s['asked_per_s']))
     print('queue over %.0f s (%.0f min simulated): max %d, median %d, '
-          'end %d' % (s['wall_s'], s['wall_s'] * r['speed'] / 60,
-                      s['queue_max'], s['queue_median'], s['queue_end']))
+          'end %d; sent and not recorded at the end %d (the agent\'s '
+          'prefetch), all recorded %.1f s later' % (
+              s['wall_s'], s['wall_s'] * r['speed'] / 60, s['queue_max'],
+              s['queue_median'], s['queue_end'], s['backlog_end'],
+              s['drained_after_s']))
     q, lo = r['ingest_quiet'], r['ingest_loaded']
     print('ingest of %d MiB, half new: median %.2f s beside the reports, '
           '%.2f s without: %.2f x; looked up again under the lock: %d of '
