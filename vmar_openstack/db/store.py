@@ -819,33 +819,13 @@ class ClusterStore:
         for the others. The keys are then grouped by their new member
         sets, each group into the cluster of that set (found or made);
         keys no image holds any more are deleted. The shadows not read
-        (all keys were covered before them) stay shadows of every group.
-        Returns the other clusters keys moved into.
+        (all keys were covered before them) stay shadows of every group
+        (:meth:`_promotions` reads them). Returns the other clusters keys
+        moved into.
         """
         public = self.public_seqs(members.tolist())
-        first_public = min(public) if public else None
-        need = [q for q in shadows.tolist()
-                if first_public is None or q < first_public]
-        images = self.images_by_seq(need)
-        covered = np.zeros(len(keys), dtype=bool)
-        held, promoted = {}, []
-        for q in need:
-            if covered.all():
-                break
-            img = images[q]
-            held[q] = fp_keys.isin(keys, fp_keys.image_key_set(
-                img, self.load_digests(img)))
-            if (held[q] & ~covered).any():
-                promoted.append(q)
-            if img.visibility == 'public':
-                covered |= held[q]
-        # each key's new members: those promoted where it was uncovered
-        covered[:] = False
-        joins = np.zeros((len(keys), len(promoted)), dtype=bool)
-        for j, q in enumerate(promoted):
-            joins[:, j] = held[q] & ~covered
-            if images[q].visibility == 'public':
-                covered |= held[q]
+        images, held, promoted, joins = self._promotions(keys, shadows,
+                                                         public)
         unread = [q for q in shadows.tolist() if q not in held]
         groups, inverse = np.unique(joins, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -909,6 +889,43 @@ class ClusterStore:
         self._add_shadows(pairs)
         self._drop_orphan_bases()
         return dests - {cid}
+
+    def _promotions(self, keys, shadows, public):
+        """Which shadows of a cluster become members, for which keys.
+
+        ``keys``: the cluster's; ``shadows``: its shadow seqs, ascending;
+        ``public``: the public seqs among its members. The shadows before
+        the first public member are read in order until public images
+        cover every key; a shadow is promoted if it holds a key no public
+        image before it holds. Returns ``(images, held, promoted,
+        joins)``: the images read by seq, the keys each holds (bool
+        arrays), the promoted seqs in order, and a (keys x promoted) bool
+        array of the keys each promoted shadow becomes a member for.
+        """
+        first_public = min(public) if public else None
+        need = [q for q in shadows.tolist()
+                if first_public is None or q < first_public]
+        images = self.images_by_seq(need)
+        covered = np.zeros(len(keys), dtype=bool)
+        held, promoted = {}, []
+        for q in need:
+            if covered.all():
+                break
+            img = images[q]
+            held[q] = fp_keys.isin(keys, fp_keys.image_key_set(
+                img, self.load_digests(img)))
+            if (held[q] & ~covered).any():
+                promoted.append(q)
+            if img.visibility == 'public':
+                covered |= held[q]
+        # each key's new members: those promoted where it was uncovered
+        covered[:] = False
+        joins = np.zeros((len(keys), len(promoted)), dtype=bool)
+        for j, q in enumerate(promoted):
+            joins[:, j] = held[q] & ~covered
+            if images[q].visibility == 'public':
+                covered |= held[q]
+        return images, held, promoted, joins
 
     def _split_off(self, splits, info, keys, seq, public):
         """Move each split cluster's keys in the image to old members + seq.
