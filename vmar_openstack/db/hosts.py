@@ -358,11 +358,11 @@ class HostReports:
         """
         with db_session.reader(self.conf) as s:
             current, need = self._reads(s, image_id)
-            if not sum(need.values()):
+            total = sum(need.values())
+            if not total:
                 return {}
             by_base = self._base_shares(s, need)
             exports = self._exports(s, image_id)
-            total = sum(need.values())
             held = {}
             for base, blocks in need.items():
                 for host, f in by_base[base].items():
