@@ -65,8 +65,6 @@ import bench_weigher  # noqa: E402
 from tools.cloud import config  # noqa: E402
 from tools.cloud import stack  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
-from vmar_openstack.export import hostdir  # noqa: E402
-from vmar_openstack import fileutils  # noqa: E402
 
 MIB = bench_weigher.MIB
 IMAGES = 3
@@ -115,11 +113,6 @@ class Burst(bench_weigher.Bench):
         self.debian = debian
         self.work = self.cloud.path('bench-burst')
         os.makedirs(self.work, exist_ok=True)
-        self.off_conf = os.path.join(self.work, 'peers-off.conf')
-        with open(self.off_conf, 'w') as f:
-            f.write('# bench_burst.py: the baseline, no reads from peers\n'
-                    '[vmar_peers]\nfetch = false\n')
-        self.extra_conf = []
 
     def store_delay(self, ms):
         """Every run's range servers read Glance behind nbdkit's delay."""
@@ -200,20 +193,6 @@ class Burst(bench_weigher.Bench):
             if netns:
                 cmd = ['ip', 'netns', 'exec', netns] + cmd
             subprocess.run(cmd, capture_output=True)
-
-    def peers(self, on):
-        """Restart every host's vmar-export with peer reads on or off.
-
-        Its peer read counts start again from zero.
-        """
-        for h in self.hosts:
-            svc = stack.HostExport(self.cloud, h)
-            svc.conf = list(h.export_conf) + self.extra_conf + (
-                [] if on else [self.off_conf])
-            svc.stop()
-            fileutils.unlink(hostdir.Layout(
-                h.path('vmar', 'host')).peer_counts_file())
-            svc.start()
 
     make_images = staticmethod(make_images)
 

@@ -29,8 +29,13 @@ Figures, each run against the other run of its round:
   maximum;
 * where the servers went (servers and images per host).
 
+The hosts' peer reads (issue 34) are off for the runs unless ``--peers``:
+with them a host reads what another holds from it, so the store serves
+each byte once wherever the servers go, and its bytes no longer measure
+placement (both runs of a round fetched 80 MiB, 2026-11-28).
+
 Usage: bench/bench_weigher.py [--state-dir DIR] [--rounds N]
-       [--interval S] [--json FILE]
+       [--interval S] [--peers] [--json FILE]
 (the cloud must be up with three compute hosts)
 """
 
@@ -51,8 +56,11 @@ import openstack  # noqa: E402
 
 from tools.cloud import config  # noqa: E402
 from tools.cloud import hosts  # noqa: E402
+from tools.cloud import stack  # noqa: E402
 from tools import multinode_scenario  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
+from vmar_openstack.export import hostdir  # noqa: E402
+from vmar_openstack import fileutils  # noqa: E402
 
 SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
 # a line of glance-api's uWSGI access log for a read of image data
@@ -119,6 +127,26 @@ class Bench(object):
         os.makedirs(self.work, exist_ok=True)
         self.guest = qemu_env.test_guest()
         self.store_log = self.cloud.path('log', 'glance-api-uwsgi.log')
+        # what every host's vmar-export reads besides the cloud's files
+        self.extra_conf = []
+        self.off_conf = os.path.join(self.work, 'peers-off.conf')
+        with open(self.off_conf, 'w') as f:
+            f.write('# %s: no reads from peers\n[vmar_peers]\nfetch = '
+                    'false\n' % os.path.basename(sys.argv[0]))
+
+    def peers(self, on):
+        """Restart every host's vmar-export with peer reads on or off.
+
+        Its peer read counts start again from zero.
+        """
+        for h in self.hosts:
+            svc = stack.HostExport(self.cloud, h)
+            svc.conf = list(h.export_conf) + self.extra_conf + (
+                [] if on else [self.off_conf])
+            svc.stop()
+            fileutils.unlink(hostdir.Layout(
+                h.path('vmar', 'host')).peer_counts_file())
+            svc.start()
 
     def console(self, server):
         """What the guest printed so far.
@@ -321,11 +349,18 @@ def main(argv=None):
     p.add_argument('--interval', type=float, default=2.0,
                    help='seconds between server creates (default 2)')
     p.add_argument('--seed', type=int, default=17)
+    p.add_argument('--peers', action='store_true',
+                   help='keep the hosts\' peer reads on (by default they '
+                   'are off for the runs: with them every host reads what '
+                   'another holds from it, and the store\'s bytes no '
+                   'longer show where the servers went)')
     p.add_argument('--json')
     args = p.parse_args(argv)
     bench = Bench(args.state_dir, args.interval,
                   echo=lambda t: print(t, flush=True))
     bench.setup()
+    if not args.peers:
+        bench.peers(False)
     rng = random.Random(args.seed)
     rounds = []
     for r in range(args.rounds):
@@ -353,6 +388,8 @@ def main(argv=None):
         rounds.append({'with': runs[True], 'without': runs[False],
                        'fetched_ratio': ratio})
     bench.weigher(True)
+    if not args.peers:
+        bench.peers(True)
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(rounds, f, indent=1, sort_keys=True)
