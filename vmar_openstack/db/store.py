@@ -629,14 +629,16 @@ class ClusterStore:
             shadows = self.shadows_of(fp_keys.unique(clusters).tolist())
             info = self._cluster_info(list(shadows))
             members = self._resolve(info.values())
-            todo = [cid for cid in sorted(shadows)
-                    if image.seq in set(members[cid].tolist())
-                    and self._uncovered(members[cid], shadows[cid])]
+            public = {cid: self._uncovered(members[cid], shadows[cid])
+                      for cid in sorted(shadows)
+                      if image.seq in set(members[cid].tolist())}
+            todo = [cid for cid, pub in public.items() if pub is not None]
             if not todo:
                 return
             for i, cid in enumerate(todo):
                 moved = self._recover(cid, keys[clusters == cid],
-                                      members[cid], info[cid], shadows[cid])
+                                      members[cid], info[cid], shadows[cid],
+                                      public[cid])
                 if moved & set(todo[i + 1:]):
                     break       # read again: a later one gained keys
 
@@ -680,10 +682,11 @@ class ClusterStore:
             members = self._resolve(info[c] for c in shadows)
             for cid in list(shadows):
                 rest = members[cid][members[cid] != seq]
-                if self._uncovered(rest, shadows[cid]):
+                public = self._uncovered(rest, shadows[cid])
+                if public is not None:
                     lo, hi = span[cid]
                     self._recover(cid, keys[lo:hi], rest, info[cid],
-                                  shadows.pop(cid), leaving=seq)
+                                  shadows.pop(cid), public, leaving=seq)
                     whole.remove(cid)
         flips = {}
         if split and image_keys is not None:
@@ -799,21 +802,26 @@ class ClusterStore:
         return cids
 
     def _uncovered(self, members, shadows):
-        """Whether a shadow comes before every public one of ``members``.
+        """The public seqs of ``members`` if a shadow comes before them.
 
-        (Then the cluster must be :meth:`_recover` ed.)
+        (Then the cluster must be :meth:`_recover` ed with them.) None
+        when a public member comes before every shadow, or there is no
+        shadow.
         """
         if not len(shadows):
-            return False
+            return None
         public = self.public_seqs(members.tolist())
-        return not public or min(public) > int(shadows[0])
+        return public if not public or min(public) > int(shadows[0]) \
+            else None
 
-    def _recover(self, cid, keys, members, row, shadows, leaving=None):
+    def _recover(self, cid, keys, members, row, shadows, public,
+                 leaving=None):
         """Make members of the shadows of cluster ``cid`` left uncovered.
 
         ``keys``: the cluster's keys; ``members``: its members once
         ``leaving`` (a member, or None) has left; ``row``: its row as
-        read; ``shadows``: its shadow seqs, ascending. The shadows before
+        read; ``shadows``: its shadow seqs, ascending; ``public``: the
+        public seqs among ``members`` (:meth:`_uncovered`). The shadows before
         the first public member are read in order: each becomes a member
         for the keys no public image before it holds, and stays a shadow
         for the others. The keys are then grouped by their new member
@@ -823,7 +831,6 @@ class ClusterStore:
         (:meth:`_promotions` reads them). Returns the other clusters keys
         moved into.
         """
-        public = self.public_seqs(members.tolist())
         images, held, promoted, joins = self._promotions(keys, shadows,
                                                          public)
         unread = [q for q in shadows.tolist() if q not in held]
