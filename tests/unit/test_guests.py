@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from unittest import mock
 import uuid
 
 import fixtures
@@ -214,6 +215,50 @@ class TestQemuOf(testtools.TestCase):
         self.assertEqual(os.getpid(),
                          guests.qemu_of(str(uuid.uuid4()), os.getpid()))
         self.assertIsNone(guests.qemu_of(str(uuid.uuid4())))
+
+
+class TestLookingForTheQemu(testtools.TestCase):
+    """A channel looks for its QEMU again rarely, never for its own."""
+
+    def channel(self, pid):
+        ch = guests.Channel('/nowhere', (str(uuid.uuid4()), 'private'),
+                            None)
+        ch.sock, ch.pid = object(), pid
+        return ch
+
+    def test_at_most_every_stale_seconds(self):
+        ch = self.channel(1 << 30)          # no such process: no RAM
+        calls = []
+        now = [1000.0]
+        self.useFixture(fixtures.MockPatch(
+            'vmar_openstack.export.guests.qemu_of',
+            side_effect=lambda inst, pid: calls.append(pid) or pid))
+        self.useFixture(fixtures.MockPatch(
+            'vmar_openstack.export.guests.time.monotonic',
+            side_effect=lambda: now[0]))
+        ch.sample_memory()
+        now[0] += guests.STALE - 1
+        ch.sample_memory()
+        self.assertEqual(1, len(calls))
+        now[0] += 1
+        ch.sample_memory()
+        self.assertEqual(2, len(calls))
+
+    def test_not_for_the_qemu_naming_the_server(self):
+        ch = self.channel(None)
+        p = subprocess.Popen([sys.executable, '-c', 'import time; '
+                              'time.sleep(60)', '-uuid', ch.instance])
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        for _ in range(200):
+            if guests._runs(p.pid, ch.instance.encode()):
+                break
+            time.sleep(0.01)
+        ch.pid = p.pid                      # a small process: no RAM
+        with mock.patch.object(guests, 'qemu_of') as looked:
+            ch.sample_memory()
+        self.assertIsNone(ch.ram)
+        looked.assert_not_called()
 
 
 class FakeGuest:

@@ -306,6 +306,7 @@ class Channel:
         self.wanted = self.reason = None
         self.sent_mode = self.sent_at = None
         self.ram = self.ram_peak = None
+        self.looked_at = None       # when its QEMU was last looked for
         self.connected_at = None
         self.reconnects = 0
 
@@ -387,10 +388,18 @@ class Channel:
     def sample_memory(self):
         """Read the guest RAM its QEMU holds; keep the highest seen.
 
-        A QEMU whose RAM cannot be read is looked for again.
+        A QEMU whose RAM cannot be read, and whose command line does not
+        name the server, is looked for again, at most every STALE seconds
+        (every process is read).
         """
         self.ram = guest_ram_resident(self.pid) if self.pid else None
-        if self.ram is None and self.sock is not None:
+        now = time.monotonic()
+        if (self.ram is None and self.sock is not None
+                and not (self.pid and _runs(self.pid,
+                                            self.instance.encode()))
+                and (self.looked_at is None
+                     or now - self.looked_at >= STALE)):
+            self.looked_at = now
             pid = qemu_of(self.instance, self.pid)
             if pid != self.pid:
                 LOG.info('guest channel of %s: its QEMU is pid %s, not %s',
