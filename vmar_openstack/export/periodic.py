@@ -1,9 +1,10 @@
 """A thread of ``vmar-export serve`` that does one step per interval.
 
-The guest channels (:mod:`.guests`) and the warm metadata (:mod:`.warm`)
-each run one: :meth:`Periodic.step` every ``interval`` seconds, sooner
-when :meth:`Periodic.wake` is called, and a failed step is logged, not
-fatal. :meth:`Periodic.stop` joins the thread, then calls
+The guest channels (:mod:`.guests`), the warm metadata (:mod:`.warm`),
+the peer discovery (:mod:`.discovery`) and the host's reports
+(:mod:`.report`) each run one: :meth:`Periodic.step` every ``interval``
+seconds, sooner when :meth:`Periodic.wake` is called, and a failed step
+is logged, not fatal. :meth:`Periodic.stop` joins the thread, then calls
 :meth:`Periodic.close`.
 """
 

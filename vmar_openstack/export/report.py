@@ -40,12 +40,12 @@ would take write access to images the agent owns).
 """
 
 import os
-import threading
 
 from oslo_log import log as logging
 
 from vmar_openstack import bus
 from vmar_openstack.export import hostdir
+from vmar_openstack.export import periodic
 from vmar_openstack.export import state as export_state
 from vmar_openstack import names
 
@@ -102,24 +102,20 @@ def payload(conf, host_dir):
     return out
 
 
-class Reporter:
+class Reporter(periodic.Periodic):
     """A thread sending the reports until :meth:`stop`."""
 
+    name = 'vmar-report'
+
     def __init__(self, conf, host_dir, notifier, bootsets=None):
+        super().__init__(conf.vmar_host.report_interval)
         self.conf = conf
         self.host_dir = host_dir
         self.notifier = notifier
         self.bootsets = bootsets
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name='vmar-report')
 
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
+    def step(self):
+        self.send()
 
     def send(self):
         body = payload(self.conf, self.host_dir)
@@ -134,12 +130,3 @@ class Reporter:
             done()
             LOG.info('reported the boot working set recorded for %s',
                      image_id)
-
-    def _run(self):
-        while True:
-            try:
-                self.send()
-            except Exception as e:     # never let the thread die
-                LOG.warning('report of the exports failed: %s', e)
-            if self._stop.wait(self.conf.vmar_host.report_interval):
-                return
