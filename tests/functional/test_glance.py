@@ -1529,6 +1529,34 @@ class TestGlance(GlanceTestCase):
                         % (b, shares(b)))
         self.manage('hosts', 'forget', 'hold-host')
 
+    def test_a_new_export_is_reported_at_once(self):
+        """An added or removed export does not wait for report_interval.
+
+        The scheduler's weigher places a burst's next servers by what the
+        hosts reported: the host reports a change report_change_delay
+        after it, through RabbitMQ and vmar-agent, as any report.
+        """
+        a = self.create(self.image('change-a.raw',
+                                   list(range(95001, 95033))))
+        self.wait_map(a)
+
+        def reported():
+            hosts = json.loads(self.manage('hosts', 'list', '--json').stdout)
+            return {h['host']: h for h in hosts}.get('change-host')
+        # an hour between periodic reports: only the first one, at start
+        export_cli = self.export_host('change-host', base_fetch='full',
+                                      report_interval='3600',
+                                      report_change_delay='0.5')
+        self.wait_until(reported, 'the first report of change-host')
+        self.assertEqual([], reported()['holds'])
+        export_cli('add', a, '--holder', 'instance-1')
+        self.wait_until(lambda: reported()['holds'] == [[a, None]],
+                        'the report of the new export: %s' % reported())
+        export_cli('remove', a, '--holder', 'instance-1')
+        self.wait_until(lambda: reported()['holds'] == [],
+                        'the report of the export gone: %s' % reported())
+        self.manage('hosts', 'forget', 'change-host')
+
     def test_a_lazy_host_reads_what_its_peer_holds(self):
         """Peer discovery end to end, Glance cut (issue 34)."""
         self.check_peer_reads(lambda proxy: proxy.stop())

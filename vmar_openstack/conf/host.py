@@ -92,7 +92,21 @@ daemon_opts = [
               'vmar-agent (oslo.messaging notifications), which removes old '
               'map versions only once no host holds them.\n\n'
               'Possible values: seconds; 0, or no transport_url, sends no '
-              'reports.\n\nRelated options: [vmar_reports] report_topic.'),
+              'reports.\n\nRelated options: report_change_delay, '
+              '[vmar_reports] report_topic.'),
+    cfg.FloatOpt('report_change_delay', default=1.0, min=0,
+                 help='Seconds after an export is added or removed before '
+                      'the host reports its exports, rather than at the '
+                      'next report_interval. The scheduler\'s vmar weigher '
+                      'places the next servers of a burst by what hosts '
+                      'reported: with only periodic reports, a burst is '
+                      'placed as if no host held its image until the next '
+                      'report. Changes within this delay go in one report, '
+                      'so a host sends at most one report per delay; the '
+                      'periodic report comes report_interval after the '
+                      'last one.\n\nPossible values: seconds; 0 reports '
+                      'changes only at the next report_interval.\n\n'
+                      'Related options: report_interval.'),
     cfg.PortOpt('metrics_port', default=0,
                 deprecated_name='export_port',
                 deprecated_group='vmar_metrics',

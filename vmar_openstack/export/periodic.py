@@ -3,8 +3,9 @@
 The guest channels (:mod:`.guests`), the warm metadata (:mod:`.warm`),
 the peer discovery (:mod:`.discovery`) and the host's reports
 (:mod:`.report`) each run one: :meth:`Periodic.step` every ``interval``
-seconds, sooner when :meth:`Periodic.wake` is called, and a failed step
-is logged, not fatal. :meth:`Periodic.stop` joins the thread, then calls
+seconds, sooner when :meth:`Periodic.wake` is called (``settle`` seconds
+after the wake, so that the wakes meanwhile make one step), and a failed
+step is logged, not fatal. :meth:`Periodic.stop` joins the thread, then calls
 :meth:`Periodic.close`.
 """
 
@@ -20,8 +21,9 @@ class Periodic:
     #: the thread's name, and what a failed step is logged as
     name = 'vmar-periodic'
 
-    def __init__(self, interval):
+    def __init__(self, interval, settle=0.0):
         self.interval = interval
+        self.settle = settle
         self.stopping = threading.Event()
         self.woken = threading.Event()
         self.thread = None
@@ -48,7 +50,9 @@ class Periodic:
                 self.step()
             except Exception:
                 LOG.exception('%s: step failed', self.name)
-            self.woken.wait(self.interval)
+            if self.woken.wait(self.interval) and self.settle:
+                # stop() wakes too, and does not wait
+                self.stopping.wait(self.settle)
             self.woken.clear()
 
     def stop(self):

@@ -1,8 +1,10 @@
 """Reports of a host's exports to vmar-agent.
 
-Every ``[vmar_host] report_interval`` seconds, ``vmar-export serve`` sends the
-map versions its host exports as an oslo.messaging notification,
-``vmar.host.exports`` on ``[vmar_reports] report_topic``::
+Every ``[vmar_host] report_interval`` seconds, and ``[vmar_host]
+report_change_delay`` seconds after an export is added or removed,
+``vmar-export serve`` sends the map versions its host exports as an
+oslo.messaging notification, ``vmar.host.exports`` on ``[vmar_reports]
+report_topic``::
 
     {"host": "<[vmar] host>", "exports": [["<image id>", <version>], ...],
      "holds": [["<base image id>", <blocks or null>], ...],
@@ -11,6 +13,9 @@ map versions its host exports as an oslo.messaging notification,
 
 The agent keeps each host's last report and removes an old map version
 only when no report lists it (:mod:`vmar_openstack.glance_hooks.gc`).
+A change is reported at once because the weigher places the next servers
+of a burst by what the hosts reported: at the next periodic report (60 s
+by default) a whole burst would be placed as if no host held the image.
 ``holds`` names every base the host keeps, whole (``null``) or as a
 mirror holding that many blocks; the scheduler's ``vmar`` weigher reads
 it (:mod:`vmar_openstack.nova_scheduler.weigher`, doc/source/
@@ -108,11 +113,17 @@ class Reporter(periodic.Periodic):
     name = 'vmar-report'
 
     def __init__(self, conf, host_dir, notifier, bootsets=None):
-        super().__init__(conf.vmar_host.report_interval)
+        super().__init__(conf.vmar_host.report_interval,
+                         settle=conf.vmar_host.report_change_delay)
         self.conf = conf
         self.host_dir = host_dir
         self.notifier = notifier
         self.bootsets = bootsets
+
+    def changed(self):
+        """Exports were added or removed: report them soon."""
+        if self.settle:
+            self.wake()
 
     def step(self):
         self.send()

@@ -66,6 +66,7 @@ class ExportService:
         self.guests = None      # export_guests.Guests, while serving
         self.warm = None        # export_warm.Warm, while serving
         self.discovery = None   # export_discovery.Discovery, while serving
+        self.reporter = None    # export_report.Reporter, while serving
         # base id -> bytes_fetched of its mirror node when last counted
         self._fills_seen = {}
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
@@ -285,11 +286,17 @@ class ExportService:
                 if new and self.lazy(host_cache) and self.conf.vmar_host.fill:
                     prefetch.request_fill(self.host_dir, exp.name,
                                           self.conf.vmar_host.fill_delay)
-                if new and self.warm:
-                    self.warm.changed()
+                if new:
+                    self._changed()
             if own_blocks and self.files.is_mirror(image_id):
                 prefetch.Prefetcher(self).fill(exp.name, only=image_id)
             return exp
+
+    def _changed(self):
+        """Exports were added or removed: the threads that follow them."""
+        for thread in (self.warm, self.reporter):
+            if thread:
+                thread.changed()
 
     def _ask_holders(self, bmap):
         """Ask vmar-agent who holds the bases ``bmap`` reads lazily."""
@@ -421,8 +428,7 @@ class ExportService:
                 graph.del_unused_nodes(mon, state.exports.values(),
                                        self.fetch_nodes)
             self.files.prune(state.exports.values())
-            if self.warm:
-                self.warm.changed()
+            self._changed()
         elif stale:
             # other holders keep the node: only the holder's own NBD export
             # goes, and a daemon that is down will not restore it anyway
@@ -561,8 +567,8 @@ class ExportService:
         """
         metrics.serve(self.conf, self.conf.vmar_host.metrics_port,
                       export_metrics.registry(self))
-        reporter = export_report.start(self.conf, self.host_dir,
-                                       self.recorded_bootsets)
+        self.reporter = export_report.start(self.conf, self.host_dir,
+                                            self.recorded_bootsets)
         # nobody takes the lock files of before the host API any more
         self.files.drop_old_locks()
         fileutils.unlink(os.path.join(self.host_dir, export_state.OLD_LOCK))
@@ -576,13 +582,10 @@ class ExportService:
             supervisor.Supervisor(self).serve(stop_event, max_backoff)
         finally:
             server.stop()
-            for thread in (self.discovery, self.warm):
+            for thread in (self.discovery, self.warm, self.reporter,
+                           self.guests):
                 if thread:
                     thread.stop()
-            if self.guests:
-                self.guests.stop()
-            if reporter:
-                reporter.stop()
 
 
 def _existing(state, image_id, version, host_cache):
