@@ -159,6 +159,38 @@ class ModelTestCase(testtools.TestCase):
                for c in ('lazy-pf', 'weigher')}
         self.assertLess(got['weigher'], 0.5 * got['lazy-pf'])
 
+    def test_change_reports_place_a_burst_where_its_first_servers_went(self):
+        # 40 servers of one image, one every 2 s, over 10 hosts that
+        # report every hour: with periodic reports only, the burst is
+        # over before any report and spreads over the hosts
+        lib = library(n_images=1, core_mib=16.0, own_mib=64.0)
+        servers = [(2.0 * k, lib.images[0], None) for k in range(40)]
+
+        def hosts_used(delay):
+            res = sim.simulate('weigher', sim.Params(
+                phases=8, report_interval=3600.0, spawn_delay=3.0,
+                change_delay=delay, headroom=4.0), lib, 10, servers)
+            return len({b[2] for b in res['boots']}), res
+        spread, periodic = hosts_used(0.0)
+        kept, changed = hosts_used(1.0)
+        self.assertEqual(10, spread)
+        self.assertEqual(0, periodic['change_reports'])
+        self.assertLess(kept, spread)
+        self.assertLess(changed['store_bytes'], periodic['store_bytes'])
+        # one report per host's first export of the image
+        self.assertEqual(kept, changed['change_reports'])
+
+    def test_the_agent_records_change_reports_in_turn(self):
+        # ten hosts' first exports at once, an agent of 2 reports a
+        # second: the last host is seen 5 s after it reported
+        lib = library(n_images=1)
+        cloud = sim.Cloud(sim.CONFIGS['weigher'], sim.Params(
+            report_interval=0.0, spawn_delay=0.0, change_delay=1.0,
+            agent_rate=2.0), lib, 10)
+        cloud.run([(0.0, lib.images[0], k) for k in range(10)])
+        self.assertEqual([1.0] * 10, cloud.change_reports)
+        self.assertEqual(1.0 + 10 * 0.5, cloud.agent_free)
+
     def test_prefetch_removes_the_wait_of_a_lone_boot(self):
         lib = library()
         servers = [(0.0, lib.images[0], 0)]
