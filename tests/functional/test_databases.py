@@ -123,6 +123,15 @@ class TestMigration0019PostgreSQL(PostgreSQL,
     pass
 
 
+class TestMigration0020MariaDB(MariaDB, test_migrations.TestMigration0020):
+    pass
+
+
+class TestMigration0020PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0020):
+    pass
+
+
 class TestMigration0006MariaDB(MariaDB, test_migrations.TestMigration0006):
     pass
 

@@ -11,6 +11,7 @@ from tests import base
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import migration
+from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack import ingest
@@ -389,7 +390,14 @@ class TestMigration0019(MigrationTestCase):
     def test_the_index_covers_the_weighers_read(self):
         migration.upgrade('0018', conf=self.conf)
         reports = db_hosts.HostReports(self.conf)
-        reports.record('h1', [], {'b1': None})
+        # the host's share as the agent of 0018 wrote it (the model has
+        # the columns of later revisions)
+        with db_session.get_engine(self.conf).begin() as c:
+            c.execute(sa.text("INSERT INTO vmar_hosts (host, reported_at) "
+                              "VALUES ('h1', '2026-11-28 12:00:00')"))
+            c.execute(sa.text("INSERT INTO vmar_host_shares "
+                              "(host, base_id, share) "
+                              "VALUES ('h1', 'b1', 1.0)"))
         migration.upgrade('head', conf=self.conf)
         engine = db_session.get_engine(self.conf)
         indexes = {i['name']: i['column_names'] for i in sa.inspect(
@@ -398,3 +406,23 @@ class TestMigration0019(MigrationTestCase):
                          indexes['ix_vmar_host_shares_base_id_host_share'])
         self.assertNotIn('ix_vmar_host_shares_base_id', indexes)
         self.assertEqual({'b1': {'h1': 1.0}}, reports.base_shares(['b1']))
+
+
+class TestMigration0020(MigrationTestCase):
+    """Hosts of before have no order; the next report is recorded."""
+
+    def test_reports_of_before_and_after(self):
+        migration.upgrade('0019', conf=self.conf)
+        with db_session.get_engine(self.conf).begin() as c:
+            c.execute(sa.text("INSERT INTO vmar_hosts (host, reported_at) "
+                              "VALUES ('h1', '2026-11-28 12:00:00')"))
+        migration.upgrade('head', conf=self.conf)
+        reports = db_hosts.HostReports(self.conf)
+        with db_session.reader(self.conf) as s:
+            row = s.get(models.HostReport, 'h1')
+            self.assertEqual((None, None), (row.report_run, row.report_seq))
+        self.assertTrue(reports.record('h1', [], order=('r', 5)))
+        self.assertFalse(reports.record('h1', [], order=('r', 4)))
+        with db_session.reader(self.conf) as s:
+            row = s.get(models.HostReport, 'h1')
+            self.assertEqual(('r', 5), (row.report_run, row.report_seq))

@@ -105,6 +105,16 @@ class TestReporter(testtools.TestCase):
         self.assertEqual('vmar.host.exports', event)
         self.assertEqual('h1', body['host'])
 
+    def test_reports_are_numbered_in_the_daemons_run(self):
+        r = self.reporter(0.01)
+        r.changed()
+        self.notifier.wait_for(2)
+        (_e, one), (_e, two) = self.notifier.sent[:2]
+        self.assertEqual((r.run, r.run), (one['run'], two['run']))
+        self.assertEqual((1, 2), (one['seq'], two['seq']))
+        other = report.Reporter(self.conf, self.root, self.notifier)
+        self.assertNotEqual(r.run, other.run)
+
     def test_a_delay_of_0_leaves_changes_to_the_next_interval(self):
         r = self.reporter(0)
         r.changed()

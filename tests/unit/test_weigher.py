@@ -292,6 +292,34 @@ class TestHostSide(HoldingsTestCase):
                              [(h.exports, h.holds)
                               for h in self.reports.list()])
 
+    def test_an_older_report_of_a_run_is_not_recorded_over_a_newer(self):
+        """Change reports come a second apart: the pool may swap two."""
+        ep = agent.HostReportEndpoint(self.conf, None)
+        handled = oslo_messaging.NotificationResult.HANDLED
+
+        def send(version, **order):
+            self.assertEqual(handled, ep.info(
+                {}, 'vmar-export.h', 'vmar.host.exports',
+                {'host': 'h', 'exports': [[A, version]], **order}, {}))
+            (h,) = self.reports.list()
+            return h.exports
+        self.assertEqual(((A, 2),), send(2, run='r1', seq=2))
+        # its predecessor, recorded second: left out
+        self.assertEqual(((A, 2),), send(1, run='r1', seq=1))
+        self.assertEqual(((A, 3),), send(3, run='r1', seq=3))
+        # the daemon restarted: its numbers start again
+        self.assertEqual(((A, 4),), send(4, run='r2', seq=1))
+        # a host of before says nothing of order: recorded
+        self.assertEqual(((A, 5),), send(5))
+        self.assertEqual(((A, 6),), send(6, run='r2', seq=1))
+        # a malformed order is ignored, the report recorded
+        for v, bad in enumerate(({'run': 'r2', 'seq': -1},
+                                 {'run': 'r2', 'seq': '9'},
+                                 {'run': 'r2', 'seq': True},
+                                 {'run': 'r' * 37, 'seq': 9},
+                                 {'run': 7, 'seq': 9}, {'seq': 9})):
+            self.assertEqual(((A, 7 + v),), send(7 + v, **bad))
+
     def test_holders_of_a_base_best_first(self):
         """Who a host missing blocks of a base is sent to (issue 34)."""
         def report(host, holds, peer='10.0.0.%d:10810', load=0.5, at=None):

@@ -47,6 +47,17 @@ def _exact(column):
     return sa.cast(sa.cast(column, sa.Double), sa.String)
 
 
+def _older(report, order):
+    """Whether a report ``order`` came before the recorded ``report``.
+
+    Only reports of one run of the host's vmar-export are ordered: a new
+    run (a restart) or a report that says nothing is taken as newer.
+    """
+    return (report is not None and order is not None
+            and report.report_run == order[0]
+            and report.report_seq is not None and order[1] < report.report_seq)
+
+
 @dataclasses.dataclass(frozen=True)
 class Host:
     host: str
@@ -78,8 +89,9 @@ class HostReports:
     @db_session.retry_conflicts(
         also=lambda e: isinstance(e, sa.exc.IntegrityError))
     def record(self, host, exports, holds=None, reported_at=None,
-               peer_address=None, load_per_cpu=None, complete=()):
-        """Replace ``host``'s report.
+               peer_address=None, load_per_cpu=None, complete=(),
+               order=None):
+        """Replace ``host``'s report; False if it was older than the last.
 
         ``exports``: ``(image id, map version)`` pairs; ``holds``: ``{base
         id: blocks held, None for a whole base}`` (None: the report said
@@ -88,6 +100,9 @@ class HostReports:
         load then. ``complete``: the bases among ``holds`` whose mirror
         holds every block only the base's image has
         (:meth:`vmar_openstack.export.hostdir.Layout.complete_mirrors`).
+        ``order``: ``(run, number)`` of the report in its host's
+        vmar-export (None: not said); a report of the run recorded last
+        with a lower number is older, and is not recorded.
         """
         complete = {str(b) for b in complete or ()}
         rows = sorted({(str(i), int(v)) for i, v in exports})
@@ -99,6 +114,8 @@ class HostReports:
                 sa.select(models.HostReport)
                 .where(models.HostReport.host == host)
                 .with_for_update()).scalar_one_or_none()
+            if _older(report, order):
+                return False
             s.execute(sa.delete(models.HostExport).where(
                 models.HostExport.host == host))
             if holds is not None:
@@ -107,6 +124,7 @@ class HostReports:
             if report is None:
                 report = models.HostReport(host=host)
                 s.add(report)
+            report.report_run, report.report_seq = order or (None, None)
             report.reported_at = reported_at or models.utcnow()
             report.peer_address = peer_address
             report.load_per_cpu = load_per_cpu
@@ -121,6 +139,7 @@ class HostReports:
                     for b, n in holds.items())
             s.flush()
             self._record_shares(s, host, holds)
+        return True
 
     def _record_shares(self, s, host, holds):
         """Rewrite ``host``'s rows of ``vmar_host_shares`` from its report.

@@ -222,6 +222,12 @@ class HostReport(Base):
     # one-minute load average per CPU at the report
     peer_address = sa.Column(sa.String(255), nullable=True)
     load_per_cpu = sa.Column(sa.Float, nullable=True)
+    # which report of the host's vmar-export this was: its run (a random
+    # id per start) and the report's number in it. Agents record reports
+    # concurrently; one of the same run with a lower number is older and
+    # is not recorded over this one (0020; None: a host of before)
+    report_run = sa.Column(sa.String(36), nullable=True)
+    report_seq = sa.Column(sa.BigInteger, nullable=True)
 
 
 class HostExport(Base):

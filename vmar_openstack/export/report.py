@@ -9,7 +9,8 @@ report_topic``::
     {"host": "<[vmar] host>", "exports": [["<image id>", <version>], ...],
      "holds": [["<base image id>", <blocks or null>], ...],
      "complete": ["<image id>", ...],
-     "peer": "<address>:<port>", "load": <load average per CPU>}
+     "peer": "<address>:<port>", "load": <load average per CPU>,
+     "run": "<id of this start of the daemon>", "seq": <report number>}
 
 The agent keeps each host's last report and removes an old map version
 only when no report lists it (:mod:`vmar_openstack.glance_hooks.gc`).
@@ -24,6 +25,9 @@ hold every block only that image has (their fill is done,
 :meth:`.hostdir.Layout.complete_mirrors`): with a peer server, the host
 can serve them to a server's new host once the image is deleted from the
 store (nova-api's check, :mod:`vmar_openstack.nova_api.checks`).
+``run`` and ``seq`` order a daemon's reports: the agent's pool may take
+two of them at once, and does not record the older over the newer
+(:meth:`vmar_openstack.db.hosts.HostReports.record`).
 ``peer`` and ``load`` are there when the host runs a
 peer server (``[vmar_peers] listen_address``): the agent tells other
 hosts to read what it holds from there (:mod:`.discovery`).
@@ -45,6 +49,7 @@ would take write access to images the agent owns).
 """
 
 import os
+import uuid
 
 from oslo_log import log as logging
 
@@ -119,6 +124,8 @@ class Reporter(periodic.Periodic):
         self.host_dir = host_dir
         self.notifier = notifier
         self.bootsets = bootsets
+        self.run = uuid.uuid4().hex
+        self.seq = 0
 
     def changed(self):
         """Exports were added or removed: report them soon."""
@@ -130,6 +137,8 @@ class Reporter(periodic.Periodic):
 
     def send(self):
         body = payload(self.conf, self.host_dir)
+        self.seq += 1
+        body.update(run=self.run, seq=self.seq)
         # oslo.messaging logs a notification it cannot send, and drops it
         self.notifier.info({}, names.HOST_EXPORTS_EVENT, body)
         LOG.debug('reported %d exports', len(body['exports']))

@@ -458,14 +458,25 @@ class HostReportEndpoint:
                         'ignored: %s', host, e)
             peer = load = None
         try:
+            order = _order(payload)
+        except (TypeError, ValueError) as e:
+            LOG.warning('malformed order in the report of %s ignored: %s',
+                        host, e)
+            order = None
+        try:
             with metrics.REPORT_SECONDS.time():
-                self.reports.record(host, exports, holds, peer_address=peer,
-                                    load_per_cpu=load, complete=complete)
+                newer = self.reports.record(
+                    host, exports, holds, peer_address=peer,
+                    load_per_cpu=load, complete=complete, order=order)
         except Exception as e:         # the database away: redeliver
             LOG.warning('report of %s not recorded: %s', host, e)
             time.sleep(self.retry_delay)
             return oslo_messaging.NotificationResult.REQUEUE
-        LOG.debug('%s reports %d exports', host, len(exports))
+        if newer:
+            LOG.debug('%s reports %d exports', host, len(exports))
+        else:
+            LOG.debug('report %s of %s left out: a later one is recorded',
+                      order[1], host)
         return oslo_messaging.NotificationResult.HANDLED
 
     def bootset(self, publisher_id, payload):
@@ -538,6 +549,22 @@ def _complete(items, holds):
         raise ValueError('complete: %s not held'
                          % ', '.join(sorted(out - set(holds or ()))))
     return out
+
+
+def _order(payload):
+    """A report's ``(run, number)`` in its host's vmar-export, or None.
+
+    None if the report has none (a host of an earlier release).
+    :raises ValueError, TypeError: malformed.
+    """
+    run, seq = payload.get('run'), payload.get('seq')
+    if run is None and seq is None:
+        return None
+    if not (isinstance(run, str) and 0 < len(run) <= 36):
+        raise ValueError('run %r' % (run,))
+    if type(seq) is not int or not 0 <= seq < 2 ** 63:
+        raise ValueError('seq %r' % (seq,))
+    return run, seq
 
 
 def _peer(payload):
