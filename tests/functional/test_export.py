@@ -60,8 +60,8 @@ class ExportTestCase(base.LibraryTestCase):
         self.conf_file = self.write_conf_file(host_extra=(
             'export_socket = %s\nqemu_storage_daemon = %s\nbase_fetch = %s\n'
             'prefetch = false\n%s'
-            % (self.sock, qemu_env.qemu_bin('qemu-storage-daemon'),
-               self.base_fetch, self.extra_conf())))
+            % (self.sock, self.daemon(), self.base_fetch,
+               self.extra_conf())))
         self.conf.set_override('base_fetch', self.base_fetch,
                                group='vmar_host')
         self.conf.set_override('prefetch', False, group='vmar_host')
@@ -73,6 +73,10 @@ class ExportTestCase(base.LibraryTestCase):
 
     def extra_conf(self):
         return ''
+
+    def daemon(self):
+        """The qemu-storage-daemon serve runs."""
+        return qemu_env.qemu_bin('qemu-storage-daemon')
 
     def serve(self):
         # a socket left by a killed serve (or an earlier run's) would pass
@@ -160,6 +164,40 @@ class TestDriverVectors(base.LibraryTestCase):
             [os.path.join(qemu_env.TOP, 'qemu', 'fuzz', 'run.sh'),
              '-runs=300000'], capture_output=True, text=True, env=env)
         self.assertEqual(0, proc.returncode, proc.stderr[-3000:])
+
+
+# qemu-storage-daemon, its QMP socket bound a second before it listens:
+# QEMU binds the path, then listens, and a connect in between is refused
+LATE_LISTENER = """#!%(python)s
+import os, socket, sys, time
+args = sys.argv[1:]
+path = args[args.index('--chardev') + 1].split('path=')[1].split(',')[0]
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+time.sleep(1)
+s.close()
+os.unlink(path)
+os.execv(%(daemon)r, [%(daemon)r] + args)
+"""
+
+
+class TestDaemonListensLate(ExportTestCase):
+    """serve waits for the daemon's monitor, not only for its socket."""
+
+    def daemon(self):
+        path = os.path.join(self.tmp, 'late-qsd')
+        with open(path, 'w') as f:
+            f.write(LATE_LISTENER % {
+                'python': sys.executable,
+                'daemon': qemu_env.qemu_bin('qemu-storage-daemon')})
+        os.chmod(path, 0o755)
+        return path
+
+    def test_a_socket_bound_before_the_daemon_listens(self):
+        proc = self.serve()
+        self.assertIsNone(proc.poll())
+        out = self.export_cli('list')
+        self.assertEqual(0, out.returncode, out.stderr)
 
 
 class TestDaemonWithoutTheDrivers(base.LibraryTestCase):

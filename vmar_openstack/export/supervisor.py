@@ -107,24 +107,36 @@ class Supervisor:
                                 stdin=subprocess.DEVNULL)
         log.close()
         deadline = time.monotonic() + 30
-        while not os.path.exists(self.qmp_socket):
+        while True:
             if proc.poll() is not None:
                 raise exception.ExportError(
                     '%s exited with %d; see %s/qsd.log'
                     % (c.qemu_storage_daemon, proc.returncode,
                        self.host_dir))
+            try:
+                missing = self._missing_drivers()
+                break
+            except exception.ExportDaemonDown:
+                # QEMU binds the socket's path before it listens on it: a
+                # connection in between is refused
+                pass
             if time.monotonic() > deadline:
                 proc.kill()
                 raise exception.ExportError(
                     'qemu-storage-daemon did not start')
             time.sleep(0.02)
-        self._check_drivers(proc)
+        self._check_drivers(proc, missing)
         return proc
 
-    def _check_drivers(self, proc):
+    def _missing_drivers(self):
+        """The vmar drivers the daemon lacks, once its monitor answers."""
+        if not os.path.exists(self.qmp_socket):
+            raise exception.ExportDaemonDown(reason='no monitor socket yet')
+        with self.service.monitor(timeout=5) as mon:
+            return graph.missing_drivers(mon)
+
+    def _check_drivers(self, proc, missing):
         """Stop at once, clearly, on a daemon without the vmar drivers."""
-        with self.service.monitor() as mon:
-            missing = graph.missing_drivers(mon)
         if missing:
             proc.kill()
             proc.wait()
