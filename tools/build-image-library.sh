@@ -35,6 +35,7 @@
 # Usage:
 #   build-image-library.sh [--force] [OUTDIR] [IMAGE...]
 #   build-image-library.sh --check-reproducible[=IMAGE] [--keep]
+#   build-image-library.sh --upgrade-tools
 #
 # OUTDIR defaults to $VMAR_IMAGE_LIBRARY or /var/cache/vmar-openstack/images.
 # Progress goes to stderr.  The last stdout lines are "<name> <path>", one
@@ -46,6 +47,12 @@
 # scratch directories, ignoring the library and its stamps, and compares
 # the sha256 of the two images.  It exits 0 if they match, 1 if not
 # (--keep keeps both images, for comparing them).
+#
+# --upgrade-tools upgrades the packages whose versions are in an image's
+# stamp (KEY_TOOLS, KEY_COMPILER) to the mirror's newest and builds
+# nothing: CI runs it before building, so that the pristine root of its
+# fresh-machine stage, whose packages are the mirror's newest, finds the
+# images it would build already built (tools/run-tests.sh).
 #
 # Reproducibility: the same script, parameters and mirror state give
 # byte-identical images.  The mirror is a moving target (point releases,
@@ -68,6 +75,11 @@
 set -euo pipefail
 
 readonly ALL_IMAGES=(minbase python3 postgresql nginx apache2 mariadb)
+# The packages whose versions are part of an image's key (image_key): the
+# tools that make the image, and the compiler of vmar-guest.
+readonly KEY_TOOLS=(debootstrap e2fsprogs fdisk dosfstools mtools syslinux
+    syslinux-common)
+readonly KEY_COMPILER=(gcc libc6-dev)
 
 # What makes every image boot by itself: systemd as init, the Debian cloud
 # kernel and the initramfs generator its postinst runs. D-Bus lets
@@ -227,13 +239,29 @@ image_key() {
         printf 'mirror %s\n' "$MIRROR"
         printf 'arch %s\n' "$ARCH"
         printf 'source_date_epoch %s\n' "$SOURCE_DATE_EPOCH"
-        dpkg-query -W -f='${Package} ${Version}\n' debootstrap e2fsprogs \
-            fdisk dosfstools mtools syslinux syslinux-common
+        dpkg-query -W -f='${Package} ${Version}\n' "${KEY_TOOLS[@]}"
         printf 'mke2fs.conf %s\n' \
             "$(sha256sum < /etc/mke2fs.conf | cut -d' ' -f1)"
         sha256sum "${GUEST_SOURCES[@]}" | cut -d' ' -f1
-        dpkg-query -W -f='${Package} ${Version}\n' gcc libc6-dev
+        dpkg-query -W -f='${Package} ${Version}\n' "${KEY_COMPILER[@]}"
     } | sha256sum | cut -d' ' -f1
+}
+
+# --upgrade-tools: bring the packages whose versions are in the image key
+# to the mirror's newest, as a new machine (and a pristine root,
+# tools/fresh-root.sh) installs them: images built here then carry the
+# stamps a fresh root's build has, and the root takes them instead of
+# building its own.  apt-get's lists are refreshed when older than a day.
+upgrade_tools() {
+    local lists=/var/lib/apt/lists
+    export DEBIAN_FRONTEND=noninteractive
+    if [ -z "$(find "$lists" -maxdepth 1 -name '*Packages*' -mmin -1440 \
+            -print -quit 2>/dev/null)" ]; then
+        apt-get update -q >&2 || die "apt-get update failed"
+    fi
+    apt-get install -y -q --only-upgrade --no-install-recommends \
+        "${KEY_TOOLS[@]}" "${KEY_COMPILER[@]}" >&2 ||
+        die "cannot upgrade ${KEY_TOOLS[*]} ${KEY_COMPILER[*]}"
 }
 
 run_debootstrap() {
@@ -677,6 +705,10 @@ main() {
             --keep) KEEP=1 ;;
             --check-reproducible) check=minbase ;;
             --check-reproducible=*) check=${1#*=} ;;
+            --upgrade-tools)
+                [ "$(id -u)" -eq 0 ] || die "must run as root (apt-get)"
+                upgrade_tools
+                return ;;
             --) shift; break ;;
             -*) usage; die "unknown option $1" ;;
             *) break ;;

@@ -75,6 +75,12 @@ tools/gen-config.sh --check
 # before the functional tests reads them.
 VMAR_IMAGE_LIBRARY=${VMAR_IMAGE_LIBRARY:-/var/cache/vmar-openstack/images}
 export VMAR_IMAGE_LIBRARY
+if [ "$FRESH_ROOT" = 1 ]; then
+    # the fresh-machine stage's root installs the mirror's newest tools:
+    # images built with those are the root's too, and it builds none
+    stage "image tools at the mirror's versions (for the fresh root)"
+    tools/build-image-library.sh --upgrade-tools
+fi
 stage "Debian image library and test guest (cached): started"
 LIBRARY_LOG=$(mktemp /tmp/vmar-image-library.XXXXXX)
 {
