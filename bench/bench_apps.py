@@ -59,6 +59,7 @@ import report_boot  # noqa: E402
 
 from tools import boot_image  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
+from vmar_openstack import pagecache  # noqa: E402
 
 APPS = ('postgresql', 'mariadb', 'nginx', 'apache2')
 CONFIGS = ('stock', 'stock-ondemand', 'vmar-lazy-pf')
@@ -112,7 +113,7 @@ def run_point(config, args, work, lib_root, ids, parts, seed):
     """``args.servers`` servers of ``config``; the point's figures."""
     n = args.servers
     times, images = bench_boot.arrivals(seed, n, args.arrivals, ids)
-    bench_coldhost.cold()
+    pagecache.evict_tree(lib_root, work)     # the host starts cold
     cgroup = bench_boot.Cgroup(args.memory)
     host = bench_boot.Host(config, args, work, lib_root, cgroup)
     qemu_io = os.path.join(args.qemu_prefix, 'bin', 'qemu-io')
@@ -168,7 +169,7 @@ def validate(args, work, lib_root, ids, parts, configs):
         for kind in ('real', 'replay'):
             cwork = os.path.join(work, 'validate-%s-%s' % (config, kind))
             os.makedirs(cwork)
-            bench_coldhost.cold()
+            pagecache.evict_tree(lib_root, cwork)
             cgroup = bench_boot.Cgroup(None)
             host = bench_boot.Host(config, args, cwork, lib_root, cgroup)
             secs, errors = {}, []

@@ -437,7 +437,7 @@ def run_point(config, args, work, lib_root, ids, traces, point, seed):
     """N servers of ``config`` arriving at ``rate``; the point's figures."""
     n, rate, memory = point
     times, images = arrivals(seed, n, rate, ids)
-    bench_coldhost.cold()
+    pagecache.evict_tree(lib_root, work)     # the host starts cold
     cgroup = Cgroup(memory)
     host = Host(config, args, work, lib_root, cgroup)
     qemu_io = os.path.join(args.qemu_prefix, 'bin', 'qemu-io')
@@ -519,7 +519,7 @@ def validate(args, work, lib_root, ids, traces, n):
         for kind in ('real', 'replay'):
             cwork = os.path.join(work, 'validate-%s-%s' % (config, kind))
             os.makedirs(cwork)
-            bench_coldhost.cold()
+            pagecache.evict_tree(lib_root, cwork)
             host = Host(config, args, cwork, lib_root, Cgroup(None))
             secs = [None] * n
 

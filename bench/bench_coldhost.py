@@ -90,6 +90,7 @@ from vmar_openstack.mapsource import local  # noqa: E402
 from vmar_openstack.mapsource import rbd  # noqa: E402
 from vmar_openstack.mapsource import readers  # noqa: E402
 from vmar_openstack import names as vnames  # noqa: E402
+from vmar_openstack import pagecache  # noqa: E402
 
 IMAGES = ('minbase', 'python3', 'postgresql', 'nginx', 'apache2', 'mariadb')
 
@@ -230,13 +231,6 @@ def make_conf(state, prefix, sock, readahead):
     conf.set_override('base_fetch', 'lazy', group='vmar_host')
     conf.set_override('mirror_readahead', readahead, group='vmar_host')
     return conf
-
-
-def cold():
-    """Drop the page cache: the host starts cold."""
-    subprocess.run(['sync'], check=True)
-    with open('/proc/sys/vm/drop_caches', 'w') as f:
-        f.write('3\n')
 
 
 def run_stock(args, work, lib_root, ids, rbd_store=None):
@@ -433,7 +427,7 @@ def main():
                 rbd_store = RbdStore(work, os.path.join(lib_root, 'bases'))
             elif fmt == 'rbd':
                 rbd_store.cold()
-            cold()
+            pagecache.drop_all()     # the host starts cold
             print('== %s' % label, flush=True)
             if ra is None:
                 res = run_stock(args, cwork, lib_root, ids, rbd_store

@@ -228,12 +228,12 @@ def run(args, work, conf, sock, machine_ra):
 
         # 3. cold cache: image 1 then image 2, VMAR vs raw
         pid = proc.pid
-        pagecache.drop()
+        pagecache.drop_all()
         fio(uri_1, 'read', '1M', size=size)
         before = read_bytes(pid)
         fio(uri_v, 'read', '1M', size=size)
         vmar_bytes = read_bytes(pid) - before
-        pagecache.drop()
+        pagecache.drop_all()
         with open(svc.base_file(first), 'rb') as f:
             while f.read(8 << 20):
                 pass

@@ -241,12 +241,6 @@ def wait_for(what, probe, timeout):
         time.sleep(1)
 
 
-def drop_caches():
-    subprocess.run(['sync'], check=True)
-    with open('/proc/sys/vm/drop_caches', 'w') as f:
-        f.write('3')
-
-
 def measure_window(guests, seconds, min_loops=2):
     """Per guest: MB/s of the loops that ran wholly in the next window.
 
@@ -673,7 +667,7 @@ def main():
             ids[n] = str(uuid.uuid4())
             lib.add(ids[n], args.images[n], visibility='public')
         svc = export.ExportService(conf)
-        drop_caches()
+        pagecache.drop_all()
         daemon = supervisor.Supervisor(svc).start_daemon()
         svc.restore()
         if 'A' in configs:
@@ -695,19 +689,19 @@ def main():
                   pagecache.read_knob(knob)),
               flush=True)
         for config in configs if args.budgets else ():
-            drop_caches()
+            pagecache.drop_all()
             results[config], anon_ref = run_config(
                 config, args, work, names, uris, anon_ref, group, disk)
         results['anon_ref'] = anon_ref
         for config in configs if args.overcommit else ():
-            drop_caches()
+            pagecache.drop_all()
             results.setdefault(config, {'budgets': {}})['overcommit'] = \
                 run_overcommit(config, args, work, names, uris, group)
         for config in configs if args.idle else ():
             res = results.setdefault(config, {'budgets': {}})
             for variant in (args.idle_variants if config == 'P+I'
                             else [None]):
-                drop_caches()
+                pagecache.drop_all()
                 idle = run_idle(config, args, work, names, uris, variant)
                 if variant:
                     res.setdefault('idle_variants', {})[variant] = idle

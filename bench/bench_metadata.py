@@ -317,7 +317,7 @@ def main():
                  args.budget, args.disk_read_iops, args.disk_read_mbps,
                  pagecache.read_knob(knob)), flush=True)
         for config in configs:
-            pagecache.drop()
+            pagecache.drop_all()
             results[config] = run_config(config, args, work, host, group,
                                          disk)
     report(results, configs)

@@ -14,12 +14,14 @@ and the patched QEMU (``qemu/build.sh`` prints its prefix), and:
    read-ahead, 128 KiB (doc/source/export.rst: keep it moderate there; a
    file keeps the read-ahead it was opened with, and the machine's own
    setting is put back right after the adds);
-3. drops the page cache, reads both images in full through their NBD
-   exports (``qemu-io -f raw``, every byte) and at once measures with
-   ``fincore`` how many bytes of each base file in ``host_dir`` are cached;
+3. empties the page cache of the files it measures (``POSIX_FADV_DONTNEED``
+   of each: the machine's other pages are left alone), reads both images
+   in full through their NBD exports (``qemu-io -f raw``, every byte) and
+   at once measures with ``fincore`` how many bytes of each base file in
+   ``host_dir`` are cached;
    if the disk's own read-ahead is not 128 KiB, exports them again under
    it (``remove``, ``add``) and measures that way too;
-4. drops the page cache again, reads the two plain raw image files in full
+4. empties it of them again, reads the two plain raw image files in full
    with the same reader and measures them the same way;
 5. prints each way next to the unique-block limit: the bytes of the
    distinct non-zero 4 KiB blocks of the two images, from the library
@@ -40,8 +42,7 @@ The machine reclaims idle page cache on its own (DAMON ``pageout`` of pages
 idle for about a minute), so each way is measured within seconds of its
 reads, and the DAMON settings are printed next to the figures.
 
-Needs root (``/proc/sys/vm/drop_caches``, else each measured file is
-evicted with ``POSIX_FADV_DONTNEED``), ``fincore`` (util-linux) and
+Needs root (the read-ahead knob), ``fincore`` (util-linux) and
 matplotlib (``demo-requirements.txt``).
 
 Usage::
@@ -421,20 +422,19 @@ def stop_leftovers(state):
 # -- the run ------------------------------------------------------------------
 
 def measure(qemu_io, pair, targets, files, sizes):
-    """Drop the page cache, read each image in full, measure ``files()``.
+    """Evict ``files()``, read each image in full, measure ``files()``.
 
     Returns {'files': [{'file', 'cached', 'size'}], 'read_s',
     'measured_after_s'}.
     """
     paths = files()
-    how = pagecache.drop(paths)
+    pagecache.evict_all(paths)
     t0 = time.monotonic()
     secs = {n: read_all(qemu_io, targets[n], sizes[n]) for n in pair}
     cached = pagecache.resident_bytes(paths)
     return {'files': [{'file': p, 'cached': cached[p],
                        'size': os.path.getsize(p)} for p in paths],
-            'read_s': secs, 'measured_after_s': time.monotonic() - t0,
-            'dropped_by': how}
+            'read_s': secs, 'measured_after_s': time.monotonic() - t0}
 
 
 def chart(path, hist, maps, cache, ra_of, limit, pair):
@@ -550,10 +550,8 @@ def _title(way, res):
 def print_cache(res, pair, limit):
     print('host page cache after reading %s and %s in full, every byte '
           '(qemu-io -f raw),' % tuple(pair))
-    how = {res[w]['dropped_by'] for w in res}
-    print('each way right after emptying the page cache (%s) and reading'
-          % ('drop_caches' if how == {'drop_caches'} else
-             'fadvise DONTNEED on the files measured: no drop_caches here'))
+    print('each way right after emptying the page cache of the files '
+          'measured (fadvise DONTNEED) and reading')
     ra = res['export']['readahead_kb']
     if ra is None:
         print('read-ahead: n/a (host_dir is not on a block device)')
@@ -755,8 +753,7 @@ def main(argv=None):
                 print(line)
             return 0
         if os.geteuid() != 0:
-            raise DemoError('needs root (to drop the page cache and set '
-                            'the read-ahead)')
+            raise DemoError('needs root (to set the read-ahead)')
         return run(args)
     except DemoError as e:
         print('demo_host: error: %s' % e, file=sys.stderr)

@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import subprocess
 
 
@@ -35,23 +36,45 @@ def evict(path):
         os.close(fd)
 
 
-def drop(paths=()):
-    """Empty the page cache; returns how.
+def evict_all(paths):
+    """Drop each of ``paths``' pages from the page cache (``evict``).
 
-    ``sync; echo 3 > /proc/sys/vm/drop_caches`` where that is allowed
-    (``'drop_caches'``); where it is not (a container), each of ``paths`` is
-    evicted instead (``'fadvise'``).
+    What a measurement on a shared machine does before reading: it empties
+    the cache of the files it measures and leaves everyone else's pages
+    alone (a test beside it may be counting its own).
     """
-    os.sync()
-    try:
-        with open('/proc/sys/vm/drop_caches', 'w') as f:
-            f.write('3\n')
-        return 'drop_caches'
-    except OSError:
-        pass
     for path in paths:
         evict(path)
-    return 'fadvise'
+
+
+def evict_tree(*roots):
+    """``evict_all`` of every regular file under ``roots``.
+
+    A bench's own library and work directories: its host starts cold, and
+    the machine's other pages stay.
+    """
+    for root in roots:
+        for dirpath, _dirs, files in os.walk(root):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                try:
+                    if stat.S_ISREG(os.lstat(path).st_mode):
+                        evict(path)
+                except FileNotFoundError:
+                    pass        # removed since the walk listed it
+
+
+def drop_all():
+    """Empty the whole machine's page cache (``sync; echo 3 > drop_caches``).
+
+    For a benchmark that has the machine to itself and wants every file
+    cold, the QEMU binaries and the guests' images included. Never from a
+    test or the demo: they share the machine with other measurements.
+    Needs root, and a kernel that lets this process write the knob.
+    """
+    os.sync()
+    with open('/proc/sys/vm/drop_caches', 'w') as f:
+        f.write('3\n')
 
 
 def readahead_knob(path):

@@ -2,7 +2,7 @@
 
 Two small, similar images in a private library; the tool exports them with
 ``vmar-export``, reads them both ways and measures the page cache. Needs
-root (it drops the page cache), ``fincore`` and matplotlib.
+root (it sets the read-ahead), ``fincore`` and matplotlib.
 """
 
 import importlib.util
