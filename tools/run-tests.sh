@@ -4,16 +4,19 @@
 # functional tests against real QEMU tools, libvirt, SQLite, MariaDB,
 # PostgreSQL, RabbitMQ, glance-api and a single-node Ceph, and beside them
 # stages that share nothing with those tests: the all-in-one cloud's user
-# path (tests/functional/test_cloud.py) followed by the reduced run of the
-# paper's experiment (bench/bench_boot.py --reduced), and the fresh-machine
-# stage:
+# path (tests/functional/test_cloud.py) and the fresh-machine stage:
 # the README's demo command in a pristine Debian 12 root
 # (tools/fresh-root.sh), then the packages of the vmar QEMU tools
 # (qemu/build.sh --deb) installed with apt alone in another
 # (tools/package-check.sh).
 #
 # Usage: tools/run-tests.sh [--no-fresh-root] [--multinode] [--upstream-qemu]
+#                            [--bench]
 #   --no-fresh-root  skip the fresh-machine stage (CI always runs it)
+#   --bench          also the paper's experiment, reduced, after the cloud's
+#                    user path (bench/bench_boot.py --reduced: every
+#                    configuration, real TCG boots; about 13 minutes on two
+#                    cores beside the other tests, so not in CI's run)
 #   --upstream-qemu  also build the newest upstream QEMU (qemu/build.sh
 #                    --qemu 10.2) and run the daemon's tests on it (about 3
 #                    minutes to build on two cores, 6 to test)
@@ -32,13 +35,15 @@ cd "$TOP"
 FRESH_ROOT=1
 MULTINODE=0
 UPSTREAM_QEMU=0
+BENCH=0
 for arg in "$@"; do
     case $arg in
         --no-fresh-root) FRESH_ROOT=0 ;;
         --multinode) MULTINODE=1 ;;
         --upstream-qemu) UPSTREAM_QEMU=1 ;;
+        --bench) BENCH=1 ;;
         *) echo "usage: $0 [--no-fresh-root] [--multinode]" \
-            "[--upstream-qemu]" >&2; exit 2 ;;
+            "[--upstream-qemu] [--bench]" >&2; exit 2 ;;
     esac
 done
 if [ "$FRESH_ROOT" = 0 ] && [ -n "${CI:-}" ]; then
@@ -53,11 +58,29 @@ export VMAR_TEST_STARTED
 stop_started() {
     python3 -m tools.vmarenv.services stop "$VMAR_TEST_STARTED" || true
 }
-trap stop_started EXIT
 
-stage() {
-    printf '== %s (%s)\n' "$1" "$(date +%H:%M:%S)"
+# Each stage line says how busy the machine's cores were since the one
+# before (of any chain): the run is bound by the cores when it stays near
+# 100 %.
+cpu_ticks() {
+    # busy (user nice system irq softirq steal) and all (with idle, iowait)
+    awk '/^cpu /{ b = $2+$3+$4+$7+$8+$9; print b, b+$5+$6 }' /proc/stat
 }
+stage() {
+    local busy total state=${STAGE_CPU:-/dev/null}
+    read -r busy total < <(cpu_ticks)
+    local last=(0 0)
+    [ -s "$state" ] && read -r -a last <"$state"
+    printf '== %s (%s' "$1" "$(date +%H:%M:%S)"
+    if [ "${last[1]}" != 0 ] && [ "$total" -gt "${last[1]}" ]; then
+        printf '; cores %d %% busy since the last stage' \
+            $(( 100 * (busy - last[0]) / (total - last[1]) ))
+    fi
+    printf ')\n'
+    [ "$state" = /dev/null ] || echo "$busy $total" >"$state"
+}
+STAGE_CPU=$(mktemp /tmp/vmar-stage-cpu.XXXXXX)
+trap 'stop_started; rm -f "$STAGE_CPU"' EXIT
 
 stage "style: flake8 (hacking), shellcheck, bashate"
 flake8
@@ -146,14 +169,15 @@ fi
 
 # Two chains of about the same length run side by side, one per core. This
 # one: the unit tests on Nova 33, the all-in-one cloud's user path
-# (tests/functional/test_cloud.py, the longest test), then the paper's experiment, reduced (bench/bench_boot.py
-# --reduced: every configuration, 3 servers of 2 images at 1 arrival/s; it
-# must run to its report, no figure is asserted; the full run is behind
-# bench/REPORT.md). The cloud has its own state directory, ports, database,
-# broker and libvirtd (in a mount namespace), and the experiment its own
-# QEMUs and nbdkit: neither shares anything with the other chain (the
-# other functional tests, then the daemon's tests on the other QEMUs). Its
-# output is printed after the other chain's.
+# (tests/functional/test_cloud.py, the longest test), then with --bench the
+# paper's experiment, reduced (bench/bench_boot.py --reduced: every
+# configuration, 3 servers of 2 images at 1 arrival/s; it must run to its
+# report, no figure is asserted; the full run is behind bench/REPORT.md).
+# The cloud has its own state directory, ports, database, broker and
+# libvirtd (in a mount namespace), and the experiment its own QEMUs and
+# nbdkit: neither shares anything with the other chain (the other
+# functional tests, then the daemon's tests on the other QEMUs). Its output
+# is printed after the other chain's.
 CLOUD_TEST=tests.functional.test_cloud
 SIDE_LOG=$(mktemp /tmp/vmar-side-chain.XXXXXX)
 SIDE_STATUS=$(mktemp /tmp/vmar-side-status.XXXXXX)
@@ -175,15 +199,17 @@ side_chain() {
     stage "the cloud's user path ($CLOUD_TEST)"
     python3 -m testtools.run "$CLOUD_TEST" || cloud=$?
     echo "$CLOUD_TEST: exit status $cloud"
-    stage "bench_boot.py --reduced (the paper's experiment, small)"
-    python3 bench/bench_boot.py --qemu-prefix "$VMAR_QEMU_PREFIX" \
-        --reduced --out bench/out/boot-reduced \
-        --report bench/out/boot-reduced/REPORT.md || bench=$?
-    echo "bench_boot.py --reduced: exit status $bench"
+    if [ "$BENCH" = 1 ]; then
+        stage "bench_boot.py --reduced (the paper's experiment, small)"
+        python3 bench/bench_boot.py --qemu-prefix "$VMAR_QEMU_PREFIX" \
+            --reduced --out bench/out/boot-reduced \
+            --report bench/out/boot-reduced/REPORT.md || bench=$?
+        echo "bench_boot.py --reduced: exit status $bench"
+    fi
     echo "$unit $cloud $bench" >"$SIDE_STATUS"
 }
 mkdir -p bench/out
-stage "the cloud's user path, then bench_boot.py --reduced: started"
+stage "the cloud's user path (then with --bench bench_boot.py): started"
 side_chain >"$SIDE_LOG" 2>&1 &
 SIDE_PID=$!
 
@@ -241,7 +267,7 @@ for prefix in "${OTHER_QEMUS[@]}"; do
 done
 stop_started
 
-stage "the cloud's user path and bench_boot.py --reduced: waiting"
+stage "the cloud's user path (and bench_boot.py): waiting"
 wait "$SIDE_PID" || true
 cat "$SIDE_LOG"
 rm -f "$SIDE_LOG"
