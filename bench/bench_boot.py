@@ -58,8 +58,9 @@ Usage: bench_boot.py --qemu-prefix DIR [--images a,b,...] [--servers
        2] [--configs ...] [--validate N] [--out DIR] [--report FILE]
        [--reduced]
 
-``--reduced`` is what CI runs (tools/run-tests.sh): every configuration,
-small N, one rate; it asserts no figure.
+``--reduced`` is what ``tools/run-tests.sh --bench`` runs after the
+cloud's user path: every configuration, small N, one rate; it asserts no
+figure.
 
 Writes DIR/rounds.json (every round, raw) and the plots, and
 bench/REPORT.md

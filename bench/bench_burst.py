@@ -245,7 +245,7 @@ class Burst(bench_weigher.Bench):
         ids = self.images(tag)
         flavor = self.conn.compute.find_flavor(
             DEBIAN_FLAVOR if self.debian else FLAVOR)
-        offset = self.store_log_offset()
+        offset = self.log_offset(self.store_log)
         cpu0 = self.cpu_seconds()
         groups = [self.conn.compute.create_server_group(
             name='burst-%s-%d' % (tag, i), policy='anti-affinity')

@@ -27,7 +27,10 @@ Figures, each run against the other run of its round:
   lists; the guest's kernel once per host) is printed apart;
 * **boot time**: ``server create`` to the guest's checksum, median and
   maximum;
-* where the servers went (servers and images per host).
+* where the servers went (servers and images per host), and for the
+  first creates what nova-scheduler weighed (the vmar weigher's score and
+  the sum of Nova's own per host, from its DEBUG log): they decide where
+  each family of images goes.
 
 The hosts' peer reads (issue 34) are off for the runs unless ``--peers``:
 with them a host reads what another holds from it, so the store serves
@@ -40,6 +43,7 @@ Usage: bench/bench_weigher.py [--state-dir DIR] [--rounds N]
 """
 
 import argparse
+import ast
 import hashlib
 import json
 import os
@@ -66,6 +70,13 @@ SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
 # a line of glance-api's uWSGI access log for a read of image data
 STORE_GET = re.compile(r'GET /v2/images/([0-9a-f-]{36})/file => '
                        r'generated (\d+) bytes')
+# nova-scheduler's DEBUG lines (etc/cloud/nova-scheduler.conf.in): the
+# request's instances, each weigher's score per host, the host chosen
+REQ = re.compile(r'\[(?:None )?(req-[0-9a-f-]+)')
+SCHEDULE = re.compile(r"Starting to schedule for instances: "
+                      r"\['([0-9a-f-]{36})")
+SCORE = re.compile(r'(\w+): score \(multiplier \* weight\) (\{.*\})')
+SELECTED = re.compile(r'Selected host: \(([^,]+),')
 MIB = 1 << 20
 IMAGE_SIZE = 64 * MIB
 IMAGES = 6
@@ -84,6 +95,51 @@ def blocks(seed, mib):
         h = hashlib.sha256(h).digest()
         out += h * 128
     return bytes(out)
+
+
+def scheduler_decisions(path, offset=0):
+    """What nova-scheduler weighed for each server, from its DEBUG log.
+
+    ``{instance uuid: {'scores': {weigher: {host: score}}, 'host':
+    host chosen}}`` for the requests logged after ``offset``; a request
+    without a weigher's line (one host left by the filters) has none.
+    """
+    by_req, out = {}, {}
+    with open(path, errors='replace') as f:
+        f.seek(offset)
+        for line in f:
+            req = REQ.search(line)
+            if req is None:
+                continue
+            d = by_req.setdefault(req.group(1), {'scores': {}})
+            m = SCHEDULE.search(line)
+            if m:
+                d['instance'] = m.group(1)
+                out[m.group(1)] = d
+            m = SCORE.search(line)
+            if m:
+                # {('compute-1', 'compute-1'): '5.0 * 0.5', ...}
+                raw = ast.literal_eval(m.group(2))
+                d['scores'][m.group(1)] = {
+                    k[0]: float(a) * float(b) for k, v in raw.items()
+                    for a, b in [v.split(' * ')]}
+            m = SELECTED.search(line)
+            if m:
+                d['host'] = m.group(1)
+    return {k: {'scores': v['scores'], 'host': v.get('host')}
+            for k, v in out.items()}
+
+
+def decision_line(n, image, d):
+    """One server's placement: its vmar score and the others' sum per host."""
+    vmar = d['scores'].get('VmarWeigher', {})
+    hosts = sorted(set(vmar) | {h for s in d['scores'].values() for h in s})
+    rest = {h: sum(s.get(h, 0.0) for w, s in d['scores'].items()
+                   if w != 'VmarWeigher') for h in hosts}
+    return '    #%-2d image %d -> %s; %s' % (
+        n, image, d['host'], ', '.join(
+            '%s vmar %.2f other %+.2f' % (h, vmar.get(h, 0.0), rest[h])
+            for h in hosts))
 
 
 def make_images(work, tag):
@@ -127,6 +183,7 @@ class Bench(object):
         os.makedirs(self.work, exist_ok=True)
         self.guest = qemu_env.test_guest()
         self.store_log = self.cloud.path('log', 'glance-api-uwsgi.log')
+        self.scheduler_log = self.cloud.path('log', 'nova-scheduler.log')
         # what every host's vmar-export reads besides the cloud's files
         self.extra_conf = []
         self.off_conf = os.path.join(self.work, 'peers-off.conf')
@@ -165,9 +222,10 @@ class Bench(object):
         except OSError:
             return ''
 
-    def store_log_offset(self):
+    @staticmethod
+    def log_offset(path):
         try:
-            return os.path.getsize(self.store_log)
+            return os.path.getsize(path)
         except FileNotFoundError:
             return 0
 
@@ -302,7 +360,8 @@ class Bench(object):
         self.weigher(on)
         ids = self.images(tag)
         flavor = self.conn.compute.find_flavor(FLAVOR)
-        offset = self.store_log_offset()
+        offset = self.log_offset(self.store_log)
+        sched_offset = self.log_offset(self.scheduler_log)
         servers = {}
         t_start = time.monotonic()
         for n, i in enumerate(order):
@@ -312,9 +371,10 @@ class Bench(object):
                 name='w-%s-%d' % (tag, n), image_id=ids[i],
                 flavor_id=flavor.id, networks='none')
             servers[s.id] = {'image': i, 't0': time.monotonic(),
-                             'server': s}
+                             'server': s, 'n': n}
         self.wait_read(servers, poll=3)
         fetched, other = self.store_reads(offset, set(ids))
+        decisions = scheduler_decisions(self.scheduler_log, sched_offset)
         self.clean_up(servers, ids)
         secs = [s['seconds'] for s in servers.values()]
         per_host = {}
@@ -331,6 +391,10 @@ class Bench(object):
             'hosts': {k: {'servers': v['servers'],
                           'images': sorted(v['images'])}
                       for k, v in sorted(per_host.items())},
+            # in create order: what nova-scheduler weighed and chose
+            'decisions': [dict(decisions.get(sid, {}), image=s['image'])
+                          for sid, s in sorted(servers.items(),
+                                               key=lambda x: x[1]['n'])],
         }
         self.echo('  weigher %-3s: fetched %6.1f MiB (other %.1f MiB), '
                   'boot median %5.1f s, max %5.1f s; %s' % (
@@ -339,6 +403,10 @@ class Bench(object):
                       ', '.join('%s %d servers/%d images' % (
                           k, v['servers'], len(v['images']))
                           for k, v in result['hosts'].items())))
+        # the first creates decide where each family goes
+        for n, d in enumerate(result['decisions'][:8]):
+            if d.get('scores'):
+                self.echo(decision_line(n, d['image'], d))
         return result
 
 
