@@ -3,8 +3,9 @@
 # root): installs what it needs, then runs style checks, unit tests, the
 # functional tests against real QEMU tools, libvirt, SQLite, MariaDB,
 # PostgreSQL, RabbitMQ, glance-api and a single-node Ceph, and beside them
-# stages that share nothing with those tests: the all-in-one cloud's user
-# path (tests/functional/test_cloud.py) and the fresh-machine stage:
+# stages that share nothing with those tests: the daemon's tests on the
+# other QEMUs (10.0), the all-in-one cloud's user path
+# (tests/functional/test_cloud.py) and the fresh-machine stage:
 # the README's demo command in a pristine Debian 12 root
 # (tools/fresh-root.sh), then the packages of the vmar QEMU tools
 # (qemu/build.sh --deb) installed with apt alone in another
@@ -167,18 +168,57 @@ if [ "$FRESH_ROOT" = 1 ]; then
     FRESH_PID=$!
 fi
 
-# Two chains of about the same length run side by side, one per core. This
-# one: the unit tests on Nova 33, the all-in-one cloud's user path
+# The tests that run qemu-storage-daemon's vmar graph, run again on the other
+# QEMUs: exports, mirrors, Glance's lazy hosts and fills, Ceph, the peer
+# server's TLS clients
+DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph|test_peers)\.'
+DAEMON_TESTS+='|^tests\.functional\.test_glance\..*\.test_lazy_'
+CLOUD_TEST=tests.functional.test_cloud
+# stestr's "failing" names the failures of its last run only: each run's
+# are kept, with the QEMU they ran on, for the summary at the end
+FAILED=$(mktemp /tmp/vmar-failed.XXXXXX)
+FAILED_DETAILS=$(mktemp /tmp/vmar-failed-details.XXXXXX)
+# failed WHAT [STESTR-OPTION...]: keep the failures of the last run
+failed() {
+    local what=$1
+    shift
+    stestr "$@" --test-path=./tests/functional failing --list 2>/dev/null |
+        sed "s|\$| ($what)|" >>"$FAILED" || true
+    # what CI keeps of a run is its end: each failure's last traceback lines
+    stestr "$@" --test-path=./tests/functional failing 2>/dev/null |
+        awk -v qemu="$what" '
+            function flush() {
+                if (name == "") return
+                print "-- " name " (" qemu ")"
+                for (i = (n > 12 ? n - 11 : 1); i <= n; i++) print "   " tb[i]
+            }
+            /^(FAIL|ERROR): / { flush(); name = $2; n = 0; intb = 0; next }
+            /^Traceback \(most recent call last\)/ { intb = 1; n = 0 }
+            /^(=+|-+|Ran [0-9]+ tests)/ { intb = 0 }
+            intb { tb[++n] = $0 }
+            END { flush() }' >>"$FAILED_DETAILS" || true
+}
+qemu_version() {
+    sed -n 's/^qemu-version //p' "$1/BUILDINFO" 2>/dev/null || echo "$1"
+}
+
+# Three chains run side by side and share nothing. The functional tests
+# (below) and the cloud's user path (this first one) take about the same
+# time and most of a core each; the daemon's tests on the other QEMUs (the
+# second one) wait on their services more than they compute (9 minutes
+# with the machine to themselves, half a core busy), so they run beside
+# both at a lower priority (nice 5) and take what the other two leave.
+#
+# The first: the unit tests on Nova 33, the all-in-one cloud's user path
 # (tests/functional/test_cloud.py, the longest test), then with --bench the
 # paper's experiment, reduced (bench/bench_boot.py --reduced: every
 # configuration, 3 servers of 2 images at 1 arrival/s; it must run to its
 # report, no figure is asserted; the full run is behind bench/REPORT.md).
 # The cloud has its own state directory, ports, database, broker and
 # libvirtd (in a mount namespace), and the experiment its own QEMUs and
-# nbdkit: neither shares anything with the other chain (the other
-# functional tests, then the daemon's tests on the other QEMUs). Its output
-# is printed after the other chain's.
-CLOUD_TEST=tests.functional.test_cloud
+# nbdkit. The second's services take free ports and directories of their
+# own, and its MariaDB and PostgreSQL databases are named apart
+# (VMAR_TEST_DATABASE). Their output is printed after the functional tests'.
 SIDE_LOG=$(mktemp /tmp/vmar-side-chain.XXXXXX)
 SIDE_STATUS=$(mktemp /tmp/vmar-side-status.XXXXXX)
 side_chain() {
@@ -187,7 +227,7 @@ side_chain() {
     # tests (the wrapped methods' signatures among them) against Nova 33's
     # classes.
     stage "unit tests on Nova 33 (.venv-nova33)"
-    # (a repository of its own: the other chain's stestr writes .stestr)
+    # (a repository of its own: the other chains' stestr write theirs)
     local repo="$TOP/.stestr-nova33"
     venv=$(VMAR_VENV="$TOP/.venv-nova33" tools/install-deps.sh nova33 |
         tail -n 1) &&
@@ -208,44 +248,39 @@ side_chain() {
     fi
     echo "$unit $cloud $bench" >"$SIDE_STATUS"
 }
+OTHER_LOG=$(mktemp /tmp/vmar-other-qemus.XXXXXX)
+OTHER_STATUS=$(mktemp /tmp/vmar-other-status.XXXXXX)
+other_qemus_chain() {
+    local status=0 prefix version repo="$TOP/.stestr-other-qemus"
+    [ -d "$repo/.stestr" ] || { mkdir -p "$repo" &&
+        stestr --repo-url "$repo" init >/dev/null; }
+    for prefix in "${OTHER_QEMUS[@]}"; do
+        version=$(qemu_version "$prefix")
+        stage "the daemon's functional tests on $version"
+        VMAR_QEMU_PREFIX=$prefix VMAR_TEST_DATABASE=vmar_test_other \
+            nice -n 5 stestr --repo-url "$repo" \
+            --test-path=./tests/functional run --concurrency=1 \
+            "$DAEMON_TESTS" || {
+            status=$?
+            failed "QEMU $version" --repo-url "$repo"
+        }
+    done
+    echo "$status" >"$OTHER_STATUS"
+}
 mkdir -p bench/out
 stage "the cloud's user path (then with --bench bench_boot.py): started"
 side_chain >"$SIDE_LOG" 2>&1 &
 SIDE_PID=$!
+stage "the daemon's tests on the other QEMUs: started"
+other_qemus_chain >"$OTHER_LOG" 2>&1 &
+OTHER_PID=$!
 
 stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, Ceph)"
-# The tests that run qemu-storage-daemon's vmar graph, run again on the other
-# QEMUs: exports, mirrors, Glance's lazy hosts and fills, Ceph, the peer
-# server's TLS clients
-DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph|test_peers)\.'
-DAEMON_TESTS+='|^tests\.functional\.test_glance\..*\.test_lazy_'
 tests_status=0
-# stestr's "failing" names the failures of its last run only: each run's
-# are kept, with the QEMU they ran on, for the summary at the end
-FAILED=$(mktemp /tmp/vmar-failed.XXXXXX)
-FAILED_DETAILS=$(mktemp /tmp/vmar-failed-details.XXXXXX)
-failed() {
-    stestr --test-path=./tests/functional failing --list 2>/dev/null |
-        sed "s|\$| ($1)|" >>"$FAILED" || true
-    # what CI keeps of a run is its end: each failure's last traceback lines
-    stestr --test-path=./tests/functional failing 2>/dev/null |
-        awk -v qemu="$1" '
-            function flush() {
-                if (name == "") return
-                print "-- " name " (" qemu ")"
-                for (i = (n > 12 ? n - 11 : 1); i <= n; i++) print "   " tb[i]
-            }
-            /^(FAIL|ERROR): / { flush(); name = $2; n = 0; intb = 0; next }
-            /^Traceback \(most recent call last\)/ { intb = 1; n = 0 }
-            /^(=+|-+|Ran [0-9]+ tests)/ { intb = 0 }
-            intb { tb[++n] = $0 }
-            END { flush() }' >>"$FAILED_DETAILS" || true
-}
 stestr --test-path=./tests/functional run --concurrency=1 \
     --exclude-regex "^${CLOUD_TEST//./\\.}\\." || {
     tests_status=$?
-    failed "QEMU $(sed -n 's/^qemu-version //p' \
-        "$VMAR_QEMU_PREFIX/BUILDINFO" 2>/dev/null)"
+    failed "QEMU $(qemu_version "$VMAR_QEMU_PREFIX")"
 }
 if [ "$MULTINODE" = 1 ]; then
     stage "multinode: every move between three compute hosts"
@@ -255,20 +290,18 @@ if [ "$MULTINODE" = 1 ]; then
         failed multinode
     }
 fi
-for prefix in "${OTHER_QEMUS[@]}"; do
-    version=$(sed -n 's/^qemu-version //p' "$prefix/BUILDINFO" \
-        2>/dev/null || echo "$prefix")
-    stage "the daemon's functional tests on $version"
-    VMAR_QEMU_PREFIX=$prefix stestr --test-path=./tests/functional run \
-        --concurrency=1 "$DAEMON_TESTS" || {
-        tests_status=$?
-        failed "QEMU $version"
-    }
-done
-stop_started
 
-stage "the cloud's user path (and bench_boot.py): waiting"
+stage "the daemon's tests on the other QEMUs: waiting"
+wait "$OTHER_PID" || true
+cat "$OTHER_LOG"
+rm -f "$OTHER_LOG"
+read -r other_status <"$OTHER_STATUS" || other_status=1
+rm -f "$OTHER_STATUS"
+[ "$other_status" = 0 ] || tests_status=$other_status
+
+stage "the cloud's user path: waiting"
 wait "$SIDE_PID" || true
+stop_started
 cat "$SIDE_LOG"
 rm -f "$SIDE_LOG"
 read -r nova33_status cloud_status bench_status <"$SIDE_STATUS" || {

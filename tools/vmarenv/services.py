@@ -6,6 +6,11 @@ the harness does: ``mysqld_safe`` for MariaDB and ``pg_ctlcluster`` for
 PostgreSQL, then creates a ``vmar`` role and a ``vmar_test`` database in each.
 Starting is idempotent; servers are left running for the rest of the run.
 
+Two test runs beside each other (tools/run-tests.sh runs the daemon's tests
+on the other QEMUs beside the last functional tests) share the servers but
+not the databases: ``$VMAR_TEST_DATABASE`` names the run's database and the
+prefix of the ones it creates (``vmar_test`` when unset).
+
 What the harness starts (these servers, and libvirtd/virtlogd in
 :mod:`qemu_env`) it records in the file ``$VMAR_TEST_STARTED`` names, if set.
 ``tools/run-tests.sh`` sets it and, when the run ends, stops exactly those
@@ -16,6 +21,7 @@ already running are not recorded and are left alone.
 import functools
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +32,10 @@ import sqlalchemy as sa
 
 USER = 'vmar'
 PASSWORD = 'vmar-test'
-DATABASE = 'vmar_test'
+DATABASE = os.environ.get('VMAR_TEST_DATABASE') or 'vmar_test'
+if not re.fullmatch(r'[a-z][a-z0-9_]{0,40}', DATABASE):
+    raise ValueError('VMAR_TEST_DATABASE=%r: lower-case letters, digits '
+                     'and _, at most 41' % DATABASE)
 
 
 class Unavailable(RuntimeError):
