@@ -80,6 +80,16 @@ stage() {
     printf ')\n'
     [ "$state" = /dev/null ] || echo "$busy $total" >"$state"
 }
+# cpu_used WHAT: the CPU time (user and system) a chain's processes used,
+# itself and every child it waited for (bash's times)
+cpu_used() {
+    # (times in this shell: in a $(...) it would time the subshell)
+    local f
+    f=$(mktemp /tmp/vmar-times.XXXXXX)
+    times >"$f"
+    echo "$1: CPU used (user, system): $(tail -n 1 "$f")"
+    rm -f "$f"
+}
 STAGE_CPU=$(mktemp /tmp/vmar-stage-cpu.XXXXXX)
 trap 'stop_started; rm -f "$STAGE_CPU"' EXIT
 
@@ -246,6 +256,7 @@ side_chain() {
             --report bench/out/boot-reduced/REPORT.md || bench=$?
         echo "bench_boot.py --reduced: exit status $bench"
     fi
+    cpu_used "the chain of the cloud's user path"
     echo "$unit $cloud $bench" >"$SIDE_STATUS"
 }
 OTHER_LOG=$(mktemp /tmp/vmar-other-qemus.XXXXXX)
@@ -265,6 +276,7 @@ other_qemus_chain() {
             failed "QEMU $version" --repo-url "$repo"
         }
     done
+    cpu_used "the chain of the other QEMUs' tests"
     echo "$status" >"$OTHER_STATUS"
 }
 mkdir -p bench/out
@@ -291,6 +303,8 @@ if [ "$MULTINODE" = 1 ]; then
     }
 fi
 
+# before any other chain is waited for: setup and the functional tests
+cpu_used "setup and the functional tests"
 stage "the daemon's tests on the other QEMUs: waiting"
 wait "$OTHER_PID" || true
 cat "$OTHER_LOG"
