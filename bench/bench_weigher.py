@@ -56,11 +56,10 @@ import time
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, TOP)
 
-import openstack  # noqa: E402
-
 from tools.cloud import config  # noqa: E402
 from tools.cloud import hosts  # noqa: E402
 from tools.cloud import stack  # noqa: E402
+from tools import cloud_scenario  # noqa: E402
 from tools import multinode_scenario  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
 from vmar_openstack.export import hostdir  # noqa: E402
@@ -167,16 +166,9 @@ class Bench(object):
                              '--computes 3')
         self.hosts = [hosts.Host(self.cloud, h) for h in self.cloud.hosts]
         self.by_name = {h.name: h for h in self.hosts}
-        env = {}
-        with open(self.cloud.path('openrc')) as f:
-            for line in f:
-                k, v = line.replace('export ', '', 1).strip().split('=', 1)
-                env[k] = v
-        self.conn = openstack.connect(
-            auth_url=env['OS_AUTH_URL'], username=env['OS_USERNAME'],
-            password=env['OS_PASSWORD'], project_name=env['OS_PROJECT_NAME'],
-            user_domain_name='Default', project_domain_name='Default',
-            region_name=env['OS_REGION_NAME'], compute_api_version='2.74')
+        # the cloud's user path's credentials, through the API
+        self.conn = cloud_scenario.CLI(self.cloud.path('openrc')).connect(
+            compute_api_version='2.74')
         self.interval = interval
         self.echo = echo
         self.work = self.cloud.path('bench-weigher')

@@ -20,6 +20,7 @@ Usage: python -m tools.cloud_scenario [--state-dir DIR] [--keep]
 
 import argparse
 import configparser
+import functools
 import json
 import os
 import re
@@ -90,22 +91,26 @@ class CLI(object):
                     key, value = line[len('export '):].split('=', 1)
                     self.env[key] = value.strip('\'"')
 
-    @property
+    def connect(self, **kw):
+        """An openstacksdk connection with the openrc's credentials.
+
+        ``kw``: more of ``openstack.connect``'s options (an API version).
+        """
+        import openstack
+        e = self.env
+        return openstack.connect(
+            load_envvars=False, auth_url=e['OS_AUTH_URL'],
+            username=e['OS_USERNAME'], password=e['OS_PASSWORD'],
+            project_name=e['OS_PROJECT_NAME'],
+            user_domain_name=e.get('OS_USER_DOMAIN_NAME', 'Default'),
+            project_domain_name=e.get('OS_PROJECT_DOMAIN_NAME', 'Default'),
+            region_name=e.get('OS_REGION_NAME'),
+            interface=e.get('OS_INTERFACE', 'public'), **kw)
+
+    @functools.cached_property
     def sdk(self):
-        conn = self.__dict__.get('_sdk')
-        if conn is None:
-            import openstack
-            e = self.env
-            conn = self.__dict__['_sdk'] = openstack.connect(
-                load_envvars=False, auth_url=e['OS_AUTH_URL'],
-                username=e['OS_USERNAME'], password=e['OS_PASSWORD'],
-                project_name=e['OS_PROJECT_NAME'],
-                user_domain_name=e.get('OS_USER_DOMAIN_NAME', 'Default'),
-                project_domain_name=e.get('OS_PROJECT_DOMAIN_NAME',
-                                          'Default'),
-                region_name=e.get('OS_REGION_NAME'),
-                interface=e.get('OS_INTERFACE', 'public'))
-        return conn
+        """The connection the scenario watches servers through."""
+        return self.connect()
 
     def state(self, name):
         """A server's (status, task state, fault), as ``server show``."""
