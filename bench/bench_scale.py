@@ -33,8 +33,9 @@ Figures, measured against the agent's own ``/metrics``
 * **the weigher**: nova-scheduler's real ``HostWeightHandler`` with the
   real ``VmarWeigher`` over ``--hosts`` ``HostState`` objects, each lookup
   one ``RequestSpec`` of a vmar flavor for a random image: p50/p99 while
-  the reports arrive and on a quiet database after them (goal: p99 <= 10
-  ms); the baseline is the same handler with Nova's RAM weigher alone.
+  the reports arrive (in a process of their own, as nova-scheduler's) and
+  on a quiet database after them (goal: p99 <= 10 ms); the baseline is
+  the same handler with Nova's RAM weigher alone.
 
 ``library``: a cloud's catalogue added image by image (:class:`Cloud`:
 bases in families, derived images, snapshots; sizes divided by
@@ -58,6 +59,7 @@ Usage: bench_scale.py hosts [--db sqlite|mariadb|postgresql] [--hosts N]
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import random
 import statistics
@@ -307,6 +309,60 @@ class Weighing:
         return dt, out
 
 
+def lookups_process(url, host_names, image_ids, rate, stop, out, seed=11):
+    """Weigh requests at ``rate`` a second until ``stop`` is set.
+
+    The body of a process of its own, as nova-scheduler's: under the
+    schedule the bench's process is busy sending reports and ingesting, and
+    its lookups would wait on its interpreter lock, which no scheduler
+    does. Sends ``(times, hosts)`` to the pipe ``out`` at the end: each
+    lookup's time (s) and how many hosts it weighed above 0 (none would,
+    were the process not reading the bench's database).
+    """
+    vmar_conf.CONF([], project='vmar', default_config_files=[])
+    vmar_conf.CONF.set_override('connection', url, 'vmar_database')
+    w = Weighing(host_names)
+    rnd = random.Random(seed)
+    times, held = [], []
+    out.send('ready')
+    while not stop.wait(1.0 / rate):
+        dt, weighed = w.once(rnd.choice(image_ids))
+        times.append(dt)
+        held.append(sum(1 for o in weighed if o.weight > 0))
+    out.send((times, held))
+    out.close()
+
+
+class Lookups:
+    """:func:`lookups_process` in a spawned process, started and stopped."""
+
+    def __init__(self, url, host_names, image_ids, rate):
+        ctx = multiprocessing.get_context('spawn')
+        self._stop = ctx.Event()
+        self._recv, send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=lookups_process, name='vmar-bench-lookups',
+            args=(url, host_names, image_ids, rate, self._stop, send))
+        self._proc.start()
+        send.close()
+        # its imports (Nova's) and first connection are not lookups
+        if not self._recv.poll(120) or self._recv.recv() != 'ready':
+            self._proc.kill()
+            raise RuntimeError('the lookup process did not start')
+
+    def stop(self):
+        """:func:`lookups_process`'s ``(times, hosts)``, once it ends."""
+        self._stop.set()
+        try:
+            if not self._recv.poll(60):
+                raise RuntimeError('the lookup process did not answer')
+            return self._recv.recv()
+        finally:
+            self._proc.join(30)
+            if self._proc.is_alive():
+                self._proc.kill()
+
+
 def pct(values, q):
     if not values:
         return None
@@ -426,7 +482,7 @@ def run_hosts(args):
         redone.count = 0
         # the schedule, with weigher lookups and ingests beside it
         result['schedule'] = schedule(
-            args, sim, notifier, depth, metrics_port, w, images,
+            args, sim, notifier, depth, metrics_port, url, images,
             lambda: ingest_images(conf, work, args.ingests,
                                   args.ingest_mib, 'loaded'))
         result['ingest_loaded'] = {'times': result['schedule'].pop(
@@ -459,36 +515,34 @@ def run_hosts(args):
         rabbit.stop()
 
 
-def schedule(args, sim, notifier, depth, metrics_port, w, images,
+def schedule(args, sim, notifier, depth, metrics_port, url, images,
              ingests):
     """Every host reports every ``interval / speed`` s for ``minutes``.
 
-    Beside it: weigher lookups at ``--lookup-rate``, the queue's depth
+    Beside it: weigher lookups at ``--lookup-rate`` in a process of their
+    own (:class:`Lookups`, on the database ``url``), the queue's depth
     every two seconds, and ``ingests()`` once, from the start.
     """
     period = args.interval / args.speed
     names_ = sorted(sim.hosts)
     phase = {h: random.Random(h).uniform(0, period) for h in names_}
     stop = threading.Event()
-    samples, lookups = [], []
+    samples = []
 
     def sample():
         while not stop.wait(2):
             samples.append((time.monotonic() - start, depth()))
 
-    def weigh():
-        rnd = random.Random(11)
-        while not stop.wait(1.0 / args.lookup_rate):
-            dt, _ = w.once(rnd.choice(images)[0])
-            lookups.append(dt)
     ingest_times = []
 
     def ingest():
         ingest_times.extend(ingests())
+    weigher = Lookups(url, names_, [i[0] for i in images],
+                      args.lookup_rate)
     m0 = scrape(metrics_port)
     start = time.monotonic()
     threads = [threading.Thread(target=f, daemon=True)
-               for f in (sample, weigh, ingest)]
+               for f in (sample, ingest)]
     for t in threads:
         t.start()
     end = start + args.minutes * 60
@@ -511,6 +565,7 @@ def schedule(args, sim, notifier, depth, metrics_port, w, images,
             sent += 1
         k += 1
     stop.set()
+    lookups, held = weigher.stop()
     for t in threads:
         t.join()
     if len(ingest_times) < args.ingests:
@@ -543,7 +598,10 @@ def schedule(args, sim, notifier, depth, metrics_port, w, images,
            'queue_end': final, 'queue_samples': samples,
            'weigher_p50_ms': pct(lookups, 50) * 1e3 if lookups else None,
            'weigher_p99_ms': pct(lookups, 99) * 1e3 if lookups else None,
-           'weigher_lookups': len(lookups), 'ingest_times': ingest_times}
+           'weigher_lookups': len(lookups),
+           'weigher_mean_hosts_weighed_above_0':
+           statistics.mean(held) if held else 0,
+           'ingest_times': ingest_times}
     print('schedule: %d reports sent (%.1f/s asked, %d late), %d recorded '
           '(all %d %.1f s after the end); queue max %d, end %d; weigher p50 '
           '%.2f ms p99 %.2f ms under load'

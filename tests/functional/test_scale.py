@@ -45,9 +45,12 @@ class TestHostsReporting(testtools.TestCase):
         self.assertEqual(0, sched['queue_end'])
         self.assertEqual(hosts, res['rows']['vmar_hosts'])
         self.assertGreater(res['rows']['vmar_host_exports'], 0)
-        # the weigher found holders of the images it was asked about
+        # the weigher found holders of the images it was asked about,
+        # after the schedule and during it (in a process of its own)
         self.assertGreater(
             res['weigher_quiet']['mean_hosts_weighed_above_0'], 0)
+        self.assertGreater(sched['weigher_lookups'], 0)
+        self.assertGreater(sched['weigher_mean_hosts_weighed_above_0'], 0)
         # reports are no library mutation: an ingest beside them keeps
         # the lookups and map it prepared in its snapshot
         self.assertEqual(0, res['ingest_loaded']['redone'])
