@@ -4,7 +4,8 @@
 # functional tests against real QEMU tools, libvirt, SQLite, MariaDB,
 # PostgreSQL, RabbitMQ, glance-api and a single-node Ceph, and beside them
 # stages that share nothing with those tests: the daemon's tests on the
-# other QEMUs (10.0), the all-in-one cloud's user path
+# other QEMUs (10.0) then the library's on MariaDB, PostgreSQL and Galera,
+# the all-in-one cloud's user path
 # (tests/functional/test_cloud.py) and the fresh-machine stage:
 # the README's demo command in a pristine Debian 12 root
 # (tools/fresh-root.sh), then the packages of the vmar QEMU tools
@@ -183,6 +184,10 @@ fi
 # server's TLS clients
 DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph|test_peers)\.'
 DAEMON_TESTS+='|^tests\.functional\.test_glance\..*\.test_lazy_'
+# The library's tests on the database servers (MariaDB, PostgreSQL, Galera)
+# run no QEMU: they follow the other QEMUs' tests in that chain, which ends
+# long before the functional tests' (the longest chain) would reach them
+DATABASE_TESTS='^tests\.functional\.(test_databases|test_galera|test_scale)\.'
 CLOUD_TEST=tests.functional.test_cloud
 # stestr's "failing" names the failures of its last run only: each run's
 # are kept, with the QEMU they ran on, for the summary at the end
@@ -217,7 +222,10 @@ qemu_version() {
 # time and most of a core each; the daemon's tests on the other QEMUs (the
 # second one) wait on their services more than they compute (9 minutes
 # with the machine to themselves, half a core busy), so they run beside
-# both at a lower priority (nice 5) and take what the other two leave.
+# both at a lower priority (nice 5) and take what the other two leave;
+# then that chain runs the library's tests on the database servers, taken
+# off the functional tests' chain (the longest: 34 minutes with them, of
+# which they were 8, on an Intel Xeon of two cores).
 #
 # The first: the unit tests on Nova 33, the all-in-one cloud's user path
 # (tests/functional/test_cloud.py, the longest test), then with --bench the
@@ -276,7 +284,14 @@ other_qemus_chain() {
             failed "QEMU $version" --repo-url "$repo"
         }
     done
-    cpu_used "the chain of the other QEMUs' tests"
+    stage "the library's tests on the database servers"
+    VMAR_TEST_DATABASE=vmar_test_other \
+        stestr --repo-url "$repo" --test-path=./tests/functional run \
+        --concurrency=1 "$DATABASE_TESTS" || {
+        status=$?
+        failed "database servers" --repo-url "$repo"
+    }
+    cpu_used "the chain of the other QEMUs' and the database servers' tests"
     echo "$status" >"$OTHER_STATUS"
 }
 mkdir -p bench/out
@@ -290,7 +305,7 @@ OTHER_PID=$!
 stage "functional tests (QEMU, libvirt, SQLite, MariaDB, PostgreSQL, Ceph)"
 tests_status=0
 stestr --test-path=./tests/functional run --concurrency=1 \
-    --exclude-regex "^${CLOUD_TEST//./\\.}\\." || {
+    --exclude-regex "^${CLOUD_TEST//./\\.}\\.|$DATABASE_TESTS" || {
     tests_status=$?
     failed "QEMU $(qemu_version "$VMAR_QEMU_PREFIX")"
 }
