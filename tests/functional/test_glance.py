@@ -1472,10 +1472,12 @@ class TestGlance(GlanceTestCase):
             self.glance.openstack('image', 'set', '--public', image_id)
             self.wait_map(image_id, newer_than=v)
         # the unheld one goes, from Glance and from the library
-        self.wait_until(lambda: not self.map_image_exists(free, v_free),
+        # (the agent deletes the Glance map image first, then the
+        # library's record and file: wait for both)
+        self.wait_until(lambda: not self.map_image_exists(free, v_free)
+                        and not os.path.exists(ingest.map_path(
+                            self.conf, free, v_free)),
                         'map v%d of %s stays' % (v_free, free))
-        self.assertFalse(os.path.exists(ingest.map_path(self.conf, free,
-                                                        v_free)))
         # the held one stays, for the reason a dry run gives
         out = self.manage('map', 'gc', '--dry-run', '--min-age', '0').stdout
         self.assertIn('kept map v%d of %s: held by gc-host' % (v_held, held),
@@ -1486,10 +1488,10 @@ class TestGlance(GlanceTestCase):
             h['exports'] for h in hosts if h['host'] == 'gc-host'][0])
         # the instance is gone: its version follows
         export_cli('remove', held, '--holder', 'instance-1')
-        self.wait_until(lambda: not self.map_image_exists(held, v_held),
+        self.wait_until(lambda: not self.map_image_exists(held, v_held)
+                        and not os.path.exists(ingest.map_path(
+                            self.conf, held, v_held)),
                         'map v%d of %s stays' % (v_held, held))
-        self.assertFalse(os.path.exists(ingest.map_path(self.conf, held,
-                                                        v_held)))
         # the current versions stay
         for image_id in (held, free):
             v = self.source.current_version(image_id)
