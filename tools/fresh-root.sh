@@ -20,8 +20,8 @@
 #     /etc/pip.conf, so apt-get and pip reach the package registries.
 # Download and build caches are shared with this machine (bind mounts):
 # pip's wheel cache, debootstrap's .deb cache and the ccache of
-# qemu/build.sh. The image library is hard-linked into the root: an image
-# is rebuilt, in the root's copy only, unless its stamp matches the hash of
+# qemu/build.sh. The image library is read through an overlay: an image
+# is rebuilt, in the root's upper layer only, unless its stamp matches the hash of
 # the build script, its parameters and the root's tool versions, so a
 # stale image is never reused. The root's tools are the mirror's newest
 # and this machine's may be older, so the images a root builds are kept
@@ -58,10 +58,13 @@ QEMU_CACHE=/var/cache/vmar-openstack
 # compiles through the shared ccache.
 SHARED_CACHES=(/root/.cache/pip /var/cache/vmar-openstack/debootstrap
     "$QEMU_CACHE/ccache")
-# The image library is not shared but copied in as hard links: the root
+# The image library is not shared but read through an overlay: the root
 # reuses an image whose stamp matches what its own tools would build, and
-# rebuilds the others into its own copy (a build renames a new file into
-# place), never into the machine's library, which tests may be reading.
+# rebuilds the others into the overlay's upper layer (a build renames a new
+# file into place), never into the machine's library, which tests may be
+# reading. Not hard links: a link made or removed changes the image's
+# ctime, and a test hashing it at that moment sees it "changed while it
+# was being read" (the cold CI run of b257fdc).
 LIBRARY=/var/cache/vmar-openstack/images
 # the images earlier roots built (their stamps name the roots' tools)
 ROOT_LIBRARY=$CACHE/images
@@ -144,22 +147,29 @@ inside() {
             mkdir -p "$d" "$root$d"
             mount --bind "$d" "$root$d"
         done
-        if [ -d "$LIBRARY" ]; then
-            mkdir -p "$(dirname "$root$LIBRARY")"
-            cp -al "$LIBRARY" "$root$LIBRARY" 2>/dev/null ||
-                say "image library not linked in (another file system?)"
-        fi
-        if [ -d "$ROOT_LIBRARY" ]; then
-            mkdir -p "$root$LIBRARY"
-            cp -alf "$ROOT_LIBRARY/." "$root$LIBRARY/" 2>/dev/null ||
-                say "images of earlier roots not linked in"
-        fi
+        library "$root"
     fi
     # shellcheck disable=SC2016  # expanded by the inner shell
     exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         PIP_DISABLE_PIP_VERSION_CHECK=1 "CI=${CI:-}" \
         /bin/bash -c 'cd "$0" && exec "$@"' "$CLONE" "$@"
+}
+
+# The machine's image library under the images of earlier roots, read-only,
+# with the root's own builds in an upper layer beside the root
+# (keep_images reads it once the command is through).
+library() {
+    local root=$1 lower="" d work=${1%/root}
+    for d in "$ROOT_LIBRARY" "$LIBRARY"; do
+        [ -d "$d" ] && lower=${lower:+$lower:}$d
+    done
+    [ -n "$lower" ] || return 0
+    mkdir -p "$root$LIBRARY" "$work/library-upper" "$work/library-work"
+    mount -t overlay overlay -o "lowerdir=$lower" \
+        -o "upperdir=$work/library-upper,workdir=$work/library-work" \
+        "$root$LIBRARY" ||
+        say "image library not mounted in; the root builds every image"
 }
 
 leftovers() {
@@ -171,20 +181,19 @@ leftovers() {
     return 0
 }
 
-# The images the root built (new files, not links to the machine's or to
-# an earlier root's), kept for the next root with their stamps.
+# The images the root built (the regular files of the overlay's upper
+# layer: whiteouts are device nodes), kept for the next root with their
+# stamps.
 keep_images() {
-    local root=$1 stamp name
-    for stamp in "$root$LIBRARY"/*.raw.stamp; do
+    local upper=${1%/root}/library-upper stamp name
+    for stamp in "$upper"/*.raw.stamp; do
         [ -f "$stamp" ] || continue
         name=${stamp##*/}
         name=${name%.stamp}
-        [ "$stamp" -ef "$LIBRARY/$name.stamp" ] && continue
-        [ "$stamp" -ef "$ROOT_LIBRARY/$name.stamp" ] && continue
-        [ -f "$root$LIBRARY/$name" ] || continue
+        [ -f "$upper/$name" ] || continue
         mkdir -p "$ROOT_LIBRARY"
         rm -f "$ROOT_LIBRARY/$name.stamp"
-        if ln -f "$root$LIBRARY/$name" "$ROOT_LIBRARY/$name" &&
+        if ln -f "$upper/$name" "$ROOT_LIBRARY/$name" &&
             ln -f "$stamp" "$ROOT_LIBRARY/$name.stamp"; then
             say "kept $name, built in the root, for the next root"
         else
