@@ -1690,9 +1690,12 @@ class TestSeveralAgents(GlanceTestCase):
         # one after the other; the agents take their notifications in
         # parallel
         ids = [self.create(raw) for raw in raws]
+        raw_of = dict(zip(ids, raws))
         versions = {i: self.wait_map(i) for i in ids}
         # the canonical copy of the common blocks is the first ingested
-        # image: delete every image in turn but the last two
+        # image (the lowest seq: the agents may ingest out of upload
+        # order): delete every image in turn but the last two ingested
+        ids.sort(key=lambda i: self.library_image(i).seq)
         for image_id in ids[:3]:
             self.delete(image_id)
         for image_id in ids[3:]:
@@ -1709,7 +1712,7 @@ class TestSeveralAgents(GlanceTestCase):
                 time.sleep(0.5)
             out = os.path.join(self.tmp, image_id + '.raw')
             self.rebuild(image_id, v, out)
-            self.assertEqual(_sha(raws[ids.index(image_id)]), _sha(out))
+            self.assertEqual(_sha(raw_of[image_id]), _sha(out))
             self.assertGreaterEqual(v, versions[image_id])
         deadline = time.time() + 60
         while self.library_count() != 2:
