@@ -328,7 +328,7 @@ def lookups_process(url, host_names, image_ids, rate, stop, out, seed=11):
     while not stop.wait(1.0 / rate):
         dt, weighed = w.once(rnd.choice(image_ids))
         times.append(dt)
-        held.append(sum(1 for o in weighed if o.weight > 0))
+        held.append(above_zero(weighed))
     out.send((times, held))
     out.close()
 
@@ -363,6 +363,11 @@ class Lookups:
                 self._proc.kill()
 
 
+def above_zero(weighed):
+    """How many of Nova's weighed hosts weigh more than 0."""
+    return sum(1 for o in weighed if o.weight > 0)
+
+
 def pct(values, q):
     if not values:
         return None
@@ -375,7 +380,7 @@ def weigh_many(w, images, n, vmar=True, seed=7):
     for _ in range(n):
         dt, out = w.once(rnd.choice(images)[0], vmar)
         times.append(dt)
-        held += sum(1 for o in out if o.weight > 0)
+        held += above_zero(out)
     return {'lookups': n, 'p50_ms': pct(times, 50) * 1e3,
             'p99_ms': pct(times, 99) * 1e3,
             'mean_hosts_weighed_above_0': held / n}
