@@ -2,6 +2,7 @@
 
 import os
 import random
+import shutil
 import tempfile
 
 import fixtures
@@ -30,6 +31,25 @@ def write_image(path, seeds, tail=b''):
             f.write(bytes(BS) if s is None else block(s))
         f.write(tail)
     return path
+
+
+SOCKET_ROOT = '/run/vmar-test'
+
+
+def socket_dir(test, prefix):
+    """A fresh directory for a test's sockets, removed after the test.
+
+    Under /run (a socket's path must stay short), readable by QEMU's user,
+    and of this run alone: the test chains of run-tests.sh run the same
+    test on two QEMUs at once, and a directory named after the test was
+    one socket for both.
+    """
+    os.makedirs(SOCKET_ROOT, exist_ok=True)
+    os.chmod(SOCKET_ROOT, 0o755)
+    d = tempfile.mkdtemp(prefix=prefix, dir=SOCKET_ROOT)
+    os.chmod(d, 0o755)
+    test.addCleanup(shutil.rmtree, d, True)
+    return d
 
 
 def new_conf():

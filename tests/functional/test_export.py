@@ -52,10 +52,7 @@ class ExportTestCase(base.LibraryTestCase):
     def setUp(self):
         super().setUp()
         self.prefix = qemu_env.qemu_prefix()
-        self.sock_dir = os.path.join('/run/vmar-test', self.id()[-40:])
-        os.makedirs(self.sock_dir, exist_ok=True)
-        os.chmod('/run/vmar-test', 0o755)
-        os.chmod(self.sock_dir, 0o755)
+        self.sock_dir = base.socket_dir(self, 'export-')
         self.sock = os.path.join(self.sock_dir, 'nbd.sock')
         self.conf_file = self.write_conf_file(host_extra=(
             'export_socket = %s\nqemu_storage_daemon = %s\nbase_fetch = %s\n'

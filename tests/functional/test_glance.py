@@ -1434,9 +1434,7 @@ class TestGlance(GlanceTestCase):
         """
         d = os.path.join(self.tmp, name)
         os.makedirs(d)
-        os.makedirs('/run/vmar-test', exist_ok=True)
-        sock_dir = tempfile.mkdtemp(prefix='gc-', dir='/run/vmar-test')
-        self.addCleanup(shutil.rmtree, sock_dir, True)
+        sock_dir = base.socket_dir(self, 'gc-')
         conf = os.path.join(d, 'vmar.conf')
         glance_env.write_conf(conf, {
             'DEFAULT': {'transport_url': self.rabbit.transport_url},

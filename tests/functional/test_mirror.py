@@ -18,6 +18,7 @@ import fixtures
 import numpy as np
 import testtools
 
+from tests import base
 from tools.vmarenv import qemu_env
 from vmar_openstack.export import qmp
 from vmar_openstack import fingerprint
@@ -50,10 +51,7 @@ class MirrorTestCase(testtools.TestCase):
         super().setUp()
         self.tmp = self.useFixture(fixtures.TempDir()).path
         self.prefix = qemu_env.qemu_prefix()
-        self.sock_dir = os.path.join('/run/vmar-test', 'mirror-'
-                                     + uuid.uuid4().hex[:12])
-        os.makedirs(self.sock_dir)
-        self.addCleanup(self._rmdir, self.sock_dir)
+        self.sock_dir = base.socket_dir(self, 'mirror-')
         self.image_id = str(uuid.uuid4())
         self.base = os.path.join(self.tmp, 'base.raw')
         self.data = _make_base(self.base)
@@ -67,12 +65,6 @@ class MirrorTestCase(testtools.TestCase):
         with open(self.mirror, 'wb') as f:
             f.truncate(SIZE)
         mirror.create_present(self.present, self.hdr)
-
-    @staticmethod
-    def _rmdir(d):
-        for n in os.listdir(d):
-            os.unlink(os.path.join(d, n))
-        os.rmdir(d)
 
     def node(self, source=None, readahead=None, **extra):
         opts = {'driver': 'vmar-mirror', 'node-name': 'm0',
