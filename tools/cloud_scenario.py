@@ -119,6 +119,10 @@ class CLI(object):
             sdk.compute.find_server(name, ignore_missing=False))
         return s.status, s.task_state, s.fault
 
+    def hidden_images(self):
+        """The hidden images, as ``image list --hidden``, with properties."""
+        return list(self.sdk.image.images(is_hidden=True))
+
     def console(self, name):
         """The console log (``console log show``); None if it has none.
 
@@ -286,14 +290,17 @@ class UserPath(Scenario):
             return 'its domain: unknown (%s)' % e
 
     def map_images(self, of=None):
-        """Hidden map images in Glance, {id: properties}."""
+        """Hidden map images in Glance, {id: properties}.
+
+        One listing, which carries each image's properties: a listing and
+        then a ``show`` per image raced the agents' deletes.
+        """
         found = {}
-        for img in self.os.json('image', 'list', '--hidden', '--long'):
-            if img['Name'].startswith(VMAR_PREFIX):
-                props = self.os.json('image', 'show', img['ID'])
-                p = props.get('properties') or {}
-                if of is None or p.get('vmar_map_of') == of:
-                    found[img['ID']] = p
+        for img in self.os.hidden_images():
+            p = img.properties or {}
+            if (img.name or '').startswith(VMAR_PREFIX) and (
+                    of is None or p.get('vmar_map_of') == of):
+                found[img.id] = p
         return found
 
     def wait_map(self, name):
