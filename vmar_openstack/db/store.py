@@ -81,6 +81,21 @@ def _smaller(a, b):
     return min(a, b)
 
 
+def _spans(keys, clusters):
+    """``keys`` ordered by cluster, and ``{cluster id: (lo, hi)}``.
+
+    Each cluster's keys are ``keys[lo:hi]`` of the keys returned, in the
+    order they came within the cluster.
+    """
+    order = fp_keys.stable_order(clusters)
+    keys, clusters = keys[order], clusters[order]
+    starts = np.concatenate([np.zeros(min(1, len(keys)), np.int64),
+                             np.flatnonzero(np.diff(clusters)) + 1])
+    ends = np.append(starts[1:], len(keys))
+    return keys, dict(zip(clusters[starts].tolist(),
+                          zip(starts.tolist(), ends.tolist())))
+
+
 class ClusterStore:
     """The library's tables, as one transaction (``session``) sees them."""
 
@@ -656,57 +671,83 @@ class ClusterStore:
         when that moves fewer (:meth:`_flips`). Returns ``(keys, cluster
         ids)`` of the kept keys after the change.
         """
-        order = fp_keys.stable_order(clusters)
-        keys, clusters = keys[order], clusters[order]
-        starts = np.flatnonzero(np.diff(clusters)) + 1
-        starts = np.concatenate([np.zeros(min(1, len(keys)), np.int64),
-                                 starts])
-        ends = np.append(starts[1:], len(keys))
-        ids = clusters[starts].tolist()
-        info = self._cluster_info(ids)
-        counts = (ends - starts).tolist()
-        span = dict(zip(ids, zip(starts.tolist(), ends.tolist())))
-        whole, split = [], []
-        for cid, start, count in zip(ids, starts.tolist(), counts):
-            if count == info[cid].n_fingerprints:
-                whole.append(cid)
-            else:
-                split.append((cid, np.arange(start, start + count)))
+        keys, span = _spans(keys, clusters)
+        info = self._cluster_info(list(span))
+        whole = [c for c, (lo, hi) in span.items()
+                 if hi - lo == info[c].n_fingerprints]
+        split = [(c, np.arange(lo, hi)) for c, (lo, hi) in span.items()
+                 if hi - lo != info[c].n_fingerprints]
         if not adding and split:
             raise exception.LibraryInconsistent(
                 what='image %d holds only part of a cluster' % seq)
-        shadows = {} if adding else self.shadows_of(whole)
-        if shadows:
-            # leaving: the shadows of a cluster whose public members no
-            # longer come before them all become members
-            members = self._resolve(info[c] for c in shadows)
-            for cid in list(shadows):
-                rest = members[cid][members[cid] != seq]
-                public = self._uncovered(rest, shadows[cid])
-                if public is not None:
-                    lo, hi = span[cid]
-                    self._recover(cid, keys[lo:hi], rest, info[cid],
-                                  shadows.pop(cid), public, leaving=seq)
-                    whole.remove(cid)
+        shadows = {}
+        if not adding:
+            shadows, recovered = self._recover_leaving(keys, span, whole,
+                                                       info, seq)
+            whole = [c for c in whole if c not in recovered]
         flips = {}
         if split and image_keys is not None:
             flips = self._flips(split, info, image_keys)
             split = [(cid, grp) for cid, grp in split if cid not in flips]
             whole += list(flips)
-        dest = {}
-        # whole clusters: new member set = old toggled by seq
+        dest = self._toggle_whole(whole, keys, span, info, shadows, seq,
+                                  adding, public)
+        if flips:
+            self._split_back(flips, info)
+        if split:
+            dest.update(self._split_off(split, info, keys, seq, public))
+        self._drop_orphan_bases()
+        out_k = [np.empty(0, np.int64)] + [keys[span[c][0]:span[c][1]]
+                                           for c in dest]
+        out_c = [np.empty(0, np.int64)] + [
+            np.full(span[c][1] - span[c][0], d, np.int64)
+            for c, d in dest.items()]
+        return np.concatenate(out_k), np.concatenate(out_c)
+
+    def _recover_leaving(self, keys, span, whole, info, seq):
+        """Before ``seq`` leaves the ``whole`` clusters: their shadows.
+
+        A cluster whose public members, once ``seq`` has left, no longer
+        come before all its shadows is :meth:`_recover` ed here. Returns
+        the other clusters' shadow seqs (``{cluster id: seqs}``, those with
+        any), for the change that follows, and the set of those recovered.
+        """
+        shadows = self.shadows_of(whole)
+        recovered = set()
+        if not shadows:
+            return shadows, recovered
+        members = self._resolve(info[c] for c in shadows)
+        for cid in list(shadows):
+            rest = members[cid][members[cid] != seq]
+            public = self._uncovered(rest, shadows[cid])
+            if public is not None:
+                lo, hi = span[cid]
+                self._recover(cid, keys[lo:hi], rest, info[cid],
+                              shadows.pop(cid), public, leaving=seq)
+                recovered.add(cid)
+        return shadows, recovered
+
+    def _toggle_whole(self, whole, keys, span, info, shadows, seq, adding,
+                      public):
+        """Toggle ``seq`` in clusters whose keys are all the image's.
+
+        Each cluster's new member set is its old one toggled by ``seq``: a
+        cluster ``seq`` was the only member of goes with its keys; one
+        whose new set has a cluster already moves its keys (and
+        ``shadows``) there; the others change their member set in place
+        (:meth:`_relabel`). Returns old cluster id -> cluster id after.
+        """
         new_hash = {cid: db_members.toggle(info[cid].members_hash, seq)
                     for cid in whole}
         # Adding: no cluster holds seq yet (a new image, or one whose keys
         # were just removed), so no C + {seq} exists; the unique index on
         # members_hash would refuse a duplicate. Removing may meet one.
         existing = {} if adding else self._ids_by_hash(new_hash.values())
-        relabel, emptied = [], []
+        dest, relabel, emptied = {}, [], []
         for cid in whole:
             if not adding and info[cid].n_images == 1:
                 emptied.append(cid)   # the image was the only member
             elif new_hash[cid] in existing:
-                # the new member set has a cluster already: move the keys
                 dst = existing[new_hash[cid]]
                 lo, hi = span[cid]
                 self._sql.move(keys[lo:hi], dst)
@@ -725,17 +766,7 @@ class ClusterStore:
             self._drop_clusters(emptied, info)
         if relabel:
             self._relabel(relabel, info, new_hash, seq, adding, public)
-        if flips:
-            self._split_back(flips, info)
-        if split:
-            dest.update(self._split_off(split, info, keys, seq, public))
-        self._drop_orphan_bases()
-        out_k = [np.empty(0, np.int64)] + [keys[span[c][0]:span[c][1]]
-                                           for c in dest]
-        out_c = [np.empty(0, np.int64)] + [
-            np.full(span[c][1] - span[c][0], d, np.int64)
-            for c, d in dest.items()]
-        return np.concatenate(out_k), np.concatenate(out_c)
+        return dest
 
     # -- shadow holders ------------------------------------------------------
 
