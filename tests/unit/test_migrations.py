@@ -426,3 +426,25 @@ class TestMigration0020(MigrationTestCase):
         with db_session.reader(self.conf) as s:
             row = s.get(models.HostReport, 'h1')
             self.assertEqual(('r', 5), (row.report_run, row.report_seq))
+
+
+class TestMigration0021(MigrationTestCase):
+    """Hosts of before have no digest; the library's epoch starts at 0."""
+
+    def test_reports_of_before_are_written_whole(self):
+        migration.upgrade('0020', conf=self.conf)
+        with db_session.get_engine(self.conf).begin() as c:
+            c.execute(sa.text("INSERT INTO vmar_hosts (host, reported_at) "
+                              "VALUES ('h1', '2026-11-28 12:00:00')"))
+        migration.upgrade('head', conf=self.conf)
+        with db_session.reader(self.conf) as s:
+            self.assertIsNone(s.get(models.HostReport, 'h1').report_digest)
+            self.assertEqual(0, db_session.maps_epoch(s))
+        reports = db_hosts.HostReports(self.conf)
+        self.assertTrue(reports.record('h1', [('i1', 1)], {'b1': None}))
+        (h,) = reports.list()
+        self.assertEqual(((('i1', 1),), (('b1', None),)),
+                         (h.exports, h.holds))
+        with db_session.reader(self.conf) as s:
+            self.assertIsNotNone(s.get(models.HostReport,
+                                       'h1').report_digest)

@@ -159,6 +159,96 @@ class TestShares(HoldingsTestCase):
         self.assertEqual({}, self.reports.shares(B))
 
 
+class TestUnchangedReports(HoldingsTestCase):
+    """A report that says what the last one said writes its row alone."""
+
+    def statements(self, fn):
+        """The SQL statements ``fn`` runs, as text."""
+        seen = []
+
+        def count(conn, cursor, statement, *args):
+            seen.append(statement)
+        engine = db_session.get_engine(self.conf)
+        sa.event.listen(engine, 'before_cursor_execute', count)
+        try:
+            fn()
+        finally:
+            sa.event.remove(engine, 'before_cursor_execute', count)
+        return seen
+
+    def record(self, **kw):
+        args = dict(host='h', exports=[(B, 1)], holds={A: 2},
+                    peer_address='h:1', complete=(A,))
+        args.update(kw)
+        return self.reports.record(**args)
+
+    def test_an_unchanged_report_moves_its_time_and_order(self):
+        t0 = datetime.datetime(2026, 11, 29, 0, 0, 0)
+        self.assertTrue(self.record(reported_at=t0, order=('r', 1),
+                                    load_per_cpu=0.5))
+        whole = self.statements(lambda: self.record(
+            reported_at=t0, order=('r', 2), exports=[(A, 1)]))
+        t1 = t0 + datetime.timedelta(seconds=60)
+        same = self.statements(lambda: self.assertTrue(self.record(
+            reported_at=t1, order=('r', 3), exports=[(A, 1)],
+            load_per_cpu=1.5)))
+        # the host's row read and written, the epoch read; no row of the
+        # report's tables
+        self.assertLessEqual(len(same), 4, same)
+        self.assertGreater(len(whole), 10, whole)
+        self.assertFalse([q for q in same if 'vmar_host_' in q], same)
+        (h,) = self.reports.list()
+        self.assertEqual((t1, ((A, 1),), ((A, 2),), 'h:1', 1.5, (A,)),
+                         (h.reported_at, h.exports, h.holds,
+                          h.peer_address, h.load_per_cpu, h.complete))
+        with db_session.reader(self.conf) as s:
+            row = s.get(models.HostReport, 'h')
+            self.assertEqual(('r', 3), (row.report_run, row.report_seq))
+        # an older report is still refused
+        self.assertFalse(self.record(order=('r', 2), exports=[(A, 1)]))
+
+    def test_each_thing_a_report_says_is_written_when_it_changes(self):
+        self.record()
+        for change in ({'exports': [(B, 1), (A, 1)]}, {'holds': {A: 3}},
+                       {'holds': {A: 3, B: None}}, {'complete': ()},
+                       {'peer_address': None}, {'peer_address': 'h:2'}):
+            kw = dict(exports=[(B, 1)], holds={A: 2}, complete=(A,),
+                      peer_address='h:1')
+            kw.update(change)
+            self.record(**kw)
+            (h,) = self.reports.list()
+            self.assertEqual(
+                (tuple(sorted(kw['exports'])), tuple(sorted(
+                    kw['holds'].items(), key=str)), tuple(kw['complete']),
+                 kw['peer_address']),
+                (h.exports, h.holds, h.complete, h.peer_address), change)
+        # a report that says nothing of its holds keeps the last ones
+        self.record(holds={A: 3, B: None})
+        self.record(holds=None)
+        self.assertEqual(((A, 3), (B, None)), self.reports.list()[0].holds)
+
+    def test_shares_follow_a_maps_change_under_an_unchanged_report(self):
+        # C reads blocks 1-4 from A and holds 6 and 7: 2 canonical blocks
+        self.lib.add(C, self.image('c', [1, 2, 3, 4, 6, 7]),
+                     visibility='public')
+        self.record(exports=[], holds={C: 2}, complete=())
+        self.assertEqual({C: {'h': 1.0}}, self.reports.base_shares([C]))
+        # A goes: B (public, before C) becomes canonical for 1 and 2, and
+        # C for 3 and 4; C's map is rewritten: 4 canonical blocks
+        self.lib.delete(A)
+        self.lib.remap(C)
+        self.assertEqual(4, dict(mapformat.target_blocks(
+            *(lambda m: (m.targets, m.extents))(mapformat.read(
+                ingest.map_path(self.conf, C, 2)))))[C])
+        self.record(exports=[], holds={C: 2}, complete=())
+        self.assertEqual({C: {'h': 0.5}}, self.reports.base_shares([C]))
+        # and again with nothing changed: a plain report
+        same = self.statements(lambda: self.record(
+            exports=[], holds={C: 2}, complete=()))
+        self.assertFalse([q for q in same if 'vmar_host_' in q], same)
+        self.assertEqual({C: {'h': 0.5}}, self.reports.base_shares([C]))
+
+
 class TestReportsBesideTheLibrary(HoldingsTestCase):
     """Reports are not library mutations (issue 35: a thousand hosts)."""
 

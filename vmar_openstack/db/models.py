@@ -228,6 +228,10 @@ class HostReport(Base):
     # is not recorded over this one (0020; None: a host of before)
     report_run = sa.Column(sa.String(36), nullable=True)
     report_seq = sa.Column(sa.BigInteger, nullable=True)
+    # what the rows of the report last written say, and the library's
+    # maps epoch then (db.hosts._digest): a report that says the same
+    # under the same epoch only moves the time and order above (0021)
+    report_digest = sa.Column(sa.String(64), nullable=True)
 
 
 class HostExport(Base):
@@ -308,3 +312,7 @@ class Lock(Base):
     name = sa.Column(sa.String(64), primary_key=True)
     # committed library mutations (see session.locked_writer)
     generation = sa.Column(sa.BigInteger, nullable=False, default=0)
+    # changes to what hosts' shares are computed from: a map version
+    # replaced or forgotten, an image deleted (session.maps_changed)
+    maps_epoch = sa.Column(sa.BigInteger, nullable=False, default=0,
+                           server_default='0')

@@ -317,6 +317,33 @@ def generation(session):
     return value
 
 
+def maps_epoch(session):
+    """The library's maps epoch, as this transaction sees it.
+
+    A plain read: it waits for no lock (reports read it beside an ingest
+    that holds the library lock).
+    """
+    value = session.execute(sa.text(
+        'SELECT maps_epoch FROM vmar_locks WHERE name = :n'),
+        {'n': LIBRARY_LOCK}).scalar()
+    if value is None:
+        raise exception.DatabaseNotReady(what='vmar_locks row')
+    return value
+
+
+def maps_changed(session):
+    """Count a change to what the hosts' shares are computed from.
+
+    A current map version replaced, a map version or an image forgotten,
+    per-target counts recorded late: each host's next report is then
+    written whole (:meth:`vmar_openstack.db.hosts.HostReports.record`).
+    In the library's transaction, whose lock row this is.
+    """
+    session.execute(sa.text('UPDATE vmar_locks SET maps_epoch = '
+                            'maps_epoch + 1 WHERE name = :n'),
+                    {'n': LIBRARY_LOCK})
+
+
 def _take_lock(session, timeout):
     name = dialect(session)
     if name == 'sqlite':

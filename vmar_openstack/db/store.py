@@ -186,6 +186,7 @@ class ClusterStore:
             models.ImageDigests.seq == img.seq))
         self.clear_pending([img.seq])
         self.session.delete(img)
+        db_session.maps_changed(self.session)
         self.session.flush()
         return versions
 
@@ -220,21 +221,27 @@ class ClusterStore:
         self.session.execute(sa.delete(models.MapTarget).where(
             models.MapTarget.seq == img.seq,
             models.MapTarget.version == version))
-        return self.session.execute(sa.delete(models.MapVersion).where(
+        gone = self.session.execute(sa.delete(models.MapVersion).where(
             models.MapVersion.seq == img.seq,
             models.MapVersion.version == version)).rowcount > 0
+        if gone:
+            db_session.maps_changed(self.session)
+        return gone
 
     def record_map_version(self, seq, version, size, sha256, n_extents,
                            targets=()):
         """Record a map version written.
 
         ``targets``: ``[(target image id, blocks read from it)]``
-        (:func:`vmar_openstack.mapformat.target_blocks`).
+        (:func:`vmar_openstack.mapformat.target_blocks`). A version after
+        the first replaces the image's current map: a maps change.
         """
         self.session.add(models.MapVersion(
             seq=seq, version=version, size=size, sha256=sha256,
             n_extents=n_extents))
-        self.record_map_targets(seq, version, targets)
+        self._add_targets(seq, version, targets)
+        if version > 1:
+            db_session.maps_changed(self.session)
 
     def map_versions_without_targets(self):
         """``[(seq, image id, version)]`` of current maps lacking counts.
@@ -251,6 +258,10 @@ class ClusterStore:
 
     def record_map_targets(self, seq, version, targets):
         """The per-target counts of a map version recorded without them."""
+        self._add_targets(seq, version, targets)
+        db_session.maps_changed(self.session)
+
+    def _add_targets(self, seq, version, targets):
         self.session.add_all(models.MapTarget(
             seq=seq, version=version, target_id=t, blocks=n)
             for t, n in targets if n)
