@@ -246,7 +246,17 @@ def scrape(port):
     for fam in prom_parser.text_string_to_metric_families(text):
         for s in fam.samples:
             out[s.name] = out.get(s.name, 0.0) + s.value
+            if s.labels:    # and each series: name:label values
+                key = '%s:%s' % (s.name, ','.join(
+                    v for _k, v in sorted(s.labels.items())))
+                out[key] = out.get(key, 0.0) + s.value
     return out
+
+
+def unchanged(m0, m1):
+    """Reports the agent recorded as unchanged between two scrapes."""
+    key = 'vmar_agent_reports_total:unchanged'
+    return int(m1.get(key, 0) - m0.get(key, 0))
 
 
 class QueueDepth:
@@ -594,7 +604,7 @@ def schedule(args, sim, notifier, depth, metrics_port, url, images,
            'asked_per_s': args.hosts / period,
            'recorded': n, 'wall_s': t_end - start,
            'backlog_end': sent - n, 'drained_after_s': drain_s,
-           'recorded_after': recorded,
+           'recorded_after': recorded, 'unchanged': unchanged(m0, m1),
            'mean_record_ms': 1e3 * (m1['vmar_agent_report_seconds_sum']
                                     - m0['vmar_agent_report_seconds_sum'])
            / max(n, 1),
@@ -622,7 +632,9 @@ def report(r):
     print('== %d hosts, %d images (%d bases), %s' % (
         r['hosts'], r['images'], r['bases'], r['db']))
     print('time per report (agent, recorded): %.2f ms flood, %.2f ms on '
-          'schedule' % (f['mean_record_ms'], s['mean_record_ms']))
+          'schedule (%d of %d unchanged: the host\'s row alone)' % (
+              f['mean_record_ms'], s['mean_record_ms'], s['unchanged'],
+              s['recorded']))
     print('sustained (flood drain): %.1f reports/s; the schedule asks '
           '%.1f/s (x%.1f of the real rate): headroom %.1f x' % (
               f['reports_per_s'], s['asked_per_s'], r['speed'],

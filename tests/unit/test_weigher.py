@@ -31,6 +31,7 @@ from vmar_openstack.db import session as db_session
 from vmar_openstack.export import hostdir
 from vmar_openstack.export import report
 from vmar_openstack.glance_hooks import agent
+from vmar_openstack.glance_hooks import metrics
 from vmar_openstack import ingest
 from vmar_openstack.ingest import paths as ingest_paths
 from vmar_openstack import mapformat
@@ -381,6 +382,19 @@ class TestHostSide(HoldingsTestCase):
             self.assertEqual([(((B, v + 1),), ((A, None), (B, 1)))],
                              [(h.exports, h.holds)
                               for h in self.reports.list()])
+
+    def test_agent_counts_reports_by_outcome(self):
+        ep = agent.HostReportEndpoint(self.conf, None)
+
+        def count(outcome):
+            return metrics.REPORTS.labels(outcome)._value.get()
+        before = {o: count(o) for o in ('written', 'unchanged', 'older')}
+        report = {'host': 'h', 'exports': [[B, 1]], 'holds': [[A, None]],
+                  'run': 'r', 'seq': 2}
+        for seq in (2, 3, 1):
+            ep.info({}, 'p', 'vmar.host.exports', dict(report, seq=seq), {})
+        self.assertEqual({'written': 1, 'unchanged': 1, 'older': 1},
+                         {o: count(o) - n for o, n in before.items()})
 
     def test_an_older_report_of_a_run_is_not_recorded_over_a_newer(self):
         """Change reports come a second apart: the pool may swap two."""

@@ -15,6 +15,7 @@ blocks of a base: the hosts that hold them and serve peers.
 
 import dataclasses
 import datetime
+import enum
 import hashlib
 import json
 
@@ -58,6 +59,13 @@ def _older(report, order):
     return (report is not None and order is not None
             and report.report_run == order[0]
             and report.report_seq is not None and order[1] < report.report_seq)
+
+
+class Recorded(enum.IntEnum):
+    """What :meth:`HostReports.record` did with a report (false: nothing)."""
+    OLDER = 0        # a later report of the host's run is recorded
+    WRITTEN = 1      # its rows written
+    UNCHANGED = 2    # it said what the last one said: its host's row moved
 
 
 def _digest(rows, holds, complete, peer_address, epoch):
@@ -114,7 +122,7 @@ class HostReports:
     def record(self, host, exports, holds=None, reported_at=None,
                peer_address=None, load_per_cpu=None, complete=(),
                order=None):
-        """Replace ``host``'s report; False if it was older than the last.
+        """Replace ``host``'s report; a :class:`Recorded`, false if older.
 
         ``exports``: ``(image id, map version)`` pairs; ``holds``: ``{base
         id: blocks held, None for a whole base}`` (None: the report said
@@ -143,12 +151,12 @@ class HostReports:
                 .where(models.HostReport.host == host)
                 .with_for_update()).scalar_one_or_none()
             if _older(report, order):
-                return False
+                return Recorded.OLDER
             digest = _digest(rows, holds, complete, peer_address,
                              db_session.maps_epoch(s))
             if report is not None and report.report_digest == digest:
                 _stamp(report, order, reported_at, load_per_cpu)
-                return True
+                return Recorded.UNCHANGED
             s.execute(sa.delete(models.HostExport).where(
                 models.HostExport.host == host))
             if holds is not None:
@@ -172,7 +180,7 @@ class HostReports:
                     for b, n in holds.items())
             s.flush()
             self._record_shares(s, host, holds)
-        return True
+        return Recorded.WRITTEN
 
     def _record_shares(self, s, host, holds):
         """Rewrite ``host``'s rows of ``vmar_host_shares`` from its report.

@@ -465,15 +465,18 @@ class HostReportEndpoint:
             order = None
         try:
             with metrics.REPORT_SECONDS.time():
-                newer = self.reports.record(
+                done = self.reports.record(
                     host, exports, holds, peer_address=peer,
                     load_per_cpu=load, complete=complete, order=order)
         except Exception as e:         # the database away: redeliver
             LOG.warning('report of %s not recorded: %s', host, e)
+            metrics.REPORTS.labels('failed').inc()
             time.sleep(self.retry_delay)
             return oslo_messaging.NotificationResult.REQUEUE
-        if newer:
-            LOG.debug('%s reports %d exports', host, len(exports))
+        metrics.REPORTS.labels(done.name.lower()).inc()
+        if done:
+            LOG.debug('%s reports %d exports (%s)', host, len(exports),
+                      done.name.lower())
         else:
             LOG.debug('report %s of %s left out: a later one is recorded',
                       order[1], host)

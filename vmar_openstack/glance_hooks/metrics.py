@@ -34,6 +34,11 @@ REPORT_SECONDS = prometheus_client.Histogram(
     '(vmar.host.exports) in the database; its count is the reports '
     'recorded.', buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                           1, 2.5, 5), registry=None)
+REPORTS = prometheus_client.Counter(
+    'vmar_agent_reports', 'Compute hosts\' reports handled, by outcome: '
+    'written, unchanged (the same as the host\'s last: its row moved '
+    'alone), older (a later one was recorded), failed (redelivered).',
+    ['outcome'], registry=None)
 PENDING_REWRITTEN = prometheus_client.Counter(
     'vmar_agent_pending_maps_rewritten', 'Maps left pending by a change '
     'of another image that the agent rewrote and published '
@@ -80,7 +85,7 @@ def registry(conf):
     """The agent's metrics, with the failure records of ``conf``."""
     reg = prom_registry.CollectorRegistry()
     for m in (EVENTS, DOWNLOAD_SECONDS, INGEST_SECONDS, INGESTED_BYTES,
-              REPORT_SECONDS, PENDING_REWRITTEN, SNAPSHOT_MISMATCH,
+              REPORT_SECONDS, REPORTS, PENDING_REWRITTEN, SNAPSHOT_MISMATCH,
               FailureCollector(conf), PendingCollector(conf)):
         reg.register(m)
     return reg
