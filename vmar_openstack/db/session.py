@@ -309,12 +309,7 @@ def generation(session):
     A snapshot that reads the same count as a later locked transaction saw
     the same library: every mutation commits an increment.
     """
-    value = session.execute(sa.text(
-        'SELECT generation FROM vmar_locks WHERE name = :n'),
-        {'n': LIBRARY_LOCK}).scalar()
-    if value is None:
-        raise exception.DatabaseNotReady(what='vmar_locks row')
-    return value
+    return _lock_row(session, 'generation')
 
 
 def maps_epoch(session):
@@ -323,8 +318,13 @@ def maps_epoch(session):
     A plain read: it waits for no lock (reports read it beside an ingest
     that holds the library lock).
     """
+    return _lock_row(session, 'maps_epoch')
+
+
+def _lock_row(session, column):
+    """A counter of the library's lock row (a plain read)."""
     value = session.execute(sa.text(
-        'SELECT maps_epoch FROM vmar_locks WHERE name = :n'),
+        'SELECT %s FROM vmar_locks WHERE name = :n' % column),
         {'n': LIBRARY_LOCK}).scalar()
     if value is None:
         raise exception.DatabaseNotReady(what='vmar_locks row')
