@@ -132,6 +132,15 @@ class TestMigration0020PostgreSQL(PostgreSQL,
     pass
 
 
+class TestMigration0021MariaDB(MariaDB, test_migrations.TestMigration0021):
+    pass
+
+
+class TestMigration0021PostgreSQL(PostgreSQL,
+                                  test_migrations.TestMigration0021):
+    pass
+
+
 class TestMigration0006MariaDB(MariaDB, test_migrations.TestMigration0006):
     pass
 
@@ -191,6 +200,16 @@ class TestSharesMariaDB(MariaDB, test_weigher.TestShares):
 
 
 class TestSharesPostgreSQL(PostgreSQL, test_weigher.TestShares):
+    pass
+
+
+class TestUnchangedReportsMariaDB(MariaDB,
+                                  test_weigher.TestUnchangedReports):
+    pass
+
+
+class TestUnchangedReportsPostgreSQL(PostgreSQL,
+                                     test_weigher.TestUnchangedReports):
     pass
 
 

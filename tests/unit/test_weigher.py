@@ -283,7 +283,12 @@ class TestReportsBesideTheLibrary(HoldingsTestCase):
         done = threading.Event()
 
         def report():
-            self.reports.record('h1', [(B, 1)], {A: None})
+            # written, then unchanged: both read the maps epoch on the
+            # lock row the ingest holds
+            for outcome in (db_hosts.Recorded.WRITTEN,
+                            db_hosts.Recorded.UNCHANGED):
+                self.assertEqual(outcome, self.reports.record(
+                    'h1', [(B, 1)], {A: None}))
             done.set()
         threading.Thread(target=report, daemon=True).start()
         # recorded while an ingest holds the lock (its lock_timeout would
