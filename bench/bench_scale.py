@@ -24,7 +24,10 @@ Figures, measured against the agent's own ``/metrics``
 
 * **time per report**: the agent's mean and the report rate it sustains
   when the queue is full (a flood of one report per host at the start,
-  before the schedule: the rate is what the agent drains);
+  before the schedule: the rate is what the agent drains); on the
+  schedule, how many reports were unchanged (``vmar_agent_reports_total``:
+  their host's row alone moved); the mirrors here do not grow between
+  reports, so every report without a churn is one;
 * **keeps up**: the queue's depth sampled every two seconds over the run
   (max and at the end) against the rate the schedule asks;
 * **rows**: ``vmar_hosts``, ``vmar_host_exports``, ``vmar_host_bases``;
