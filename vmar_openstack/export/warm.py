@@ -12,7 +12,7 @@ Each image's block layout (:mod:`vmar_openstack.mapformat.layout`,
 published by vmar-agent) names its metadata blocks. Through the map of
 each export that reads bases cached by the host (``host_cache=base``),
 those blocks are the canonical blocks of a few base files. The daemon maps
-them read-only and locked (``MAP_LOCKED``, as ``mlock(2)``): their pages
+them read-only and locked, in 4 KiB pages (:mod:`.pinned`): their pages
 are in the page cache, unevictable, and shared with every QEMU that reads
 the same file. Blocks shared by more exported images come first, within
 ``[vmar_host] warm_metadata_mb``; a lazy mirror's blocks are locked once
@@ -27,9 +27,7 @@ Why locking a mapping, not prefetching or cgroup protection, is in
 import collections
 import dataclasses
 import math
-import mmap
 import os
-import platform
 import threading
 import time
 
@@ -38,6 +36,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import exception
 from vmar_openstack.export import periodic
+from vmar_openstack.export import pinned
 from vmar_openstack.export import state as export_state
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate
@@ -48,10 +47,6 @@ LOG = logging.getLogger(__name__)
 
 # what a guest reads of its file systems, first to last worth keeping
 KINDS = tuple(k for k in layout_format.METADATA if k != 'journal')
-# mmap(2)'s MAP_LOCKED (linux/mman.h), which Python does not name
-_MAP_LOCKED = {'ppc64le': 0x80, 'ppc64': 0x80, 'sparc64': 0x100,
-               'mips64': 0x8000}.get(platform.machine(), 0x2000)
-_PAGE = mmap.PAGESIZE
 # locked mappings at most (vm.max_map_count is 65530 by default)
 MAX_RANGES = 16384
 # seconds between two fetches of the layout of an image the host lacks
@@ -186,9 +181,8 @@ class Warm(periodic.Periodic):
         self.budget = c.warm_metadata_mb << 20
         self.files = files
         self.host_dir = host_dir
-        self.locked = {}        # (path, offset, length) -> mmap
+        self.locked = {}        # (path, offset, length) -> Pinned
         self.cache = {}         # (image, version) -> base_blocks()
-        self.dropped = set()    # base files whose large folios went
         self.asked = {}         # image -> when its layout was last fetched
         self.status = WarmStatus(self.budget, 0, 0, 0, {}, [], '')
         self.lock = threading.Lock()
@@ -204,7 +198,7 @@ class Warm(periodic.Periodic):
             path, held = present_only(self.files, base, rs)
             for off, length in held:
                 # mappings start on a page
-                start = off - off % _PAGE
+                start = off - off % pinned.PAGE
                 want[(path, start, off + length - start)] = base
         if len(want) > MAX_RANGES:
             LOG.warning('warm metadata: %d ranges, locking the first %d',
@@ -252,34 +246,17 @@ class Warm(periodic.Periodic):
             path, offset, length = key
             try:
                 with open(path, 'rb') as f:
-                    self._small_pages(f.fileno(), path)
-                    self.locked[key] = mmap.mmap(
-                        f.fileno(), length,
-                        flags=mmap.MAP_SHARED | _MAP_LOCKED,
-                        prot=mmap.PROT_READ, offset=offset)
-            except (OSError, ValueError) as e:
-                # EAGAIN: past RLIMIT_MEMLOCK (LimitMEMLOCK= of the unit)
+                    self.locked[key] = pinned.Pinned(f.fileno(), offset,
+                                                     length)
+            except OSError as e:
+                # ENOMEM, EAGAIN: past RLIMIT_MEMLOCK (LimitMEMLOCK= of
+                # the unit)
                 error = '%s at %d: %s' % (path, offset, e)
                 LOG.warning('warm metadata: cannot lock %d bytes of %s at '
                             '%d: %s; the rest stays unlocked', length, path,
                             offset, e)
                 break
         return error
-
-    def _small_pages(self, fd, path):
-        """Make the pages this daemon locks in ``path`` 4 KiB ones.
-
-        read(2) caches a file in large folios (up to 2 MiB); locking one
-        4 KiB block of a folio pins all of it (7 times the blocks on this
-        machine's kernel: bench/RESULTS.md). So the first time it locks
-        blocks of a base, the daemon drops the base's cached pages (once:
-        locked ones stay), and faults its own blocks in without
-        read-around, one page each.
-        """
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        if path not in self.dropped:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            self.dropped.add(path)
 
     def snapshot(self):
         with self.lock:
