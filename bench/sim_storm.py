@@ -1499,30 +1499,33 @@ def fit_weigher_time(lib, runs_fit):
                        lib, 3, weigher_servers(lib, run, seed=run[0]))
         return res['median_s'], res['max_s']
 
+    def bisect(lo, hi, below):
+        """The x in [lo, hi] where ``below(x)`` turns false."""
+        for _j in range(24):
+            x = (lo + hi) / 2
+            if below(x):
+                lo = x
+            else:
+                hi = x
+        return x
+
     c = 0.05 / MIB
     w = o = 0.0
     for _i in range(3):
         # O shifts every boot alike (a delay before the shared cores), so
         # the spread max - median fixes W and the median then O
         want = on[4] - on[3]
-        lo, hi = 1.0, 200.0
-        for _j in range(24):
-            w = (lo + hi) / 2
-            med, mx = model(on, w, c)
-            if mx - med < want:
-                lo = w
-            else:
-                hi = w
-        med, mx = model(on, w, c)
-        o = on[3] - med
-        lo, hi = 0.0, 2.0 / MIB
-        for _j in range(24):
-            c = (lo + hi) / 2
-            med, _mx = model(off, w, c)
-            if med + o < off[3]:
-                lo = c
-            else:
-                hi = c
+        w = bisect(1.0, 200.0, lambda x: (
+            lambda m: m[1] - m[0] < want)(model(on, x, c)))
+        o = on[3] - model(on, w, c)[0]
+        if o < 0:
+            # a spread wider than any W gives with the median (boots slower
+            # than the cores explain, one after another): no delay, and W
+            # from the median alone
+            o = 0.0
+            w = bisect(1.0, 200.0, lambda x: model(on, x, c)[0] < on[3])
+        c = bisect(0.0, 2.0 / MIB, lambda x: model(off, w, x)[0] + o
+                   < off[3])
     return w, o, c
 
 

@@ -229,6 +229,23 @@ class RecordedTestCase(testtools.TestCase):
                 self.assertAlmostEqual(rnd['store_bytes'], got,
                                        delta=rnd['store_bytes'] * 1e-3)
 
+    def test_the_time_fit_holds_a_delay_no_boot_can_have(self):
+        # cf3fd3e's round 1 spread (max - median, weigher on) is wider than
+        # any guest CPU time gives with its median: fitting W to the spread
+        # left a create-to-boot delay of -262 s. The fit keeps O >= 0 and
+        # still meets the median it was fitted to.
+        lib = sim.weigher_library()
+        runs = dict((code, runs) for code, _d, runs in
+                    sim.WEIGHER_RECORDINGS)['cf3fd3e']
+        round1 = [r for r in runs if r[0] == 1]
+        w, o, c = sim.fit_weigher_time(lib, round1)
+        self.assertGreaterEqual(o, 0.0)
+        self.assertGreater(w, 1.0)
+        on = next(r for r in round1 if r[1])
+        res = sim.simulate('lazy', sim.weigher_params(cores=2.0, store_cpu=c),
+                           lib, 3, sim.weigher_servers(lib, on, seed=1))
+        self.assertAlmostEqual(on[3], res['median_s'] + o, delta=on[3] * 0.02)
+
     def test_smoke(self):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
