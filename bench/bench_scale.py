@@ -957,40 +957,91 @@ def library_report(r):
 WRITER_PATIENCE = 180
 
 
-def writer(conf_file, out, pairs):
-    """Add ``ID=PATH`` images one by one: a JSON line each to ``out``.
+def _with_patience(fn):
+    """``fn()``'s error or None; database errors tried WRITER_PATIENCE s.
 
-    An image the library has already (its add committed before this
-    writer was killed) counts as done. An add that fails for the database
-    (its node down) is tried again for WRITER_PATIENCE seconds.
+    Returns ``(error, tries)``.
+    """
+    t, tries = time.perf_counter(), 0
+    while True:
+        tries += 1
+        try:
+            fn()
+            return None, tries
+        except sa_exc.DBAPIError as e:
+            if time.perf_counter() - t < WRITER_PATIENCE:
+                time.sleep(1)
+                continue
+            return '%s: %s' % (type(e).__name__, str(e)[:300]), tries
+        except Exception as e:   # noqa: B902  reported by the run
+            return '%s: %s' % (type(e).__name__, str(e)[:300]), tries
+
+
+def writer(conf_file, out, ops):
+    """Run ``add:ID=PATH`` and ``delete:ID`` one by one: a JSON line each.
+
+    What vmar-agent does for a notification of an upload or a delete, less
+    Glance. An image the library has already (its add committed before
+    this writer was killed), or has no more (its delete did), counts as
+    done. An operation that fails for the database (its node down) is
+    tried again for WRITER_PATIENCE seconds.
     """
     from vmar_openstack import exception
     conf = library_conf(conf_file)
     lib = ingest.Library(conf)
+
+    def run(op, arg):
+        try:
+            if op == 'add':
+                image_id, path = arg.split('=', 1)
+                lib.add(image_id, path, keep_base=False,
+                        visibility='public')
+            else:
+                lib.delete(arg)
+        except (exception.ImageExists, exception.ImageNotFound):
+            pass
     with open(out, 'a') as f:
-        for pair in pairs:
-            image_id, path = pair.split('=', 1)
+        for o in ops:
+            op, arg = o.split(':', 1)
             t = time.perf_counter()
-            tries = 0
-            while True:
-                tries += 1
-                try:
-                    lib.add(image_id, path, keep_base=False,
-                            visibility='public')
-                    err = None
-                except exception.ImageExists:
-                    err = None
-                except sa_exc.DBAPIError as e:
-                    err = '%s: %s' % (type(e).__name__, str(e)[:300])
-                    if time.perf_counter() - t < WRITER_PATIENCE:
-                        time.sleep(1)
-                        continue
-                except Exception as e:   # noqa: B902  reported by the run
-                    err = '%s: %s' % (type(e).__name__, str(e)[:300])
-                break
-            f.write(json.dumps({'id': image_id, 'error': err, 'tries': tries,
+            err, tries = _with_patience(lambda: run(op, arg))
+            f.write(json.dumps({'op': op, 'id': arg.split('=', 1)[0],
+                                'error': err, 'tries': tries,
                                 's': time.perf_counter() - t}) + '\n')
             f.flush()
+
+
+def map_gc(conf_file, out, stop_file):
+    """The agent's map GC and pending pass, again and again.
+
+    Each pass drops the superseded map versions no host holds
+    (:func:`vmar_openstack.glance_hooks.gc.plan`, no minimum age: the
+    bench has no hosts) and rewrites pending maps; one last pass after
+    ``stop_file`` appears. A JSON line per pass that changed something.
+    """
+    conf = library_conf(conf_file)
+    lib = ingest.Library(conf)
+    last = False
+    with open(out, 'a') as f:
+        while not last:
+            last = os.path.exists(stop_file)
+            done = {'dropped': 0, 'rewritten': 0}
+
+            def one_pass():
+                for sv in gc.plan(conf, lib, 0).deletable:
+                    done['dropped'] += lib.drop_map_version(sv.image_id,
+                                                            sv.version)
+                while True:
+                    n = len(lib.rewrite_pending(PENDING_BATCH))
+                    done['rewritten'] += n
+                    if not n:
+                        break
+            err, _tries = _with_patience(one_pass)
+            if err or any(done.values()):
+                f.write(json.dumps(dict(done, error=err)) + '\n')
+                f.flush()
+            if not last:
+                time.sleep(0.5)
 
 
 def _writer_confs(args, galera, work, n, tag):
@@ -1017,22 +1068,55 @@ def _writer_confs(args, galera, work, n, tag):
     return confs
 
 
-def _start_writer(conf_file, out, images):
+def _ops(images, deletes=False):
+    """A writer's operations on its part of the images, in order.
+
+    With ``deletes``, after every fourth add the earliest image not yet
+    deleted goes: a quarter of the images, the catalogue's bases first,
+    while images made from them come (their maps are rewritten, and the
+    versions they supersede are the map GC's).
+    """
+    ops = []
+    for j, (i, p, _n) in enumerate(images):
+        ops.append('add:%s=%s' % (i, p))
+        if deletes and j % 4 == 3:
+            ops.append('delete:%s' % images[j // 4][0])
+    return ops
+
+
+def _op_key(o):
+    """``op:id`` of an operation, as :func:`_recorded` keys its record."""
+    op, arg = o.split(':', 1)
+    return '%s:%s' % (op, arg.split('=', 1)[0])
+
+
+def _start_writer(conf_file, out, ops):
     return subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), '_writer', conf_file,
-         out] + ['%s=%s' % (i, p) for i, p, _n in images])
+         out] + list(ops))
+
+
+def _start_gc(conf_file, out, stop_file):
+    return subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), '_map_gc', conf_file,
+         out, stop_file])
 
 
 def _recorded(out):
-    """The records of a writer's output file, by image id."""
+    """The records of a writer's output file, by ``op:id``."""
     if not os.path.exists(out):
         return {}
     with open(out) as f:
-        return {x['id']: x for x in map(json.loads, f) if x}
+        return {'%s:%s' % (x['op'], x['id']): x
+                for x in map(json.loads, f) if x}
 
 
-def _writers_round(conf_file, outs, images):
-    """What a round left: records, failures, the checker's verdict."""
+def _writers_round(conf_file, outs, images, deleted=()):
+    """What a round left: records, failures, the checker's verdict.
+
+    Every image of ``images`` but ``deleted`` must be in the library,
+    and none of ``deleted``.
+    """
     from vmar_openstack.db import api as db_api
     from vmar_openstack.db import session as db_session
     from vmar_openstack.ingest import check
@@ -1044,42 +1128,63 @@ def _writers_round(conf_file, outs, images):
     problems, _warnings = check.check(conf)
     with db_session.reader(conf) as s:
         have = {i.image_id for i in db_api.list_images(s)}
-    return {'images': len(lines), 'failed': len(failed),
+    deleted = set(deleted)
+    return {'images': sum(x['op'] == 'add' for x in lines.values()),
+            'deleted': sum(x['op'] == 'delete' for x in lines.values()),
+            'failed': len(failed),
             'errors': [x['error'] for x in failed][:5],
-            'missing': len({i for i, _p, _n in images} - have),
+            'missing': len({i for i, _p, _n in images} - deleted - have),
+            'resurrected': len(deleted & have),
             'checker_problems': len(problems), 'problems': problems[:5]}
 
 
 def _chaos_round(args, galera, work, images):
-    """The writers again, killed at random, and database nodes too.
+    """The writers again, deleting too, with map GC, killed at random.
 
-    Every ``--chaos`` seconds or so (0.5 to 1.5 times), one of: a writer
-    SIGKILLed and started again on what it has not recorded, as a
-    restarted vmar-agent is given the notifications it did not
-    acknowledge; or, on Galera, a node SIGKILLed and restarted (its
-    writer tries again until it is back). Then every image must be in
-    the library once and the checker find nothing.
+    Each writer adds its part of the images and deletes a quarter of them
+    on the way (:func:`_ops`); one more process runs the agent's map GC
+    and pending pass all along (:func:`map_gc`). Every ``--chaos`` seconds
+    or so (0.5 to 1.5 times), one of: a writer or the GC SIGKILLed and
+    started again (a writer on what it has not recorded, as a restarted
+    vmar-agent is given the notifications it did not acknowledge); or, on
+    Galera, a node SIGKILLed and restarted (its writers try again until it
+    is back). Then every image not deleted must be in the library once,
+    none deleted, no superseded map version left after the last GC pass,
+    and the checker find nothing.
     """
     rnd = random.Random(35)
     n = args.writers
     confs = _writer_confs(args, galera, work, n, 'chaos')
-    parts = [images[k::n] for k in range(n)]
+    parts = [_ops(images[k::n], deletes=True) for k in range(n)]
+    deleted = {o.split(':', 1)[1] for part in parts for o in part
+               if o.startswith('delete:')}
     outs = [os.path.join(work, 'chaos-%d.jsonl' % k) for k in range(n)]
+    gc_out = os.path.join(work, 'chaos-gc.jsonl')
+    stop = os.path.join(work, 'chaos-gc.stop')
+    # the GC on the last writer's node (on Galera: not the first's)
+    gc_conf = confs[-1]
     procs = [_start_writer(c, o, part)
              for c, o, part in zip(confs, outs, parts)]
-    kills = {'writers': 0, 'nodes': 0}
+    gc_proc = _start_gc(gc_conf, gc_out, stop)
+    kills = {'writers': 0, 'gc': 0, 'nodes': 0}
     t0 = time.perf_counter()
     while any(p.poll() is None for p in procs):
         time.sleep(args.chaos * rnd.uniform(0.5, 1.5))
         alive = [k for k, p in enumerate(procs) if p.poll() is None]
         if not alive:
             break
-        if galera is not None and rnd.random() < 0.5:
+        roll = rnd.random()
+        if galera is not None and roll < 0.4:
             node = rnd.randint(1, galera.size)
             galera.kill(node)
             kills['nodes'] += 1
             time.sleep(rnd.uniform(1, 5))
             galera.restart(node)
+        elif roll < 0.6:
+            gc_proc.kill()
+            gc_proc.wait()
+            kills['gc'] += 1
+            gc_proc = _start_gc(gc_conf, gc_out, stop)
         else:
             k = rnd.choice(alive)
             procs[k].kill()
@@ -1087,19 +1192,36 @@ def _chaos_round(args, galera, work, images):
             kills['writers'] += 1
             done = _recorded(outs[k])
             procs[k] = _start_writer(confs[k], outs[k], [
-                x for x in parts[k] if x[0] not in done])
+                o for o in parts[k] if _op_key(o) not in done])
     for p in procs:
         p.wait()
+    with open(stop, 'w'):
+        pass
+    gc_proc.wait()
     if galera is not None:
         galera.wait_same_position()
-    r = _writers_round(confs[0], outs, images)
+    r = _writers_round(confs[0], outs, images, deleted)
+    r['to_delete'] = len(deleted)
+    with open(gc_out) as f:
+        passes = [json.loads(x) for x in f]
+    r['gc'] = {'passes': len(passes),
+               'dropped': sum(x['dropped'] for x in passes),
+               'rewritten': sum(x['rewritten'] for x in passes),
+               'errors': [x['error'] for x in passes if x['error']][:5]}
+    lib = ingest.Library(library_conf(confs[0]))
+    r['superseded_left'] = len(lib.superseded())
+    r['pending_left'] = len(lib.pending_maps())
     r.update(writers=n, wall_s=time.perf_counter() - t0, kills=kills)
-    print('chaos: %d writers, %d killed and started again, %d database '
-          'nodes killed and restarted: %d of %d images in the library, '
-          '%d failed; checker: %d problems' % (
-              n, kills['writers'], kills['nodes'],
-              len(images) - r['missing'], len(images), r['failed'],
-              r['checker_problems']), flush=True)
+    print('chaos: %d writers and a map GC; %d writers and the GC %d times '
+          'killed and started again, %d database nodes killed and '
+          'restarted: %d of %d images in the library, %d deleted (%d '
+          'back), %d failed; GC dropped %d map versions, rewrote %d maps, '
+          '%d superseded left; checker: %d problems' % (
+              n, kills['writers'], kills['gc'], kills['nodes'],
+              len(images) - len(deleted) - r['missing'],
+              len(images) - len(deleted), r['deleted'], r['resurrected'],
+              r['failed'], r['gc']['dropped'], r['gc']['rewritten'],
+              r['superseded_left'], r['checker_problems']), flush=True)
     return r
 
 
@@ -1136,7 +1258,7 @@ def run_writers(args):
             for k, c in enumerate(confs):
                 out = os.path.join(work, 'writer-%d-%d.jsonl' % (n, k))
                 outs.append(out)
-                procs.append(_start_writer(c, out, images[k::n]))
+                procs.append(_start_writer(c, out, _ops(images[k::n])))
             for proc in procs:
                 proc.wait()
             wall = time.perf_counter() - t
@@ -1225,6 +1347,9 @@ def main():
                     'are killed at random about this often')
     if len(sys.argv) > 1 and sys.argv[1] == '_writer':
         writer(sys.argv[2], sys.argv[3], sys.argv[4:])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == '_map_gc':
+        map_gc(*sys.argv[2:5])
         return
     args = p.parse_args()
     # each subcommand's defaults of the options it shares with another

@@ -96,8 +96,10 @@ class TestWriters(testtools.TestCase):
     def test_writers_smoke_on_galera(self):
         # one ingest process, then one on each of three Galera nodes, the
         # same images: no upload lost, the library whole after each
-        # then the same with writers and nodes killed at random: every
-        # image in the library once, and the checker finds nothing
+        # then the same with deletes and the map GC beside them, writers,
+        # the GC and nodes killed at random: every image not deleted in
+        # the library once, none deleted, no superseded map version left,
+        # and the checker finds nothing
         res = smoke(self, 'writers', 'galera', '--chaos', '0.5')
         for n in ('1', '3'):
             r = res['rounds'][n]
@@ -109,3 +111,14 @@ class TestWriters(testtools.TestCase):
         self.assertEqual((0, 0, 0), (chaos['missing'], chaos['failed'],
                                      chaos['checker_problems']),
                          (chaos['errors'], chaos['problems']))
+        # a quarter of the images deleted (bases, beside images made
+        # from them), none back
+        self.assertGreater(chaos['to_delete'], 0)
+        self.assertEqual((chaos['to_delete'], 0), (chaos['deleted'],
+                                                   chaos['resurrected']))
+        # their dependents' maps were rewritten: the GC dropped the
+        # versions those superseded, and left none
+        self.assertGreater(chaos['gc']['dropped'], 0)
+        self.assertEqual(([], 0, 0), (chaos['gc']['errors'],
+                                      chaos['superseded_left'],
+                                      chaos['pending_left']))
