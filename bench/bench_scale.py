@@ -71,6 +71,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -241,10 +242,21 @@ class Hosts:
                 'load': round(self.rnd.uniform(0, 1.5), 3)}
 
 
-def scrape(port):
-    with urllib.request.urlopen('http://127.0.0.1:%d/metrics' % port,
-                                timeout=10) as r:
-        text = r.read().decode()
+def scrape(port, tries=6):
+    """The agent's metrics, by name (and ``name:label values``).
+
+    An agent draining a flood may not answer within the timeout (its
+    pool's threads hold the GIL): tried again, ``tries`` times in all.
+    """
+    for k in range(tries):
+        try:
+            with urllib.request.urlopen(
+                    'http://127.0.0.1:%d/metrics' % port, timeout=10) as r:
+                text = r.read().decode()
+            break
+        except (TimeoutError, urllib.error.URLError):
+            if k == tries - 1:
+                raise
     out = {}
     for fam in prom_parser.text_string_to_metric_families(text):
         for s in fam.samples:
