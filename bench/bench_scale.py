@@ -972,20 +972,22 @@ WRITER_PATIENCE = 180
 def _with_patience(fn):
     """``fn()``'s error or None; database errors tried WRITER_PATIENCE s.
 
-    Returns ``(error, tries)``.
+    As vmar-agent requeues an event whose handling failed for the
+    database (a node down, or a conflict lost more often than the
+    library's own retries allow). Returns ``(error, tries)``.
     """
+    from vmar_openstack.db import session as db_session
     t, tries = time.perf_counter(), 0
     while True:
         tries += 1
         try:
             fn()
             return None, tries
-        except sa_exc.DBAPIError as e:
-            if time.perf_counter() - t < WRITER_PATIENCE:
+        except Exception as e:   # noqa: B902  reported by the run
+            if ((isinstance(e, sa_exc.DBAPIError) or db_session.conflict(e))
+                    and time.perf_counter() - t < WRITER_PATIENCE):
                 time.sleep(1)
                 continue
-            return '%s: %s' % (type(e).__name__, str(e)[:300]), tries
-        except Exception as e:   # noqa: B902  reported by the run
             return '%s: %s' % (type(e).__name__, str(e)[:300]), tries
 
 
@@ -1144,6 +1146,9 @@ def _writers_round(conf_file, outs, images, deleted=()):
     return {'images': sum(x['op'] == 'add' for x in lines.values()),
             'deleted': sum(x['op'] == 'delete' for x in lines.values()),
             'failed': len(failed),
+            # the writer's own retries (a node down; a conflict lost past
+            # the library's retries): vmar-agent's requeues
+            'retried': sum(x['tries'] > 1 for x in lines.values()),
             'errors': [x['error'] for x in failed][:5],
             'missing': len({i for i, _p, _n in images} - deleted - have),
             'resurrected': len(deleted & have),
@@ -1227,12 +1232,13 @@ def _chaos_round(args, galera, work, images):
     print('chaos: %d writers and a map GC; %d writers and the GC %d times '
           'killed and started again, %d database nodes killed and '
           'restarted: %d of %d images in the library, %d deleted (%d '
-          'back), %d failed; GC dropped %d map versions, rewrote %d maps, '
-          '%d superseded left; checker: %d problems' % (
+          'back), %d failed, %d tried again; GC dropped %d map versions, '
+          'rewrote %d maps, %d superseded left; checker: %d problems' % (
               n, kills['writers'], kills['gc'], kills['nodes'],
               len(images) - len(deleted) - r['missing'],
               len(images) - len(deleted), r['deleted'], r['resurrected'],
-              r['failed'], r['gc']['dropped'], r['gc']['rewritten'],
+              r['failed'], r['retried'], r['gc']['dropped'],
+              r['gc']['rewritten'],
               r['superseded_left'], r['checker_problems']), flush=True)
     return r
 
