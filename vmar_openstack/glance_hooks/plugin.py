@@ -156,15 +156,19 @@ class _AssembleDelta(task.Task):
         # the import of a delta failed here or later: the image goes back
         # to queued, its stores to failed (as image_conversion does: the
         # store tasks never ran), and no staged data is left behind
+        # The files go first: a client that sees the image queued again
+        # finds no staged data of it.
         if self.src_path is None:
             return      # not a delta: nothing of ours to undo
-        with self.action_wrapper as action:
-            action.set_image_attribute(status='queued')
-            if self.stores:
-                action.remove_importing_stores(self.stores)
-                action.add_failed_stores(self.stores)
-        self._remove_ours()
-        fileutils.unlink(self.src_path)
+        try:
+            self._remove_ours()
+            fileutils.unlink(self.src_path)
+        finally:
+            with self.action_wrapper as action:
+                action.set_image_attribute(status='queued')
+                if self.stores:
+                    action.remove_importing_stores(self.stores)
+                    action.add_failed_stores(self.stores)
 
     def _remove_ours(self):
         """What this task wrote beside the staged delta: "<id>.vmar*"."""
