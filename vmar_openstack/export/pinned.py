@@ -39,7 +39,7 @@ _libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t,
                           ctypes.POINTER(ctypes.c_ubyte))
 
 _MAP_FAILED = ctypes.c_void_p(-1).value
-# linux/mman.h (the same on every architecture Linux has)
+# asm-generic/mman-common.h (x86-64 and arm64, the hosts this runs on)
 MADV_RANDOM = 1
 MADV_PAGEOUT = 21           # Linux 5.4
 MADV_POPULATE_READ = 22     # Linux 5.14
