@@ -794,6 +794,22 @@ SHARED_DEFAULTS = {
 PENDING_BATCH = 50
 
 
+def pending_pass(lib, max_maps=None):
+    """Rewrite pending maps a batch per transaction, as vmar-agent's pass.
+
+    Until none is left, or about ``max_maps``. Returns ``[(maps,
+    seconds)]``, a pair per batch.
+    """
+    batches = []
+    while max_maps is None or sum(n for n, _s in batches) < max_maps:
+        t = time.perf_counter()
+        done = lib.rewrite_pending(PENDING_BATCH)
+        if not done:
+            break
+        batches.append((len(done), time.perf_counter() - t))
+    return batches
+
+
 def run_library(args):
     from vmar_openstack.db import api as db_api
     from vmar_openstack.db import session as db_session
@@ -866,14 +882,7 @@ def run_library(args):
                                   'maps_rewritten': len(out.regenerated),
                                   'pending': out.pending}
     # what vmar-agent's background pass then does, a batch per transaction
-    batches = []
-    while args.pass_maps is None or sum(
-            n for n, _s in batches) < args.pass_maps:
-        t = time.perf_counter()
-        done = lib.rewrite_pending(PENDING_BATCH)
-        if not done:
-            break
-        batches.append((len(done), time.perf_counter() - t))
+    batches = pending_pass(lib, args.pass_maps)
     result['pending_rewrite'] = {
         'maps': sum(n for n, _s in batches),
         's': sum(dt for _n, dt in batches),
@@ -1045,11 +1054,7 @@ def map_gc(conf_file, out, stop_file):
                 for sv in gc.plan(conf, lib, 0).deletable:
                     done['dropped'] += lib.drop_map_version(sv.image_id,
                                                             sv.version)
-                while True:
-                    n = len(lib.rewrite_pending(PENDING_BATCH))
-                    done['rewritten'] += n
-                    if not n:
-                        break
+                done['rewritten'] += sum(n for n, _s in pending_pass(lib))
             err, _tries = _with_patience(one_pass)
             if err or any(done.values()):
                 f.write(json.dumps(dict(done, error=err)) + '\n')
