@@ -256,12 +256,20 @@ side_chain() {
     cpu_used "the chain of the cloud's user path"
     echo "$cloud $bench" >"$SIDE_STATUS"
 }
+# stestr_repo DIR STESTR...: a chain's own stestr repository in DIR
+# (chains running at once must not write one), made the first time;
+# STESTR... is the stestr command to make it with.
+stestr_repo() {
+    local repo=$1
+    shift
+    [ -d "$repo/.stestr" ] || { mkdir -p "$repo" &&
+        "$@" --repo-url "$repo" init >/dev/null; }
+}
 OTHER_LOG=$(mktemp /tmp/vmar-other-qemus.XXXXXX)
 OTHER_STATUS=$(mktemp /tmp/vmar-other-status.XXXXXX)
 other_qemus_chain() {
     local status=0 prefix version repo="$TOP/.stestr-other-qemus"
-    [ -d "$repo/.stestr" ] || { mkdir -p "$repo" &&
-        stestr --repo-url "$repo" init >/dev/null; }
+    stestr_repo "$repo" stestr
     for prefix in "${OTHER_QEMUS[@]}"; do
         version=$(qemu_version "$prefix")
         stage "the daemon's functional tests on $version"
@@ -284,12 +292,10 @@ other_qemus_chain() {
     # tests (the wrapped methods' signatures among them) against Nova 33's
     # classes. (Here, not before the cloud: that chain ends last.)
     stage "unit tests on Nova 33 (.venv-nova33)"
-    # (a repository of its own: the other chains' stestr write theirs)
     local unit=0 venv nova33_repo="$TOP/.stestr-nova33"
     venv=$(VMAR_VENV="$TOP/.venv-nova33" tools/install-deps.sh nova33 |
         tail -n 1) &&
-        { [ -d "$nova33_repo/.stestr" ] || { mkdir -p "$nova33_repo" &&
-            "$venv/bin/python" -m stestr --repo-url "$nova33_repo" init; }; } &&
+        stestr_repo "$nova33_repo" "$venv/bin/python" -m stestr &&
         "$venv/bin/python" -m stestr --repo-url "$nova33_repo" \
             --test-path=./tests/unit run || unit=$?
     echo "unit tests on Nova 33: exit status $unit"
