@@ -1499,8 +1499,8 @@ def fit_weigher_time(lib, runs_fit):
                        lib, 3, weigher_servers(lib, run, seed=run[0]))
         return res['median_s'], res['max_s']
 
-    def bisect(lo, hi, below):
-        """The x in [lo, hi] where ``below(x)`` turns false."""
+    def solve(lo, hi, below):
+        """The x in [lo, hi] where ``below(x)`` turns false (bisection)."""
         for _j in range(24):
             x = (lo + hi) / 2
             if below(x):
@@ -1509,23 +1509,25 @@ def fit_weigher_time(lib, runs_fit):
                 hi = x
         return x
 
+    def spread_short(x):
+        med, mx = model(on, x, c)
+        return mx - med < on[4] - on[3]
+
     c = 0.05 / MIB
     w = o = 0.0
     for _i in range(3):
         # O shifts every boot alike (a delay before the shared cores), so
         # the spread max - median fixes W and the median then O
-        want = on[4] - on[3]
-        w = bisect(1.0, 200.0, lambda x: (
-            lambda m: m[1] - m[0] < want)(model(on, x, c)))
+        w = solve(1.0, 200.0, spread_short)
         o = on[3] - model(on, w, c)[0]
         if o < 0:
             # a spread wider than any W gives with the median (boots slower
             # than the cores explain, one after another): no delay, and W
             # from the median alone
             o = 0.0
-            w = bisect(1.0, 200.0, lambda x: model(on, x, c)[0] < on[3])
-        c = bisect(0.0, 2.0 / MIB, lambda x: model(off, w, x)[0] + o
-                   < off[3])
+            w = solve(1.0, 200.0, lambda x: model(on, x, c)[0] < on[3])
+        c = solve(0.0, 2.0 / MIB, lambda x: model(off, w, x)[0] + o
+                  < off[3])
     return w, o, c
 
 
