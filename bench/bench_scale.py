@@ -65,6 +65,7 @@ import logging
 import multiprocessing
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -412,7 +413,7 @@ def weigh_many(w, images, n, vmar=True, seed=7):
 
 
 def run_hosts(args):
-    work = tempfile.mkdtemp(prefix='bench-scale-', dir=args.workdir)
+    work = args.work
     state = os.path.join(work, 'state')
     os.makedirs(state)
     rabbit = rabbitmq_env.RabbitMQ(os.path.join(work, 'rabbit'))
@@ -813,7 +814,7 @@ def pending_pass(lib, max_maps=None):
 def run_library(args):
     from vmar_openstack.db import api as db_api
     from vmar_openstack.db import session as db_session
-    work = tempfile.mkdtemp(prefix='bench-library-', dir=args.workdir)
+    work = args.work
     state = os.path.join(work, 'state')
     os.makedirs(state)
     url = database(args.db, state, 'library_smoke' if args.smoke
@@ -1257,7 +1258,7 @@ def run_writers(args):
     writers on the one server. Each round starts from an empty library.
     """
     from tools.vmarenv import galera_env
-    work = tempfile.mkdtemp(prefix='bench-writers-', dir=args.workdir)
+    work = args.work
     cloud = Cloud(args.bases, args.derived, args.scale)
     images = []
     for i in range(args.images):
@@ -1320,6 +1321,8 @@ def main():
                                          'galera'))
     common.add_argument('--workdir')
     common.add_argument('--json')
+    common.add_argument('--keep', action='store_true',
+                        help='keep the work directory (databases, logs)')
     common.add_argument('--smoke', action='store_true',
                         help='CI: a small run of the same code')
     h = sub.add_parser('hosts', parents=[common],
@@ -1385,18 +1388,24 @@ def main():
             args.writers = 3 if args.db == 'galera' else 2
         if args.smoke:
             args.images, args.scale = 30, 2048
-        run_writers(args)
-        return
-    if args.what == 'library':
+    elif args.what == 'library':
         if args.smoke:
             args.images, args.bases, args.scale = 120, 10, 2048
             args.rewrite_at_once = 10
-        run_library(args)
-        return
-    if args.smoke:
+    elif args.smoke:
         args.hosts, args.bases, args.minutes, args.lookups = 50, 5, 0.5, 50
         args.ingests, args.ingest_mib = 2, 64
-    run_hosts(args)
+    # one work directory a run; gone at its end, however it ends
+    args.work = tempfile.mkdtemp(prefix='bench-%s-' % args.what,
+                                 dir=args.workdir)
+    try:
+        dict(hosts=run_hosts, library=run_library,
+             writers=run_writers)[args.what](args)
+    finally:
+        if args.keep:
+            print('work directory kept: %s' % args.work)
+        else:
+            shutil.rmtree(args.work, ignore_errors=True)
 
 
 if __name__ == '__main__':

@@ -20,13 +20,20 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(
 
 
 def smoke(test, what, db, *extra):
-    """``bench_scale.py WHAT --smoke --db DB``: its JSON result."""
+    """``bench_scale.py WHAT --smoke --db DB``: its JSON result.
+
+    The run's work directory (databases, images, logs) is gone at its end.
+    """
     out = os.path.join(test.useFixture(fixtures.TempDir()).path, 'out.json')
+    workdir = test.useFixture(fixtures.TempDir()).path
+    os.chmod(workdir, 0o755)            # Galera's mariadbd runs as mysql
     r = subprocess.run(
         [sys.executable, os.path.join(TOP, 'bench', 'bench_scale.py'),
-         what, '--smoke', '--db', db, '--json', out] + list(extra),
+         what, '--smoke', '--db', db, '--json', out,
+         '--workdir', workdir] + list(extra),
         capture_output=True, text=True, timeout=600)
     test.assertEqual(0, r.returncode, r.stdout[-3000:] + r.stderr[-3000:])
+    test.assertEqual([], os.listdir(workdir))
     with open(out) as f:
         return json.load(f)
 
