@@ -8,6 +8,7 @@ tests/functional/test_glance.py TestGlance.test_map_versions_gc.
 
 import datetime
 import os
+import threading
 
 import oslo_messaging
 
@@ -16,6 +17,7 @@ from tests.unit import test_publish
 from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.glance_hooks import agent
 from vmar_openstack.glance_hooks import gc
+from vmar_openstack.glance_hooks import metrics
 from vmar_openstack import ingest
 from vmar_openstack.mapformat import bootset
 from vmar_openstack import names
@@ -183,6 +185,71 @@ class TestHostReportEndpoint(base.LibraryTestCase):
             self.assertEqual(handled, ep.info({}, 'p', 'vmar.host.exports',
                                               bad, {}))
         self.assertEqual(['h'], [h.host for h in reports.list()])
+
+
+class TestReportWorkers(base.LibraryTestCase):
+    """[vmar_agent] report_workers: reports recorded at once."""
+
+    def setUp(self):
+        super().setUp()
+        self.conf.set_override('report_workers', 2, group='vmar_agent')
+        self.conf.set_override('retry_delay', 0, group='vmar_agent')
+        self.ep = agent.HostReportEndpoint(self.conf, None)
+        self.lock = threading.Lock()
+        self.inside, self.most = 0, 0
+        self.go = threading.Event()
+        self.real = self.ep.reports.record
+        self.ep.reports.record = self.record
+
+    def record(self, host, *args, **kw):
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            self.assertTrue(self.go.wait(10))
+            if host.startswith('bad'):
+                raise RuntimeError('the database is away')
+            return self.real(host, *args, **kw)
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+    def send(self, host, results):
+        results[host] = self.ep.info(
+            {}, 'vmar-export.' + host, 'vmar.host.exports',
+            {'host': host, 'exports': [[A, 1]]}, {})
+
+    def waiting(self):
+        return metrics.REPORTS_WAITING.collect()[0].samples[0].value
+
+    def wait_for(self, probe):
+        for _ in range(1000):
+            if probe():
+                return
+            self.go.wait(0.01)
+        self.fail('never: %s' % probe)
+
+    def test_reports_past_the_workers_wait_for_a_slot(self):
+        results = {}
+        hosts = ['bad-1'] + ['h%d' % i for i in range(5)]
+        threads = [threading.Thread(target=self.send, args=(h, results))
+                   for h in hosts]
+        for t in threads:
+            t.start()
+        # two record, four wait in the gauge and not in the database
+        self.wait_for(lambda: self.inside == 2 and self.waiting() == 4)
+        self.go.set()
+        for t in threads:
+            t.join(30)
+        self.assertEqual(2, self.most)
+        self.assertEqual(0, self.waiting())
+        # the failed one is redelivered and gave its slot back
+        self.assertEqual(oslo_messaging.NotificationResult.REQUEUE,
+                         results.pop('bad-1'))
+        self.assertEqual({h: oslo_messaging.NotificationResult.HANDLED
+                          for h in hosts[1:]}, results)
+        self.assertEqual(sorted(hosts[1:]), sorted(
+            h.host for h in db_hosts.HostReports(self.conf).list()))
 
 
 class TestRecordedBootsets(TestMapGC):

@@ -36,6 +36,22 @@ agent_opts = [
                     'SIGTERM. An unfinished one is redelivered later.'),
     cfg.FloatOpt('retry_delay', default=2.0, min=0,
                  help='Seconds before the first retry; doubled each time.'),
+    cfg.IntOpt('report_workers', default=4, min=1,
+               help='Compute hosts\' reports (vmar.host.exports) the agent '
+                    'records at once. The listener hands every message to '
+                    'a thread of its pool ([DEFAULT] '
+                    'executor_thread_pool_size, 64 by default), which a '
+                    'flood of reports (a restart of many hosts) would fill '
+                    'with database writes: the database connections and '
+                    'the interpreter would then be theirs, and image '
+                    'events, the map GC and the /metrics endpoint would '
+                    'wait behind them for seconds. Reports past this many '
+                    'wait, not acknowledged, for a slot '
+                    '(vmar_agent_reports_waiting).\n\nPossible values: a '
+                    'number of reports, under the database pool\'s 15 '
+                    'connections; see doc/source/scale.rst for what was '
+                    'measured.\n\nRelated options: [vmar_host] '
+                    'report_interval.'),
     cfg.IntOpt('map_gc_interval', default=3600, min=0,
                help='Seconds between removals of the map versions no '
                     'compute host holds. 0: never.'),

@@ -423,6 +423,9 @@ class HostReportEndpoint:
         self.reports = db_hosts.HostReports(conf)
         self.retry_delay = conf.vmar_agent.retry_delay
         self.handler = handler
+        # the reports recorded at once ([vmar_agent] report_workers)
+        self.slots = threading.BoundedSemaphore(
+            conf.vmar_agent.report_workers)
 
     def info(self, ctxt, publisher_id, event_type, payload, metadata):
         if event_type == names.HOST_BOOTSET_EVENT:
@@ -464,10 +467,9 @@ class HostReportEndpoint:
                         host, e)
             order = None
         try:
-            with metrics.REPORT_SECONDS.time():
-                done = self.reports.record(
-                    host, exports, holds, peer_address=peer,
-                    load_per_cpu=load, complete=complete, order=order)
+            done = self._record(host, exports, holds, peer_address=peer,
+                                load_per_cpu=load, complete=complete,
+                                order=order)
         except Exception as e:         # the database away: redeliver
             LOG.warning('report of %s not recorded: %s', host, e)
             metrics.REPORTS.labels('failed').inc()
@@ -481,6 +483,16 @@ class HostReportEndpoint:
             LOG.debug('report %s of %s left out: a later one is recorded',
                       order[1], host)
         return oslo_messaging.NotificationResult.HANDLED
+
+    def _record(self, host, exports, holds, **kw):
+        """Record a report once a slot of ``report_workers`` is free."""
+        with metrics.REPORTS_WAITING.track_inprogress():
+            self.slots.acquire()
+        try:
+            with metrics.REPORT_SECONDS.time():
+                return self.reports.record(host, exports, holds, **kw)
+        finally:
+            self.slots.release()
 
     def bootset(self, publisher_id, payload):
         """Publish the first boot working set a host recorded."""

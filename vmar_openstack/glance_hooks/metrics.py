@@ -34,6 +34,10 @@ REPORT_SECONDS = prometheus_client.Histogram(
     '(vmar.host.exports) in the database; its count is the reports '
     'recorded.', buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                           1, 2.5, 5), registry=None)
+REPORTS_WAITING = prometheus_client.Gauge(
+    'vmar_agent_reports_waiting', 'Compute hosts\' reports the agent holds '
+    'and has not started to record: all [vmar_agent] report_workers are '
+    'busy.', registry=None)
 REPORTS = prometheus_client.Counter(
     'vmar_agent_reports', 'Compute hosts\' reports handled, by outcome: '
     'written, unchanged (the same as the host\'s last: its row moved '
@@ -85,7 +89,8 @@ def registry(conf):
     """The agent's metrics, with the failure records of ``conf``."""
     reg = prom_registry.CollectorRegistry()
     for m in (EVENTS, DOWNLOAD_SECONDS, INGEST_SECONDS, INGESTED_BYTES,
-              REPORT_SECONDS, REPORTS, PENDING_REWRITTEN, SNAPSHOT_MISMATCH,
-              FailureCollector(conf), PendingCollector(conf)):
+              REPORT_SECONDS, REPORTS_WAITING, REPORTS, PENDING_REWRITTEN,
+              SNAPSHOT_MISMATCH, FailureCollector(conf),
+              PendingCollector(conf)):
         reg.register(m)
     return reg
