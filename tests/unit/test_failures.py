@@ -142,6 +142,31 @@ class TestFailures(base.LibraryTestCase):
                          (f.state, f.attempts, f.event))
         self.assertEqual(1, len(self.handler.calls))
 
+    def test_a_stale_retry_does_not_bring_a_cleared_failure_back(self):
+        # the agent's pass of the parked listed the image; before it got
+        # to it, an operator's retry succeeded (or the failure was
+        # forgotten): the pass's attempt, failing in the outage, records
+        # nothing, neither when Glance is away nor when the event fails
+        self.handler.down = True
+        for outage_in in ('glance', 'dispatch'):
+            i = self.image_id()
+            self.endpoint.handle('image.activate', {'id': i}, once=True)
+            listed = self.failures.get(i)
+            self.assertEqual('parked', listed.state)
+            self.assertTrue(self.failures.clear(i))
+            self.handler.down = outage_in == 'glance'
+            if outage_in == 'dispatch':
+                self.handler.bad.add(i)
+            self.assertIsNone(agent.retry(self.handler, self.endpoint,
+                                          listed))
+            self.assertIsNone(self.failures.get(i))
+        # a failure still recorded is counted as before
+        i = self.image_id()
+        self.handler.down = True
+        self.endpoint.handle('image.activate', {'id': i}, once=True)
+        self.assertEqual(2, agent.retry(self.handler, self.endpoint,
+                                        self.failures.get(i)).attempts)
+
     def test_forget(self):
         i = self.image_id()
         self.handler.down = True

@@ -67,16 +67,23 @@ class Failures:
         return [f for f in out if state is None or f.state == state]
 
     @db_session.retry_conflicts()
-    def record(self, image_id, event, error, cause, park=False):
+    def record(self, image_id, event, error, cause, park=False,
+               recorded=False):
         """Count a failed attempt; returns the :class:`Failure`.
 
         The image is no longer retried on redelivery (``permanent``) when
         ``cause`` is :data:`IMAGE`, when ``park`` is set, or after
         ``[vmar_agent] max_attempts``.
+
+        ``recorded``: the attempt was a retry of the image's recorded
+        failure. If that record is gone (an operator's retry succeeded,
+        or the failure was forgotten), nothing is recorded: None.
         """
         assert cause in CAUSES, cause
         with db_session.locked_writer(self.conf) as s:
             row = s.get(models.AgentFailure, image_id)
+            if row is None and recorded:
+                return None
             if row is None:
                 row = models.AgentFailure(image_id=image_id, event=event,
                                           attempts=0, permanent=False,

@@ -316,11 +316,12 @@ def retry(handler, endpoint, failure):
         except glance_exc.HTTPNotFound:
             event = 'image.delete'
         except Exception as e:         # Glance still away
-            return endpoint.failed(event, image_id, e, once=True)
+            return endpoint.failed(event, image_id, e, once=True,
+                                   recorded=True)
         else:
             if event != 'image.update':
                 event = 'image.activate'
-    endpoint.handle(event, payload, once=True, force=True)
+    endpoint.handle(event, payload, once=True, force=True, recorded=True)
     return endpoint.failures.get(image_id)
 
 
@@ -357,13 +358,16 @@ class Endpoint:
         time.sleep(delay)
         return oslo_messaging.NotificationResult.REQUEUE
 
-    def handle(self, event_type, payload, once=False, force=False):
+    def handle(self, event_type, payload, once=False, force=False,
+               recorded=False):
         """Dispatch one event; record its failure.
 
         Returns None when the event is done with (handled, skipped, given
         up or parked), else the seconds to wait before it is redelivered.
         ``once``: a failure is not redelivered but parked at once.
         ``force``: handle an image that failed for good too.
+        ``recorded``: a retry of the image's recorded failure (see
+        :meth:`failed`).
         """
         image_id = payload.get('id') if isinstance(payload, dict) else None
         if not image_id:
@@ -379,7 +383,10 @@ class Endpoint:
         try:
             self.handler.dispatch(event_type, payload)
         except Exception as e:
-            f = self.failed(event_type, image_id, e, once)
+            f = self.failed(event_type, image_id, e, once, recorded)
+            if f is None:
+                metrics.EVENTS.labels(event_type, 'skipped').inc()
+                return None
             outcome = f.state if f.permanent else 'retry'
             metrics.EVENTS.labels(event_type, outcome).inc()
             if f.permanent:
@@ -392,15 +399,26 @@ class Endpoint:
         LOG.debug('%s for %s done', event_type, image_id)
         return None
 
-    def failed(self, event_type, image_id, error, once=False):
-        """Record a failed attempt and log it; returns the Failure."""
+    def failed(self, event_type, image_id, error, once=False,
+               recorded=False):
+        """Record a failed attempt and log it; returns the Failure.
+
+        ``recorded``: the attempt retried the image's recorded failure.
+        If an operator cleared that record meanwhile (a retry of theirs
+        succeeded, or they forgot the image for resync to take), the
+        attempt is stale: nothing is recorded, and None returned.
+        """
         cause = (db_failures.IMAGE
                  if isinstance(error, exception.ImageUnusable)
                  else db_failures.OUTAGE)
         f = self.failures.record(
             image_id, event_type, '%s: %s' % (type(error).__name__, error),
-            cause, park=once)
-        if f.state == 'failed':
+            cause, park=once, recorded=recorded)
+        if f is None:
+            LOG.info('%s for %s failed again, but its failure record was '
+                     'cleared meanwhile: not recorded again: %s',
+                     event_type, image_id, error)
+        elif f.state == 'failed':
             LOG.error('%s for %s failed for good: %s', event_type, image_id,
                       error)
         elif f.state == 'parked':
