@@ -257,6 +257,20 @@ class GlanceTestCase(testtools.TestCase):
                 what, self.agent_log()))
             time.sleep(0.3)
 
+    def wait_listening(self, started_before):
+        """Wait for the agent started after ``started_before`` listens.
+
+        ``started_before``: the agent log's count of "vmar-agent
+        listening" before the start. Glance drops a notification that no
+        queue is bound for, so an agent that had not declared its queue
+        yet (the class's first one, stopped at once by a test that runs
+        alone) would never see the uploads made meanwhile.
+        """
+        self.wait_until(
+            lambda: self.agent_log(full=True).count(
+                'vmar-agent listening') > started_before,
+            'vmar-agent to listen')
+
     def agent_log(self, full=False):
         with open(os.path.join(self.work, 'agent.log'), errors='replace') as f:
             text = f.read()
@@ -1363,7 +1377,9 @@ class TestGlance(GlanceTestCase):
         self.stop_agent()
         self.addCleanup(self.start_agent)
         self.addCleanup(self.stop_agent)
+        started = self.agent_log(full=True).count('vmar-agent listening')
         self.start_agent(through)
+        self.wait_listening(started)
 
         # uploads while the agent cannot reach Glance: retried, then parked
         raws = {}
