@@ -71,9 +71,13 @@ class LibraryTestCase(testtools.TestCase):
     def database_url(self):
         return 'sqlite:///%s/vmar.sqlite' % self.tmp
 
+    def make_tmp(self):
+        """The test's directory: library, host and images live in it."""
+        return self.useFixture(fixtures.TempDir()).path
+
     def setUp(self):
         super().setUp()
-        self.tmp = self.useFixture(fixtures.TempDir()).path
+        self.tmp = self.make_tmp()
         # before the directory goes: no checkpoint thread may still use it
         self.addCleanup(db_session.wait_for_checkpoints)
         self.conf = new_conf()

@@ -1,0 +1,56 @@
+"""A block device of the test's own: a loop-mounted ext4 file system.
+
+The disk's sysfs knobs (``queue/read_ahead_kb`` above all) are state of the
+whole machine: every process whose files live on that disk shares them.
+CI runs several chains at once on one disk (the functional tests, the
+cloud's user path, the fresh-root demo), and a test that sets the knob, or
+asserts that a tool put it back, would see the others' settings. A test
+whose files are on a loop device of its own has knobs nobody else reads
+or writes.
+
+Needs root (``losetup``, ``mount``) and the kernel's loop driver.
+"""
+
+import os
+import subprocess
+
+import fixtures
+
+
+def _run(*argv):
+    return subprocess.run(argv, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+class OwnBlockDevice(fixtures.Fixture):
+    """An empty directory on an ext4 file system of its own loop device.
+
+    ``path`` is the mounted directory and ``device`` the loop device
+    (``/dev/loopN``). Its sparse backing file lives beside it in a
+    temporary directory, so the file system takes only what is written.
+    On cleanup it is unmounted and the loop device released.
+    """
+
+    def __init__(self, size='2G'):
+        super().__init__()
+        self.size = size
+
+    def _setUp(self):
+        top = self.useFixture(fixtures.TempDir()).path
+        backing = os.path.join(top, 'disk.img')
+        with open(backing, 'wb') as f:
+            f.truncate(_bytes(self.size))
+        _run('mke2fs', '-q', '-F', '-t', 'ext4', backing)
+        self.device = _run('losetup', '--find', '--show', backing)
+        self.addCleanup(_run, 'losetup', '--detach', self.device)
+        self.path = os.path.join(top, 'mnt')
+        os.mkdir(self.path)
+        _run('mount', self.device, self.path)
+        self.addCleanup(_run, 'umount', self.path)
+
+
+def _bytes(size):
+    units = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}
+    if size[-1] in units:
+        return int(size[:-1]) * units[size[-1]]
+    return int(size)
