@@ -9,6 +9,7 @@ import fixtures
 from oslo_config import cfg
 import testtools
 
+from tests import disk_fixture
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import migration
 from vmar_openstack.db import session as db_session
@@ -72,7 +73,13 @@ class LibraryTestCase(testtools.TestCase):
         return 'sqlite:///%s/vmar.sqlite' % self.tmp
 
     def make_tmp(self):
-        """The test's directory: library, host and images live in it."""
+        """The test's directory: library, host and images live in it.
+
+        On a disk of its own (:mod:`tests.disk_fixture`) for a test that
+        sets or asserts the disk's knobs.
+        """
+        if disk_fixture.wants_own_disk(self):
+            return self.useFixture(disk_fixture.OwnBlockDevice()).path
         return self.useFixture(fixtures.TempDir()).path
 
     def setUp(self):

@@ -134,19 +134,29 @@ def readahead(knob, kb, state):
             pagecache.write_knob(knob, kb)
             yield
         finally:
-            restore_readahead(state)
+            _put_back(note, old_value=old, knob=knob)
+
+
+def _put_back(note, old_value, knob):
+    """Write back a noted read-ahead (the knob held), forget the note."""
+    pagecache.write_knob(knob, old_value)
+    os.unlink(note)
 
 
 def restore_readahead(state):
-    """Put back a read-ahead noted in ``state``; returns it, or None."""
+    """Put back a read-ahead noted in ``state``; returns it, or None.
+
+    Holding the knob (:func:`pagecache.knob_held`), as whoever changes it
+    does: a measurement of another process's may hold it right now.
+    """
     note = os.path.join(state, READAHEAD_NOTE)
     try:
         with open(note) as f:
             saved = json.load(f)
     except (OSError, ValueError):
         return None
-    pagecache.write_knob(saved['knob'], saved['kb'])
-    os.unlink(note)
+    with pagecache.knob_held(saved['knob']):
+        _put_back(note, saved['kb'], saved['knob'])
     return saved
 
 
@@ -640,7 +650,12 @@ def run(args):
     # A file's read-ahead is fixed when it is opened, so the daemon opens
     # the base files (vmar-export add) under the read-ahead of each way.
     knob = pagecache.readahead_knob(state)
-    machine_ra = pagecache.read_knob(knob) if knob else None
+    machine_ra = None
+    if knob:
+        # the disk's own setting, read while nobody else's measurement
+        # has it changed (they hold the knob while they do)
+        with pagecache.knob_held(knob):
+            machine_ra = pagecache.read_knob(knob)
     settable = knob and os.access(knob, os.W_OK)
     # (way, read-ahead to set for the adds, read-ahead the files get)
     plan = [('export', None, machine_ra)]

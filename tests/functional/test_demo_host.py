@@ -14,7 +14,6 @@ import sys
 import time
 
 from tests import base
-from tests import disk_fixture
 from tools.vmarenv import qemu_env
 from vmar_openstack import pagecache
 
@@ -39,12 +38,11 @@ def tool_read_knob(knob):
 
 class TestDemoHost(base.LibraryTestCase):
 
-    def make_tmp(self):
-        # The demo sets the read-ahead of the disk its state is on, and the
-        # tests assert it is put back: on a disk of their own, so that the
-        # fresh-root demo CI runs beside them (same machine, same disk)
-        # cannot change it under them.
-        return self.useFixture(disk_fixture.OwnBlockDevice()).path
+    # The demo sets the read-ahead of the disk its state is on, and the
+    # tests assert it is put back: on a disk of their own, so that the
+    # fresh-root demo CI runs beside them (same machine, same disk) cannot
+    # change it under them.
+    own_disk = True
 
     def setUp(self):
         super().setUp()

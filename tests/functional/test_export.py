@@ -20,6 +20,7 @@ import numpy as np
 from prometheus_client import parser
 
 from tests import base
+from tests import disk_fixture
 from tests import pageflags
 from tools.vmarenv import process
 from tools.vmarenv import qemu_env
@@ -55,11 +56,18 @@ class ExportTestCase(base.LibraryTestCase):
         self.prefix = qemu_env.qemu_prefix()
         self.sock_dir = base.socket_dir(self, 'export-')
         self.sock = os.path.join(self.sock_dir, 'nbd.sock')
+        # the guests' channels of this daemon's own: the default
+        # (/run/vmar/guests) is every daemon's on the machine, and CI runs
+        # two chains of these tests at once
+        self.channel_dir = os.path.join(self.sock_dir, 'guests')
         self.conf_file = self.write_conf_file(host_extra=(
             'export_socket = %s\nqemu_storage_daemon = %s\nbase_fetch = %s\n'
             'prefetch = false\n%s'
+            '[vmar_guest_cache]\nchannel_dir = %s\n'
             % (self.sock, self.daemon(), self.base_fetch,
-               self.extra_conf())))
+               self.extra_conf(), self.channel_dir)))
+        self.conf.set_override('channel_dir', self.channel_dir,
+                               group='vmar_guest_cache')
         self.conf.set_override('base_fetch', self.base_fetch,
                                group='vmar_host')
         self.conf.set_override('prefetch', False, group='vmar_host')
@@ -287,6 +295,7 @@ class TestLibraryExports(ExportTestCase):
                 self.assertEqual(f.read(length), data,
                                  'read of %d bytes at %d' % (length, off))
 
+    @disk_fixture.on_own_disk
     def test_host_page_cache_holds_shared_blocks_once(self):
         """Two similar images read in full: VMAR against raw."""
         # Read-ahead caches neighbours of every block read, including
@@ -328,7 +337,9 @@ class TestLibraryExports(ExportTestCase):
                   'second_not_redirected_bytes': own2}
         out_dir = os.path.join(qemu_env.TOP, 'bench', 'out')
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, 'page-cache.json'), 'w') as f:
+        # one file per QEMU: CI runs this test on two at once
+        name = 'page-cache-%s.json' % os.path.basename(qemu_env.qemu_prefix())
+        with open(os.path.join(out_dir, name), 'w') as f:
             json.dump(record, f, indent=1)
         # Through VMAR the second image's shared blocks are served from the
         # first image's pages: its own base holds its unshared blocks and

@@ -28,6 +28,7 @@ from oslo_config import fixture as config_fixture
 from oslo_utils import units
 
 from tests import base
+from tests import disk_fixture
 from tests.functional import test_export
 from tools.vmarenv import qemu_env
 from vmar_openstack.nova_imagebackend import image as vimage
@@ -312,6 +313,7 @@ class TestHostCache(NovaTestCase):
             self.delete(inst)
         return cached, read
 
+    @disk_fixture.on_own_disk
     def test_shared_blocks_cached_once(self):
         # This machine reclaims page cache continuously (bench/RESULTS.md),
         # so cached pages of A may go before they are counted; B's base

@@ -165,13 +165,22 @@ def fincore_bytes(path):
 evict = pagecache.evict
 
 
+LOOP_MAJOR = 7
+
+
 def set_readahead(path, kb, test):
     """Set the read-ahead of the disk holding ``path`` for one test.
 
-    The knob stays held (an flock) until the test's cleanup puts the old
-    value back, so concurrent runs take turns instead of restoring each
-    other's settings.
+    Only on a loop device (the test's own, ``tests.disk_fixture``): the
+    machine's disk is shared with every chain CI runs beside the test, and
+    a file opened on it meanwhile would take the test's setting. The knob
+    stays held (an flock) until the test's cleanup puts the old value
+    back.
     """
+    if os.major(os.stat(path).st_dev) != LOOP_MAJOR:
+        raise AssertionError(
+            '%s is not on a disk of the test\'s own: its read-ahead is '
+            'every process\'s (tests.disk_fixture.on_own_disk)' % path)
     held = contextlib.ExitStack()
     held.enter_context(pagecache.readahead(pagecache.readahead_knob(path),
                                            kb))
