@@ -642,10 +642,16 @@ EOF
 build_cached() {
     local name=$1 outdir=$2
     local dest=$outdir/$name.raw stamp=$outdir/$name.raw.stamp key sum tmp
+    local lock
     key=$(image_key "$name")
+    # CI's chains ask for the library at once: one builds, the others
+    # wait and find it up to date
+    exec {lock}>"$outdir/.$name.raw.lock"
+    flock "$lock"
     if [ "$FORCE" = 0 ] && [ -f "$dest" ] && [ -f "$stamp" ]; then
         if grep -qx "key $key" "$stamp"; then
             log "$name: up to date ($dest)"
+            exec {lock}>&-
             return 0
         fi
     fi
@@ -665,6 +671,7 @@ build_cached() {
     } > "$tmp"
     chmod 0644 "$tmp"
     mv -f -- "$tmp" "$stamp"
+    exec {lock}>&-
     log "$name: sha256 $sum"
 }
 

@@ -34,6 +34,10 @@ fi
 
 hash=$(cat "$0" "$TOP/tools/test-guest-init" <(echo "$KPKG") | sha256sum | cut -c1-16)
 OUT=${1:-$CACHE/guest-$hash}
+# two chains asking at once: one builds, the other waits and finds it
+mkdir -p "$(dirname "$OUT")"
+exec {lock}>"$OUT.lock"
+flock "$lock"
 if [ -f "$OUT/vmlinuz" ] && [ -f "$OUT/initramfs" ]; then
     echo "$OUT"
     exit 0

@@ -95,19 +95,30 @@ def _serving(socket_path):
 def libvirt():
     """Start virtlogd and libvirtd if they are not running."""
     _kvm_device_as_debian_sets_it()
-    if not _serving('/run/libvirt/virtlogd-sock'):
-        subprocess.run(['virtlogd', '-d'], check=True)
-        services.record_started('virtlogd')
-    if not _serving('/run/libvirt/libvirt-sock'):
-        subprocess.run(['libvirtd', '-d'], check=True)
-        services.record_started('libvirtd')
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if subprocess.run(['virsh', '-c', 'qemu:///system', 'version'],
-                          capture_output=True).returncode == 0:
-            return 'qemu:///system'
+    # two chains that both find them down start them once: the first
+    # waits under the lock until they answer
+    with services.machine_lock('libvirtd'):
+        if not _serving('/run/libvirt/virtlogd-sock'):
+            subprocess.run(['virtlogd', '-d'], check=True)
+            services.record_started('virtlogd')
+            _wait_for(lambda: _serving('/run/libvirt/virtlogd-sock'),
+                      'virtlogd')
+        if not _serving('/run/libvirt/libvirt-sock'):
+            subprocess.run(['libvirtd', '-d'], check=True)
+            services.record_started('libvirtd')
+        _wait_for(lambda: subprocess.run(
+            ['virsh', '-c', 'qemu:///system', 'version'],
+            capture_output=True).returncode == 0, 'libvirtd')
+    return 'qemu:///system'
+
+
+def _wait_for(check, what, timeout=30):
+    deadline = time.time() + timeout
+    while not check():
+        if time.time() > deadline:
+            raise RuntimeError('%s did not answer within %d s'
+                               % (what, timeout))
         time.sleep(0.2)
-    raise RuntimeError('libvirtd did not answer within 30 s')
 
 
 def kill_libvirtd():

@@ -11,6 +11,9 @@ on the other QEMUs beside the last functional tests) share the servers but
 not the databases: ``$VMAR_TEST_DATABASE`` names the run's database and the
 prefix of the ones it creates (``vmar_test`` when unset).
 
+Each server is checked and started under a lock of the machine's
+(:func:`machine_lock`): two chains that both find it down start it once.
+
 What the harness starts (these servers, and libvirtd/virtlogd in
 :mod:`qemu_env`) it records in the file ``$VMAR_TEST_STARTED`` names, if set.
 ``tools/run-tests.sh`` sets it and, when the run ends, stops exactly those
@@ -18,6 +21,8 @@ What the harness starts (these servers, and libvirtd/virtlogd in
 already running are not recorded and are left alone.
 """
 
+import contextlib
+import fcntl
 import functools
 import glob
 import os
@@ -49,6 +54,23 @@ def _wait(check, what, timeout=60):
             return
         time.sleep(0.2)
     raise Unavailable('%s did not come up within %ds' % (what, timeout))
+
+
+LOCK_DIR = '/run/lock'
+
+
+@contextlib.contextmanager
+def machine_lock(name):
+    """An exclusive flock on ``/run/lock/vmar-<name>.lock``, for a block.
+
+    For what every chain CI runs at once shares on this machine (a system
+    server started when it is down): the first checks and starts it, the
+    others wait and find it up.
+    """
+    os.makedirs(LOCK_DIR, exist_ok=True)
+    with open(os.path.join(LOCK_DIR, 'vmar-%s.lock' % name), 'a') as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _ok(cmd):
@@ -105,14 +127,16 @@ def mariadb_url():
     if not shutil.which('mysqld_safe'):
         raise Unavailable('MariaDB is not installed; run '
                           'tools/install-deps.sh --test')
-    if not _ok(['mysqladmin', 'ping']):
-        os.makedirs('/run/mysqld', exist_ok=True)
-        shutil.chown('/run/mysqld', 'mysql', 'mysql')
-        subprocess.Popen(['mysqld_safe', '--skip-syslog'],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
-        record_started('mariadb')
-        _wait(lambda: _ok(['mysqladmin', 'ping']), 'MariaDB')
+    with machine_lock('mariadb'):
+        if not _ok(['mysqladmin', 'ping']):
+            os.makedirs('/run/mysqld', exist_ok=True)
+            shutil.chown('/run/mysqld', 'mysql', 'mysql')
+            subprocess.Popen(['mysqld_safe', '--skip-syslog'],
+                             stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+            record_started('mariadb')
+            _wait(lambda: _ok(['mysqladmin', 'ping']), 'MariaDB')
     sql = ("CREATE DATABASE IF NOT EXISTS {db};"
            "CREATE USER IF NOT EXISTS '{u}'@'localhost' IDENTIFIED BY '{p}';"
            "GRANT ALL ON {db}.* TO '{u}'@'localhost';"
@@ -145,11 +169,12 @@ def postgresql_url():
         raise Unavailable('PostgreSQL is not installed; run '
                           'tools/install-deps.sh --test')
     version = os.path.basename(os.path.dirname(sorted(clusters)[-1]))
-    if not _ok(['pg_isready', '-q']):
-        subprocess.run(['pg_ctlcluster', version, 'main', 'start'],
-                       check=True, capture_output=True)
-        record_started('postgresql', version)
-        _wait(lambda: _ok(['pg_isready', '-q']), 'PostgreSQL')
+    with machine_lock('postgresql'):
+        if not _ok(['pg_isready', '-q']):
+            subprocess.run(['pg_ctlcluster', version, 'main', 'start'],
+                           check=True, capture_output=True)
+            record_started('postgresql', version)
+            _wait(lambda: _ok(['pg_isready', '-q']), 'PostgreSQL')
     if _psql("SELECT 1 FROM pg_roles WHERE rolname='%s'" % USER
              ).stdout.strip() != '1':
         _psql("CREATE ROLE %s LOGIN PASSWORD '%s'" % (USER, PASSWORD))
