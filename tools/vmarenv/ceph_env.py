@@ -171,8 +171,9 @@ class Ceph(Service):
         d = self.work_dir
         for sub in ('run', 'log', 'mon', 'osd/ceph-0'):
             os.makedirs(os.path.join(d, sub), exist_ok=True)
-        v2, v1, *ports = free_ports(2 + 31)
-        ports.sort()
+        v2, v1 = free_ports(2)
+        # the range the OSD and the manager bind in: ours alone
+        ports = free_ports(31, contiguous=True)
         self.mon_ports = (v2, v1)
         with open(self.conf, 'w') as f:
             f.write(CONF.format(fsid=self.fsid, v2=v2, v1=v1, d=d,

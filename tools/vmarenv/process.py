@@ -11,7 +11,9 @@ is gone. The services themselves are one module each:
 :mod:`.proxy_env`.
 """
 
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,18 +42,91 @@ def venv_bin(name, hint=None):
     return path
 
 
-def free_ports(count, host='127.0.0.1'):
-    """count distinct free TCP ports (all held open while choosing)."""
-    socks = []
+# Ports handed out to services, below the kernel's ephemeral range
+# (ip_local_port_range, 32768-60999 by default): no bind to port 0 and no
+# outgoing connection of anyone's takes one of them between the moment it
+# is chosen and the moment its service binds it.
+PORT_BAND = (20000, 32000)
+# one file per port handed out, named by the port, holding the pid of the
+# process it was handed to: never handed out again while that one lives
+# (CI runs several chains of tests at once, each choosing ports)
+PORT_DIR = '/run/lock/vmar-ports'
+
+
+def _alive(pid):
     try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _bindable(host, port):
+    s = socket.socket()
+    try:
+        s.bind((host, port))
+        return True
+    except OSError:
+        return False
     finally:
-        for s in socks:
-            s.close()
+        s.close()
+
+
+def _held_ports():
+    """Ports handed to processes still alive; forgets the others'."""
+    held = set()
+    for name in os.listdir(PORT_DIR):
+        if not name.isdigit():
+            continue
+        path = os.path.join(PORT_DIR, name)
+        try:
+            with open(path) as f:
+                pid = int(f.read() or 0)
+        except (OSError, ValueError):
+            continue
+        if pid and _alive(pid):
+            held.add(int(name))
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    return held
+
+
+def free_ports(count, host='127.0.0.1', contiguous=False):
+    """``count`` distinct TCP ports for services of this process.
+
+    From :data:`PORT_BAND`; none is handed to another process of the
+    machine while this one lives, and each was free when chosen.
+    ``contiguous``: consecutive ports (a range a service picks its own
+    ports from, Ceph's ``ms bind port min/max``).
+    """
+    lo, hi = PORT_BAND
+    os.makedirs(PORT_DIR, exist_ok=True)
+    with open(os.path.join(PORT_DIR, '.lock'), 'a') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held = _held_ports()
+        start = random.randrange(lo, hi)
+        out = []
+        for i in range(hi - lo):
+            port = lo + (start - lo + i) % (hi - lo)
+            ok = port not in held and _bindable(host, port)
+            if contiguous and out and (not ok or port != out[-1] + 1):
+                out = []
+            if ok:
+                out.append(port)
+            if len(out) == count:
+                break
+        else:
+            raise ServiceError('no %d free ports left in %d-%d'
+                               % (count, lo, hi))
+        for port in out:
+            with open(os.path.join(PORT_DIR, str(port)), 'w') as f:
+                f.write(str(os.getpid()))
+    return out
 
 
 def free_port(host='127.0.0.1'):
