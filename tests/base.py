@@ -98,6 +98,8 @@ class LibraryTestCase(testtools.TestCase):
         self.conf.set_override('connection', self.database_url(),
                                group='vmar_database')
         migration.upgrade('head', conf=self.conf)
+        # the library's connections closed before its directory goes
+        self.addCleanup(lambda: db_session.get_engine(self.conf).dispose())
         self.lib = ingest.Library(self.conf)
         mapgen.clear_cache()
         self.addCleanup(mapgen.clear_cache)
