@@ -41,6 +41,11 @@ class DatabaseNotReady(VmarException, RuntimeError):
     message = 'the %(what)s is missing; run "vmar-manage db sync"'
 
 
+class IrreversibleMigration(VmarException, RuntimeError):
+    message = ('schema revision %(revision)s cannot be undone; the '
+               'earliest revision reachable from %(current)s is %(floor)s')
+
+
 class NativeHasherMissing(VmarException, RuntimeError):
     message = ('the native block hasher is not built; reinstall the '
                'package with gcc, python3-dev and libssl-dev present')

@@ -12,8 +12,10 @@ from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import migration
 from vmar_openstack.db import models
+from vmar_openstack.db import publications as db_publications
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
+from vmar_openstack import exception
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check
 
@@ -448,3 +450,26 @@ class TestMigration0021(MigrationTestCase):
         with db_session.reader(self.conf) as s:
             self.assertIsNotNone(s.get(models.HostReport,
                                        'h1').report_digest)
+
+
+class TestMigration0022(MigrationTestCase):
+    """Publications start empty; the downgrade drops them."""
+
+    def test_upgrade_then_downgrade(self):
+        migration.upgrade('0021', conf=self.conf)
+        migration.upgrade('head', conf=self.conf)
+        pubs = db_publications.Publications(self.conf, 'a')
+        self.assertEqual(db_publications.TAKEN,
+                         pubs.claim('o1', 'i1', 'map', 's' * 64, 60))
+        self.assertTrue(pubs.done('o1', 's' * 64))
+        self.assertEqual(db_publications.DONE, pubs.get('o1').state)
+        # 0021 has no way back: refused before anything changes
+        e = self.assertRaises(exception.IrreversibleMigration,
+                              migration.downgrade, '0020', conf=self.conf)
+        self.assertIn('0021 cannot be undone', str(e))
+        self.assertEqual('0022', migration.current(conf=self.conf))
+        migration.downgrade('0021', conf=self.conf)
+        self.assertEqual('0021', migration.current(conf=self.conf))
+        names = sa.inspect(db_session.get_engine(self.conf)).get_table_names()
+        self.assertNotIn('vmar_publications', names)
+        self.assertIn('vmar_hosts', names)

@@ -4,6 +4,7 @@ Glance is replaced by an in-memory fake here; tests/functional/test_glance.py
 runs the same code against a real glance-api.
 """
 
+import datetime
 import hashlib
 import os
 import threading
@@ -11,6 +12,11 @@ import threading
 from glanceclient import exc as glance_exc
 
 from tests import base
+from vmar_openstack.db import failures as db_failures
+from vmar_openstack.db import models as db_models
+from vmar_openstack.db import publications as db_publications
+from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 from vmar_openstack.glance_hooks import agent
 from vmar_openstack.glance_hooks import publish
 from vmar_openstack import ingest
@@ -71,7 +77,8 @@ class FakeGlance:
         self.images = FakeImages()
 
 
-class TestPublish(base.LibraryTestCase):
+class PublishTestCase(base.LibraryTestCase):
+    """An agent's handler publishing one small image to a fake Glance."""
 
     def setUp(self):
         super().setUp()
@@ -84,6 +91,9 @@ class TestPublish(base.LibraryTestCase):
     def _map_sha(self, version):
         with open(ingest.map_path(self.conf, ID, version), 'rb') as f:
             return hashlib.sha256(f.read()).hexdigest()
+
+
+class TestPublish(PublishTestCase):
 
     def test_map_image_created_before_commit_then_uploaded(self):
         created_before_commit = []
@@ -250,3 +260,103 @@ class TestPublishDigests(TestPublish):
             names.PROP_DIGESTS_SHA256: hashlib.sha256(data).hexdigest()}
         self.handler.publisher.digests(ID)
         self.assertEqual(data, self.glance.images.store[did]['data'])
+
+
+class TestPublishOutsideTheLock(PublishTestCase):
+    """Publishers take turns per hidden image, not by the library lock."""
+
+    def generation(self):
+        with db_session.reader(self.conf) as s:
+            return db_session.generation(s)
+
+    def test_publishing_moves_no_generation(self):
+        self.handler._add(ID, self.meta, self.path, 'it')
+        before = self.generation()
+        self.assertEqual(1, self.handler.publisher.current(ID))
+        self.handler.publisher.files(ID)
+        failures = db_failures.Failures(self.conf)
+        failures.record(ID, 'image.activate', 'glance away', 'outage')
+        self.assertTrue(failures.clear(ID))
+        # an ingest that looked its keys up in a snapshot before these
+        # keeps its answers
+        self.assertEqual(before, self.generation())
+        pubs = self.handler.publisher.publications
+        for oid in (names.map_image_id(ID, 1), names.digests_image_id(ID),
+                    names.layout_image_id(ID)):
+            row = pubs.get(oid)
+            self.assertEqual((db_publications.DONE, ID),
+                             (row.state, row.image_id), oid)
+            self.assertEqual(self.glance.images.store[oid]['data'],
+                             self._published_data(oid))
+
+    def _published_data(self, oid):
+        row = self.handler.publisher.publications.get(oid)
+        data = self.glance.images.store[oid]['data']
+        self.assertEqual(row.sha256, hashlib.sha256(data).hexdigest())
+        return data
+
+    def test_a_claim_of_another_publisher_is_waited_for_then_taken(self):
+        self.handler._add(ID, self.meta, self.path, 'it')
+        mid = names.map_image_id(ID, 1)
+        other = db_publications.Publications(self.conf, 'other-agent')
+        self.assertEqual(db_publications.TAKEN,
+                         other.claim(mid, ID, 'map', 'x' * 64, 300))
+        ours = self.handler.publisher.publications
+        self.assertEqual(db_publications.BUSY,
+                         ours.claim(mid, ID, 'map', 'y' * 64, 300))
+        # the other agent died with its claim: once the claim is older
+        # than the timeout, ours takes it over and publishes
+        self.conf.set_override('publish_claim_timeout', 1,
+                               group='vmar_agent')
+        self.assertEqual(1, self.handler.publisher.current(ID))
+        row = ours.get(mid)
+        self.assertEqual((db_publications.DONE, ours.holder),
+                         (row.state, row.holder))
+        self.assertEqual('active', self.glance.images.store[mid]['status'])
+        # the late one's done changes nothing
+        self.assertFalse(other.done(mid, 'x' * 64))
+        self.assertEqual(db_publications.DONE, ours.get(mid).state)
+
+    def test_a_failed_upload_releases_its_claim(self):
+        self.handler._add(ID, self.meta, self.path, 'it')
+        mid = names.map_image_id(ID, 1)
+
+        def unreachable(*a, **kw):
+            raise glance_exc.HTTPServiceUnavailable()
+        self.patch(self.glance.images, 'upload', unreachable)
+        self.assertRaises(exception.PublishError,
+                          self.handler.publisher.current, ID)
+        # nobody need wait for it to time out
+        self.assertIsNone(self.handler.publisher.publications.get(mid))
+
+    def test_resync_finishes_what_a_killed_publisher_left(self):
+        self.handler._add(ID, self.meta, self.path, 'it')
+        mid = names.map_image_id(ID, 1)
+        # killed between its claim and the upload: the record is queued
+        dead = db_publications.Publications(self.conf, 'dead-agent')
+        dead.claim(mid, ID, 'map', self._map_sha(1), 300)
+        self.assertEqual('queued', self.glance.images.store[mid]['status'])
+        pubs = self.handler.publisher.publications
+        self.assertEqual([], pubs.unfinished(older_than=300))
+        self.assertEqual([mid], [p.object_id
+                                 for p in pubs.unfinished(older_than=0)])
+        self.conf.set_override('publish_claim_timeout', 1,
+                               group='vmar_agent')
+        self._backdate(mid, seconds=2)
+        agent._finish_publications(self.conf, self.handler, {ID})
+        self.assertEqual('active', self.glance.images.store[mid]['status'])
+        self.assertEqual(db_publications.DONE, pubs.get(mid).state)
+        self.assertEqual([], pubs.unfinished(older_than=0))
+
+    def test_deleted_hidden_images_forget_their_rows(self):
+        self.handler._add(ID, self.meta, self.path, 'it')
+        self.handler.publisher.current(ID)
+        mid = names.map_image_id(ID, 1)
+        self.assertIsNotNone(self.handler.publisher.publications.get(mid))
+        self.handler.publisher.delete_all(ID)
+        self.assertIsNone(self.handler.publisher.publications.get(mid))
+
+    def _backdate(self, object_id, seconds):
+        with db_session.writer(self.conf) as s:
+            row = s.get(db_models.Publication, object_id)
+            row.claimed_at -= datetime.timedelta(seconds=seconds)

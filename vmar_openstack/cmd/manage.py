@@ -51,6 +51,11 @@ def _out(text=''):
 
 # -- db ---------------------------------------------------------------------
 
+def db_downgrade():
+    migration.downgrade(CONF.category.revision)
+    _out('database at revision %s' % migration.current())
+
+
 def db_sync():
     migration.upgrade('head')
     _out('database at revision %s' % migration.current())
@@ -499,6 +504,11 @@ def add_command_parsers(subparsers):
                    ).set_defaults(func=db_sync)
     dbs.add_parser('version', help='print the schema revision'
                    ).set_defaults(func=db_version)
+    p = dbs.add_parser('downgrade', help='back to an earlier revision (only '
+                       'those whose release note says how; stop every '
+                       'service of this release first)')
+    p.add_argument('revision', help='the revision to go back to')
+    p.set_defaults(func=db_downgrade)
 
     image = subparsers.add_parser('image', help='images in the library')
     imgs = image.add_subparsers(dest='action')

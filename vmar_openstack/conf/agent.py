@@ -52,6 +52,20 @@ agent_opts = [
                     'connections; see doc/source/scale.rst for what was '
                     'measured.\n\nRelated options: [vmar_host] '
                     'report_interval.'),
+    cfg.IntOpt('publish_claim_timeout', default=300, min=1,
+               help='Seconds one agent\'s claim of a hidden Glance image '
+                    '(a map version, a digest list, a boot working set, a '
+                    'block layout) keeps the other agents from uploading '
+                    'it too. Publishers take turns per image through '
+                    'vmar_publications, never through the library lock, so '
+                    'a publish waits for no ingest and sends none back to '
+                    'its lookups. An agent killed while it uploads holds '
+                    'its claim this long; then another agent takes it over, '
+                    'and resync publishes what such claims left '
+                    'unfinished.\n\nPossible values: seconds, longer than '
+                    'the upload of the largest digest list takes (32 bytes '
+                    'per 4 KiB block: 160 MiB for a 20 GiB image).\n\n'
+                    'Related options: resync_interval.'),
     cfg.IntOpt('map_gc_interval', default=3600, min=0,
                help='Seconds between removals of the map versions no '
                     'compute host holds. 0: never.'),

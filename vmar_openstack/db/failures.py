@@ -48,8 +48,18 @@ class Failure:
                       for f in dataclasses.fields(cls)})
 
 
+def _duplicate(error):
+    """Two agents recorded an image's first failure at once: again."""
+    return isinstance(error, sa.exc.IntegrityError)
+
+
 class Failures:
-    """The ``vmar_agent_failures`` table."""
+    """The ``vmar_agent_failures`` table.
+
+    Its transactions take the image's row, never the library lock
+    (:func:`vmar_openstack.db.session.writer`): a failure recorded moves
+    no generation, so it sends no ingest back to its lookups.
+    """
 
     def __init__(self, conf):
         self.conf = conf
@@ -66,7 +76,7 @@ class Failures:
             out = [Failure.of(r) for r in rows]
         return [f for f in out if state is None or f.state == state]
 
-    @db_session.retry_conflicts()
+    @db_session.retry_conflicts(also=_duplicate)
     def record(self, image_id, event, error, cause, park=False,
                recorded=False):
         """Count a failed attempt; returns the :class:`Failure`.
@@ -80,8 +90,8 @@ class Failures:
         or the failure was forgotten), nothing is recorded: None.
         """
         assert cause in CAUSES, cause
-        with db_session.locked_writer(self.conf) as s:
-            row = s.get(models.AgentFailure, image_id)
+        with db_session.writer(self.conf) as s:
+            row = s.get(models.AgentFailure, image_id, with_for_update=True)
             if row is None and recorded:
                 return None
             if row is None:
@@ -101,6 +111,6 @@ class Failures:
     @db_session.retry_conflicts()
     def clear(self, image_id):
         """Forget an image's failure; whether there was one."""
-        with db_session.locked_writer(self.conf) as s:
+        with db_session.writer(self.conf) as s:
             return s.execute(sa.delete(models.AgentFailure).where(
                 models.AgentFailure.image_id == image_id)).rowcount > 0

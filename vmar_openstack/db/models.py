@@ -25,6 +25,8 @@
 * ``vmar_hosts``, ``vmar_host_exports``, ``vmar_host_bases``: the last
   report of each compute host, the map versions it exports and the blocks
   it holds of each base (vmar_openstack.db.hosts).
+* ``vmar_publications``: the hidden Glance images vmar-agent publishes,
+  each claimed by one publisher at a time (vmar_openstack.db.publications).
 * ``vmar_locks``: the row that serialises library mutations, with a count
   of the mutations committed so far.
 """
@@ -304,6 +306,30 @@ class HostShare(Base):
         'vmar_hosts.host', ondelete='CASCADE'), primary_key=True)
     base_id = sa.Column(sa.String(36), primary_key=True)
     share = sa.Column(sa.Float, nullable=False)
+
+
+class Publication(Base):
+    """A hidden Glance image of the library's, and who is publishing it.
+
+    One row per hidden image vmar-agent publishes (a map version, a digest
+    list, a boot working set, a block layout): publishers across agents
+    take turns per image through its row (:mod:`vmar_openstack.db.
+    publications`), never through the library lock, so a publish neither
+    waits for an ingest nor counts in the lock row's generation. A claim
+    not finished within its timeout (its agent was killed) is taken over;
+    the agent's resync finishes the unfinished ones.
+    """
+    __tablename__ = 'vmar_publications'
+
+    object_id = sa.Column(sa.String(36), primary_key=True)
+    image_id = sa.Column(sa.String(36), nullable=False, index=True)
+    what = sa.Column(sa.String(32), nullable=False)
+    sha256 = sa.Column(sa.String(64), nullable=False)
+    # 'claimed' (an upload under way, by holder) or 'done' (active in
+    # Glance with that SHA-256)
+    state = sa.Column(sa.String(8), nullable=False)
+    holder = sa.Column(sa.String(255), nullable=False, default='')
+    claimed_at = sa.Column(sa.DateTime, nullable=False, default=utcnow)
 
 
 class Lock(Base):

@@ -290,6 +290,7 @@ def resync(conf, handler, endpoint):
             LOG.warning('resync: %s', e)
     with db_session.reader(conf) as s:
         known = {i.image_id for i in db_api.list_images(s)}
+    _finish_publications(conf, handler, known)
     for image_id in sorted(known - seen):
         try:
             glance.images.get(image_id)
@@ -299,6 +300,23 @@ def resync(conf, handler, endpoint):
         LOG.info('resync: %s is gone from Glance', image_id)
         endpoint.handle('image.delete', {'id': image_id}, once=True)
     retry_parked(handler, endpoint)
+
+
+def _finish_publications(conf, handler, known):
+    """Publish again what a killed publisher's claim left unfinished."""
+    pub = handler.publisher
+    stale = pub.publications.unfinished(
+        conf.vmar_agent.publish_claim_timeout)
+    pub.publications.forget(p.object_id for p in stale
+                            if p.image_id not in known)
+    for image_id in sorted({p.image_id for p in stale} & known):
+        LOG.info('resync: finishing the publication of %s, claimed by a '
+                 'publisher that did not finish', image_id)
+        try:
+            pub.current(image_id)
+            pub.files(image_id)
+        except exception.VmarException as e:
+            LOG.warning('resync: %s', e)
 
 
 def retry(handler, endpoint, failure):

@@ -19,13 +19,16 @@ import contextlib
 import hashlib
 import io
 import os
+import socket
 import threading
 import time
+import uuid
 
 from glanceclient import exc as glance_exc
 from oslo_log import log as logging
 
 from vmar_openstack.db import api as db_api
+from vmar_openstack.db import publications as db_publications
 from vmar_openstack.db import session as db_session
 from vmar_openstack import exception
 from vmar_openstack import ingest
@@ -44,6 +47,34 @@ class Publisher:
             2, thread_name_prefix='vmar-precreate')
         self._created = {}              # map image id -> Future of create
         self._created_lock = threading.Lock()
+        self.publications = db_publications.Publications(
+            conf, '%s:%d:%s' % (socket.gethostname(), os.getpid(),
+                                uuid.uuid4().hex[:8]))
+
+    @contextlib.contextmanager
+    def _claimed(self, object_id, image_id, what, sha):
+        """Hold the claim of one hidden image while the block uploads it.
+
+        Waits while another publisher holds it, up to ``[vmar_agent]
+        publish_claim_timeout``, then takes it over. Recorded done if the
+        block succeeds, released if it fails.
+        """
+        timeout = self.conf.vmar_agent.publish_claim_timeout
+        deadline = time.monotonic() + timeout
+        pause = 0.05
+        while self.publications.claim(object_id, image_id, what, sha,
+                                      timeout) != db_publications.TAKEN:
+            if time.monotonic() > deadline:
+                # the holder's claim has aged past the timeout by now
+                timeout = 0
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+        try:
+            yield
+        except BaseException:
+            self.publications.release(object_id)
+            raise
+        self.publications.done(object_id, sha)
 
     @contextlib.contextmanager
     def creating_ahead(self):
@@ -126,26 +157,22 @@ class Publisher:
                          ingest.map_path(self.conf, image_id, version))
         return version
 
-    @db_session.retry_conflicts()
     def publish(self, image_id, version, path):
-        # one publisher at a time, across agents: two uploads of one image
-        # at once leave it in 'saving'
-        with db_session.locked_writer(self.conf):
-            return self._publish(image_id, version, path)
-
-    def _publish(self, image_id, version, path):
         with open(path, 'rb') as f:
             data = f.read()
         sha = hashlib.sha256(data).hexdigest()
         mid = names.map_image_id(image_id, version)
         try:
-            img = self._created_record(mid, image_id, version, sha)
-            if (img['status'] == 'queued'
-                    and img.get(names.PROP_SHA256) != sha):
-                # left by an attempt whose version never committed
-                raise exception.StuckError(
-                    'map image %s was created for other content' % mid)
-            self._upload(img, data, sha, names.PROP_SHA256, 'map image')
+            # one publisher at a time, across agents: two uploads of one
+            # image at once leave it in 'saving'
+            with self._claimed(mid, image_id, 'map', sha):
+                img = self._created_record(mid, image_id, version, sha)
+                if (img['status'] == 'queued'
+                        and img.get(names.PROP_SHA256) != sha):
+                    # left by an attempt whose version never committed
+                    raise exception.StuckError(
+                        'map image %s was created for other content' % mid)
+                self._upload(img, data, sha, names.PROP_SHA256, 'map image')
         except glance_exc.ClientException as e:
             raise exception.PublishError(
                 'publishing map v%d of %s: %s' % (version, image_id, e))
@@ -243,7 +270,6 @@ class Publisher:
             lambda _image_id: data, names.PROP_BOOTSET_SHA256,
             'recorded boot working set')
 
-    @db_session.retry_conflicts()
     def _publish_file(self, image_id, did, name, read, sha_prop, what):
         """Publish ``read(image_id)`` as the hidden image ``did``, once.
 
@@ -262,7 +288,7 @@ class Publisher:
                 return None
             sha = hashlib.sha256(data).hexdigest()
             # one publisher at a time, across agents (see publish)
-            with db_session.locked_writer(self.conf):
+            with self._claimed(did, image_id, what, sha):
                 if img is None:
                     try:
                         img = self.glance.images.create(
@@ -301,6 +327,7 @@ class Publisher:
         except glance_exc.ClientException as e:
             raise exception.PublishError('deleting %s image %s: %s'
                                          % (what, iid, e))
+        self.publications.forget([iid])
 
     def delete_version(self, image_id, version):
         """Delete the map image of one version (gone already: fine)."""

@@ -4,8 +4,10 @@ import os
 
 from alembic import command
 from alembic import config as alembic_config
+from alembic import script as alembic_script
 
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 
 VERSION_TABLE = 'vmar_alembic_version'
 
@@ -20,6 +22,24 @@ def _config(engine):
 
 def upgrade(revision='head', conf=None):
     command.upgrade(_config(db_session.get_engine(conf)), revision)
+
+
+def downgrade(revision, conf=None):
+    """Back to ``revision``; only revisions that say how can be undone.
+
+    :raises IrreversibleMigration: a revision on the way has no
+        ``downgrade`` (nothing is changed then).
+    """
+    cfg = _config(db_session.get_engine(conf))
+    now = current(conf)
+    script = alembic_script.ScriptDirectory.from_config(cfg)
+    floor = now
+    for rev in script.iterate_revisions(now, revision):
+        if not hasattr(rev.module, 'downgrade'):
+            raise exception.IrreversibleMigration(
+                revision=rev.revision, current=now, floor=floor)
+        floor = rev.down_revision
+    command.downgrade(cfg, revision)
 
 
 def current(conf=None):
