@@ -204,6 +204,7 @@ class TestHostileImages(base.LibraryTestCase):
                 self.assertEqual(0, s.execute(sa.select(sa.func.count())
                                               .select_from(table)).scalar())
         self.assertFalse(os.path.exists(ingest.base_path(self.conf, ID)))
+        self.assertEqual({}, self.lib.lists.objects())
         maps = self.conf.vmar.map_dir
         self.assertEqual([], os.listdir(maps) if os.path.isdir(maps) else [])
         work = self.conf.vmar.work_dir

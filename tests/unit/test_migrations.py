@@ -457,7 +457,7 @@ class TestMigration0022(MigrationTestCase):
 
     def test_upgrade_then_downgrade(self):
         migration.upgrade('0021', conf=self.conf)
-        migration.upgrade('head', conf=self.conf)
+        migration.upgrade('0022', conf=self.conf)
         pubs = db_publications.Publications(self.conf, 'a')
         self.assertEqual(db_publications.TAKEN,
                          pubs.claim('o1', 'i1', 'map', 's' * 64, 60))

@@ -59,8 +59,19 @@ def db_downgrade():
 def db_sync():
     migration.upgrade('head')
     _out('database at revision %s' % migration.current())
+    # digest lists of before revision 0023, out of the tables: one image
+    # per transaction, so a sync killed half way goes on where it stopped
+    lib = ingest.Library(CONF)
+
+    def progress(n, _image_id):
+        if n % 100 == 0:
+            _out('moved %d digest lists out of the database' % n)
+    moved = lib.move_digest_lists(progress)
+    if moved:
+        _out('moved the digest lists of %d images out of the database, to '
+             '%s' % (moved, CONF.vmar.digest_object_dir))
     # maps written before the per-target counts (the scheduler weigher's)
-    recorded, missing = ingest.Library(CONF).backfill_map_targets()
+    recorded, missing = lib.backfill_map_targets()
     if recorded:
         _out('recorded the block counts of %d earlier maps' % recorded)
     for image_id, version in missing:

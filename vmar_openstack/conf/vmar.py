@@ -56,6 +56,24 @@ library_opts = [
                     'it. Written for hash_algorithm sha256 only. The '
                     'boot working set of each image (<image id>.vboot), '
                     'which hosts prefetch, is written next to it.'),
+    cfg.StrOpt('digest_object_dir', default='$state_dir/digest-lists',
+               help='Directory of the library\'s digest lists: one object '
+                    'per list, named by its SHA-256 (doc/source/design.rst, '
+                    '"Digest lists"), which the database names but does '
+                    'not hold. Every process that changes or reads the '
+                    'library (vmar-agent, vmar-manage, glance-api\'s import '
+                    'plugin) must see the same directory.\n\nPossible '
+                    'values: a directory; for agents on several hosts '
+                    'sharing one MariaDB or PostgreSQL library, one they '
+                    'all mount.\n\nRelated options: digest_cache_mb, '
+                    'state_dir.'),
+    cfg.IntOpt('digest_cache_mb', default=256, min=0,
+               help='MiB of digest lists a process keeps once read (an '
+                    'image\'s own and those of the images its map reads, '
+                    'about 8 MiB per GiB of image data). Lists never '
+                    'change, so a cached one is never stale.\n\nPossible '
+                    'values: MiB; 0 reads every list from its object each '
+                    'time.\n\nRelated options: digest_object_dir.'),
     cfg.StrOpt('work_dir', default='$state_dir/tmp',
                help='Scratch directory for converting non-raw images to raw '
                     'before hashing. Needs room for the virtual size of the '

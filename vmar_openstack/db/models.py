@@ -2,8 +2,9 @@
 
 * ``vmar_images``: one row per ingested image. ``seq`` is the monotonically
   increasing sequence id that decides the canonical order.
-* ``vmar_image_digests``: the image's block-ordered digest list, stored as
-  chunked blobs (see doc/source/design.rst for why not one row per block).
+* ``vmar_image_digests``: digest lists of before revision 0023, until
+  ``vmar-manage db sync`` moves them into objects of their own
+  (vmar_openstack.db.digest_lists); ``vmar_images`` names each image's.
 * ``vmar_fingerprints``: one row per distinct fingerprint key in the library,
   naming the cluster it belongs to.
 * ``vmar_fingerprints_recent``: the small second tier of that table, where
@@ -73,12 +74,22 @@ class Image(Base):
     map_version = sa.Column(sa.Integer, nullable=False, default=0)
     redirected_blocks = sa.Column(sa.BigInteger, nullable=False, default=0)
     n_extents = sa.Column(sa.BigInteger, nullable=False, default=0)
+    # the image's digest list, an object of its own (db/digest_lists.py):
+    # its SHA-256 and where it is; NULL while the list is still in
+    # vmar_image_digests (a library of before 0023 not yet moved)
+    digests_sha256 = sa.Column(sa.String(64))
+    digests_location = sa.Column(sa.String(255))
     created_at = sa.Column(sa.DateTime, nullable=False, default=utcnow)
     updated_at = sa.Column(sa.DateTime, nullable=False, default=utcnow,
                            onupdate=utcnow)
 
 
 class ImageDigests(Base):
+    """Digest lists of before revision 0023, until they are moved out.
+
+    ``vmar-manage db sync`` moves each into an object of its own
+    (db/digest_lists.py); nothing writes here any more.
+    """
     __tablename__ = 'vmar_image_digests'
 
     seq = sa.Column(BigInt, sa.ForeignKey('vmar_images.seq',

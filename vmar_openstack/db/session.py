@@ -196,11 +196,25 @@ def dialect(session):
     return session.get_bind().dialect.name
 
 
+def _info(conf_obj):
+    """A session's ``info``: the configuration it was opened with.
+
+    :class:`vmar_openstack.db.store.ClusterStore` finds the library's
+    digest list objects through it.
+    """
+    return {'vmar_conf': conf_obj or conf.CONF}
+
+
+def library_conf(session):
+    """The configuration a session of this module was opened with."""
+    return session.info.get('vmar_conf') or conf.CONF
+
+
 @contextlib.contextmanager
 def reader(conf_obj=None):
     """A read-only session (its transaction is rolled back)."""
     engine = get_engine(conf_obj).execution_options(vmar_readonly=True)
-    with orm.Session(engine) as s:
+    with orm.Session(engine, info=_info(conf_obj)) as s:
         try:
             yield s
         finally:
@@ -225,7 +239,7 @@ def writer(conf_obj=None):
         # delete finds empty: two hosts' first reports would deadlock on
         # them (PostgreSQL reads committed by default)
         bind = engine.execution_options(isolation_level='READ COMMITTED')
-    with orm.Session(bind) as s:
+    with orm.Session(bind, info=_info(conf_obj)) as s:
         with s.begin():
             yield s
     _committed(engine)
@@ -292,7 +306,7 @@ def locked_writer(conf_obj=None):
     """
     c = conf_obj or conf.CONF
     engine = get_engine(c)
-    with orm.Session(engine) as s:
+    with orm.Session(engine, info=_info(c)) as s:
         with s.begin():
             _take_lock(s, c.vmar_database.lock_timeout)
             s.info['vmar_generation'] = generation(s)

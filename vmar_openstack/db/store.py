@@ -34,6 +34,7 @@ import sqlalchemy as sa
 
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
+from vmar_openstack.db import digest_lists
 from vmar_openstack.db import members as db_members
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
@@ -49,7 +50,6 @@ class Superseded(typing.NamedTuple):
     superseded_at: object      # datetime, naive UTC
 
 
-DIGEST_CHUNK_BYTES = 4 << 20
 # A split is flipped (see _flips) when it saves this many key moves, and
 # only if it costs at most this many lookups, and reads the digests of
 # members of at most this many blocks, per move saved. The keys outside
@@ -101,6 +101,8 @@ class ClusterStore:
 
     def __init__(self, session):
         self.session = session
+        self.lists = digest_lists.DigestLists(
+            db_session.library_conf(session))
         self._sql = bulk.BulkSQL(session)
         self.dialect = self._sql.dialect
         self._bases = {}       # base id -> members text (immutable rows)
@@ -323,30 +325,75 @@ class ClusterStore:
 
     # -- digest lists --------------------------------------------------------
 
-    def store_digests(self, seq, digests):
-        raw = np.ascontiguousarray(digests).tobytes()
+    def record_digests(self, image, ref):
+        """Name ``image``'s digest list: ``ref`` is ``(sha256, location)``.
+
+        The object is stored already (:meth:`DigestLists.put`, before the
+        lock, and :meth:`DigestLists.ensure`). One the image named before
+        stays until the map GC collects it.
+        """
+        image.digests_sha256, image.digests_location = ref
+        # a list of before revision 0023 goes with its replacement
         self.session.execute(sa.delete(models.ImageDigests).where(
-            models.ImageDigests.seq == seq))
-        rows = [{'seq': seq, 'chunk': i // DIGEST_CHUNK_BYTES,
-                 'data': raw[i:i + DIGEST_CHUNK_BYTES]}
-                for i in range(0, len(raw), DIGEST_CHUNK_BYTES)]
-        if rows:
-            self.session.execute(sa.insert(models.ImageDigests), rows)
+            models.ImageDigests.seq == image.seq))
+
+    def digest_locations(self):
+        """The digest list objects the library's images name."""
+        img = models.Image
+        return set(self.session.execute(sa.select(
+            img.digests_location).where(
+                img.digests_location.is_not(None)).distinct()).scalars())
 
     def load_digests(self, image):
-        """The digest list of ``image``, ``(n_blocks, digest size)`` uint8."""
+        """The digest list of ``image``, ``(n_blocks, digest size)`` uint8.
+
+        Read-only: the array may be shared with other readers (the
+        digest list cache).
+        """
         dsize = fingerprint.DIGEST_SIZES[image.algorithm]
-        chunks = self.session.execute(
-            sa.select(models.ImageDigests.data)
-            .where(models.ImageDigests.seq == image.seq)
-            .order_by(models.ImageDigests.chunk)).scalars().all()
-        raw = b''.join(chunks)
+        if image.digests_location is not None:
+            return self.lists.load(image.image_id, image.digests_sha256,
+                                   image.digests_location, image.n_blocks,
+                                   dsize)
+        raw = self.unmoved_digests(image.seq)
         if len(raw) != image.n_blocks * dsize:
             raise exception.LibraryInconsistent(
                 what='digest list of image %s has %d bytes, expected %d'
                 % (image.image_id, len(raw), image.n_blocks * dsize))
         return np.frombuffer(raw, dtype=np.uint8).reshape(image.n_blocks,
                                                           dsize)
+
+    def unmoved_digests(self, seq):
+        """The bytes of an image's list of before revision 0023, if any."""
+        return b''.join(self.session.execute(
+            sa.select(models.ImageDigests.data)
+            .where(models.ImageDigests.seq == seq)
+            .order_by(models.ImageDigests.chunk)).scalars().all())
+
+    def images_to_move(self, limit):
+        """Up to ``limit`` images whose lists are still in the tables."""
+        img = models.Image
+        return self.session.execute(
+            sa.select(img).where(img.digests_location.is_(None))
+            .order_by(img.seq).limit(limit)).scalars().all()
+
+    def moved_digests(self, seq, ref):
+        """Name the object of a list moved out; whether this moved it.
+
+        Not in a locked transaction: only the image's own row and list
+        change, and nothing else, if no one named one meanwhile (a new
+        content's list, written under the lock).
+        """
+        img = models.Image
+        done = self.session.execute(
+            sa.update(img).where(img.seq == seq,
+                                 img.digests_location.is_(None))
+            .values(digests_sha256=ref[0], digests_location=ref[1])
+            .execution_options(synchronize_session=False)).rowcount
+        if done:
+            self.session.execute(sa.delete(models.ImageDigests).where(
+                models.ImageDigests.seq == seq))
+        return bool(done)
 
     # -- fingerprint keys ----------------------------------------------------
 

@@ -83,6 +83,8 @@ def collect(conf, library, publisher, min_age, dry_run=False):
         hidden = publisher.hidden_images()
         kept = _collect_maps_of_deleted(conf, library, publisher, hidden)
         _collect_digests(library, publisher, kept, hidden)
+        # the library's own digest list objects no image names
+        library.collect_digest_lists(min_age)
     return p
 
 

@@ -22,6 +22,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
+from vmar_openstack.db import digest_lists as db_digest_lists
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
@@ -71,6 +72,7 @@ class Library:
 
     def __init__(self, conf=None):
         self.conf = conf or vmar_conf.CONF
+        self.lists = db_digest_lists.DigestLists(self.conf)
 
     # -- public operations -------------------------------------------------
 
@@ -195,10 +197,11 @@ class Library:
         image_id = _check_uuid(image_id)
         fps, _placed = self._fingerprint(image_id, path, disk_format,
                                          expected_size, progress, keep_base)
-        return self._replace_content(image_id, fps, disk_format)
+        ref = self.lists.put(fps.digests)
+        return self._replace_content(image_id, fps, disk_format, ref)
 
     @db_session.retry_conflicts()
-    def _replace_content(self, image_id, fps, disk_format):
+    def _replace_content(self, image_id, fps, disk_format, ref):
         with self._mutation() as (store, written):
             img = self._get(store, image_id)
             old = store.load_digests(img)
@@ -206,7 +209,8 @@ class Library:
             affected = self._affected(store, img, old)
             store.remove_keys(img.seq, old_keys)
             self._fill_image(img, fps, disk_format)
-            store.store_digests(img.seq, fps.digests)
+            self.lists.ensure(ref, fps.digests)
+            store.record_digests(img, ref)
             store.add_keys(img.seq, fp_keys.image_key_set(img, fps.digests),
                            img.visibility == 'public')
             store.flush()
@@ -299,6 +303,53 @@ class Library:
         with self._mutation() as (store, written):
             img = self._get(store, image_id)
             return self._write_maps(store, {img.seq}, written)[image_id]
+
+    @db_session.retry_conflicts()
+    def collect_digest_lists(self, min_age):
+        """Remove the digest list objects no image has named ``min_age`` s.
+
+        Those of deleted images, of replaced content, of adds that did not
+        commit. Under the library lock (:meth:`DigestLists.ensure`).
+        Returns how many went.
+        """
+        with self._mutation() as (store, _written):
+            gone = self.lists.collect(store.digest_locations(), min_age)
+        if gone:
+            LOG.info('removed %d digest lists no image names', len(gone))
+        return len(gone)
+
+    def move_digest_lists(self, progress=None):
+        """Move the lists of before revision 0023 out of the tables.
+
+        One image per transaction, none of them locked: a move killed
+        half way goes on where it stopped when run again. ``progress(n,
+        image id)`` after each. Returns how many were moved.
+        """
+        moved = 0
+        while True:
+            with db_session.reader(self.conf) as s:
+                batch = [(i.seq, i.image_id, i.n_blocks, i.algorithm)
+                         for i in db_store.ClusterStore(s).images_to_move(64)]
+            if not batch:
+                return moved
+            for seq, image_id, n_blocks, algorithm in batch:
+                moved += self._move_one(seq, image_id, n_blocks, algorithm)
+                if progress:
+                    progress(moved, image_id)
+
+    @db_session.retry_conflicts()
+    def _move_one(self, seq, image_id, n_blocks, algorithm):
+        dsize = fingerprint.DIGEST_SIZES[algorithm]
+        with db_session.reader(self.conf) as s:
+            raw = db_store.ClusterStore(s).unmoved_digests(seq)
+        if len(raw) != n_blocks * dsize:
+            raise exception.LibraryInconsistent(
+                what='digest list of image %s has %d bytes, expected %d'
+                % (image_id, len(raw), n_blocks * dsize))
+        ref = self.lists.put(np.frombuffer(raw, np.uint8).reshape(
+            n_blocks, dsize))
+        with db_session.writer(self.conf) as s:
+            return int(db_store.ClusterStore(s).moved_digests(seq, ref))
 
     @db_session.retry_conflicts()
     def backfill_map_targets(self):
@@ -483,6 +534,8 @@ class Library:
         keys, found = ahead.start_map(desc, fps.digests,
                                       self.conf.vmar.dedup_scope,
                                       paths.map_path(self.conf, image_id, 1))
+        # the digest list's object, written before the lock
+        ref = self.lists.put(fps.digests)
         attempts = []
 
         # A conflict (deadlock, Galera certification failure) undid the
@@ -492,12 +545,12 @@ class Library:
         @db_session.retry_conflicts()
         def commit():
             attempts.append(None)
-            return self._commit_add_once(image_id, fps, desc, keys, found,
-                                         on_map_written, ahead,
+            return self._commit_add_once(image_id, fps, ref, desc, keys,
+                                         found, on_map_written, ahead,
                                          first=len(attempts) == 1)
         return commit()
 
-    def _commit_add_once(self, image_id, fps, desc, keys, found,
+    def _commit_add_once(self, image_id, fps, ref, desc, keys, found,
                          on_map_written, ahead, first):
         with self._mutation() as (store, written):
             if store.get_image(image_id) is not None:
@@ -510,7 +563,8 @@ class Library:
                 LOG.debug('image %s: the library changed while it was '
                           'hashed; looking its fingerprints up again',
                           image_id)
-            store.store_digests(img.seq, fps.digests)
+            self.lists.ensure(ref, fps.digests)
+            store.record_digests(img, ref)
             known = store.add_keys(img.seq, keys, img.visibility == 'public',
                                    found=found if fresh else None)
             store.flush()
