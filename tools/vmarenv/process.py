@@ -53,16 +53,6 @@ PORT_BAND = (20000, 32000)
 PORT_DIR = '/run/lock/vmar-ports'
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def _bindable(host, port):
     s = socket.socket()
     try:
@@ -86,7 +76,7 @@ def _held_ports():
                 pid = int(f.read() or 0)
         except (OSError, ValueError):
             continue
-        if pid and _alive(pid):
+        if pid and _pid_alive(pid):
             held.add(int(name))
         else:
             try:

@@ -44,13 +44,7 @@ class Failure:
 
     @classmethod
     def of(cls, row):
-        return cls(**{f.name: getattr(row, f.name)
-                      for f in dataclasses.fields(cls)})
-
-
-def _duplicate(error):
-    """Two agents recorded an image's first failure at once: again."""
-    return isinstance(error, sa.exc.IntegrityError)
+        return models.as_dataclass(cls, row)
 
 
 class Failures:
@@ -76,7 +70,7 @@ class Failures:
             out = [Failure.of(r) for r in rows]
         return [f for f in out if state is None or f.state == state]
 
-    @db_session.retry_conflicts(also=_duplicate)
+    @db_session.retry_conflicts(also=db_session.duplicate)
     def record(self, image_id, event, error, cause, park=False,
                recorded=False):
         """Count a failed attempt; returns the :class:`Failure`.

@@ -32,6 +32,7 @@
   of the mutations committed so far.
 """
 
+import dataclasses
 import datetime
 
 import sqlalchemy as sa
@@ -41,6 +42,12 @@ from sqlalchemy import orm
 BigInt = sa.BigInteger().with_variant(sa.Integer(), 'sqlite')
 # MariaDB's TEXT holds 64 KiB: about 10000 members
 MembersText = sa.Text().with_variant(mysql.MEDIUMTEXT(), 'mysql', 'mariadb')
+
+
+def as_dataclass(cls, row):
+    """The dataclass ``cls`` of a row: its fields, read from the row."""
+    return cls(**{f.name: getattr(row, f.name)
+                  for f in dataclasses.fields(cls)})
 
 
 def utcnow():

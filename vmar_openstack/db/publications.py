@@ -39,13 +39,7 @@ class Publication:
 
     @classmethod
     def of(cls, row):
-        return cls(**{f.name: getattr(row, f.name)
-                      for f in dataclasses.fields(cls)})
-
-
-def _duplicate(error):
-    """Two first claims of one object inserted at once: claim again."""
-    return isinstance(error, sa.exc.IntegrityError)
+        return models.as_dataclass(cls, row)
 
 
 class Publications:
@@ -60,7 +54,7 @@ class Publications:
             row = s.get(models.Publication, object_id)
             return None if row is None else Publication.of(row)
 
-    @db_session.retry_conflicts(also=_duplicate)
+    @db_session.retry_conflicts(also=db_session.duplicate)
     def claim(self, object_id, image_id, what, sha256, timeout):
         """Claim the upload of ``object_id``: :data:`TAKEN` or :data:`BUSY`.
 

@@ -245,6 +245,15 @@ def writer(conf_obj=None):
     _committed(engine)
 
 
+def duplicate(error):
+    """Whether ``error`` is two first inserts of one key, at once.
+
+    For a writer (:func:`writer`) that inserts a row it found missing:
+    run it again (:func:`retry_conflicts` ``also``), and it finds the row.
+    """
+    return isinstance(error, sa.exc.IntegrityError)
+
+
 # MySQL/MariaDB: deadlock, which is also how Galera reports a failed
 # certification; PostgreSQL: deadlock, serialization failure
 _MYSQL_CONFLICTS = (1213,)
