@@ -140,6 +140,9 @@ class TestLibraryLists(base.LibraryTestCase):
         digest_lists.clear_cache()
         self.assertEqual((300, 32), self.digests(B).shape)
         self.lib.delete(B)
+        problems, warnings = check.check(self.conf)
+        self.assertEqual([], problems)
+        self.assertIn('1 digest list objects no image names', warnings[-1])
         # unnamed, but younger than min_age: an ingest may name it yet
         self.assertEqual(0, self.lib.collect_digest_lists(min_age=3600))
         self.assertEqual(1, self.lib.collect_digest_lists(min_age=0))

@@ -106,8 +106,21 @@ def check(conf):
                                     min(public) if public else None))
         map_problems, pending = _check_maps(conf, store, images)
         problems.extend(map_problems)
-        warnings = pending + _orphans(conf, images)
+        warnings = (pending + _orphans(conf, images)
+                    + _unnamed_lists(store))
     return problems, warnings
+
+
+def _unnamed_lists(store):
+    """Digest list objects no image names (the map GC removes them)."""
+    named = {loc.split(':', 1)[-1] for loc in store.digest_locations()}
+    unnamed = sorted(set(store.lists.objects()) - named)
+    if not unnamed:
+        return []
+    return ['%d digest list objects no image names, such as %s (an add '
+            'that did not commit, an image deleted or given new content: '
+            'harmless; the map GC removes them after map_gc_min_age)'
+            % (len(unnamed), unnamed[0])]
 
 
 def _shadows(store, clusters, members, by_seq, problems):
