@@ -63,6 +63,8 @@ class TestPendingMaps(base.LibraryTestCase):
         self.assertEqual({}, self.lib.rewrite_pending(3))
         for s in self.snaps:
             self.assertEqual({s}, self.targets(s))
+        # the deleted base's digest list goes with the map GC
+        self.assertEqual(1, self.lib.collect_digest_lists(min_age=0))
         self.assertEqual(([], []), check.check(self.conf))
 
     def test_a_pass_stops_at_its_time(self):
