@@ -2,7 +2,7 @@
 """The cost of per-holder exports on the read path, same-run ratios.
 
 Every holder (instance) reads its image through an NBD export of its own,
-named with the holder's key (doc/source/export.rst, "Who can open an
+named with the holder's key (doc/source/admin/export.rst, "Who can open an
 export"). This measures what that costs against the shared export name
 every instance used before, on one vmar node of one qemu-storage-daemon:
 

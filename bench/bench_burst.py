@@ -10,15 +10,15 @@ guest, TCG) reads its whole disk once and prints its checksum.
 
 ``--images debian``: the images are minbase, python3 and nginx of the
 Debian image library (1 GiB each, uploaded anew for each run), the time is
-to their ``VMAR-BOOTED`` (doc/source/images.rst), and the unique data is
-not known beforehand: the peers run's bytes are set against a third of
+to their ``VMAR-BOOTED`` (doc/source/reference/images.rst), and the unique
+data is not known beforehand: the peers run's bytes are set against a third of
 the store run's, what one host of three fetched (the same images on each,
 boot working sets prefetched).
 
 Two runs in the same minutes, in alternating order over ``--rounds``:
 
 * ``peers``: as the cloud is set up (``[vmar_peers] discover``, a peer
-  server on each host, the lead of a burst, doc/source/peers.rst);
+  server on each host, the lead of a burst, doc/source/admin/peers.rst);
 * ``store``: the same with ``[vmar_peers] fetch = false`` on every host
   (its vmar-export restarted with that file after the host's own), the
   baseline.

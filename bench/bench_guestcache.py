@@ -39,7 +39,7 @@ guest's freed pages are refilled at once, so that is where free page
 reporting can return any).
 
 The host's memory controller is cgroup v1 here (the machine binds memory
-to v1; doc/source/guest.rst), so the limit is memory.limit_in_bytes.
+to v1; doc/source/admin/guest.rst), so the limit is memory.limit_in_bytes.
 
 Seed 003's host had one 7200 RPM disk, where a host cache miss costs ten
 times a hit; this machine's disk is much faster. --disk-read-iops and
@@ -103,7 +103,7 @@ CPU = re.compile(r'cpu_user_s=(\d+\.\d+) cpu_sys_s=(\d+\.\d+)(?:\s|$)')
 LOOP_FIELDS = ('loop', 'bytes', 'ns', 'private_cached', 'guest_cpu_s',
                'dropped_bytes')
 END = re.compile(r'VMAR-WORKLOAD-END (\d+) (.*)')
-# How a P+I guest returns memory: the candidates of doc/source/guest.rst,
+# How a P+I guest returns memory: the candidates of doc/source/admin/guest.rst,
 # as (SMBIOS OEM strings for vmar-guest, virtio-balloon-pci options).
 # vmar-guest's own default is page reporting order 0.
 VARIANTS = {

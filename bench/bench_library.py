@@ -5,7 +5,8 @@ Ingests the images given on the command line (raw) into a fresh SQLite
 library in order, then reports per image: ingest time, data blocks, blocks
 redirected to another image, extents, map bytes and MB per GiB, and the mean
 lookup probes of the map for a sequential and a random read pattern, as the
-map format spec defines them (doc/source/map-format.rst, "Lookup cost").
+map format spec defines them (doc/source/reference/map-format.rst, "Lookup
+cost").
 
 Goal: map size <= 0.10 MB per GiB of image. The paper reports about 0.16
 MB/GiB and a mean search depth of 0.2.

@@ -5,7 +5,7 @@
 3``, placed by the real nova-scheduler with the vmar weigher and without
 it, alternately (``--rounds``). Without: the same cloud, with an aggregate
 of all hosts whose ``vmar_weight_multiplier`` is 0 (Nova's own weighers
-only; the option doc/source/scheduling.rst gives operators). Each run
+only; the option doc/source/admin/scheduling.rst gives operators). Each run
 uploads 6 new images of the same make, so no host holds any of them.
 
 The images are two families of three: every image has the same 16 MiB

@@ -117,7 +117,7 @@ weigher, a host takes at most ``per_host`` servers, or ``headroom`` x
 servers / hosts (placement filters; without them one host would take a
 whole family). Servers stay (no deletions).
 
-*Peer discovery* (doc/source/peers.rst): a host asks vmar-agent for the
+*Peer discovery* (doc/source/admin/peers.rst): a host asks vmar-agent for the
 holders of a base when its first export of it is added and every
 ``report_interval`` after; the agent names hosts that reported holding
 blocks of it (their first report after their first block). The four

@@ -4,7 +4,7 @@
 #
 # Sourced by devstack with the mode and phase as arguments:
 #   stack pre-install|install|post-config|extra|test-config, unstack, clean
-# See doc/source/devstack.rst.
+# See doc/source/install/devstack.rst.
 
 # shellcheck source=devstack/lib/vmar
 source "$VMAR_DIR/devstack/lib/vmar"

@@ -14,7 +14,7 @@
 # The cloud keeps running afterwards (tools/cloud.sh down stops it;
 # --down does it here). The scenario needs an empty cloud: it uses fixed
 # names. State: $VMAR_CLOUD_STATE (default /var/lib/vmar-cloud). About
-# 25 minutes on two cores under TCG (doc/source/cloud.rst).
+# 25 minutes on two cores under TCG (doc/source/install/cloud.rst).
 set -euo pipefail
 
 TOP=$(cd "$(dirname "$0")/.." && pwd)

@@ -20,7 +20,7 @@
 #
 # State (configuration, databases, logs, images, instances):
 # $VMAR_CLOUD_STATE, default /var/lib/vmar-cloud. VMAR_QEMU_PREFIX, if set,
-# is the patched QEMU (else qemu/build.sh). See doc/source/cloud.rst.
+# is the patched QEMU (else qemu/build.sh). See doc/source/install/cloud.rst.
 set -euo pipefail
 
 TOP=$(cd "$(dirname "$0")/.." && pwd)

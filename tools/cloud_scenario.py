@@ -4,9 +4,9 @@ What a tenant and an operator do with vmar-openstack, in order (issue 14,
 part 3): upload images (``--file`` and ``--import``) and see their maps
 published; create flavors (a bogus ``vmar:`` spec is refused); boot vmar
 and plain servers with ``--nic none`` to the ``VMAR-BOOTED`` marker of
-the image library (doc/source/images.rst); run the lifecycle operations
-on a vmar server; restart nova-compute under Nova's image cache manager;
-kill the export daemon; delete an image other maps point into; delete
+the image library (doc/source/reference/images.rst); run the lifecycle
+operations on a vmar server; restart nova-compute under Nova's image cache
+manager; kill the export daemon; delete an image other maps point into; delete
 everything and check that nothing vmar owns is left.
 
 Each step prints what it did and raises :class:`ScenarioError` when what
@@ -495,7 +495,7 @@ class UserPath(Scenario):
         pages out what was not touched for 60 s, where it runs): the
         export daemon holds the file-system metadata their boots brought
         into their bases' mirrors locked in the page cache
-        (doc/source/export.rst, "Metadata kept warm"), and evicting the
+        (doc/source/admin/export.rst, "Metadata kept warm"), and evicting the
         bases leaves it there.
         """
         from vmar_openstack import pagecache

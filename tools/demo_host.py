@@ -11,7 +11,7 @@ and the patched QEMU (``qemu/build.sh`` prints its prefix), and:
    serve`` in the background, in a session of its own;
 2. exports two similar images (``vmar-export add``; default: minbase and
    python3) while the disk holding ``host_dir`` has the kernel's default
-   read-ahead, 128 KiB (doc/source/export.rst: keep it moderate there; a
+   read-ahead, 128 KiB (doc/source/admin/export.rst: keep it moderate there; a
    file keeps the read-ahead it was opened with, and the machine's own
    setting is put back right after the adds);
 3. empties the page cache of the files it measures (``POSIX_FADV_DONTNEED``
@@ -570,7 +570,7 @@ def print_cache(res, pair, limit):
               % (ra, ', the kernel default' if ra == DEFAULT_READAHEAD_KB
                  else " (this disk's own; it cannot be changed here)"
                  if len(res) == 2 else ''))
-        print('(doc/source/export.rst: keep it moderate on the disk of '
+        print('(doc/source/admin/export.rst: keep it moderate on the disk of '
               'host_dir)')
         for w in res:
             if w not in ('export', 'raw'):

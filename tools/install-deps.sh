@@ -105,7 +105,8 @@ if [ "$debs_only" = 0 ]; then
     for purpose in "${purposes[@]}"; do
         [ -f "$TOP/$purpose-requirements.txt" ] || continue
         # a purpose's file may include others (-r): hash them all
-        pip_install "$purpose" "$TOP"/*requirements.txt
+        pip_install "$purpose" "$TOP"/*requirements.txt \
+            "$TOP/doc/requirements.txt"
     done
 fi
 echo "$VENV"

@@ -585,7 +585,7 @@ class Moves(Scenario):
         self.boot('shelve', a)
         self.os.run('server', 'shelve', '--wait', 'shelve')
         self.wait_status('shelve', 'SHELVED_OFFLOADED')
-        # the shelve's snapshot went as its delta (doc/source/nova.rst)
+        # the shelve's snapshot went as its delta (doc/source/admin/nova.rst)
         props = self.os.json('image', 'show', 'shelve-shelved')['properties']
         check(props.get('vmar_parent') == self.images['shelve'][0],
               'the shelved snapshot was not built from a delta: %s', props)

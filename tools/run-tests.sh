@@ -104,6 +104,10 @@ reno lint >/dev/null
 stage "config sample is up to date"
 tools/gen-config.sh --check
 
+stage "docs: Sphinx, warnings as errors (tox -e docs)"
+sphinx-build -W --keep-going -q -b html -d doc/build/doctrees doc/source \
+    doc/build/html
+
 # The image library (debootstrap, mostly downloads and dpkg) and the test
 # guest are built beside the unit tests and the QEMU builds, which use the
 # cores; on a fresh machine that hides most of its 9 minutes. Nothing

@@ -300,7 +300,7 @@ def parse_guest_channel(name):
     return GuestChannel(m.group('id'), m.group('mode')) if m else None
 
 
-# -- peers (doc/source/peers.rst) --------------------------------------------
+# -- peers (doc/source/admin/peers.rst) ------------------------------------
 
 def peer_address(host, port):
     """``host:port`` of a peer server, ``[v6 address]:port`` for IPv6."""

@@ -16,8 +16,8 @@ attributes of Nova's classes vmar reaches, each through one helper of
 ``tests/unit/test_nova_signatures.py`` pins their signatures for every
 Nova release vmar supports.
 
-What each compute wrapper does (doc/source/nova.rst,
-doc/source/multinode.rst):
+What each compute wrapper does (doc/source/admin/nova.rst,
+doc/source/admin/multinode.rst):
 
 * ``Backend.by_name`` / ``by_libvirt_path``: the root disk of an instance
   whose flavor has ``vmar:enabled=true`` is a

@@ -1,6 +1,6 @@
 """tools/cloud.sh: up, the user's path with the real CLI, down.
 
-The user's path is tools/cloud_scenario.py (doc/source/cloud.rst). The
+The user's path is tools/cloud_scenario.py (doc/source/install/cloud.rst). The
 cloud runs from a state directory of its own (``VMAR_CLOUD_STATE``),
 so it never meets a cloud someone else started. ``down`` must leave no
 process, mount or file of the cloud outside that directory.

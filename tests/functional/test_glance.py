@@ -481,7 +481,7 @@ class GlanceTestCase(testtools.TestCase):
             capture_output=True, text=True)
 
     def check_peer_reads(self, cut_store, fmt='raw'):
-        """Peer discovery end to end (issue 34, doc/source/peers.rst).
+        """Peer discovery end to end (issue 34, doc/source/admin/peers.rst).
 
         Host a runs a peer server and reports what its mirror holds; host
         b asks vmar-agent who holds the image (RPC on the bus of the

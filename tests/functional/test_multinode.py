@@ -1,8 +1,8 @@
 """Several compute hosts: every move of a vmar server (issue 17).
 
 ``tools/cloud.sh up --computes 3`` (three hosts in namespaces of their own,
-doc/source/multinode.rst), then tools/multinode_scenario.py: live and cold
-migration, resize to another host and to the same one, the resize nova-api
+doc/source/admin/multinode.rst), then tools/multinode_scenario.py: live and
+cold migration, resize to another host and to the same one, the resize nova-api
 refuses, the moves it refuses for a server whose image was deleted, shelve
 and unshelve onto another host, evacuation of a killed host. Then
 ``down``: nothing of the hosts (process, namespace, interface, mount) is

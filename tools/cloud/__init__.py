@@ -6,5 +6,5 @@
 * :mod:`.stack`: the services in start order, ``up``, ``down``, ``status``;
 * :mod:`.keystone_setup`: service users, catalogue and endpoints.
 
-See doc/source/cloud.rst.
+See doc/source/install/cloud.rst.
 """

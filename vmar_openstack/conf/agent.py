@@ -49,7 +49,7 @@ agent_opts = [
                     'wait, not acknowledged, for a slot '
                     '(vmar_agent_reports_waiting).\n\nPossible values: a '
                     'number of reports, under the database pool\'s 15 '
-                    'connections; see doc/source/scale.rst for what was '
+                    'connections; see doc/source/admin/scale.rst for what was '
                     'measured.\n\nRelated options: [vmar_host] '
                     'report_interval.'),
     cfg.IntOpt('publish_claim_timeout', default=300, min=1,
@@ -87,7 +87,7 @@ agent_opts = [
                     'minute per agent; the pass reaches it when maps take '
                     'under 1 s / (a tenth) each (2 to 5 s per GiB of image '
                     'data were measured, more in larger libraries; see '
-                    'doc/source/scale.rst).'
+                    'doc/source/admin/scale.rst).'
                     '\n\nRelated options: [vmar] rewrite_at_once.'),
     cfg.IntOpt('holder_max_age', default=300, min=1,
                help='Seconds after its last report that a host is still '
@@ -104,7 +104,7 @@ agent_opts = [
                     'that asked before them) instead of fetching the runs '
                     'from the store too, so that a burst of servers of a '
                     'new image on many hosts reads it from the store about '
-                    'once (doc/source/peers.rst, "Bursts").\n\nPossible '
+                    'once (doc/source/admin/peers.rst, "Bursts").\n\nPossible '
                     'values: seconds, about as long as a boot storm lasts; '
                     '0 names no lead.\n\nRelated options: '
                     'fetch_lead_fanout, [vmar_peers] lead_wait, discover.'),

@@ -66,7 +66,7 @@ ALL_OPTS = [
                     'free page reporting hands the host free blocks of '
                     '2^order pages. The pages vmar-guest frees are '
                     'scattered 4 KiB pages, so only a low order returns '
-                    'them (doc/source/guest.rst has the figures).\n\n'
+                    'them (doc/source/admin/guest.rst has the figures).\n\n'
                     'Possible values: unset, vmar-guest\'s default (0); '
                     '-1, the guest kernel\'s own (9 on x86: whole 2 MiB '
                     'blocks, which keeps the host\'s huge pages whole); '

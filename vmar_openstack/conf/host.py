@@ -158,7 +158,7 @@ source_opts = [
                  'it.'),
         ('lazy', 'Keep a sparse mirror of each base, filled on demand with '
                  'the blocks reads need, each verified against the '
-                 'library\'s digest list (doc/source/export.rst). Other '
+                 'library\'s digest list (doc/source/admin/export.rst). Other '
                  'formats than raw and qcow2, and exports with '
                  'host_cache=none, copy whole bases.')],
          help='How the host gets the base files its exports read.\n\n'

@@ -17,6 +17,10 @@ One list per audience, each of whole groups:
 ``list_scheduler_opts``
     the ``vmar`` weigher in nova-scheduler's nova.conf:
     ``etc/vmar/nova-scheduler.conf.vmar.sample``.
+``list_control_plane_opts``
+    every group of the control plane's programs once (the library,
+    ``vmar-agent``, the weigher): the configuration reference's page of
+    that audience (``doc/source/configuration/library.rst``).
 
 The Glance import plugin's list is
 :func:`vmar_openstack.glance_hooks.opts.list_import_opts`.
@@ -60,3 +64,8 @@ def list_agent_opts():
 
 def list_scheduler_opts():
     return _listed(database, scheduler)
+
+
+def list_control_plane_opts():
+    return _listed(vmar, database, agent, scheduler, reports, glance,
+                   metrics)

@@ -7,7 +7,7 @@ to other hosts of the cloud, over TLS with client certificates. With
 ``discover`` (the holders vmar-agent knows from the hosts' reports) or
 ``peers`` (a fixed list) its range server reads the runs its mirrors miss
 from those hosts first, and from the store when none holds them. See
-doc/source/peers.rst.
+doc/source/admin/peers.rst.
 """
 
 from oslo_config import cfg

@@ -3,7 +3,7 @@
 With Glance on Ceph (glance_store's ``rbd`` store, ``show_image_direct_url
 = True`` in glance-api.conf) a lazy host reads the blocks its mirrors miss
 from the RBD snapshot Glance keeps of each image, with a Ceph user of its
-own, instead of through glance-api (doc/source/export.rst, "Glance on
+own, instead of through glance-api (doc/source/admin/export.rst, "Glance on
 Ceph").
 """
 

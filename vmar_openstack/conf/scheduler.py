@@ -4,7 +4,7 @@ Read from nova.conf by nova-scheduler once ``[filter_scheduler]
 weight_classes`` names
 ``vmar_openstack.nova_scheduler.weigher.VmarWeigher``; the weigher reads
 the hosts' reports from the cluster database (``[vmar_database]
-connection``), see doc/source/scheduling.rst.
+connection``), see doc/source/admin/scheduling.rst.
 """
 
 from oslo_config import cfg

@@ -42,7 +42,7 @@ def database_bytes(session):
 
     What the database server says it uses (PostgreSQL, MariaDB); SQLite
     keeps one file, so only ``{'*': its size}`` (issue 35's size per
-    image, doc/source/scale.rst).
+    image, doc/source/admin/scale.rst).
     """
     name = session.get_bind().dialect.name
     if name == 'postgresql':

@@ -332,12 +332,12 @@ class HostReports:
         first fetches from the store, and the host at place ``i`` waits a
         moment for the runs of the one at place ``(i - 1) // fanout``, which
         fetched them from its own lead: a tree, so that no host serves
-        more than ``fanout`` others while they wait (doc/source/peers.rst,
-        "Bursts"). A burst lasts ``ttl`` (a timedelta) from its first
-        place; with none, ``host`` starts one if ``name``. Only hosts
-        whose last report names a peer server take a place (nobody could
-        read from the others); those others are still told whom to wait
-        for. A :class:`Holder` (``blocks`` 0: what it holds is the
+        more than ``fanout`` others while they wait
+        (doc/source/admin/peers.rst, "Bursts"). A burst lasts ``ttl`` (a
+        timedelta) from its first place; with none, ``host`` starts one if
+        ``name``. Only hosts whose last report names a peer server take a
+        place (nobody could read from the others); those others are still told
+        whom to wait for. A :class:`Holder` (``blocks`` 0: what it holds is the
         reports' business), or None: ``host`` fetches first, or there is
         no burst.
         """

@@ -111,7 +111,7 @@ class Fingerprint(Base):
 
     fp_key = sa.Column(BigInt, primary_key=True, autoincrement=False)
     # no index: every lookup goes by key; no foreign key: checking it cost
-    # a quarter of every insert and move (doc/source/design.rst)
+    # a quarter of every insert and move (doc/source/reference/design.rst)
     cluster_id = sa.Column(BigInt, nullable=False)
 
 

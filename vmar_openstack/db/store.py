@@ -409,7 +409,7 @@ class ClusterStore:
 
         Goes through the fingerprint table's primary key: the table has no
         index on ``cluster_id``, whose upkeep doubled the cost of every
-        insert and move (see doc/source/design.rst).
+        insert and move (see doc/source/reference/design.rst).
         """
         found_k, found_c = self.lookup(keys)
         order = np.argsort(found_k)

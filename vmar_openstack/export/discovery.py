@@ -20,7 +20,7 @@ reports the agent answers from. An agent that does not answer leaves the
 last answer in place; the store serves whatever no peer does. Seed 001's
 alternative, hosts advertising their chunks to neighbours, would keep a
 second, weaker copy of the catalog the reports already are
-(doc/source/peers.rst, "Discovery").
+(doc/source/admin/peers.rst, "Discovery").
 """
 
 import json

@@ -11,8 +11,8 @@ With ``[vmar_host] base_fetch = lazy`` a base is a mirror instead, in
 ``<image id>.reader`` (where the map source reads its missing blocks, a
 :mod:`~vmar_openstack.mapsource.readers` description as JSON) and
 ``<image id>.present`` (which blocks it holds); see
-``doc/source/mirror-format.rst``. A whole base in ``bases/`` wins over a
-mirror of the same image. ``<base id>.alt.<image id>.<version>``
+``doc/source/reference/mirror-format.rst``. A whole base in ``bases/`` wins
+over a mirror of the same image. ``<base id>.alt.<image id>.<version>``
 is an alternate map (:mod:`vmar_openstack.mapformat.alternate`): where
 that map version's image holds blocks of the base, for when the base's own
 data is gone from the source; the image then has a ``.reader`` too.

@@ -114,7 +114,7 @@ _PEER_COUNTS = (
 
 
 def _peer_metrics(peers):
-    """Blocks between hosts (doc/source/peers.rst)."""
+    """Blocks between hosts (doc/source/admin/peers.rst)."""
     for key, name, doc in _PEER_COUNTS:
         yield core.CounterMetricFamily(name, doc, value=peers.reads[key])
     yield core.CounterMetricFamily(

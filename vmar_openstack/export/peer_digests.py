@@ -1,8 +1,8 @@
 """Digest lists read from peer hosts before the store (issue 34).
 
 A host that makes the first mirror of a base needs the base's digest list
-(doc/source/mirror-format.rst): 32 bytes per block, 8 MiB per GiB of the
-base, from the store, on every host. In a burst on many hosts those lists
+(doc/source/reference/mirror-format.rst): 32 bytes per block, 8 MiB per GiB of
+the base, from the store, on every host. In a burst on many hosts those lists
 are most of what the store serves once the blocks come from peers
 (``bench/sim_storm.py --burst``: 28 GB of 29 at 1,000 hosts).
 

@@ -5,7 +5,7 @@ on that address with :mod:`.nbdkit_peer`: one read-only NBD export per
 image whose base or mirror the host holds, TLS with client certificates
 required (the cloud's host CA, ``[vmar_peers] tls_dir``), at most
 ``max_clients`` connections (nbdkit's ``limit`` filter) sharing
-``rate_mib`` (its ``rate`` filter). See doc/source/peers.rst.
+``rate_mib`` (its ``rate`` filter). See doc/source/admin/peers.rst.
 """
 
 import os

@@ -19,9 +19,9 @@ of a burst by what the hosts reported: at the next periodic report (60 s
 by default) a whole burst would be placed as if no host held the image.
 ``holds`` names every base the host keeps, whole (``null``) or as a
 mirror holding that many blocks; the scheduler's ``vmar`` weigher reads
-it (:mod:`vmar_openstack.nova_scheduler.weigher`, doc/source/
-scheduling.rst). ``complete`` names the mirrors of exported images that
-hold every block only that image has (their fill is done,
+it (:mod:`vmar_openstack.nova_scheduler.weigher`,
+doc/source/admin/scheduling.rst). ``complete`` names the mirrors of
+exported images that hold every block only that image has (their fill is done,
 :meth:`.hostdir.Layout.complete_mirrors`): with a peer server, the host
 can serve them to a server's new host once the image is deleted from the
 store (nova-api's check, :mod:`vmar_openstack.nova_api.checks`).
@@ -38,7 +38,7 @@ node whose ``record-window`` closed, see
 ``vmar.host.bootset``::
 
     {"host": "<[vmar] host>", "image_id": "<uuid>",
-     "bootset": "<the set's file, doc/source/mirror-format.rst>"}
+     "bootset": "<the set's file, doc/source/reference/mirror-format.rst>"}
 
 and the agent publishes the first one of an image.
 Notifications need no new connection on a compute host: it already talks

@@ -10,7 +10,7 @@ files copied whole for it, the bytes fetched of the bases it reads, and
 whether its prefetch or its fill (:mod:`.prefetch`) is still queued.
 Per guest-private or auto server (:mod:`.guests`): the mode its guest
 runs in, what the host asks of it, and the memory it gave back. With
-peers (doc/source/peers.rst): where the host serves them, what its range
+peers (doc/source/admin/peers.rst): where the host serves them, what its range
 server read from them, and the holders vmar-agent named per base.
 """
 

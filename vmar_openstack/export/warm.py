@@ -21,7 +21,7 @@ journal is left out: a clean file system never reads it. With the budget
 0 nothing runs.
 
 Why locking a mapping, not prefetching or cgroup protection, is in
-``doc/source/export.rst`` ("Metadata kept warm").
+``doc/source/admin/export.rst`` ("Metadata kept warm").
 """
 
 import collections

@@ -642,7 +642,7 @@ class HoldersEndpoint:
     (:meth:`.db.hosts.HostReports.holders`): hosts that hold blocks of the
     base and run a peer server, best first, not the asking host, and only
     those that reported within ``[vmar_agent] holder_max_age``. See
-    :mod:`vmar_openstack.export.discovery` and doc/source/peers.rst.
+    :mod:`vmar_openstack.export.discovery` and doc/source/admin/peers.rst.
     """
 
     target = oslo_messaging.Target(namespace=bus.HOLDERS_NAMESPACE,

@@ -13,7 +13,7 @@ The map versions of a deleted image that hosts exported when it was
 deleted stay in Glance (not in the library: its records went with it)
 while a host's last report lists them: a server of the image moving to
 another host fetches its map there, and its blocks from the hosts that
-hold them (doc/source/peers.rst). Once no report does, they go.
+hold them (doc/source/admin/peers.rst). Once no report does, they go.
 
 The digest list of a deleted image stays while a remaining version of
 another image's map reads from it (hosts fill mirrors of the deleted base

@@ -14,7 +14,7 @@ does (``hello`` tells them too), so a client can fall back; within a
 version, operations only gain optional arguments and replies only gain
 keys.
 
-Operations of version 1 (:data:`OPS`; doc/source/design.rst has their
+Operations of version 1 (:data:`OPS`; doc/source/reference/design.rst has their
 arguments and replies):
 
 ``hello``
@@ -35,8 +35,8 @@ arguments and replies):
     bases, exports and their counters (``vmar-export status --json``).
 ``digests``
     the path on the host of an image's digest list (one SHA-256 per
-    block, ``doc/source/mirror-format.rst``), fetched if the host lacks
-    it, for a map version the host holds: what a snapshot's delta is
+    block, ``doc/source/reference/mirror-format.rst``), fetched if the host
+    lacks it, for a map version the host holds: what a snapshot's delta is
     compared against.
 ``health``
     whether qemu-storage-daemon answers, and which of the NBD names

@@ -395,10 +395,11 @@ class Library:
             raise
 
     def digest_list(self, image_id):
-        """The base's digest list (``doc/source/mirror-format.rst``), bytes.
+        """The base's digest list, bytes.
 
-        None when the library hashes with another algorithm than mirrors
-        check (hosts then copy the base whole).
+        As ``doc/source/reference/mirror-format.rst`` specifies it. None
+        when the library hashes with another algorithm than mirrors check
+        (hosts then copy the base whole).
         """
         fps = self.fingerprints(image_id)
         if fps.algorithm != mirror_format.ALGORITHM:

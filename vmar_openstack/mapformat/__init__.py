@@ -1,8 +1,8 @@
 """The VMAR block map file: writer, validating parser and lookups.
 
 This package owns the binary format specified in
-``doc/source/map-format.rst`` (the only specification): the writer and
-parser (:mod:`.codec`) and reading through a parsed map (:mod:`.lookup`).
+``doc/source/reference/map-format.rst`` (the only specification): the writer
+and parser (:mod:`.codec`) and reading through a parsed map (:mod:`.lookup`).
 It knows nothing of databases or images: it turns extents into bytes and
 bytes back into validated extents. The C reader in ``qemu/`` implements
 the same rules and is checked against the same vectors in

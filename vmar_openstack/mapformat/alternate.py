@@ -4,9 +4,9 @@ A map of image M sends each shared block of M to the one canonical place
 of its content, block Y of base A. M's own bytes hold the same content at
 M's block X. Inverted, M's map says where A's blocks can be read other
 than from A: :func:`alternate` writes that as a map of A (same format,
-``doc/source/map-format.rst``) whose one target is M. A host whose copy of
-A is incomplete reads A's missing blocks through it when A's own data is
-gone (an image deleted in Glance takes its data along); the blocks are
+``doc/source/reference/map-format.rst``) whose one target is M. A host whose
+copy of A is incomplete reads A's missing blocks through it when A's own data
+is gone (an image deleted in Glance takes its data along); the blocks are
 checked against A's digests either way.
 """
 

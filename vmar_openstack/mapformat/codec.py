@@ -1,9 +1,9 @@
 """The map file's bytes: writer and validating parser.
 
-Implements ``doc/source/map-format.rst``: :func:`encode` turns extents into
-bytes, :func:`decode` turns bytes back into a validated :class:`BlockMap`
-or raises :class:`~vmar_openstack.exception.MapFormatError` naming the
-first broken rule.
+Implements ``doc/source/reference/map-format.rst``: :func:`encode` turns
+extents into bytes, :func:`decode` turns bytes back into a validated
+:class:`BlockMap` or raises :class:`~vmar_openstack.exception.MapFormatError`
+naming the first broken rule.
 """
 
 import dataclasses

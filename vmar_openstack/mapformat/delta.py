@@ -1,6 +1,6 @@
 """The snapshot delta: the blocks a server changed, against its image.
 
-Specified in ``doc/source/mirror-format.rst`` ("Snapshot delta"). A
+Specified in ``doc/source/reference/mirror-format.rst`` ("Snapshot delta"). A
 compute host writes one (:mod:`vmar_openstack.nova_imagebackend.delta`)
 and stages it in Glance; the import plugin
 (:mod:`vmar_openstack.glance_hooks.assemble`) checks it and builds the

@@ -6,8 +6,8 @@ to the image's maps and boot working set; hosts read it for the blocks
 worth keeping warm. Every block of the image is of one kind (:data:`KINDS`):
 file-system metadata of some kind, file data (with the file's path),
 free, or unknown (not in a file system this reads). The file is JSON,
-specified in ``doc/source/mirror-format.rst`` ("Block layout"), the only
-specification.
+specified in ``doc/source/reference/mirror-format.rst`` ("Block layout"), the
+only specification.
 """
 
 import collections

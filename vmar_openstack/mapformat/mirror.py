@@ -1,6 +1,6 @@
 """The two files of a base mirror: the digest list and the present bitmap.
 
-Specified in ``doc/source/mirror-format.rst``; the QEMU driver
+Specified in ``doc/source/reference/mirror-format.rst``; the QEMU driver
 ``qemu/block-vmar-mirror.c`` reads both and sets bits in the present file.
 
 * The **digest list** of a base: a 64-byte header, then one SHA-256 per

@@ -18,9 +18,9 @@ visibility, owner    ``private``, the agent's project (``[vmar_glance]
                      map_owner``)
 ==================== =========================================================
 
-The digest list of each base (``doc/source/mirror-format.rst``), which
-hosts check lazily fetched blocks against, is published the same way, once
-per image (an image's data never changes):
+The digest list of each base (``doc/source/reference/mirror-format.rst``),
+which hosts check lazily fetched blocks against, is published the same way,
+once per image (an image's data never changes):
 
 ==================== =========================================================
 id                   ``uuid5(DIGESTS_NAMESPACE, '<image id>')``

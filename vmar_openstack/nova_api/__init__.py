@@ -8,5 +8,5 @@
 A move that cannot be done safely (a resize that switches the vmar
 backend, a move of a server whose image is gone from Glance) is refused
 here, with its reason in the HTTP answer, before any state changes
-(doc/source/multinode.rst).
+(doc/source/admin/multinode.rst).
 """

@@ -1,7 +1,7 @@
 """Checks nova-api makes before it accepts a move of a vmar server.
 
 Two moves cannot be done safely, and are refused before anything changes
-(doc/source/multinode.rst):
+(doc/source/admin/multinode.rst):
 
 * a resize between a vmar flavor and an ordinary one: the root disk would
   change backend (a qcow2 overlay on an NBD export, or Nova's own image
@@ -11,7 +11,7 @@ Two moves cannot be done safely, and are refused before anything changes
   unless a host that serves peers holds every block only that image had:
   the destination's export fetches the blocks it lacks, and those are
   nowhere else a host can fetch them. Stock Nova copies a deleted image
-  from the source host; with peers (doc/source/peers.rst) the destination
+  from the source host; with peers (doc/source/admin/peers.rst) the destination
   reads them from the hosts that hold them, which nova-api learns from
   their last reports in the library's database (``[vmar_database]
   connection`` in nova-api's configuration, as the weigher's): a whole

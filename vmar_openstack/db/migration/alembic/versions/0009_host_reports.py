@@ -2,7 +2,7 @@
 
 vmar-export reports the map versions its host holds; vmar-agent keeps the
 last report of every host here and removes an old map version only once
-no host holds it (see doc/source/operations.rst).
+no host holds it (see doc/source/admin/operations.rst).
 
 Revision ID: 0009
 Revises: 0008

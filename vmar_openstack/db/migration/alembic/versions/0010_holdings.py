@@ -3,7 +3,7 @@
 A map version's block count per target (``vmar_map_targets``) and a
 host's blocks of each base it holds (``vmar_host_bases``, from its
 reports) let the scheduler weigh hosts by the share of an image's
-canonical blocks they already hold (doc/source/scheduling.rst). Map
+canonical blocks they already hold (doc/source/admin/scheduling.rst). Map
 versions written before this revision have no target rows: the weigher
 treats their images as unknown (weight 0 on every host).
 

@@ -3,7 +3,7 @@
 A host that runs a peer server (``[vmar_peers] listen_address``) says in
 its reports where (``host:port``) and its load (the one-minute load
 average per CPU), so that vmar-agent can tell other hosts who holds the
-blocks they miss, least loaded first (doc/source/peers.rst). Hosts of
+blocks they miss, least loaded first (doc/source/admin/peers.rst). Hosts of
 earlier releases report neither: both stay NULL and nobody is sent to
 them.
 

@@ -4,7 +4,7 @@ A host says in its reports which of its exported images' mirrors are
 complete: their present bits cover every block the exported map versions
 read from the image itself (the fill is done). With a peer server, such a
 host can serve those blocks once the image is deleted from the store, so
-nova-api may move the image's servers (doc/source/peers.rst). Reports of
+nova-api may move the image's servers (doc/source/admin/peers.rst). Reports of
 earlier releases say nothing: their mirrors stay not complete.
 
 Revision ID: 0012

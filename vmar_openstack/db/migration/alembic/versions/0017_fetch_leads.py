@@ -6,7 +6,7 @@ Hosts now take places in the order they ask vmar-agent who holds a base,
 from the first one, who asked when nobody held any of it, for
 ``[vmar_agent] fetch_lead_seconds``: the first fetches from the store,
 each other waits a moment for the runs of the host at its place's lead,
-``[vmar_agent] fetch_lead_fanout`` hosts to a lead (doc/source/peers.rst,
+``[vmar_agent] fetch_lead_fanout`` hosts to a lead (doc/source/admin/peers.rst,
 "Bursts").
 
 Revision ID: 0017
