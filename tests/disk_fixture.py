@@ -47,6 +47,9 @@ class OwnBlockDevice(fixtures.Fixture):
             raise testtools.TestCase.skipException(
                 'needs the loop driver (/dev/loop-control)')
         top = self.useFixture(fixtures.TempDir()).path
+        # others may pass through to the mounted directory, as they may to
+        # a test directory a test opens to them (libvirt's QEMU user)
+        os.chmod(top, 0o711)
         backing = os.path.join(top, 'disk.img')
         with open(backing, 'wb') as f:
             f.truncate(_bytes(self.size))

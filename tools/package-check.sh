@@ -60,6 +60,11 @@ for bin in "${BINS[@]}"; do
         fi
         sleep 0.1
     done
+    # the host API answers before the supervisor has started the daemon
+    for _ in $(seq 300); do
+        [ -s /var/lib/vmar/host/qsd.pid ] && break
+        sleep 0.1
+    done
     "$VENV/bin/vmar-export" --config-file /etc/vmar/vmar-export.conf status
     grep -q "$bin/qemu-storage-daemon" \
         "/proc/$(cat /var/lib/vmar/host/qsd.pid)/cmdline"
