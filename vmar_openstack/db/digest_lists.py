@@ -39,11 +39,9 @@ digest_cache_mb``: an object never changes, so a cached list is never
 stale.
 """
 
-import collections
 import hashlib
 import os
 import struct
-import threading
 import time
 
 import numpy as np
@@ -51,6 +49,7 @@ import numpy as np
 from vmar_openstack import exception
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack import lru
 
 MAGIC = b'VMARDLST'
 VERSION = 1
@@ -96,44 +95,17 @@ def decode(data, what='digest list'):
     return out
 
 
-class _Cache:
-    """Digest arrays by SHA-256, least recently used out past a bound."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._items = collections.OrderedDict()
-        self._bytes = 0
-
-    def get(self, sha):
-        with self._lock:
-            arr = self._items.get(sha)
-            if arr is not None:
-                self._items.move_to_end(sha)
-            return arr
-
-    def put(self, sha, arr, bound):
-        if arr.nbytes > bound:
-            return
-        with self._lock:
-            if sha in self._items:
-                return
-            self._items[sha] = arr
-            self._bytes += arr.nbytes
-            while self._bytes > bound:
-                _sha, old = self._items.popitem(last=False)
-                self._bytes -= old.nbytes
-
-    def clear(self):
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
-
-
-_CACHE = _Cache()
+# lists by SHA-256; the bound is each caller's [vmar] digest_cache_mb
+_CACHE = lru.LRU(0, lambda arr: arr.nbytes)
 
 
 def clear_cache():
     _CACHE.clear()
+
+
+def _keep(sha, arr, bound):
+    _CACHE.max_bytes = bound
+    _CACHE.put(sha, arr)
 
 
 class DigestLists:
@@ -166,7 +138,7 @@ class DigestLists:
             fileutils.write_atomic(path, data, mode=0o444)
         arr = np.array(digests, np.uint8)        # the caller's stays theirs
         arr.flags.writeable = False
-        _CACHE.put(sha, arr, self._bound())
+        _keep(sha, arr, self._bound())
         return sha, FILE_SCHEME + sha
 
     def ensure(self, ref, digests):
@@ -194,7 +166,7 @@ class DigestLists:
                     what='%s does not have its SHA-256 %s' % (what, sha))
             arr = decode(data, what)
             arr.flags.writeable = False
-            _CACHE.put(sha, arr, self._bound())
+            _keep(sha, arr, self._bound())
         if arr.shape != (n_blocks, digest_size):
             raise exception.LibraryInconsistent(
                 what='digest list of image %s holds %d digests of %d bytes, '
