@@ -13,6 +13,7 @@ import fixtures
 
 from tests import base
 from vmar_openstack.db import api as db_api
+from vmar_openstack.db import migration
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
@@ -20,6 +21,7 @@ from vmar_openstack import ingest
 from vmar_openstack.ingest import ahead
 from vmar_openstack.ingest import check
 from vmar_openstack import mapformat
+from vmar_openstack import mapgen
 
 
 def _uuid(n):
@@ -106,14 +108,268 @@ class TestAhead(base.LibraryTestCase):
             return real_start(obj, *a)
 
         calls = self._spy()
+        locked = self._builds_under_the_lock()
         self.useFixture(mockpatch('start_map', start_map))
         self.lib.add(_uuid(3), self.image('c', [1, 4, 5, 6]),
                      visibility='public')
-        # built from the stale snapshot, but not used
-        self.assertEqual({'built': 2, 'used': 1}, calls)
+        # b's map, then c's from the stale snapshot (not used) and again
+        # from a new one, outside the lock
+        self.assertEqual({'built': 3, 'used': 2}, calls)
+        self.assertEqual([], locked)
         self.assertEqual([(_uuid(1), 0, 1, 0), (_uuid(2), 1, 2, 1),
                           (_uuid(3), 3, 1, 3)], self._map(_uuid(3)))
         self.assertEqual(([], []), check.check(self.conf))
+
+    def _builds_under_the_lock(self, image_id=None):
+        """Seqs of the maps a locked transaction builds itself.
+
+        Of ``image_id`` only, if given.
+        """
+        seqs = []
+        real = mapgen.Resolver.build
+
+        def build(resolver, image, *a, **k):
+            if image.seq != ahead.PROVISIONAL_SEQ and image_id in (
+                    None, image.image_id):
+                seqs.append(image.seq)
+            return real(resolver, image, *a, **k)
+        self.useFixture(fixtures.MockPatchObject(mapgen.Resolver, 'build',
+                                                 build))
+        return seqs
+
+    def _add_during_hashing(self, image_id, blocks, during, **kw):
+        """Add ``blocks``; ``during()`` runs once its snapshot is taken."""
+        real_start = ahead.Ahead.start_map
+        done = []
+
+        def start_map(obj, *a):
+            if not done:
+                done.append(True)
+                during()
+            return real_start(obj, *a)
+        with mock.patch.object(ahead.Ahead, 'start_map', start_map):
+            return self.lib.add(image_id, self.image(str(image_id), blocks),
+                                **kw)
+
+    def _serial_map(self, adds):
+        """The map of the last of ``adds``, added one after the other.
+
+        In a library of its own (SQLite), as if no add overlapped.
+        """
+        state = os.path.join(self.tmp, 'serial')
+        os.makedirs(state)
+        conf = base.new_conf()
+        conf.set_override('state_dir', state, group='vmar')
+        conf.set_override('connection', 'sqlite:///%s/lib.db' % state,
+                          group='vmar_database')
+        migration.upgrade('head', conf=conf)
+        self.addCleanup(lambda: db_session.get_engine(conf).dispose())
+        lib = ingest.Library(conf)
+        for image_id, blocks, kw in adds:
+            lib.add(image_id, self.image('s%s' % image_id, blocks), **kw)
+        img_id = adds[-1][0]
+        with db_session.reader(conf) as s:
+            img = db_api.get_image(s, img_id)
+            m = mapformat.read(ingest.map_path(conf, img_id,
+                                               img.map_version))
+        return [(m.targets[t].image_id, src, length, tb)
+                for src, length, tb, t in m.extents.tolist()]
+
+    def test_an_add_sharing_no_block_keeps_the_snapshot(self):
+        self.lib.add(_uuid(1), self.image('a', [1, 2, 3]),
+                     visibility='public')
+        other = ingest.Library(self.conf)
+        calls = self._spy()
+        locked = self._builds_under_the_lock()
+        refreshes = self._refreshes()
+        self._add_during_hashing(
+            _uuid(3), [1, 2, 7, 8],
+            lambda: other.add(_uuid(2), self.image('b', [3, 9, 10]),
+                              visibility='public'),
+            visibility='public')
+        # b shares block 3 with a, none with c: c's snapshot stands
+        self.assertEqual({'built': 2, 'used': 2}, calls)
+        self.assertEqual([], refreshes)
+        self.assertEqual([], locked)
+        self.assertEqual([(_uuid(1), 0, 2, 0), (_uuid(3), 2, 2, 2)],
+                         self._map(_uuid(3)))
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def _refreshes(self):
+        """Per refresh of a snapshot, how many keys it looked up."""
+        seen = []
+        real = ahead.Ahead.refresh
+        real_lookup = db_store.ClusterStore.lookup
+
+        def refresh(obj):
+            seen.append(0)
+            return real(obj)
+
+        def lookup(store, keys):
+            if seen and store.session.info.get('vmar_lock_taken') is None:
+                seen[-1] += len(keys)
+            return real_lookup(store, keys)
+        self.useFixture(mockpatch('refresh', refresh))
+        self.useFixture(fixtures.MockPatchObject(db_store.ClusterStore,
+                                                 'lookup', lookup))
+        return seen
+
+    def test_a_map_rewrite_keeps_the_snapshot(self):
+        self.lib.add(_uuid(1), self.image('a', [1, 2, 3]),
+                     visibility='public')
+        other = ingest.Library(self.conf)
+        calls = self._spy()
+        refreshes = self._refreshes()
+        with db_session.reader(self.conf) as s:
+            g0 = db_session.generation(s)
+        self._add_during_hashing(
+            _uuid(2), [1, 2, 5], lambda: other.remap(_uuid(1)),
+            visibility='public')
+        with db_session.reader(self.conf) as s:
+            # the remap and the add both committed
+            self.assertEqual(g0 + 2, db_session.generation(s))
+        self.assertEqual({'built': 1, 'used': 1}, calls)
+        self.assertEqual([], refreshes)
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def test_a_delete_refreshes_every_key(self):
+        self.lib.add(_uuid(1), self.image('a', [1, 2, 3]),
+                     visibility='public')
+        self.lib.add(_uuid(2), self.image('b', [1, 2, 4]),
+                     visibility='public')
+        other = ingest.Library(self.conf)
+        refreshes = self._refreshes()
+        locked = self._builds_under_the_lock(_uuid(3))
+        self._add_during_hashing(_uuid(3), [1, 2, 3, 4],
+                                 lambda: other.delete(_uuid(1)),
+                                 visibility='public')
+        # every key looked up again, outside the lock
+        self.assertEqual([4], refreshes)
+        self.assertEqual([], locked)
+        self.assertEqual([(_uuid(2), 0, 2, 0), (_uuid(3), 2, 1, 2),
+                          (_uuid(2), 3, 1, 2)], self._map(_uuid(3)))
+        # (the deleted image's digest list waits for the map GC)
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_overlapping_adds_refresh_only_the_touched_keys(self):
+        # c found 1, 2 (a's) in the snapshot; b splits a's cluster (2
+        # moves to a cluster of a and b) and inserts 7, which c has too
+        kw = {'visibility': 'private', 'owner': 'p'}
+        self.lib.add(_uuid(1), self.image('a', [1, 2, 3]), **kw)
+        other = ingest.Library(self.conf)
+        refreshes = self._refreshes()
+        locked = self._builds_under_the_lock(_uuid(3))
+        self._add_during_hashing(
+            _uuid(3), [1, 2, 7, 8],
+            lambda: other.add(_uuid(2), self.image('b', [2, 7]), **kw),
+            **kw)
+        # 7 (b inserted it), 2 (b moved it): nothing else
+        self.assertEqual([2], refreshes)
+        self.assertEqual([], locked)
+        expect = self._serial_map([(_uuid(1), [1, 2, 3], kw),
+                                   (_uuid(2), [2, 7], kw),
+                                   (_uuid(3), [1, 2, 7, 8], kw)])
+        self.assertEqual(expect, self._map(_uuid(3)))
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def test_keys_moved_since_keep_the_map(self):
+        # b splits a's cluster; c reads a for both keys either way
+        kw = {'visibility': 'private', 'owner': 'p'}
+        self.lib.add(_uuid(1), self.image('a', [1, 2, 3]), **kw)
+        other = ingest.Library(self.conf)
+        calls = self._spy()
+        refreshes = self._refreshes()
+        locked = self._builds_under_the_lock(_uuid(3))
+        self._add_during_hashing(
+            _uuid(3), [1, 2, 8],
+            lambda: other.add(_uuid(2), self.image('b', [2, 9]), **kw),
+            **kw)
+        self.assertEqual([], refreshes)
+        self.assertEqual([], locked)
+        self.assertEqual({'built': 2, 'used': 2}, calls)
+        expect = self._serial_map([(_uuid(1), [1, 2, 3], kw),
+                                   (_uuid(2), [2, 9], kw),
+                                   (_uuid(3), [1, 2, 8], kw)])
+        self.assertEqual(expect, self._map(_uuid(3)))
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def test_a_cluster_joined_since_changes_a_map_of_its_own_keys(self):
+        # a is another project's: c is its own target for 1 and 2; b, of
+        # c's project, joins a's cluster, and c must read b
+        self.lib.add(_uuid(1), self.image('a', [1, 2, 3]),
+                     visibility='private', owner='q')
+        other = ingest.Library(self.conf)
+        refreshes = self._refreshes()
+        locked = self._builds_under_the_lock(_uuid(3))
+        kw = {'visibility': 'private', 'owner': 'p'}
+        self._add_during_hashing(
+            _uuid(3), [1, 2, 8],
+            lambda: other.add(_uuid(2), self.image('b', [1, 2, 3]), **kw),
+            **kw)
+        self.assertEqual(1, len(refreshes))
+        self.assertEqual([], locked)
+        self.assertEqual([(_uuid(2), 0, 2, 0), (_uuid(3), 2, 1, 2)],
+                         self._map(_uuid(3)))
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def test_a_log_past_its_time_refreshes_every_key(self):
+        self.conf.set_override('content_log_seconds', 0, 'vmar')
+        self.lib.add(_uuid(1), self.image('a', [1, 2]), visibility='public')
+        other = ingest.Library(self.conf)
+        refreshes = self._refreshes()
+        self._add_during_hashing(
+            _uuid(3), [5, 6],
+            lambda: other.add(_uuid(2), self.image('b', [3]),
+                              visibility='public'),
+            visibility='public')
+        self.assertEqual([2], refreshes)     # every key
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def test_after_its_refreshes_an_add_looks_up_under_the_lock(self):
+        # every refresh finds another add that inserted a key of c's
+        self.lib.add(_uuid(1), self.image('a', [1, 2]), visibility='public')
+        other = ingest.Library(self.conf)
+        real = ahead.Ahead.refresh
+        n = [10]
+
+        def refresh(obj):
+            real(obj)
+            n[0] += 1
+            other.add(_uuid(n[0]), self.image('o%d' % n[0], [1, n[0] - 5]),
+                      visibility='public')
+        self.useFixture(mockpatch('refresh', refresh))
+        locked = self._builds_under_the_lock(_uuid(3))
+        self._add_during_hashing(
+            _uuid(3), [1, 2, 5, 6, 7, 8, 9],
+            lambda: other.add(_uuid(2), self.image('b', [2, 5]),
+                              visibility='public'),
+            visibility='public')
+        self.assertEqual(10 + ingest.Library.STALE_REFRESHES, n[0])
+        with db_session.reader(self.conf) as s:
+            seq = db_api.get_image(s, _uuid(3)).seq
+        self.assertEqual([seq], locked)
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def test_lock_holds_are_observed_by_kind(self):
+        from vmar_openstack.glance_hooks import metrics
+        reg = metrics.registry(self.conf)
+        seen = []
+        self.useFixture(fixtures.MockPatchObject(
+            db_session, 'LOCK_HOLD_OBSERVERS',
+            db_session.LOCK_HOLD_OBSERVERS + [
+                lambda s, c, ok: seen.append((c, ok))]))
+        before = reg.get_sample_value(
+            'vmar_agent_library_lock_hold_seconds_count', {'kind': 'content'})
+        self.lib.add(_uuid(1), self.image('a', [1, 2]), visibility='public')
+        self.lib.remap(_uuid(1))
+        self.assertRaises(exception.ImageNotFound, self.lib.delete, _uuid(9))
+        self.assertEqual([(True, True), (False, True), (True, False)], seen)
+        self.assertEqual((before or 0) + 2, reg.get_sample_value(
+            'vmar_agent_library_lock_hold_seconds_count',
+            {'kind': 'content'}))
+        with db_session.reader(self.conf) as s:
+            # the remap and the failed delete changed no cluster
+            self.assertEqual(1, db_session.content_generation(s))
 
     def test_generation_counts_commits_only(self):
         with db_session.reader(self.conf) as s:

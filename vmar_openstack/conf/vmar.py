@@ -76,6 +76,20 @@ library_opts = [
                     'change, so a cached one is never stale.\n\nPossible '
                     'values: MiB; 0 reads every list from its object each '
                     'time.\n\nRelated options: digest_object_dir.'),
+    cfg.IntOpt('content_log_seconds', default=3600, min=0,
+               help='Seconds the library keeps, for each change of its '
+                    'clusters, what the change was (for an add, filters '
+                    'of the keys it inserted or moved: 2 bytes per key). An '
+                    'ingest looks its blocks up in a snapshot while it '
+                    'hashes; if adds committed meanwhile, it reads what '
+                    'they changed here, and looks up again only its '
+                    'blocks they touched, outside the library lock. An '
+                    'ingest whose snapshot is older than this looks every '
+                    'block up again.\n\nPossible values: seconds, longer '
+                    'than the hashing of the largest image; 0 keeps '
+                    'nothing (every stale snapshot is looked up '
+                    'again).\n\nRelated options: [vmar_database] '
+                    'lock_timeout.'),
     cfg.StrOpt('work_dir', default='$state_dir/tmp',
                help='Scratch directory for converting non-raw images to raw '
                     'before hashing. Needs room for the virtual size of the '

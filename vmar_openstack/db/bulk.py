@@ -73,6 +73,8 @@ class BulkSQL:
     def __init__(self, session):
         self.session = session
         self.dialect = db_session.dialect(session)
+        # the key arrays this transaction moved to another cluster
+        self.moved = []
 
     def source(self, alias='j'):
         """(table expression, column) expanding a ``:keys`` JSON array."""
@@ -286,6 +288,7 @@ class BulkSQL:
 
     def move(self, keys, cluster_id):
         """Point the given existing keys (either tier) at ``cluster_id``."""
+        self.moved.append(np.asarray(keys, dtype=np.int64))
         src, col = self.source()
         recent = self.has_recent()
         stmts = []

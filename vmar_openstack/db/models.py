@@ -360,3 +360,30 @@ class Lock(Base):
     # replaced or forgotten, an image deleted (session.maps_changed)
     maps_epoch = sa.Column(sa.BigInteger, nullable=False, default=0,
                            server_default='0')
+    # committed mutations that changed the clusters: an add, an update, a
+    # delete (session.locked_writer(content=True), db.content_log)
+    content_generation = sa.Column(sa.BigInteger, nullable=False,
+                                   default=0, server_default='0')
+
+
+class ContentChange(Base):
+    """What one locked mutation changed in the clusters, kept a while.
+
+    One row per committed content generation (:mod:`vmar_openstack.db.
+    content_log`). ``kind`` ``'add'``: ``key_filter`` is a
+    :class:`~vmar_openstack.fingerprint.keyfilter.KeyFilter` of the keys
+    the add inserted, ``clusters`` the sorted int64 ids of the clusters
+    it joined or split (its found keys' clusters before it). ``'other'``
+    (an update, a delete): no detail; an ingest whose snapshot is older
+    looks everything up again.
+    """
+    __tablename__ = 'vmar_content_log'
+
+    generation = sa.Column(sa.BigInteger, primary_key=True,
+                           autoincrement=False)
+    kind = sa.Column(sa.String(8), nullable=False)
+    created_at = sa.Column(sa.DateTime, nullable=False, default=utcnow,
+                           index=True)
+    key_filter = sa.Column(sa.LargeBinary(length=2 ** 32 - 1))
+    moved_filter = sa.Column(sa.LargeBinary(length=2 ** 32 - 1))
+    clusters = sa.Column(sa.LargeBinary(length=2 ** 32 - 1))

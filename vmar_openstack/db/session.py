@@ -21,12 +21,15 @@ import urllib.parse
 
 from oslo_config import cfg
 from oslo_db import api as oslo_db_api
+from oslo_log import log as logging
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy import orm
 
 from vmar_openstack import conf
 from vmar_openstack import exception
+
+LOG = logging.getLogger(__name__)
 
 LIBRARY_LOCK = 'library'
 
@@ -307,23 +310,50 @@ def retry_conflicts(also=None, max_retries=CONFLICT_RETRIES):
 
 
 @contextlib.contextmanager
-def locked_writer(conf_obj=None):
+def locked_writer(conf_obj=None, content=False):
     """One transaction holding the library lock; commits on success.
 
     The transaction counts itself in the lock row's generation; the count
-    it found is in ``session.info['vmar_generation']``.
+    it found is in ``session.info['vmar_generation']``. ``content``: it
+    may change the clusters (an add, an update, a delete), and counts in
+    the content generation too (found: ``vmar_content_generation``);
+    :mod:`vmar_openstack.db.content_log` says what it changed.
     """
     c = conf_obj or conf.CONF
     engine = get_engine(c)
     with orm.Session(engine, info=_info(c)) as s:
         with s.begin():
             _take_lock(s, c.vmar_database.lock_timeout)
+            s.info['vmar_lock_taken'] = time.monotonic()
             s.info['vmar_generation'] = generation(s)
-            s.execute(sa.text('UPDATE vmar_locks SET generation = '
-                              'generation + 1 WHERE name = :n'),
-                      {'n': LIBRARY_LOCK})
-            yield s
+            s.info['vmar_content_generation'] = content_generation(s)
+            s.execute(sa.text(
+                'UPDATE vmar_locks SET generation = generation + 1%s '
+                'WHERE name = :n' % (
+                    ', content_generation = content_generation + 1'
+                    if content else '')), {'n': LIBRARY_LOCK})
+            s.info['vmar_content'] = content
+            try:
+                yield s
+            except BaseException:
+                _held(s, content, False)
+                raise
+        _held(s, content, True)
     _committed(engine)
+
+
+# Callables ``(seconds, content, committed)``, called after each locked
+# transaction with the time it held the library lock (metrics, benches).
+LOCK_HOLD_OBSERVERS = []
+
+
+def _held(session, content, committed):
+    seconds = time.monotonic() - session.info['vmar_lock_taken']
+    LOG.debug('library lock held %.3f s (%s, %s)', seconds,
+              'content' if content else 'maps only',
+              'committed' if committed else 'rolled back')
+    for observe in LOCK_HOLD_OBSERVERS:
+        observe(seconds, content, committed)
 
 
 def generation(session):
@@ -333,6 +363,16 @@ def generation(session):
     the same library: every mutation commits an increment.
     """
     return _lock_row(session, 'generation')
+
+
+def content_generation(session):
+    """Committed mutations that changed the clusters, as this one sees it.
+
+    A snapshot whose count a later locked transaction finds again saw the
+    same clusters, members, fingerprint keys and images' scopes: only map
+    versions may have changed since (a pending map rewritten, a GC).
+    """
+    return _lock_row(session, 'content_generation')
 
 
 def maps_epoch(session):

@@ -34,6 +34,7 @@ import sqlalchemy as sa
 
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
+from vmar_openstack.db import content_log
 from vmar_openstack.db import digest_lists
 from vmar_openstack.db import members as db_members
 from vmar_openstack.db import models
@@ -107,6 +108,8 @@ class ClusterStore:
         self.dialect = self._sql.dialect
         self._bases = {}       # base id -> members text (immutable rows)
         self._orphans = set()  # base ids a cluster may have stopped using
+        # what add_keys inserted and joined: (new keys, old cluster ids)
+        self._added = None
 
     def flush(self):
         self.session.flush()
@@ -121,6 +124,47 @@ class ClusterStore:
         if value is None:
             value = db_session.generation(self.session)
         return value
+
+    def content_generation(self):
+        """Committed changes of the clusters before this transaction.
+
+        In a :func:`session.locked_writer`, the count it found when it took
+        the lock (before its own increment, if it counts).
+        """
+        value = self.session.info.get('vmar_content_generation')
+        if value is None:
+            value = db_session.content_generation(self.session)
+        return value
+
+    def content_changes(self, since):
+        """The changes committed after content generation ``since``.
+
+        A :class:`~vmar_openstack.db.content_log.Changes` of those before
+        this transaction; None if the log cannot tell.
+        """
+        return content_log.since(self.session, since,
+                                 self.content_generation())
+
+    def log_content_change(self, add):
+        """Log this transaction's change of the clusters (before commit).
+
+        ``add``: the transaction added one image, and changed the clusters
+        only through its :meth:`add_keys`; else it is logged as one the
+        log gives no detail of.
+        """
+        conf = db_session.library_conf(self.session)
+        generation = self.content_generation() + 1
+        keep = conf.vmar.content_log_seconds
+        if add:
+            if self._added is None:
+                raise RuntimeError('an add logged before its add_keys')
+            new, clusters = self._added
+            moved = np.concatenate([np.empty(0, np.int64)] + self._sql.moved)
+            content_log.record(self.session, generation, content_log.ADD,
+                               new, moved, clusters, keep)
+        else:
+            content_log.record(self.session, generation, content_log.OTHER,
+                               keep_seconds=keep)
 
     # -- images --------------------------------------------------------------
 
@@ -645,6 +689,7 @@ class ClusterStore:
         """
         found_k, found_c = found or self.lookup(keys)
         new = np.setdiff1d(keys, found_k, assume_unique=True)
+        self._added = (new, fp_keys.unique(found_c))
         out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         if len(found_k):
             shadow = self._dominated(found_c, seq)

@@ -47,6 +47,12 @@ PENDING_REWRITTEN = prometheus_client.Counter(
     'vmar_agent_pending_maps_rewritten', 'Maps left pending by a change '
     'of another image that the agent rewrote and published '
     '([vmar_agent] pending_maps_per_minute).', registry=None)
+LOCK_HOLD_SECONDS = prometheus_client.Histogram(
+    'vmar_agent_library_lock_hold_seconds', 'Time the agent\'s locked '
+    'transactions held the library lock, by kind: content (an add, '
+    'update or delete) or maps (a pending map rewritten, a GC).',
+    ['kind'], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                       10), registry=None)
 SNAPSHOT_MISMATCH = prometheus_client.Counter(
     'vmar_agent_snapshot_mismatch', 'Snapshots built from a delta whose '
     'stored bytes were not the image built (entry dropped, ingested '
@@ -90,7 +96,14 @@ def registry(conf):
     reg = prom_registry.CollectorRegistry()
     for m in (EVENTS, DOWNLOAD_SECONDS, INGEST_SECONDS, INGESTED_BYTES,
               REPORT_SECONDS, REPORTS_WAITING, REPORTS, PENDING_REWRITTEN,
-              SNAPSHOT_MISMATCH, FailureCollector(conf),
+              SNAPSHOT_MISMATCH, LOCK_HOLD_SECONDS, FailureCollector(conf),
               PendingCollector(conf)):
         reg.register(m)
+    if _observe_lock_hold not in db_session.LOCK_HOLD_OBSERVERS:
+        db_session.LOCK_HOLD_OBSERVERS.append(_observe_lock_hold)
     return reg
+
+
+def _observe_lock_hold(seconds, content, _committed):
+    LOCK_HOLD_SECONDS.labels('content' if content else 'maps').observe(
+        seconds)

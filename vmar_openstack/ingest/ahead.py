@@ -9,12 +9,18 @@ large image in a thread of its own, while the locked transaction updates
 the cluster tables; for a small one before the lock is taken.
 
 A new image has the largest sequence id, so its map depends only on the
-clusters as they were before it joined them: the snapshot is enough. Its
-answers are used only if no other mutation committed since the snapshot
-was taken. Every locked transaction increments the lock row's generation
-(:func:`vmar_openstack.db.session.locked_writer`), so the locked
-transaction compares the generation it found with the snapshot's, and
-looks everything up again under the lock when they differ.
+clusters as they were before it joined them: the snapshot is enough while
+the clusters are as it saw them. Every locked transaction that changes
+them increments the lock row's content generation
+(:func:`vmar_openstack.db.session.locked_writer`); map rewrites, GC and
+publishes do not. When the locked transaction finds the content
+generation moved, :meth:`Ahead.changed_since` reads what the changes were
+(:mod:`vmar_openstack.db.content_log`) and finds which of the image's keys
+they touched, with no lookup per key: most often none (the adds since
+share no block with it), and the snapshot's answers and map stand.
+Otherwise the transaction leaves the lock (:class:`StaleSnapshot`), and
+:meth:`Ahead.refresh` looks those keys up again in a new snapshot and
+builds the map again, outside the lock.
 """
 
 import dataclasses
@@ -35,6 +41,29 @@ from vmar_openstack import mapgen
 # A sequence id above any real one: the map of a new image built before
 # the image has its id. Maps name targets by image id, never by seq.
 PROVISIONAL_SEQ = 2 ** 62
+
+
+class StaleSnapshot(Exception):
+    """Changes committed since the snapshot change the image's map.
+
+    Raised in the locked transaction before it writes anything.
+    """
+
+    def __init__(self):
+        super().__init__('changes committed since the snapshot change the '
+                         'map')
+
+
+def _exact(store, keys, filters):
+    """``(keys, clusters)`` of those of ``keys`` any filter may hold."""
+    maybe = np.zeros(len(keys), dtype=bool)
+    for f in filters:
+        maybe |= f.might_contain(keys)
+    if not maybe.any():
+        return keys[:0], keys[:0]
+    k, c = store.lookup(keys[maybe])
+    order = np.argsort(k)
+    return k[order], c[order]
 
 
 @dataclasses.dataclass
@@ -73,13 +102,7 @@ class Ahead:
     def __init__(self, conf, algorithm, block_size):
         self.conf = conf
         self.space_key = fp_keys.space_key(algorithm, block_size)
-        self._reader = db_session.reader(conf)
-        self.store = db_store.ClusterStore(self._reader.__enter__())
-        try:
-            self.generation = self.store.generation()
-        except BaseException:
-            self._reader.__exit__(None, None, None)
-            raise
+        self._open_snapshot()
         self._pending, self._n_pending = [], 0
         self._looked, self._found_k, self._found_c = [], [], []
         self._thread = None
@@ -87,6 +110,16 @@ class Ahead:
         self._error = None
         self._expected = 0
         self._table = None      # (keys, clusters) of a scan; False: none
+
+    def _open_snapshot(self):
+        self._reader = db_session.reader(self.conf)
+        self.store = db_store.ClusterStore(self._reader.__enter__())
+        try:
+            self.generation = self.store.content_generation()
+        except BaseException:
+            self._reader.__exit__(None, None, None)
+            self._reader = None
+            raise
 
     def expect(self, n_blocks):
         """The image has about ``n_blocks`` blocks (before hashing)."""
@@ -174,8 +207,15 @@ class Ahead:
         prov = types.SimpleNamespace(**vars(image))
         prov.seq = PROVISIONAL_SEQ
         index = mapgen.BlockIndex(prov, digests)
-        keys = index.keys
-        found = self.found(keys)
+        self.keys = index.keys
+        self.found_keys = self.found(self.keys)
+        self._map_args = (prov, digests, index, scope, path)
+        self._start_build()
+        return self.keys, self.found_keys
+
+    def _start_build(self):
+        prov, digests, index, scope, path = self._map_args
+        keys, found = self.keys, self.found_keys
         clusters = np.full(len(keys), mapgen.NO_CLUSTER, dtype=np.int64)
         clusters[np.searchsorted(keys, found[0])] = found[1]
         args = (prov, digests, index, clusters, scope, path)
@@ -186,7 +226,72 @@ class Ahead:
                 target=self._build, args=args, name='vmar-map-ahead',
                 daemon=True)
             self._thread.start()
-        return keys, found
+
+    # -- in the locked transaction, and after it ----------------------------
+
+    def check(self, store, with_map=True):
+        """``(found, stale)``: what changed since the snapshot, for ``store``.
+
+        ``store``: the locked transaction's (or a newer snapshot's).
+        ``found``: the image's ``(keys, clusters)`` found, as ``store``
+        sees them, or None when the log cannot tell (the caller looks
+        every key up). ``stale``: the map built from the snapshot is not
+        the one ``store`` would build. No lookup per key of the image:
+        only of those an add since may have inserted or moved (its
+        filters, then an exact lookup of the few that pass), and the
+        clusters it joined against the keys the map has no other target
+        for. ``with_map``: False when no map was built (``stale`` is then
+        True if anything changed).
+        """
+        if store.content_generation() == self.generation:
+            return self.found_keys, False
+        changes = store.content_changes(self.generation)
+        if changes is None:
+            return None, True
+        fk, fc = self.found_keys
+        unfound = self.keys[~fp_keys.isin(self.keys, fk)]
+        ik, ic = _exact(store, unfound, changes.inserted)
+        mk, mc = _exact(store, fk, changes.moved)
+        if len(mk):
+            moved = fc[np.searchsorted(fk, mk)] != mc
+            mk, mc = mk[moved], mc[moved]
+        found = fk, fc
+        if len(ik) or len(mk):
+            keep = ~fp_keys.isin(fk, fp_keys.unique(mk))
+            k = np.concatenate([fk[keep], ik, mk])
+            c = np.concatenate([fc[keep], ic, mc])
+            order = np.argsort(k)
+            found = k[order], c[order]
+        if len(ik) or not with_map:
+            return found, True     # an add since holds keys the map owns
+        # A cluster an add joined has a new member of a larger seq than
+        # every other: the smallest one the image may read stays, unless
+        # it had none (the image was its own target).
+        own = self._prepared().result.own_keys
+        own = own[fp_keys.isin(own, fk)]
+        own_c = fc[np.searchsorted(fk, own)]
+        return found, bool(fp_keys.isin(own_c, changes.clusters).any())
+
+    def refresh(self):
+        """A new snapshot: the found keys as it sees them, the map again.
+
+        Outside the lock, after a locked transaction found the snapshot
+        stale: the next one compares with this one.
+        """
+        self._discard_map()
+        self._reader.__exit__(None, None, None)
+        self._reader = None
+        since = self.generation
+        self._open_snapshot()
+        now, self.generation = self.generation, since
+        found, _stale = self.check(self.store, with_map=False)
+        self.generation = now
+        if found is None:
+            k, c = self.store.lookup(self.keys)
+            order = np.argsort(k)
+            found = k[order], c[order]
+        self.found_keys = found
+        self._start_build()
 
     def _build(self, prov, digests, index, clusters, scope, path):
         try:
@@ -206,16 +311,26 @@ class Ahead:
 
     def map_result(self):
         """The :class:`PreparedMap` :meth:`start_map` built (waits)."""
+        return self._prepared()
+
+    def _prepared(self):
         if self._thread is not None:
             self._thread.join()
         if self._error is not None:
             raise self._error
         return self._result
 
-    def close(self):
-        """Wait for the map thread; remove a map file nobody installed."""
+    def _discard_map(self):
         if self._thread is not None:
             self._thread.join()
+            self._thread = None
         if self._result is not None:
             fileutils.unlink(self._result.tmp_path)
-        self._reader.__exit__(None, None, None)
+        self._result = self._error = None
+
+    def close(self):
+        """Wait for the map thread; remove a map file nobody installed."""
+        self._discard_map()
+        if self._reader is not None:
+            self._reader.__exit__(None, None, None)
+            self._reader = None

@@ -22,6 +22,7 @@ from oslo_log import log as logging
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import api as db_api
+from vmar_openstack.db import content_log as db_content_log
 from vmar_openstack.db import digest_lists as db_digest_lists
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
@@ -41,6 +42,9 @@ from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import mapgen
 
 LOG = logging.getLogger(__name__)
+
+# what a locked transaction changes (Library._mutation)
+ADD, OTHER = db_content_log.ADD, db_content_log.OTHER
 
 
 @dataclasses.dataclass
@@ -202,7 +206,7 @@ class Library:
 
     @db_session.retry_conflicts()
     def _replace_content(self, image_id, fps, disk_format, ref):
-        with self._mutation() as (store, written):
+        with self._mutation(OTHER) as (store, written):
             img = self._get(store, image_id)
             old = store.load_digests(img)
             old_keys = fp_keys.image_key_set(img, old)
@@ -224,7 +228,7 @@ class Library:
         if visibility is not None and visibility not in db_api.VISIBILITIES:
             raise ValueError('visibility must be one of %s'
                              % ', '.join(db_api.VISIBILITIES))
-        with self._mutation() as (store, written):
+        with self._mutation(OTHER) as (store, written):
             img = self._get(store, image_id)
             digests = store.load_digests(img)
             affected = self._affected(store, img, digests)
@@ -244,7 +248,7 @@ class Library:
     def delete(self, image_id):
         """Remove an image; regenerate the maps that pointed into it."""
         image_id = _check_uuid(image_id)
-        with self._mutation() as (store, written):
+        with self._mutation(OTHER) as (store, written):
             img = self._get(store, image_id)
             digests = store.load_digests(img)
             affected = self._affected(store, img, digests)
@@ -380,15 +384,24 @@ class Library:
     # -- helpers -----------------------------------------------------------
 
     @contextlib.contextmanager
-    def _mutation(self):
+    def _mutation(self, content=None):
         """One locked transaction; map files it wrote go if it fails.
 
         Yields its :class:`ClusterStore` and the list of map files written.
+        ``content``: the transaction changes the clusters, as an add
+        (:data:`ADD`: through one ``add_keys``) or otherwise
+        (:data:`OTHER`); it counts in the content generation, and its
+        change is logged (:mod:`vmar_openstack.db.content_log`). None:
+        it changes map versions only.
         """
         written = []
         try:
-            with db_session.locked_writer(self.conf) as s:
-                yield db_store.ClusterStore(s), written
+            with db_session.locked_writer(
+                    self.conf, content=content is not None) as s:
+                store = db_store.ClusterStore(s)
+                yield store, written
+                if content is not None:
+                    store.log_content_change(add=content == ADD)
         except BaseException:
             for p in written:
                 fileutils.unlink(p)
@@ -526,58 +539,83 @@ class Library:
         img.zero_blocks = int(fps.zero_mask.sum())
         img.content_sha256 = _content_id(fps)
 
+    # Times an add whose snapshot went stale leaves the lock to refresh it,
+    # before it refreshes it under the lock (another add touching its
+    # blocks each time: a stream of uploads of one family, fast).
+    STALE_REFRESHES = 3
+
     def _commit_add(self, image_id, fps, disk_format, owner, visibility,
                     on_map_written, ahead):
         desc = types.SimpleNamespace(image_id=image_id, owner=owner,
                                      visibility=visibility, state='active',
                                      map_version=0)
         self._fill_image(desc, fps, disk_format)
-        keys, found = ahead.start_map(desc, fps.digests,
-                                      self.conf.vmar.dedup_scope,
-                                      paths.map_path(self.conf, image_id, 1))
+        ahead.start_map(desc, fps.digests, self.conf.vmar.dedup_scope,
+                        paths.map_path(self.conf, image_id, 1))
         # the digest list's object, written before the lock
         ref = self.lists.put(fps.digests)
-        attempts = []
+        prepared = []
 
         # A conflict (deadlock, Galera certification failure) undid the
         # whole transaction and removed the maps it wrote: run it again.
-        # The snapshot's answers and prepared map serve the first attempt
-        # only (that attempt installed, and so used up, the map file).
+        # A prepared map serves one attempt only (that attempt installed,
+        # and so used up, the map file).
         @db_session.retry_conflicts()
-        def commit():
-            attempts.append(None)
-            return self._commit_add_once(image_id, fps, ref, desc, keys,
-                                         found, on_map_written, ahead,
-                                         first=len(attempts) == 1)
-        return commit()
+        def commit(may_leave):
+            fresh_map = bool(prepared) and prepared.pop()
+            return self._commit_add_once(image_id, fps, ref, desc,
+                                         on_map_written, ahead, fresh_map,
+                                         may_leave)
+        for _attempt in range(self.STALE_REFRESHES):
+            prepared[:] = [True]
+            try:
+                return commit(True)
+            except ingest_ahead.StaleSnapshot as stale:
+                LOG.debug('image %s: %s; refreshing the snapshot outside '
+                          'the library lock', image_id, stale)
+                ahead.refresh()
+        prepared[:] = [True]
+        return commit(False)
 
-    def _commit_add_once(self, image_id, fps, ref, desc, keys, found,
-                         on_map_written, ahead, first):
-        with self._mutation() as (store, written):
+    def _commit_add_once(self, image_id, fps, ref, desc, on_map_written,
+                         ahead, fresh_map, may_leave):
+        """The locked transaction of an add.
+
+        If changes of the clusters committed since the snapshot change the
+        image's map (:meth:`Ahead.check`), it leaves at once (``may_leave``:
+        :class:`StaleSnapshot`, nothing written) or builds the map under
+        the lock. The keys they moved or inserted are looked up again;
+        the others' answers stand.
+        """
+        with self._mutation(ADD) as (store, written):
             if store.get_image(image_id) is not None:
                 raise exception.ImageExists('image %s was added concurrently'
                                             % image_id)
-            img = store.add_image(**vars(desc))
-            # the snapshot's answers hold if nothing committed since
-            fresh = first and store.generation() == ahead.generation
-            if not fresh:
+            found, stale = ahead.check(store, with_map=fresh_map)
+            # a map a conflicted attempt installed is used up
+            stale = stale or not fresh_map
+            if stale and may_leave:
+                raise ingest_ahead.StaleSnapshot()
+            if stale:
                 LOG.debug('image %s: the library changed while it was '
-                          'hashed; looking its fingerprints up again',
+                          'hashed; building its map under the lock',
                           image_id)
+            img = store.add_image(**vars(desc))
             self.lists.ensure(ref, fps.digests)
             store.record_digests(img, ref)
-            known = store.add_keys(img.seq, keys, img.visibility == 'public',
-                                   found=found if fresh else None)
+            known = store.add_keys(img.seq, ahead.keys,
+                                   img.visibility == 'public', found=found)
             store.flush()
-            if not fresh:
-                order = np.argsort(known[0])
-                known = (known[0][order], known[1][order])
             # The new image has the largest sequence id, so it is never the
             # smallest candidate of another image: no other map changes.
+            built = None if stale else ahead.map_result()
+            if built is None:
+                order = np.argsort(known[0])
+                known = (known[0][order], known[1][order])
             return self._regenerate(
                 store, written, img, set(), known={img.seq: known},
                 digests={img.seq: fps.digests}, on_written=on_map_written,
-                built={img.seq: ahead.map_result()} if fresh else None)
+                built=None if built is None else {img.seq: built})
 
     def _affected(self, store, img, digests=None):
         """Other images whose canonical target is ``img`` for some cluster.

@@ -33,6 +33,9 @@ class MapResult:
     redirected_blocks: int
     mapped_blocks: int
     target_seqs: list
+    # sorted distinct keys the image is its own target for (Ahead checks
+    # them against clusters joined since its snapshot)
+    own_keys: np.ndarray = None
 
 
 class Resolver:
@@ -150,7 +153,9 @@ class Resolver:
         tblk[blocks] = b_tblk
         if image.virtual_size % image.block_size and digests[-1].any():
             tseq[-1], tblk[-1] = image.seq, n - 1
-        return self._extents(image, imgs, tseq, tblk)
+        result = self._extents(image, imgs, tseq, tblk)
+        result.own_keys = ukeys[u_tseq == image.seq]
+        return result
 
     def register(self, image):
         """Make ``image`` known without reading it (not in the library yet)."""
