@@ -6,6 +6,7 @@ map a build under the lock gives.
 """
 
 import os
+import random
 import threading
 from unittest import mock
 
@@ -152,7 +153,11 @@ class TestAhead(base.LibraryTestCase):
                                 **kw)
 
     def _serial_map(self, adds):
-        """The map of the last of ``adds``, added one after the other.
+        """The map of the last of ``adds``, added one after the other."""
+        return self._serial_maps(adds)[adds[-1][0]]
+
+    def _serial_maps(self, adds):
+        """Every map of ``adds``, added one after the other.
 
         In a library of its own (SQLite), as if no add overlapped.
         """
@@ -167,13 +172,16 @@ class TestAhead(base.LibraryTestCase):
         lib = ingest.Library(conf)
         for image_id, blocks, kw in adds:
             lib.add(image_id, self.image('s%s' % image_id, blocks), **kw)
-        img_id = adds[-1][0]
+        out = {}
         with db_session.reader(conf) as s:
-            img = db_api.get_image(s, img_id)
-            m = mapformat.read(ingest.map_path(conf, img_id,
-                                               img.map_version))
-        return [(m.targets[t].image_id, src, length, tb)
-                for src, length, tb, t in m.extents.tolist()]
+            for image_id, _blocks, _kw in adds:
+                img = db_api.get_image(s, image_id)
+                m = mapformat.read(ingest.map_path(conf, image_id,
+                                                   img.map_version))
+                out[image_id] = [(m.targets[t].image_id, src, length, tb)
+                                 for src, length, tb, t in
+                                 m.extents.tolist()]
+        return out
 
     def test_an_add_sharing_no_block_keeps_the_snapshot(self):
         self.lib.add(_uuid(1), self.image('a', [1, 2, 3]),
@@ -348,6 +356,40 @@ class TestAhead(base.LibraryTestCase):
         with db_session.reader(self.conf) as s:
             seq = db_api.get_image(s, _uuid(3)).seq
         self.assertEqual([seq], locked)
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def test_interleaved_adds_give_the_maps_of_serial_adds(self):
+        # Random images of a small block universe, each added while
+        # another add commits during its hashing; then the same images
+        # one after the other, in the order they got their seqs, in a
+        # library of their own: every map is the same.
+        rnd = random.Random(51)
+        owners = ('p', 'q', 'r')
+        images = []
+        for n in range(1, 31):
+            blocks = sorted(rnd.sample(range(1, 30), rnd.randint(2, 9)))
+            kw = {'visibility': rnd.choice(('public', 'private', 'private')),
+                  'owner': rnd.choice(owners)}
+            images.append((_uuid(n), blocks, kw))
+        other = ingest.Library(self.conf)
+        pending = list(images)
+        while pending:
+            image_id, blocks, kw = pending.pop(0)
+            if pending and rnd.random() < 0.7:
+                o_id, o_blocks, o_kw = pending.pop(0)
+
+                def during(o_id=o_id, o_blocks=o_blocks, o_kw=o_kw):
+                    other.add(o_id, self.image(o_id, o_blocks), **o_kw)
+                self._add_during_hashing(image_id, blocks, during, **kw)
+            else:
+                self.lib.add(image_id, self.image(image_id, blocks), **kw)
+        with db_session.reader(self.conf) as s:
+            order = sorted(images,
+                           key=lambda i: db_api.get_image(s, i[0]).seq)
+        self.assertNotEqual([i[0] for i in images], [i[0] for i in order])
+        maps = {i[0]: self._map(i[0]) for i in images}
+        serial = self._serial_maps(order)
+        self.assertEqual(serial, maps)
         self.assertEqual(([], []), check.check(self.conf))
 
     def test_lock_holds_are_observed_by_kind(self):
