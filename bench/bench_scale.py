@@ -128,7 +128,10 @@ class Redone(logging.Handler):
         self.count = 0
 
     def emit(self, record):
-        if 'looking its fingerprints up again' in record.getMessage():
+        msg = record.getMessage()
+        # the message of before 0cfce86, and of since
+        if ('looking its fingerprints up again' in msg
+                or 'building its map under the lock' in msg):
             self.count += 1
 
 

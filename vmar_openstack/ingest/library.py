@@ -151,14 +151,32 @@ class Library:
         fps = fingerprint.Fingerprints(delta_format.ALGORITHM, hdr.block_size,
                                        hdr.virtual_size, digests)
         self._derive_files(hdr.parent_id, image_id, hdr.virtual_size)
-        ahead = ingest_ahead.Ahead(self.conf, fps.algorithm, fps.block_size)
         try:
-            ahead.expect(fps.n_blocks)
-            return self._commit_add(image_id, fps, 'raw', owner, visibility,
-                                    None, ahead)
+            return self.add_fingerprints(image_id, fps, owner=owner,
+                                         visibility=visibility)
         except BaseException:
             self._unplace(image_id)
             raise
+
+    def add_fingerprints(self, image_id, fps, disk_format='raw', owner=None,
+                         visibility='private', on_map_written=None):
+        """Ingest an image from its :class:`Fingerprints`, hashed already.
+
+        No file is read or kept: no base copy, block layout or boot set
+        (a snapshot's delta, :meth:`add_delta`; a bench's synthetic
+        stream). Otherwise as :meth:`add`.
+        """
+        image_id = _check_uuid(image_id)
+        if visibility not in db_api.VISIBILITIES:
+            raise ValueError('visibility must be one of %s'
+                             % ', '.join(db_api.VISIBILITIES))
+        if self.has_image(image_id):
+            raise exception.ImageExists(image_id=image_id)
+        ahead = ingest_ahead.Ahead(self.conf, fps.algorithm, fps.block_size)
+        try:
+            ahead.expect(fps.n_blocks)
+            return self._commit_add(image_id, fps, disk_format, owner,
+                                    visibility, on_map_written, ahead)
         finally:
             ahead.close()
 

@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""Time inside the library lock per add, with writers side by side (issue 51).
+
+A cloud's catalogue (:class:`bench_scale.Cloud`: bases in families,
+derived images, snapshots; real size at ``--scale 1``: 1-3 GiB of data
+per image, lognormal about 1.5 GiB, twice that of virtual disk) is added
+by ``--writers`` processes at once, each taking every ``--writers``-th
+image of the one stream, from synthetic digests (no image bytes: hashing
+is measured elsewhere). Beside them:
+
+* every ``--delete-every``-th image, its writer deletes an image added
+  before, so that maps of other images are left pending (``[vmar]
+  rewrite_at_once``, ``--rewrite-at-once``);
+* a process runs vmar-agent's pending pass (``Library.rewrite_pending``,
+  50 maps a transaction) until the writers end.
+
+Publishes take no library lock in either code measured and are not run.
+
+Each writer times every locked transaction from the moment it holds the
+lock to its commit or rollback (the lock is released then), and sums an
+add's own: the figure is that sum per add, its p50 and p99 over the
+first tenth of the adds and over the last, and how many adds refreshed
+their snapshot outside the lock or built their map under it.
+
+``--baseline REV``: the same stream, first, on the code of git revision
+REV (a worktree of this repository), in a database of its own: the
+ratios printed are this tree's over REV's.
+
+Usage: bench_lock.py [--db sqlite|mariadb|postgresql] [--images N]
+       [--writers N] [--bases N] [--derived P] [--scale S]
+       [--delete-every N] [--rewrite-at-once N] [--baseline REV]
+       [--smoke] [--json OUT]
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(TOP, 'bench')
+
+BS = 4096
+
+
+def _load_code(root):
+    """Import the library from ``root`` (a worktree or this tree) first.
+
+    bench_scale puts this tree first on ``sys.path``; the modules loaded
+    here stay the ones it gets.
+    """
+    sys.path.insert(0, root)
+    from vmar_openstack.db import migration  # noqa: F401
+    import vmar_openstack.ingest  # noqa: F401
+    got = os.path.dirname(os.path.dirname(vmar_openstack.__file__))
+    if got != os.path.abspath(root):
+        raise SystemExit('the library was imported from %s, not %s'
+                         % (got, root))
+    sys.path.insert(1, BENCH)
+
+
+def digests_of(seeds):
+    """32 pseudo-random bytes per seed (splitmix64), never all zero."""
+    import numpy as np
+    x = np.asarray(seeds).astype(np.uint64)
+    out = np.empty((len(x), 4), np.uint64)
+    with np.errstate(over='ignore'):
+        for j in range(4):
+            z = x + np.uint64(0x9E3779B97F4A7C15) * np.uint64(j + 1)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            out[:, j] = (z ^ (z >> np.uint64(31))) | np.uint64(1)
+    return out.view(np.uint8).reshape(len(x), 32)
+
+
+def fingerprints_of(seeds):
+    """The image's Fingerprints: its data blocks, then as many zeros."""
+    import numpy as np
+    from vmar_openstack import fingerprint
+    n = len(seeds)
+    digests = np.zeros((2 * n, 32), np.uint8)
+    digests[:n] = digests_of(seeds)
+    return fingerprint.Fingerprints('sha256', BS, 2 * n * BS, digests)
+
+
+def image_uuid(i):
+    return str(uuid.UUID(int=(51 << 96) + i))
+
+
+class LockTimer:
+    """Times the library lock's holds of this process's transactions.
+
+    Wraps ``db_session._take_lock`` (the hold starts when it returns) and
+    ``db_session.locked_writer`` (it ends when the transaction commits or
+    rolls back), as both codes measured have them.
+    """
+
+    def __init__(self, db_session):
+        self.holds = []
+        taken = threading.local()
+        real_take = db_session._take_lock
+        real_writer = db_session.locked_writer
+
+        def take(session, timeout):
+            real_take(session, timeout)
+            taken.t = time.perf_counter()
+
+        @contextlib.contextmanager
+        def writer(*a, **k):
+            taken.t = None
+            try:
+                with real_writer(*a, **k) as s:
+                    yield s
+            finally:
+                if taken.t is not None:
+                    self.holds.append(time.perf_counter() - taken.t)
+        db_session._take_lock = take
+        db_session.locked_writer = writer
+
+
+def library_conf(path):
+    from oslo_config import cfg
+    from vmar_openstack import conf as vmar_conf
+    conf = cfg.ConfigOpts()
+    vmar_conf.register_opts(conf)
+    conf(['--config-file', path], project='vmar', default_config_files=[])
+    return conf
+
+
+def add(lib, image_id, fps, **kw):
+    """``Library.add_fingerprints``; REV's private path if it has none."""
+    if hasattr(lib, 'add_fingerprints'):
+        return lib.add_fingerprints(image_id, fps, **kw)
+    from vmar_openstack.ingest import ahead as ingest_ahead
+    ahead = ingest_ahead.Ahead(lib.conf, fps.algorithm, fps.block_size)
+    try:
+        ahead.expect(fps.n_blocks)
+        return lib._commit_add(image_id, fps, 'raw', kw.get('owner'),
+                               kw.get('visibility', 'private'), None, ahead)
+    finally:
+        ahead.close()
+
+
+def run_writer(args):
+    _load_code(args.code)
+    import bench_scale
+    from vmar_openstack.db import session as db_session
+    from vmar_openstack import exception
+    from vmar_openstack import ingest
+    conf = library_conf(args.conf)
+    timer = LockTimer(db_session)
+    lib = ingest.Library(conf)
+    cloud = bench_scale.Cloud(args.bases, args.derived, args.scale)
+    out = []
+    for i in range(args.images):
+        kind, seeds = cloud.next()
+        if i % args.of != args.index:
+            continue
+        fps = fingerprints_of(seeds)
+        k0 = len(timer.holds)
+        t = time.perf_counter()
+        add(lib, image_uuid(i), fps, owner='p%d' % (i % 7),
+            visibility='public' if kind != 'snapshot' else 'private')
+        dt = time.perf_counter() - t
+        holds = timer.holds[k0:]
+        out.append({'i': i, 'op': 'add', 'kind': kind,
+                    'data_gib': len(seeds) * BS / 2 ** 30, 's': dt,
+                    'holds': holds})
+        if args.delete_every and i and i % args.delete_every == 0:
+            k0 = len(timer.holds)
+            t = time.perf_counter()
+            try:
+                d = lib.delete(image_uuid(i - args.delete_every // 2))
+                pending = d.pending
+            except exception.ImageNotFound:
+                pending = None
+            out.append({'i': i, 'op': 'delete', 's': time.perf_counter() - t,
+                        'holds': timer.holds[k0:], 'pending': pending})
+    with open(args.out, 'w') as f:
+        json.dump(out, f)
+
+
+def run_pending(args):
+    _load_code(args.code)
+    from vmar_openstack.db import session as db_session
+    from vmar_openstack import ingest
+    conf = library_conf(args.conf)
+    timer = LockTimer(db_session)
+    lib = ingest.Library(conf)
+    rewritten = 0
+    idle = threading.Event()
+    while not os.path.exists(args.stop):
+        done = lib.rewrite_pending(50)
+        rewritten += len(done)
+        if not done:
+            # nothing pending: the agent's pass runs again on its timer
+            idle.wait(0.5)
+    with open(args.out, 'w') as f:
+        json.dump({'rewritten': rewritten, 'holds': timer.holds}, f)
+
+
+def run_prepare(args):
+    _load_code(args.code)
+    from vmar_openstack.db import migration
+    migration.upgrade('head', conf=library_conf(args.conf))
+
+
+def pct(values, q):
+    import numpy as np
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def summarise(adds, deletes, pending):
+    n = len(adds)
+    tenth = max(1, n // 10)
+    adds = sorted(adds, key=lambda a: a['i'])
+
+    def part(p):
+        holds = [sum(a['holds']) for a in p]
+        gib = sum(a['data_gib'] for a in p)
+        return {'adds': len(p), 'hold_p50_s': pct(holds, 50),
+                'hold_p99_s': pct(holds, 99), 'hold_max_s': max(holds),
+                'add_s_per_gib': sum(a['s'] for a in p) / gib,
+                'transactions_per_add': sum(len(a['holds']) for a in p)
+                / len(p)}
+    return {'first_tenth': part(adds[:tenth]), 'last_tenth':
+            part(adds[-tenth:]), 'all': part(adds),
+            'adds_left_the_lock': sum(len(a['holds']) > 1 for a in adds),
+            'deletes': len(deletes),
+            'delete_hold_p99_s': pct([sum(d['holds']) for d in deletes], 99),
+            'pending_rewritten': pending['rewritten'],
+            'pending_hold_p99_s': pct(pending['holds'], 99)}
+
+
+def run_variant(args, name, code, work):
+    sys.path.insert(0, TOP)
+    import bench_scale
+    from tools.vmarenv import glance_env
+    state = os.path.join(work, name)
+    os.makedirs(state)
+    url = bench_scale.database(args.db, state, 'lock_%s' % name)
+    conf_file = os.path.join(state, 'vmar.conf')
+    glance_env.write_conf(conf_file, {
+        'vmar': {'state_dir': state,
+                 'rewrite_at_once': str(args.rewrite_at_once)},
+        'vmar_database': {'connection': url, 'lock_timeout': '600'}})
+    me = [sys.executable, os.path.abspath(__file__)]
+    common = ['--code', code, '--conf', conf_file]
+    subprocess.run(me + ['_prepare'] + common, check=True)
+    stream = ['--images', str(args.images), '--bases', str(args.bases),
+              '--derived', str(args.derived), '--scale', str(args.scale),
+              '--delete-every', str(args.delete_every)]
+    stop = os.path.join(state, 'stop', 'now')
+    os.makedirs(os.path.dirname(stop))
+    pend_out = os.path.join(state, 'pending.json')
+    pend = subprocess.Popen(me + ['_pending'] + common + [
+        '--stop', stop, '--out', pend_out])
+    outs, procs = [], []
+    t = time.monotonic()
+    for w in range(args.writers):
+        outs.append(os.path.join(state, 'writer-%d.json' % w))
+        procs.append(subprocess.Popen(me + ['_writer'] + common + stream + [
+            '--index', str(w), '--of', str(args.writers), '--out',
+            outs[-1]]))
+    failed = [p.wait() for p in procs]
+    wall = time.monotonic() - t
+    open(stop, 'w').close()
+    pend.wait()
+    if any(failed) or pend.returncode:
+        raise SystemExit('%s: a writer or the pending pass failed' % name)
+    ops = [o for f in outs for o in json.load(open(f))]
+    with open(pend_out) as f:
+        pending = json.load(f)
+    r = summarise([o for o in ops if o['op'] == 'add'],
+                  [o for o in ops if o['op'] == 'delete'], pending)
+    r['wall_s'] = wall
+    r['code'] = code
+    return r
+
+
+def report(results):
+    for name, r in results.items():
+        print('%s (%s): %d adds in %.0f s; adds that left the lock: %d; '
+              'pending maps rewritten: %d' % (
+                  name, r['code'], r['all']['adds'], r['wall_s'],
+                  r['adds_left_the_lock'], r['pending_rewritten']))
+        for part in ('first_tenth', 'last_tenth', 'all'):
+            p = r[part]
+            print('  %-11s hold per add p50 %.3f s, p99 %.3f s, max %.3f '
+                  's; add %.2f s/GiB; %.2f transactions per add' % (
+                      part, p['hold_p50_s'], p['hold_p99_s'],
+                      p['hold_max_s'], p['add_s_per_gib'],
+                      p['transactions_per_add']))
+    if len(results) == 2:
+        base, new = results['baseline'], results['new']
+        for part in ('first_tenth', 'last_tenth', 'all'):
+            print('new / baseline, %s: hold p99 %.3f, p50 %.3f, add s/GiB '
+                  '%.3f' % (part, new[part]['hold_p99_s']
+                            / base[part]['hold_p99_s'],
+                            new[part]['hold_p50_s']
+                            / base[part]['hold_p50_s'],
+                            new[part]['add_s_per_gib']
+                            / base[part]['add_s_per_gib']))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest='cmd')
+    for name in ('_writer', '_pending', '_prepare'):
+        s = sub.add_parser(name)
+        s.add_argument('--code', required=True)
+        s.add_argument('--conf', required=True)
+        if name == '_writer':
+            for a, t in (('--images', int), ('--bases', int),
+                         ('--derived', float), ('--scale', float),
+                         ('--delete-every', int), ('--index', int),
+                         ('--of', int)):
+                s.add_argument(a, type=t, required=True)
+            s.add_argument('--out', required=True)
+        if name == '_pending':
+            s.add_argument('--stop', required=True)
+            s.add_argument('--out', required=True)
+    p.add_argument('--db', default='sqlite',
+                   choices=('sqlite', 'mariadb', 'postgresql'))
+    p.add_argument('--images', type=int, default=200)
+    p.add_argument('--writers', type=int, default=2)
+    p.add_argument('--bases', type=int, default=12)
+    p.add_argument('--derived', type=float, default=0.5,
+                   help='share of the images after the bases that derive '
+                   'from a base (the others are snapshots)')
+    p.add_argument('--scale', type=float, default=1.0,
+                   help='divide image sizes by this (1: real size)')
+    p.add_argument('--delete-every', type=int, default=20)
+    p.add_argument('--rewrite-at-once', type=int, default=4)
+    p.add_argument('--baseline', metavar='REV')
+    p.add_argument('--smoke', action='store_true',
+                   help='20 images at 1/64 of real size (CI)')
+    p.add_argument('--json')
+    p.add_argument('--workdir')
+    args = p.parse_args()
+    if args.cmd == '_writer':
+        return run_writer(args)
+    if args.cmd == '_pending':
+        return run_pending(args)
+    if args.cmd == '_prepare':
+        return run_prepare(args)
+    if args.smoke:
+        args.images, args.scale, args.bases = 20, 64, 4
+    work = tempfile.mkdtemp(prefix='bench-lock-', dir=args.workdir)
+    results = {}
+    try:
+        if args.baseline:
+            tree = os.path.join(work, 'baseline-tree')
+            subprocess.run(['git', '-C', TOP, 'worktree', 'add', '--detach',
+                            '-q', tree, args.baseline], check=True)
+            try:
+                results['baseline'] = run_variant(args, 'baseline', tree,
+                                                  work)
+            finally:
+                subprocess.run(['git', '-C', TOP, 'worktree', 'remove',
+                                '--force', tree], check=False)
+        results['new'] = run_variant(args, 'new', TOP, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report(results)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump({'args': vars(args), 'results': results}, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()
