@@ -8,8 +8,9 @@ by ``--writers`` processes at once, each taking every ``--writers``-th
 image of the one stream, from synthetic digests (no image bytes: hashing
 is measured elsewhere). Beside them:
 
-* every ``--delete-every``-th image, its writer deletes an image added
-  before, so that maps of other images are left pending (``[vmar]
+* every ``--delete-every``-th image, its writer deletes the oldest image
+  left (the first bases: canonical for the blocks most images hold), so
+  that maps of other images are left pending (``[vmar]
   rewrite_at_once``, ``--rewrite-at-once``);
 * a process runs vmar-agent's pending pass (``Library.rewrite_pending``,
   50 maps a transaction) until the writers end.
@@ -177,7 +178,9 @@ def run_writer(args):
             k0 = len(timer.holds)
             t = time.perf_counter()
             try:
-                d = lib.delete(image_uuid(i - args.delete_every // 2))
+                # the oldest first: the first bases, canonical for
+                # the blocks most images hold (the most maps pend)
+                d = lib.delete(image_uuid(i // args.delete_every - 1))
                 pending = d.pending
             except exception.ImageNotFound:
                 pending = None
@@ -210,6 +213,15 @@ def run_prepare(args):
     _load_code(args.code)
     from vmar_openstack.db import migration
     migration.upgrade('head', conf=library_conf(args.conf))
+
+
+def run_check(args):
+    """vmar-manage check's problems and warnings, into ``--out``."""
+    _load_code(args.code)
+    from vmar_openstack.ingest import check
+    problems, warnings = check.check(library_conf(args.conf))
+    with open(args.out, 'w') as f:
+        json.dump({'problems': problems, 'warnings': warnings}, f)
 
 
 def pct(values, q):
@@ -275,6 +287,9 @@ def run_variant(args, name, code, work):
     pend.wait()
     if any(failed) or pend.returncode:
         raise SystemExit('%s: a writer or the pending pass failed' % name)
+    check_out = os.path.join(state, 'check.json')
+    subprocess.run(me + ['_check'] + common + ['--out', check_out],
+                   check=True)
     ops = [o for f in outs for o in json.load(open(f))]
     with open(pend_out) as f:
         pending = json.load(f)
@@ -282,15 +297,18 @@ def run_variant(args, name, code, work):
                   [o for o in ops if o['op'] == 'delete'], pending)
     r['wall_s'] = wall
     r['code'] = code
+    with open(check_out) as f:
+        r['check'] = json.load(f)
     return r
 
 
 def report(results):
     for name, r in results.items():
         print('%s (%s): %d adds in %.0f s; adds that left the lock: %d; '
-              'pending maps rewritten: %d' % (
+              'pending maps rewritten: %d; vmar-manage check: %d problems' % (
                   name, r['code'], r['all']['adds'], r['wall_s'],
-                  r['adds_left_the_lock'], r['pending_rewritten']))
+                  r['adds_left_the_lock'], r['pending_rewritten'],
+                  len(r['check']['problems'])))
         for part in ('first_tenth', 'last_tenth', 'all'):
             p = r[part]
             print('  %-11s hold per add p50 %.3f s, p99 %.3f s, max %.3f '
@@ -313,7 +331,7 @@ def report(results):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest='cmd')
-    for name in ('_writer', '_pending', '_prepare'):
+    for name in ('_writer', '_pending', '_prepare', '_check'):
         s = sub.add_parser(name)
         s.add_argument('--code', required=True)
         s.add_argument('--conf', required=True)
@@ -326,6 +344,7 @@ def main():
             s.add_argument('--out', required=True)
         if name == '_pending':
             s.add_argument('--stop', required=True)
+        if name in ('_pending', '_check'):
             s.add_argument('--out', required=True)
     p.add_argument('--db', default='sqlite',
                    choices=('sqlite', 'mariadb', 'postgresql'))
@@ -351,8 +370,11 @@ def main():
         return run_pending(args)
     if args.cmd == '_prepare':
         return run_prepare(args)
+    if args.cmd == '_check':
+        return run_check(args)
     if args.smoke:
         args.images, args.scale, args.bases = 20, 64, 4
+        args.delete_every = 5
     work = tempfile.mkdtemp(prefix='bench-lock-', dir=args.workdir)
     results = {}
     try:

@@ -19,7 +19,7 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
-def smoke(test, what, db, *extra):
+def smoke(test, what, db, *extra, script='bench_scale.py'):
     """``bench_scale.py WHAT --smoke --db DB``: its JSON result.
 
     The run's work directory (databases, images, logs) is gone at its end.
@@ -28,9 +28,9 @@ def smoke(test, what, db, *extra):
     workdir = test.useFixture(fixtures.TempDir()).path
     os.chmod(workdir, 0o755)            # Galera's mariadbd runs as mysql
     r = subprocess.run(
-        [sys.executable, os.path.join(TOP, 'bench', 'bench_scale.py'),
-         what, '--smoke', '--db', db, '--json', out,
-         '--workdir', workdir] + list(extra),
+        [sys.executable, os.path.join(TOP, 'bench', script)]
+        + ([what] if what else []) + ['--smoke', '--db', db, '--json', out,
+                                      '--workdir', workdir] + list(extra),
         capture_output=True, text=True, timeout=600)
     test.assertEqual(0, r.returncode, r.stdout[-3000:] + r.stderr[-3000:])
     test.assertEqual([], os.listdir(workdir))
@@ -66,6 +66,20 @@ class TestHostsReporting(testtools.TestCase):
         # reports are no library mutation: an ingest beside them keeps
         # the lookups and map it prepared in its snapshot
         self.assertEqual(0, res['ingest_loaded']['redone'])
+
+
+class TestLockHold(testtools.TestCase):
+
+    def test_two_writers_and_the_pending_pass_on_mariadb(self):
+        """``bench_lock.py --smoke``: 20 adds, 3 deletes, the pass beside."""
+        res = smoke(self, None, 'mariadb', script='bench_lock.py')
+        new = res['results']['new']
+        self.assertEqual(20, new['all']['adds'])
+        self.assertEqual(3, new['deletes'])
+        self.assertEqual([], new['check']['problems'])
+        # the deletes left maps pending (rewrite_at_once 4), and the pass
+        # rewrote them beside the writers
+        self.assertGreater(new['pending_rewritten'], 0)
 
 
 class TestLibrary(testtools.TestCase):
