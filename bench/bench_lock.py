@@ -12,8 +12,9 @@ is measured elsewhere). Beside them:
   left (the first bases: canonical for the blocks most images hold), so
   that maps of other images are left pending (``[vmar]
   rewrite_at_once``, ``--rewrite-at-once``);
-* a process runs vmar-agent's pending pass (``Library.rewrite_pending``,
-  50 maps a transaction) until the writers end.
+* a process runs vmar-agent's pending pass (``Library.rewrite_pending``
+  on the agent's schedule: a pass every 6 s, each stopping after the
+  first map past 1 s) until the writers end.
 
 Publishes take no library lock in either code measured and are not run.
 
@@ -194,17 +195,25 @@ def run_pending(args):
     _load_code(args.code)
     from vmar_openstack.db import session as db_session
     from vmar_openstack import ingest
+    from vmar_openstack.glance_hooks import agent
     conf = library_conf(args.conf)
     timer = LockTimer(db_session)
     lib = ingest.Library(conf)
+    # as vmar-agent's loop: a pass every PENDING_PERIOD seconds, of a
+    # minute's [vmar_agent] pending_maps_per_minute spread over the
+    # minute's passes, stopping after the first map past
+    # PENDING_PASS_SECONDS
+    per_pass = -(-conf.vmar_agent.pending_maps_per_minute
+                 * agent.PENDING_PERIOD // 60)
     rewritten = 0
-    idle = threading.Event()
+    timer_event = threading.Event()
     while not os.path.exists(args.stop):
-        done = lib.rewrite_pending(50)
-        rewritten += len(done)
-        if not done:
-            # nothing pending: the agent's pass runs again on its timer
-            idle.wait(0.5)
+        rewritten += len(lib.rewrite_pending(per_pass,
+                                             agent.PENDING_PASS_SECONDS))
+        timer_event.wait(agent.PENDING_PERIOD)
+    # the agent goes on after the writers: its pass once more
+    rewritten += len(lib.rewrite_pending(per_pass,
+                                         agent.PENDING_PASS_SECONDS))
     with open(args.out, 'w') as f:
         json.dump({'rewritten': rewritten, 'holds': timer.holds}, f)
 
