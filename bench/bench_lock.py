@@ -28,7 +28,12 @@ their snapshot outside the lock or built their map under it.
 REV (a worktree of this repository), in a database of its own: the
 ratios printed are this tree's over REV's.
 
-Usage: bench_lock.py [--db sqlite|mariadb|postgresql] [--images N]
+On Galera (``--db galera``) each writer has a node of its own, and the
+growth of its node's ``wsrep_replicated_bytes`` across each add is that
+add's write sets: per add, and per GiB of data and of new data (the
+fingerprint rows at the end, 4 KiB each).
+
+Usage: bench_lock.py [--db sqlite|mariadb|postgresql|galera] [--images N]
        [--writers N] [--bases N] [--derived P] [--scale S]
        [--delete-every N] [--rewrite-at-once N] [--baseline REV]
        [--smoke] [--json OUT]
@@ -160,6 +165,7 @@ def run_writer(args):
     timer = LockTimer(db_session)
     lib = ingest.Library(conf)
     cloud = bench_scale.Cloud(args.bases, args.derived, args.scale)
+    replicated = WriteSets(conf) if args.wsrep else None
     out = []
     for i in range(args.images):
         kind, seeds = cloud.next()
@@ -167,6 +173,7 @@ def run_writer(args):
             continue
         fps = fingerprints_of(seeds)
         k0 = len(timer.holds)
+        b0 = replicated.bytes() if replicated else 0
         t = time.perf_counter()
         add(lib, image_uuid(i), fps, owner='p%d' % (i % 7),
             visibility='public' if kind != 'snapshot' else 'private')
@@ -174,7 +181,9 @@ def run_writer(args):
         holds = timer.holds[k0:]
         out.append({'i': i, 'op': 'add', 'kind': kind,
                     'data_gib': len(seeds) * BS / 2 ** 30, 's': dt,
-                    'holds': holds})
+                    'holds': holds,
+                    'writeset_bytes': (replicated.bytes() - b0
+                                       if replicated else None)})
         if args.delete_every and i and i % args.delete_every == 0:
             k0 = len(timer.holds)
             t = time.perf_counter()
@@ -191,11 +200,30 @@ def run_writer(args):
         json.dump(out, f)
 
 
+class WriteSets:
+    """Bytes of write sets this Galera node replicated so far.
+
+    Each writer has a node of its own, so the growth across one of its
+    adds is that add's write sets.
+    """
+
+    def __init__(self, conf):
+        import sqlalchemy as sa
+        self._sa = sa
+        self._engine = sa.create_engine(conf.vmar_database.connection)
+
+    def bytes(self):
+        with self._engine.connect() as c:
+            row = c.execute(self._sa.text(
+                "SHOW GLOBAL STATUS LIKE 'wsrep_replicated_bytes'")).first()
+        return int(row[1])
+
+
 def run_pending(args):
     _load_code(args.code)
     from vmar_openstack.db import session as db_session
-    from vmar_openstack import ingest
     from vmar_openstack.glance_hooks import agent
+    from vmar_openstack import ingest
     conf = library_conf(args.conf)
     timer = LockTimer(db_session)
     lib = ingest.Library(conf)
@@ -227,10 +255,17 @@ def run_prepare(args):
 def run_check(args):
     """vmar-manage check's problems and warnings, into ``--out``."""
     _load_code(args.code)
+    from vmar_openstack.db import api as db_api
+    from vmar_openstack.db import session as db_session
     from vmar_openstack.ingest import check
-    problems, warnings = check.check(library_conf(args.conf))
+    conf = library_conf(args.conf)
+    problems, warnings = check.check(conf)
+    with db_session.reader(conf) as s:
+        rows = db_api.row_counts(s, ('vmar_fingerprints',
+                                     'vmar_fingerprints_recent'))
     with open(args.out, 'w') as f:
-        json.dump({'problems': problems, 'warnings': warnings}, f)
+        json.dump({'problems': problems, 'warnings': warnings,
+                   'fingerprint_rows': sum(rows.values())}, f)
 
 
 def pct(values, q):
@@ -251,7 +286,16 @@ def summarise(adds, deletes, pending):
                 'add_s_per_gib': sum(a['s'] for a in p) / gib,
                 'transactions_per_add': sum(len(a['holds']) for a in p)
                 / len(p)}
-    return {'first_tenth': part(adds[:tenth]), 'last_tenth':
+    sets = [a['writeset_bytes'] for a in adds
+            if a.get('writeset_bytes') is not None]
+    ws = None
+    if sets:
+        ws = {'p50_bytes': pct(sets, 50), 'p99_bytes': pct(sets, 99),
+              'total_bytes': sum(sets),
+              'mb_per_gib_of_data': sum(sets) / 2 ** 20
+              / sum(a['data_gib'] for a in adds)}
+    return {'writesets': ws, 'first_tenth': part(adds[:tenth]),
+            'last_tenth':
             part(adds[-tenth:]), 'all': part(adds),
             'adds_left_the_lock': sum(len(a['holds']) > 1 for a in adds),
             'deletes': len(deletes),
@@ -260,20 +304,31 @@ def summarise(adds, deletes, pending):
             'pending_hold_p99_s': pct(pending['holds'], 99)}
 
 
-def run_variant(args, name, code, work):
+def run_variant(args, name, code, work, galera=None):
     sys.path.insert(0, TOP)
     import bench_scale
     from tools.vmarenv import glance_env
     state = os.path.join(work, name)
     os.makedirs(state)
-    url = bench_scale.database(args.db, state, 'lock_%s' % name)
-    conf_file = os.path.join(state, 'vmar.conf')
-    glance_env.write_conf(conf_file, {
-        'vmar': {'state_dir': state,
-                 'rewrite_at_once': str(args.rewrite_at_once)},
-        'vmar_database': {'connection': url, 'lock_timeout': '600'}})
+    if galera is not None:
+        db = '%s_lock_%s' % (galera.database, name)
+        galera.sql(1, 'CREATE DATABASE `%s`' % db)
+        galera.wait_same_position()
+        # a node per writer; the pending pass on the last node
+        urls = [galera.url(k % galera.size + 1, db)
+                for k in range(args.writers)] + [galera.url(galera.size, db)]
+    else:
+        urls = [bench_scale.database(args.db, state, 'lock_%s' % name)] * (
+            args.writers + 1)
+    confs = []
+    for k, url in enumerate(urls):
+        confs.append(os.path.join(state, 'vmar-%d.conf' % k))
+        glance_env.write_conf(confs[-1], {
+            'vmar': {'state_dir': state,
+                     'rewrite_at_once': str(args.rewrite_at_once)},
+            'vmar_database': {'connection': url, 'lock_timeout': '600'}})
     me = [sys.executable, os.path.abspath(__file__)]
-    common = ['--code', code, '--conf', conf_file]
+    common = ['--code', code, '--conf', confs[-1]]
     subprocess.run(me + ['_prepare'] + common, check=True)
     stream = ['--images', str(args.images), '--bases', str(args.bases),
               '--derived', str(args.derived), '--scale', str(args.scale),
@@ -287,9 +342,10 @@ def run_variant(args, name, code, work):
     t = time.monotonic()
     for w in range(args.writers):
         outs.append(os.path.join(state, 'writer-%d.json' % w))
-        procs.append(subprocess.Popen(me + ['_writer'] + common + stream + [
-            '--index', str(w), '--of', str(args.writers), '--out',
-            outs[-1]]))
+        procs.append(subprocess.Popen(
+            me + ['_writer', '--code', code, '--conf', confs[w]] + stream
+            + ['--index', str(w), '--of', str(args.writers), '--out',
+               outs[-1]] + (['--wsrep'] if galera is not None else [])))
     failed = [p.wait() for p in procs]
     wall = time.monotonic() - t
     open(stop, 'w').close()
@@ -308,6 +364,10 @@ def run_variant(args, name, code, work):
     r['code'] = code
     with open(check_out) as f:
         r['check'] = json.load(f)
+    if r['writesets']:
+        new_gib = r['check']['fingerprint_rows'] * BS / 2 ** 30
+        r['writesets']['mb_per_gib_of_new_data'] = (
+            r['writesets']['total_bytes'] / 2 ** 20 / new_gib)
     return r
 
 
@@ -318,6 +378,12 @@ def report(results):
                   name, r['code'], r['all']['adds'], r['wall_s'],
                   r['adds_left_the_lock'], r['pending_rewritten'],
                   len(r['check']['problems'])))
+        if r['writesets']:
+            w = r['writesets']
+            print('  write sets per add p50 %.1f MB, p99 %.1f MB; %.2f MB '
+                  'per GiB of data, %.2f MB per GiB of new data' % (
+                      w['p50_bytes'] / 1e6, w['p99_bytes'] / 1e6,
+                      w['mb_per_gib_of_data'], w['mb_per_gib_of_new_data']))
         for part in ('first_tenth', 'last_tenth', 'all'):
             p = r[part]
             print('  %-11s hold per add p50 %.3f s, p99 %.3f s, max %.3f '
@@ -351,12 +417,16 @@ def main():
                          ('--of', int)):
                 s.add_argument(a, type=t, required=True)
             s.add_argument('--out', required=True)
+            s.add_argument('--wsrep', action='store_true')
         if name == '_pending':
             s.add_argument('--stop', required=True)
         if name in ('_pending', '_check'):
             s.add_argument('--out', required=True)
     p.add_argument('--db', default='sqlite',
-                   choices=('sqlite', 'mariadb', 'postgresql'))
+                   choices=('sqlite', 'mariadb', 'postgresql', 'galera'),
+                   help='galera: a cluster of three (tools/vmarenv/'
+                   'galera_env.py), a node per writer, and each add\'s '
+                   'write sets measured (wsrep_replicated_bytes)')
     p.add_argument('--images', type=int, default=200)
     p.add_argument('--writers', type=int, default=2)
     p.add_argument('--bases', type=int, default=12)
@@ -386,19 +456,28 @@ def main():
         args.delete_every = 5
     work = tempfile.mkdtemp(prefix='bench-lock-', dir=args.workdir)
     results = {}
+    galera = None
     try:
+        if args.db == 'galera':
+            sys.path.insert(0, TOP)
+            from tools.vmarenv import galera_env
+            os.chmod(work, 0o755)       # mariadbd runs as the mysql user
+            os.makedirs(os.path.join(work, 'galera'))
+            galera = galera_env.Galera(os.path.join(work, 'galera')).start()
         if args.baseline:
             tree = os.path.join(work, 'baseline-tree')
             subprocess.run(['git', '-C', TOP, 'worktree', 'add', '--detach',
                             '-q', tree, args.baseline], check=True)
             try:
                 results['baseline'] = run_variant(args, 'baseline', tree,
-                                                  work)
+                                                  work, galera)
             finally:
                 subprocess.run(['git', '-C', TOP, 'worktree', 'remove',
                                 '--force', tree], check=False)
-        results['new'] = run_variant(args, 'new', TOP, work)
+        results['new'] = run_variant(args, 'new', TOP, work, galera)
     finally:
+        if galera is not None:
+            galera.stop()
         shutil.rmtree(work, ignore_errors=True)
     report(results)
     if args.json:
