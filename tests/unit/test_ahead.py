@@ -14,6 +14,7 @@ import fixtures
 
 from tests import base
 from vmar_openstack.db import api as db_api
+from vmar_openstack.db import content_log as db_content_log
 from vmar_openstack.db import migration
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
@@ -221,6 +222,44 @@ class TestAhead(base.LibraryTestCase):
         self.useFixture(fixtures.MockPatchObject(db_store.ClusterStore,
                                                  'lookup', lookup))
         return seen
+
+    def test_the_lock_reads_only_the_log_rows_after_its_last_read(self):
+        self.lib.add(_uuid(1), self.image('a', [1, 2, 3]),
+                     visibility='public')
+        other = ingest.Library(self.conf)
+        real_read = ahead.Ahead.read_changes
+        real_since = db_content_log.since
+        reads, tracking = [], []
+
+        def read_changes(obj):
+            mine = obj._map_args[0].image_id == _uuid(3)
+            if mine:
+                tracking.append(True)
+            real_read(obj)
+            if mine and len(tracking) == 1:
+                # another add between this read and the locked transaction
+                tracking.append(False)
+                other.add(_uuid(10), self.image('o', [21]),
+                          visibility='public')
+                tracking.append(True)
+
+        def since(session, first, last):
+            if tracking and tracking[-1]:
+                reads.append((session.info.get('vmar_lock_taken')
+                              is not None, first, last))
+            return real_since(session, first, last)
+        self.useFixture(mockpatch('read_changes', read_changes))
+        self.useFixture(fixtures.MockPatchObject(db_content_log, 'since',
+                                                 since))
+        self._add_during_hashing(
+            _uuid(3), [1, 2, 5],
+            lambda: other.add(_uuid(2), self.image('b', [3, 9]),
+                              visibility='public'),
+            visibility='public')
+        # a is generation 1, b 2 (before the read), o 3 (after it): the
+        # read outside the lock reads 2, the lock reads 3 alone
+        self.assertEqual([(False, 1, 2), (True, 2, 3)], reads)
+        self.assertEqual(([], []), check.check(self.conf))
 
     def test_a_map_rewrite_keeps_the_snapshot(self):
         self.lib.add(_uuid(1), self.image('a', [1, 2, 3]),

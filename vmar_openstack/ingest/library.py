@@ -586,6 +586,7 @@ class Library:
                                          may_leave)
         for _attempt in range(self.STALE_REFRESHES):
             prepared[:] = [True]
+            ahead.read_changes()
             try:
                 return commit(True)
             except ingest_ahead.StaleSnapshot as stale:
@@ -593,6 +594,7 @@ class Library:
                           'the library lock', image_id, stale)
                 ahead.refresh()
         prepared[:] = [True]
+        ahead.read_changes()
         return commit(False)
 
     def _commit_add_once(self, image_id, fps, ref, desc, on_map_written,
