@@ -214,9 +214,16 @@ def library_conf(session):
 
 
 @contextlib.contextmanager
-def reader(conf_obj=None):
-    """A read-only session (its transaction is rolled back)."""
+def reader(conf_obj=None, snapshot=False):
+    """A read-only session (its transaction is rolled back).
+
+    ``snapshot``: every statement sees the library as the first did
+    (REPEATABLE READ on PostgreSQL, whose default is READ COMMITTED;
+    InnoDB's default and SQLite's WAL readers already do).
+    """
     engine = get_engine(conf_obj).execution_options(vmar_readonly=True)
+    if snapshot and engine.dialect.name == 'postgresql':
+        engine = engine.execution_options(isolation_level='REPEATABLE READ')
     with orm.Session(engine, info=_info(conf_obj)) as s:
         try:
             yield s

@@ -114,7 +114,7 @@ class Ahead:
         self._read = None       # read_changes(): (since, upto, Changes)
 
     def _open_snapshot(self):
-        self._reader = db_session.reader(self.conf)
+        self._reader = db_session.reader(self.conf, snapshot=True)
         self.store = db_store.ClusterStore(self._reader.__enter__())
         try:
             self.generation = self.store.content_generation()
