@@ -14,7 +14,7 @@ the clusters are as it saw them. Every locked transaction that changes
 them increments the lock row's content generation
 (:func:`vmar_openstack.db.session.locked_writer`); map rewrites, GC and
 publishes do not. When the locked transaction finds the content
-generation moved, :meth:`Ahead.changed_since` reads what the changes were
+generation moved, :meth:`Ahead.check` reads what the changes were
 (:mod:`vmar_openstack.db.content_log`) and finds which of the image's keys
 they touched, with no lookup per key: most often none (the adds since
 share no block with it), and the snapshot's answers and map stand.
@@ -62,9 +62,7 @@ def _exact(store, keys, filters):
         maybe |= f.might_contain(keys)
     if not maybe.any():
         return keys[:0], keys[:0]
-    k, c = store.lookup(keys[maybe])
-    order = np.argsort(k)
-    return k[order], c[order]
+    return store.key_clusters(keys[maybe])
 
 
 @dataclasses.dataclass
@@ -245,9 +243,13 @@ class Ahead:
         for. ``with_map``: False when no map was built (``stale`` is then
         True if anything changed).
         """
-        if store.content_generation() == self.generation:
+        return self._check(store, self.generation, with_map)
+
+    def _check(self, store, since, with_map):
+        """:meth:`check` against the snapshot of generation ``since``."""
+        if store.content_generation() == since:
             return self.found_keys, False
-        changes = self._changes_since_snapshot(store)
+        changes = self._changes_since(store, since)
         if changes is None:
             return None, True
         fk, fc = self.found_keys
@@ -259,7 +261,7 @@ class Ahead:
             mk, mc = mk[moved], mc[moved]
         found = fk, fc
         if len(ik) or len(mk):
-            keep = ~fp_keys.isin(fk, fp_keys.unique(mk))
+            keep = ~fp_keys.isin(fk, mk)
             k = np.concatenate([fk[keep], ik, mk])
             c = np.concatenate([fc[keep], ic, mc])
             order = np.argsort(k)
@@ -287,10 +289,10 @@ class Ahead:
             changes = store.content_changes(self.generation)
         self._read = (self.generation, now, changes)
 
-    def _changes_since_snapshot(self, store):
-        since, upto, early = self._read or (None, None, None)
-        if since != self.generation:
-            return store.content_changes(self.generation)
+    def _changes_since(self, store, since):
+        read_since, upto, early = self._read or (None, None, None)
+        if read_since != since:
+            return store.content_changes(since)
         if early is None:
             return None     # nor will the log tell under the lock
         late = store.content_changes(upto)
@@ -311,13 +313,9 @@ class Ahead:
         self._reader = None
         since = self.generation
         self._open_snapshot()
-        now, self.generation = self.generation, since
-        found, _stale = self.check(self.store, with_map=False)
-        self.generation = now
+        found, _stale = self._check(self.store, since, with_map=False)
         if found is None:
-            k, c = self.store.lookup(self.keys)
-            order = np.argsort(k)
-            found = k[order], c[order]
+            found = self.store.key_clusters(self.keys)
         self.found_keys = found
         self._start_build()
 
