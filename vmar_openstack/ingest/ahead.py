@@ -214,6 +214,7 @@ class Ahead:
         return self.keys, self.found_keys
 
     def _start_build(self):
+        self.map_used = False
         prov, digests, index, scope, path = self._map_args
         keys, found = self.keys, self.found_keys
         clusters = np.full(len(keys), mapgen.NO_CLUSTER, dtype=np.int64)
@@ -336,7 +337,12 @@ class Ahead:
             self._error = e
 
     def map_result(self):
-        """The :class:`PreparedMap` :meth:`start_map` built (waits)."""
+        """The :class:`PreparedMap` :meth:`start_map` built (waits).
+
+        For the transaction that installs its file: the map is
+        :attr:`map_used` after, until the next build.
+        """
+        self.map_used = True
         return self._prepared()
 
     def _prepared(self):

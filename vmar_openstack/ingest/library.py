@@ -572,20 +572,17 @@ class Library:
                         paths.map_path(self.conf, image_id, 1))
         # the digest list's object, written before the lock
         ref = self.lists.put(fps.digests)
-        prepared = []
 
         # A conflict (deadlock, Galera certification failure) undid the
         # whole transaction and removed the maps it wrote: run it again.
         # A prepared map serves one attempt only (that attempt installed,
-        # and so used up, the map file).
+        # and so used up, the map file: Ahead.map_used).
         @db_session.retry_conflicts()
         def commit(may_leave):
-            fresh_map = bool(prepared) and prepared.pop()
             return self._commit_add_once(image_id, fps, ref, desc,
-                                         on_map_written, ahead, fresh_map,
-                                         may_leave)
+                                         on_map_written, ahead,
+                                         not ahead.map_used, may_leave)
         for _attempt in range(self.STALE_REFRESHES):
-            prepared[:] = [True]
             ahead.read_changes()
             try:
                 return commit(True)
@@ -593,7 +590,6 @@ class Library:
                 LOG.debug('image %s: %s; refreshing the snapshot outside '
                           'the library lock', image_id, stale)
                 ahead.refresh()
-        prepared[:] = [True]
         ahead.read_changes()
         return commit(False)
 
