@@ -558,7 +558,8 @@ class UserPath(Scenario):
         check(r['base_cached_before'] >= r['base'] // 2,
               'the probe\'s read did not cache base data: %s', r)
         check(r['base_cached_after'] <= r['base'] // 20,
-              'vm-p still caches base data: %s', r)
+              'vm-p still caches base data: %s; %s', r,
+              self._guest_said('vm-p'))
         check(r['private_cached'] >= r['private'] * 9 // 10,
               'vm-p dropped its private data: %s', r)
         check('vmar-guest: the host did not ask' in self.console('vm-a'),
@@ -599,8 +600,9 @@ class UserPath(Scenario):
         The guest's vmar-guest lines on its console, and the export
         daemon's log lines of the server's channel.
         """
+        # its own lines and the probe's VMAR-GUEST (its status file)
         said = [ln for ln in self.console(name).splitlines()
-                if 'vmar-guest' in ln]
+                if 'vmar-guest' in ln.lower()]
         inst = self.server(name)['id']
         log = self.cloud.path('log', 'vmar-export.log')
         try:
