@@ -30,9 +30,9 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_export  # noqa: E402
 
-from vmar_openstack import export  # noqa: E402
-from vmar_openstack.export import graph  # noqa: E402
-from vmar_openstack.export import supervisor  # noqa: E402
+from vmar_openstack.host.exports import graph  # noqa: E402
+from vmar_openstack.host import service as host_service  # noqa: E402
+from vmar_openstack.host import supervisor  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack import names  # noqa: E402
 
@@ -62,7 +62,7 @@ def main():
                                   args.qemu_prefix, sock)
     image_id = str(uuid.uuid4())
     ingest.Library(conf).add(image_id, args.image, visibility='public')
-    svc = export.ExportService(conf)
+    svc = host_service.ExportService(conf)
     proc = supervisor.Supervisor(svc).start_daemon()
     try:
         svc.restore()

@@ -59,7 +59,7 @@ import report_boot  # noqa: E402
 
 from tools import boot_image  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
-from vmar_openstack import pagecache  # noqa: E402
+from vmar_openstack.host.cache import pagecache  # noqa: E402
 
 APPS = ('postgresql', 'mariadb', 'nginx', 'apache2')
 CONFIGS = ('stock', 'stock-ondemand', 'vmar-lazy-pf')

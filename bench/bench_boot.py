@@ -92,16 +92,16 @@ from tools import boot_image  # noqa: E402
 from tools import memcg  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
 from vmar_openstack import exception  # noqa: E402
-from vmar_openstack import export  # noqa: E402
-from vmar_openstack.export import prefetch as export_prefetch  # noqa: E402
-from vmar_openstack.export import supervisor  # noqa: E402
+from vmar_openstack.host.cache import pagecache  # noqa: E402
+from vmar_openstack.host.cache import prefetch as export_prefetch  # noqa: E402
+from vmar_openstack.host import service as host_service  # noqa: E402
+from vmar_openstack.host import supervisor  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack import mapformat  # noqa: E402
 from vmar_openstack.mapformat import alternate  # noqa: E402
 from vmar_openstack.mapformat import bootset  # noqa: E402
 from vmar_openstack.mapsource import local  # noqa: E402
 from vmar_openstack import names as vnames  # noqa: E402
-from vmar_openstack import pagecache  # noqa: E402
 
 CONFIGS = ('stock', 'stock-ondemand', 'stock-writeback', 'vmar-full',
            'vmar-lazy', 'vmar-lazy-pf')
@@ -322,7 +322,7 @@ class Host:
                               else 'lazy', group='vmar_host')
             conf.set_override('prefetch', config == 'vmar-lazy-pf',
                               group='vmar_host')
-            self.svc = export.ExportService(
+            self.svc = host_service.ExportService(
                 conf, source=StoreSource(lib_root, self.store, cgroup))
             self.sup = supervisor.Supervisor(self.svc)
             self.proc = self.sup.start_daemon()

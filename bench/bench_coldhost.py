@@ -78,10 +78,11 @@ from tools import boot_image  # noqa: E402
 from tools.vmarenv import ceph_env  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
 from vmar_openstack import conf as vmar_conf  # noqa: E402
-from vmar_openstack import export  # noqa: E402
-from vmar_openstack.export import graph  # noqa: E402
-from vmar_openstack.export import prefetch as export_prefetch  # noqa: E402
-from vmar_openstack.export import supervisor  # noqa: E402
+from vmar_openstack.host.cache import pagecache  # noqa: E402
+from vmar_openstack.host.cache import prefetch as export_prefetch  # noqa: E402
+from vmar_openstack.host.exports import graph  # noqa: E402
+from vmar_openstack.host import service as host_service  # noqa: E402
+from vmar_openstack.host import supervisor  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack import mapformat  # noqa: E402
 from vmar_openstack.mapformat import bootset  # noqa: E402
@@ -90,7 +91,6 @@ from vmar_openstack.mapsource import local  # noqa: E402
 from vmar_openstack.mapsource import rbd  # noqa: E402
 from vmar_openstack.mapsource import readers  # noqa: E402
 from vmar_openstack import names as vnames  # noqa: E402
-from vmar_openstack import pagecache  # noqa: E402
 
 IMAGES = ('minbase', 'python3', 'postgresql', 'nginx', 'apache2', 'mariadb')
 
@@ -310,7 +310,7 @@ def run_lazy(args, work, lib_root, ids, readahead, fmt='raw',
     else:
         store, sock_r = rbd_store.start_reader(host)
         source = ThrottledStore(lib_root, sock_r, export=rbd_store.export)
-    svc = export.ExportService(conf, source=source)
+    svc = host_service.ExportService(conf, source=source)
     sup = supervisor.Supervisor(svc)
     proc = sup.start_daemon()
     boots = []

@@ -46,10 +46,10 @@ from oslo_config import cfg
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import migration
-from vmar_openstack import export
-from vmar_openstack.export import supervisor
+from vmar_openstack.host.cache import pagecache
+from vmar_openstack.host import service as host_service
+from vmar_openstack.host import supervisor
 from vmar_openstack import ingest
-from vmar_openstack import pagecache
 
 
 def make_conf(state, prefix, sock):
@@ -155,7 +155,7 @@ def run(args, work, conf, sock, machine_ra):
         lib.add(image_id, path, visibility='public')
         ids.append(image_id)
     first, second = ids
-    svc = export.ExportService(conf)
+    svc = host_service.ExportService(conf)
     sup = supervisor.Supervisor(svc)
     proc = sup.start_daemon()
     res = {'readahead_kb': args.readahead_kb, 'machine_readahead_kb':

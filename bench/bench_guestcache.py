@@ -22,7 +22,7 @@ P+I     I with vmar:guest_cache=private: a virtio balloon with free page
         reporting and the SMBIOS OEM string that starts vmar-guest
 A       I with vmar:guest_cache=auto: P+I's balloon, the OEM string of
         auto and the guest channel; the export daemon's guest channels
-        (vmar_openstack.export.guests, its defaults) decide each guest's
+        (vmar_openstack.host.guests.channels, its defaults) decide each guest's
         mode from the host's memory pressure and the guest's own while
         it runs, and each window records the modes they chose
 
@@ -79,13 +79,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))
 import bench_export  # noqa: E402
 import blkcg  # noqa: E402
 
-from vmar_openstack import export  # noqa: E402
-from vmar_openstack.export import guests as export_guests  # noqa: E402
-from vmar_openstack.export import supervisor  # noqa: E402
 from vmar_openstack.guest import status as guest_status  # noqa: E402
+from vmar_openstack.host.cache import pagecache  # noqa: E402
+from vmar_openstack.host.guests import channels as export_guests  # noqa: E402
+from vmar_openstack.host import service as host_service  # noqa: E402
+from vmar_openstack.host import supervisor  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
 from vmar_openstack import names  # noqa: E402
-from vmar_openstack import pagecache  # noqa: E402
 
 from tools import memcg  # noqa: E402
 
@@ -666,7 +666,7 @@ def main():
         for n in names:
             ids[n] = str(uuid.uuid4())
             lib.add(ids[n], args.images[n], visibility='public')
-        svc = export.ExportService(conf)
+        svc = host_service.ExportService(conf)
         pagecache.drop_all()
         daemon = supervisor.Supervisor(svc).start_daemon()
         svc.restore()

@@ -32,9 +32,9 @@ import time
 import uuid
 
 from bench_export import make_conf
-from vmar_openstack import export
-from vmar_openstack.export import api
-from vmar_openstack.export import supervisor
+from vmar_openstack.host import api
+from vmar_openstack.host import service as host_service
+from vmar_openstack.host import supervisor
 from vmar_openstack import hostapi
 from vmar_openstack import ingest
 
@@ -96,7 +96,7 @@ def run(args, work):
     conf = make_conf(os.path.join(work, 'state'), args.qemu_prefix, sock)
     image_id = str(uuid.uuid4())
     ingest.Library(conf).add(image_id, args.image, visibility='public')
-    svc = export.ExportService(conf)
+    svc = host_service.ExportService(conf)
     proc = supervisor.Supervisor(svc).start_daemon()
     server = None
     try:

@@ -15,7 +15,7 @@ vmar       VMAR host-cache-for-base without metadata kept warm: overlay
            ``cache=none`` on the vmar export, the export daemon reads the
            bases through the host page cache
 vmar-warm  the same, with the daemon's warm metadata
-           (vmar_openstack.export.warm, ``[vmar_host] warm_metadata_mb``)
+           (vmar_openstack.host.cache.warm, ``[vmar_host] warm_metadata_mb``)
 
 Once every guest has booted and is ready, the host "idles": the bases'
 pages are dropped from its page cache (``POSIX_FADV_DONTNEED`` of every
@@ -71,11 +71,11 @@ import bench_export  # noqa: E402
 import bench_guestcache  # noqa: E402
 import blkcg  # noqa: E402
 
-from vmar_openstack import export  # noqa: E402
-from vmar_openstack.export import supervisor  # noqa: E402
-from vmar_openstack.export import warm as export_warm  # noqa: E402
+from vmar_openstack.host.cache import pagecache  # noqa: E402
+from vmar_openstack.host.cache import warm as export_warm  # noqa: E402
+from vmar_openstack.host import service as host_service  # noqa: E402
+from vmar_openstack.host import supervisor  # noqa: E402
 from vmar_openstack import ingest  # noqa: E402
-from vmar_openstack import pagecache  # noqa: E402
 
 from tools import memcg  # noqa: E402
 
@@ -245,7 +245,7 @@ def start_host(args, work):
     for n in args.names:
         ids[n] = str(uuid.uuid4())
         lib.add(ids[n], args.images[n], visibility='public')
-    svc = export.ExportService(conf)
+    svc = host_service.ExportService(conf)
     daemon = supervisor.Supervisor(svc).start_daemon()
     svc.restore()
     uris = {}

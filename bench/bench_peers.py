@@ -44,9 +44,9 @@ from tools.vmarenv import process  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
 from tools.vmarenv import range_env  # noqa: E402
 from vmar_openstack import conf as vmar_conf  # noqa: E402
-from vmar_openstack.export import hostdir  # noqa: E402
-from vmar_openstack.export import peers  # noqa: E402
 from vmar_openstack import fingerprint  # noqa: E402
+from vmar_openstack.host.exports import hostdir  # noqa: E402
+from vmar_openstack.host.peers import server as peers  # noqa: E402
 from vmar_openstack.mapformat import mirror as mirror_format  # noqa: E402
 from vmar_openstack import names  # noqa: E402
 

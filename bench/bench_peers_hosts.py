@@ -63,9 +63,9 @@ from tools.vmarenv import services  # noqa: E402
 from vmar_openstack import conf as vmar_conf  # noqa: E402
 from vmar_openstack.db import hosts as db_hosts  # noqa: E402
 from vmar_openstack.db import migration  # noqa: E402
-from vmar_openstack.export import hostdir  # noqa: E402
+from vmar_openstack.host.exports import hostdir  # noqa: E402
+from vmar_openstack.host.peers import source as peer_source  # noqa: E402
 from vmar_openstack.mapsource import glance as gsource  # noqa: E402
-from vmar_openstack.mapsource import peers as peer_source  # noqa: E402
 
 MIB = 1 << 20
 BIN = os.path.dirname(sys.executable)

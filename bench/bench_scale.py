@@ -5,7 +5,7 @@
 images (real ingests, :class:`vmar_openstack.ingest.Library`) on SQLite,
 MariaDB or PostgreSQL; a real RabbitMQ and a real ``vmar-agent``; then
 ``--hosts`` simulated compute hosts that send the real ``vmar.host.exports``
-notification (:mod:`vmar_openstack.export.report`'s payload, through
+notification (:mod:`vmar_openstack.host.observe.report`'s payload, through
 oslo.messaging's notifier, on ``[vmar_reports] report_topic``) every
 ``--interval`` seconds, each at its own phase, for ``--minutes``. Time
 runs ``--speed`` times faster than the real schedule: at ``--speed 6`` a

@@ -62,8 +62,8 @@ from tools.cloud import stack  # noqa: E402
 from tools import cloud_scenario  # noqa: E402
 from tools import multinode_scenario  # noqa: E402
 from tools.vmarenv import qemu_env  # noqa: E402
-from vmar_openstack.export import hostdir  # noqa: E402
 from vmar_openstack import fileutils  # noqa: E402
+from vmar_openstack.host.exports import hostdir  # noqa: E402
 
 SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
 # a line of glance-api's uWSGI access log for a read of image data

@@ -10,9 +10,9 @@ them (QEMU, the export daemon); writeback is not throttled.
 
 The throttle bounds requests and bytes, not seeks. What a request costs
 an HDD depends on how large it is, and that is the host's read-ahead
-(``vmar_openstack.pagecache.readahead`` sets it for a measurement): this
-machine's virtio disk advertises 8 MiB, against the kernel's default of
-128 KiB, what seed 003's 2.6.32 host had.
+(``vmar_openstack.host.cache.pagecache.readahead`` sets it for a
+measurement): this machine's virtio disk advertises 8 MiB, against the
+kernel's default of 128 KiB, what seed 003's 2.6.32 host had.
 """
 
 import os

@@ -442,8 +442,8 @@ class UserPath(Scenario):
         bases, boot both vmar servers again (hard reboot) and count what
         their boots brought back.
         """
+        from vmar_openstack.host.cache import pagecache
         from vmar_openstack import mapformat
-        from vmar_openstack import pagecache
         own, bases = {}, {}
         for name in ('minbase', 'python3'):
             maps = sorted(e for e in os.listdir(os.path.join(
@@ -498,7 +498,7 @@ class UserPath(Scenario):
         (doc/source/admin/export.rst, "Metadata kept warm"), and evicting the
         bases leaves it there.
         """
-        from vmar_openstack import pagecache
+        from vmar_openstack.host.cache import pagecache
         time.sleep(max(0.0, self.booted_at + IDLE - time.monotonic()))
         warm = self.export_status()['warm']
         check(warm and warm['locked_bytes'] > 0 and warm['error'] == '',
@@ -931,7 +931,7 @@ class UserPath(Scenario):
 
     def _holders(self):
         """holder -> (image, map version, host cache) of what it holds."""
-        from vmar_openstack.export import state as export_state
+        from vmar_openstack.host.exports import state as export_state
         out = {}
         with export_state.State(self.host_dir) as state:
             for exp in state.exports.values():

@@ -71,7 +71,7 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack.fingerprint import keys as fp_keys
-from vmar_openstack import pagecache
+from vmar_openstack.host.cache import pagecache
 
 HOST_CONF = 'vmar-host.conf'
 SERVE_PID = 'vmar-export-serve.pid'

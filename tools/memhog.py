@@ -16,7 +16,7 @@ re-reading a file 1.05 to 4 times its group's limit for 20 s left the
 import subprocess
 import sys
 
-from vmar_openstack.export import guests
+from vmar_openstack.host.guests import channels as guests
 
 PAGE = 4096
 

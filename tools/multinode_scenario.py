@@ -50,9 +50,9 @@ from tools.cloud_scenario import Scenario
 from tools.cloud_scenario import ScenarioError
 from tools.vmarenv import pki
 from tools.vmarenv import qemu_env
-from vmar_openstack.export import hostdir
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.peers import source as peer_source
 from vmar_openstack import mapformat
-from vmar_openstack.mapsource import peers as peer_source
 
 SHA = re.compile(r'VMAR-SHA256 ([0-9a-f]{64})')
 MARKER_OFFSET = 32 << 20

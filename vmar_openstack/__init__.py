@@ -12,8 +12,10 @@ The package is split along the data flow of an image, from the library
 * :mod:`vmar_openstack.ingest` ties the above into add/update/delete;
 * :mod:`vmar_openstack.mapsource` gets maps and base images onto a compute
   host (from a library directory, or from Glance);
-* :mod:`vmar_openstack.export` serves each image's VMAR view over NBD from
-  the host's patched ``qemu-storage-daemon`` (``vmar-export``);
+* :mod:`vmar_openstack.host` serves each image's VMAR view over NBD from
+  the host's patched ``qemu-storage-daemon`` (``vmar-export``): its
+  exports, its peers, its page cache, its guests' channels and what it
+  reports;
 * :mod:`vmar_openstack.nova_imagebackend` boots instances from qcow2
   overlays on those exports (``vmar-nova-compute``);
 * :mod:`vmar_openstack.glance_hooks` ingests images as Glance receives them

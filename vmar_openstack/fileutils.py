@@ -8,6 +8,8 @@ file.
 import contextlib
 import grp
 import os
+import socket
+import struct
 import subprocess
 import tempfile
 
@@ -136,3 +138,12 @@ def publish_socket(tmp, path, group=None):
         os.chown(tmp, -1, grp.getgrnam(group).gr_gid)
     os.chmod(tmp, 0o660)
     os.rename(tmp, path)
+
+
+_UCRED = struct.Struct('3i')    # pid, uid, gid
+
+
+def socket_peer(sock):
+    """``(pid, uid, gid)`` of a unix socket's peer (``SO_PEERCRED``)."""
+    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET,
+                                         socket.SO_PEERCRED, _UCRED.size))

@@ -1,6 +1,7 @@
 """The Prometheus endpoint of a service (``prometheus_client``).
 
-Each service builds its own registry (:mod:`vmar_openstack.export.metrics`,
+Each service builds its own registry
+(:mod:`vmar_openstack.host.observe.metrics`,
 :mod:`vmar_openstack.glance_hooks.metrics`) and serves it on its port of
 ``[vmar_metrics]``.
 """

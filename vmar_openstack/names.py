@@ -92,7 +92,8 @@ SPEC_GUEST_CACHE = 'vmar:guest_cache'
 # from its memory pressure
 GUEST_CACHE = ('default', 'private', 'auto')
 
-# notifications of compute hosts to vmar-agent (vmar_openstack.export.report)
+# notifications of compute hosts to vmar-agent
+# (vmar_openstack.host.observe.report)
 HOST_EXPORTS_EVENT = 'vmar.host.exports'
 HOST_BOOTSET_EVENT = 'vmar.host.bootset'
 

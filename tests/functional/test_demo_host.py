@@ -15,7 +15,7 @@ import time
 
 from tests import base
 from tools.vmarenv import qemu_env
-from vmar_openstack import pagecache
+from vmar_openstack.host.cache import pagecache
 
 TOOL = os.path.join(qemu_env.TOP, 'tools', 'demo_host.py')
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'

@@ -34,7 +34,7 @@ import testtools
 from tools.vmarenv import qemu_env
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import models
-from vmar_openstack.export import peers as export_peers
+from vmar_openstack.host.peers import server as export_peers
 
 TOP = qemu_env.TOP
 SHIM = os.path.join(TOP, 'tests', 'functional', 'devstack_shim.sh')

@@ -26,9 +26,9 @@ from tools.vmarenv import process
 from tools.vmarenv import qemu_env
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import session as db_session
-from vmar_openstack import export
-from vmar_openstack.export import graph
-from vmar_openstack.export import prefetch
+from vmar_openstack.host.cache import prefetch
+from vmar_openstack.host.exports import graph
+from vmar_openstack.host import service as host_service
 from vmar_openstack import ingest
 from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
@@ -75,7 +75,7 @@ class ExportTestCase(base.LibraryTestCase):
         self.conf.set_override('qemu_storage_daemon',
                                qemu_env.qemu_bin('qemu-storage-daemon'),
                                group='vmar_host')
-        self.svc = export.ExportService(self.conf)
+        self.svc = host_service.ExportService(self.conf)
 
     def extra_conf(self):
         return ''
@@ -394,7 +394,7 @@ class TestWarmMetadata(ExportTestCase):
         # the kernel locked every page the daemon holds, not only mapped
         # it: the bases were just written, in large folios, and a run that
         # cuts one is not locked (1,863 of 1,910 pages were, before
-        # export/pinned.py; reclaim took the others)
+        # host/cache/pinned.py; reclaim took the others)
         for i in (first, second):
             pages = st['bases'][i] // pageflags.PAGE
             self.assertEqual((pages, pages), pageflags.locked_pages(

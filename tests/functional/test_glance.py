@@ -46,9 +46,10 @@ from vmar_openstack.db import migration
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack.exception import SourceError
-from vmar_openstack.export import graph
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import qmp
+from vmar_openstack.host.exports import graph
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.exports import qmp
+from vmar_openstack.host.peers import source as peer_source
 from vmar_openstack import ingest
 from vmar_openstack.ingest import check as check_mod
 from vmar_openstack import mapformat
@@ -56,7 +57,6 @@ from vmar_openstack.mapformat import bootset
 from vmar_openstack.mapformat import delta as delta_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack.mapsource import glance as gsource
-from vmar_openstack.mapsource import peers as peer_source
 from vmar_openstack.mapsource import readers
 from vmar_openstack import names
 from vmar_openstack.nova_imagebackend import delta as nova_delta

@@ -5,8 +5,8 @@ an ``auto`` server: the SMBIOS OEM string ``vmar:guest_cache=auto``, a
 virtio balloon with free page reporting, and the virtio-serial port
 ``org.opendev.vmar.guest.0`` on a unix socket that QEMU binds in the
 channel directory. The export daemon's guest channels
-(:class:`vmar_openstack.export.guests.Guests`) then run as the daemon runs
-them, once per configuration an operator would give it:
+(:class:`vmar_openstack.host.guests.channels.Guests`) then run as the
+daemon runs them, once per configuration an operator would give it:
 
 * ``pressure_high = 100``: no pressure can reach it, the guest is left in
   its own caching;
@@ -33,7 +33,7 @@ import testtools
 from tools import boot_image
 from tools.vmarenv import qemu_env
 from vmar_openstack import conf as vmar_conf
-from vmar_openstack.export import guests
+from vmar_openstack.host.guests import channels as guests
 from vmar_openstack import names
 
 MIB = 1 << 20

@@ -23,7 +23,7 @@ import testtools
 
 from vmar_openstack.guest import status as guest_status
 from vmar_openstack.guest import userdata
-from vmar_openstack import pagecache
+from vmar_openstack.host.cache import pagecache
 
 MIB = 1 << 20
 KEPT = 0.9               # of a file vmar-guest must leave cached

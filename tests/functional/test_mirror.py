@@ -20,8 +20,8 @@ import testtools
 
 from tests import base
 from tools.vmarenv import qemu_env
-from vmar_openstack.export import qmp
 from vmar_openstack import fingerprint
+from vmar_openstack.host.exports import qmp
 from vmar_openstack.mapformat import mirror
 
 BS = 4096

@@ -1,6 +1,6 @@
 """The peer server on the real thing: nbdkit, TLS, QEMU's NBD client.
 
-A host's peer server (:mod:`vmar_openstack.export.peers`) serves what its
+A host's peer server (:mod:`vmar_openstack.host.peers.server`) serves what its
 mirrors and whole bases hold to hosts with a certificate of the cloud's
 host CA; here a "host" is qemu-io of the built QEMU with the x509
 credentials the export daemon would use. The certificates are made with
@@ -26,13 +26,13 @@ from tools.vmarenv import qemu_env
 from tools.vmarenv import range_env
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import peer_digests
-from vmar_openstack.export import peers
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.peers import digests as peer_digests
+from vmar_openstack.host.peers import server as peers
+from vmar_openstack.host.peers import source as peer_source
 from vmar_openstack.mapformat import mirror as mirror_format
-from vmar_openstack.mapsource import peers as peer_source
 from vmar_openstack import names
 
 BS = 4096
@@ -370,7 +370,7 @@ class TestDigestListsFromPeers(PeerServerTestCase):
     """A host reads a base's digest list from a peer, checked, or not.
 
     The peer server is the real one; the reading host's
-    :class:`~vmar_openstack.export.peer_digests.PeerDigests` copies the
+    :class:`~vmar_openstack.host.peers.digests.PeerDigests` copies the
     peer's ``<id>.digests`` export with the real qemu-img over NBD with
     TLS.
     """

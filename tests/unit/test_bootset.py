@@ -223,7 +223,7 @@ class TestBaseRanges(testtools.TestCase):
     def test_set_maps_onto_the_canonical_blocks_of_each_base(self):
         import numpy as np
 
-        from vmar_openstack.export import prefetch
+        from vmar_openstack.host.cache import prefetch
         from vmar_openstack import mapformat
         m, b = '00000000-0000-4000-8000-00000000000b', A
         # image m: blocks 0-3 from base b's 10-13, 4-5 zero, 6-9 its own

@@ -1,11 +1,11 @@
-"""The export daemon's in-process locks (export/locks.py)."""
+"""The export daemon's in-process locks (host/exports/locks.py)."""
 
 import contextlib
 import threading
 
 import testtools
 
-from vmar_openstack.export import locks
+from vmar_openstack.host.exports import locks
 
 
 class TestKeyed(testtools.TestCase):

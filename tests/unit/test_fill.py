@@ -13,7 +13,7 @@ import fixtures
 import numpy as np
 import testtools
 
-from vmar_openstack.export import prefetch
+from vmar_openstack.host.cache import prefetch
 from vmar_openstack import mapformat
 from vmar_openstack import names
 

@@ -1,4 +1,6 @@
-"""The export daemon's guest channels and the auto policy (export/guests.py).
+"""The export daemon's guest channels and the auto policy.
+
+(vmar_openstack/host/guests/channels.py.)
 
 The guests' side here is a unix socket server in the test that speaks
 vmar-guest's line protocol (a test double of QEMU's chardev and the guest
@@ -21,8 +23,8 @@ from oslo_config import fixture as config_fixture
 import testtools
 
 from vmar_openstack import conf as vmar_conf
-from vmar_openstack.export import guests
-from vmar_openstack.export import metrics as export_metrics
+from vmar_openstack.host.guests import channels as guests
+from vmar_openstack.host.observe import metrics as export_metrics
 from vmar_openstack import names
 
 MIB = 1 << 20
@@ -231,10 +233,10 @@ class TestLookingForTheQemu(testtools.TestCase):
         calls = []
         now = [1000.0]
         self.useFixture(fixtures.MockPatch(
-            'vmar_openstack.export.guests.qemu_of',
+            'vmar_openstack.host.guests.channels.qemu_of',
             side_effect=lambda inst, pid: calls.append(pid) or pid))
         self.useFixture(fixtures.MockPatch(
-            'vmar_openstack.export.guests.time.monotonic',
+            'vmar_openstack.host.guests.channels.time.monotonic',
             side_effect=lambda: now[0]))
         ch.sample_memory()
         now[0] += guests.STALE - 1

@@ -15,8 +15,8 @@ import testtools
 
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
-from vmar_openstack.export import api
-from vmar_openstack.export import state as export_state
+from vmar_openstack.host import api
+from vmar_openstack.host.exports import state as export_state
 from vmar_openstack import hostapi
 from vmar_openstack.hostapi import protocol
 

@@ -11,8 +11,8 @@ import numpy as np
 import testtools
 
 from vmar_openstack import exception
-from vmar_openstack.export import hostdir
 from vmar_openstack import fingerprint
+from vmar_openstack.host.exports import hostdir
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset
 from vmar_openstack.mapformat import mirror as mirror_format
@@ -102,8 +102,8 @@ class TestBootsetFetch(testtools.TestCase):
 class TestDigestListsFromPeers(testtools.TestCase):
     """A mirror's digest list comes from peers first, if it can be checked.
 
-    ``peers`` is a stand-in for :class:`~vmar_openstack.export.
-    peer_digests.PeerDigests` (the real one against a real peer server:
+    ``peers`` is a stand-in for :class:`~vmar_openstack.host.peers.
+    digests.PeerDigests` (the real one against a real peer server:
     tests/functional/test_peers.py).
     """
 

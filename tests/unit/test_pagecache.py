@@ -10,7 +10,7 @@ import fixtures
 import testtools
 
 from tests import base
-from vmar_openstack import pagecache
+from vmar_openstack.host.cache import pagecache
 
 
 class TestEvict(testtools.TestCase):

@@ -19,16 +19,16 @@ import testtools
 
 from tests import base
 from vmar_openstack import exception
-from vmar_openstack.export import discovery
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import metrics
-from vmar_openstack.export import peer_digests
-from vmar_openstack.export import peers
-from vmar_openstack.export import status
-from vmar_openstack.export import supervisor
 from vmar_openstack import fingerprint
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.observe import metrics
+from vmar_openstack.host.observe import status
+from vmar_openstack.host.peers import digests as peer_digests
+from vmar_openstack.host.peers import discovery
+from vmar_openstack.host.peers import server as peers
+from vmar_openstack.host.peers import source as peer_source
+from vmar_openstack.host import supervisor
 from vmar_openstack.mapformat import mirror as mirror_format
-from vmar_openstack.mapsource import peers as peer_source
 from vmar_openstack import names
 
 
@@ -152,7 +152,7 @@ class TestSupervision(testtools.TestCase):
         self.useFixture(fixtures.MockPatchObject(peers, 'start', start))
         self.now = [1000.0]
         self.useFixture(fixtures.MockPatch(
-            'vmar_openstack.export.supervisor.time.monotonic',
+            'vmar_openstack.host.supervisor.time.monotonic',
             lambda: self.now[0]))
 
     def test_started_then_restarted_when_it_exits(self):
@@ -212,7 +212,7 @@ class TestFetcherSupervision(testtools.TestCase):
     def test_a_peer_fetcher_that_cannot_start_is_tried_again_later(self):
         now = [1000.0]
         self.useFixture(fixtures.MockPatch(
-            'vmar_openstack.export.supervisor.time.monotonic',
+            'vmar_openstack.host.supervisor.time.monotonic',
             lambda: now[0]))
         fails = ['nbdkit: python plugin missing']
 
@@ -240,7 +240,7 @@ class TestFetcherSupervision(testtools.TestCase):
             raise exception.ExportError('nbdkit missing')
         self.sup.start_fetcher = fail
         self.useFixture(fixtures.MockPatch(
-            'vmar_openstack.export.supervisor.time.sleep'))
+            'vmar_openstack.host.supervisor.time.sleep'))
         self.assertEqual(1.0, self.sup._check_fetchers(0.5, 10))
         self.assertEqual(10, self.sup._check_fetchers(8, 10))
 

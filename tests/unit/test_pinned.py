@@ -13,8 +13,8 @@ import fixtures
 import testtools
 
 from tests import pageflags
-from vmar_openstack.export import pinned
-from vmar_openstack import pagecache
+from vmar_openstack.host.cache import pagecache
+from vmar_openstack.host.cache import pinned
 
 PAGE = pinned.PAGE
 SIZE = 16 << 20

@@ -3,7 +3,7 @@
 import testtools
 
 from vmar_openstack import exception
-from vmar_openstack.export import graph
+from vmar_openstack.host.exports import graph
 from vmar_openstack.mapsource import base
 from vmar_openstack.mapsource import local
 from vmar_openstack.mapsource import readers
@@ -47,7 +47,7 @@ class TestRecords(testtools.TestCase):
 
 
 class TestNodes(testtools.TestCase):
-    """export/graph.py alone turns a description into QEMU options."""
+    """host/exports/graph.py alone turns a description into QEMU options."""
 
     def test_options_of_each_kind(self):
         nbd = {'driver': 'nbd', 'read-only': True, 'export': ID + '/8192',

@@ -12,8 +12,8 @@ import fixtures
 import testtools
 
 from tests import base
-from vmar_openstack.export import periodic
-from vmar_openstack.export import report
+from vmar_openstack.host.observe import report
+from vmar_openstack import periodic
 
 WAIT = 30   # bound on a wait for a thread that should act at once
 

@@ -14,10 +14,10 @@ import fixtures
 import numpy as np
 import testtools
 
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import state as export_state
-from vmar_openstack.export import warm
 from vmar_openstack import fileutils
+from vmar_openstack.host.cache import warm
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.exports import state as export_state
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import layout
 from vmar_openstack.mapformat import mirror as mirror_format

@@ -28,10 +28,10 @@ from vmar_openstack import conf as vmar_conf
 from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import report
 from vmar_openstack.glance_hooks import agent
 from vmar_openstack.glance_hooks import metrics
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.observe import report
 from vmar_openstack import ingest
 from vmar_openstack.ingest import paths as ingest_paths
 from vmar_openstack import mapformat

@@ -19,7 +19,7 @@ import subprocess
 import time
 
 from tools.vmarenv import services
-from vmar_openstack import pagecache
+from vmar_openstack.host.cache import pagecache
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))

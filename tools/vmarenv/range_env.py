@@ -1,16 +1,16 @@
 """A host's range server or peer fetcher (nbdkit), started alone.
 
 What ``vmar-export serve`` starts before its daemon
-(:meth:`vmar_openstack.export.supervisor.Supervisor.start_fetcher`: the
+(:meth:`vmar_openstack.host.supervisor.Supervisor.start_fetcher`: the
 range server, nbdkit with nbdkit_glance.py; and
-:func:`vmar_openstack.export.peers.start_fetcher`: the peer fetcher,
+:func:`vmar_openstack.host.peers.server.start_fetcher`: the peer fetcher,
 nbdkit with nbdkit_peers.py), for tests and benches of what they read:
 the same commands, from a configuration file.
 """
 
 from vmar_openstack import conf as vmar_conf
-from vmar_openstack.export import nbdkit_proc
-from vmar_openstack.export import peers
+from vmar_openstack.host.peers import nbdkit_proc
+from vmar_openstack.host.peers import server as peers
 from vmar_openstack.mapsource import glance as glance_source
 
 

@@ -15,7 +15,9 @@ from oslo_log import log as logging
 from vmar_openstack import cmd
 from vmar_openstack import conf as vmar_conf
 from vmar_openstack import exception
-from vmar_openstack import export
+from vmar_openstack.host import daemon
+from vmar_openstack.host.exports import state as export_state
+from vmar_openstack.host import service as host_service
 from vmar_openstack import hostapi
 
 CONF = vmar_conf.CONF
@@ -27,7 +29,7 @@ def _client():
 
 
 def serve():
-    export.ExportService(CONF).serve()
+    daemon.serve(host_service.ExportService(CONF))
 
 
 def add():
@@ -173,7 +175,7 @@ def add_command_parsers(subparsers):
     p = subparsers.add_parser('add', help='export an image')
     p.add_argument('id')
     p.add_argument('--host-cache', default='base',
-                   choices=export.HOST_CACHE)
+                   choices=export_state.HOST_CACHE)
     p.add_argument('--holder', default='cli',
                    help='who holds this reference (e.g. an instance uuid)')
     p.add_argument('--map-version', type=int,

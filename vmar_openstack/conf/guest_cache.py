@@ -4,7 +4,7 @@ The daemon (``vmar-export serve``) talks to the guest component of every
 server whose flavor asks for guest-private caching (``private``) or leaves
 it to the host (``auto``), over a virtio-serial channel per server, and
 decides the mode of the ``auto`` ones from the host's memory pressure
-(:mod:`vmar_openstack.export.guests`; doc/source/admin/guest.rst).
+(:mod:`vmar_openstack.host.guests.channels`; doc/source/admin/guest.rst).
 
 The thresholds are mutable: a SIGHUP to ``vmar-export serve`` takes their
 new values without a restart.

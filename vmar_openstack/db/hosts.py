@@ -130,7 +130,7 @@ class HostReports:
         where it serves peers (None: it does not), ``load_per_cpu``: its
         load then. ``complete``: the bases among ``holds`` whose mirror
         holds every block only the base's image has
-        (:meth:`vmar_openstack.export.hostdir.Layout.complete_mirrors`).
+        (:meth:`vmar_openstack.host.exports.hostdir.Layout.complete_mirrors`).
         ``order``: ``(run, number)`` of the report in its host's
         vmar-export (None: not said); a report of the run recorded last
         with a lower number is older, and is not recorded.

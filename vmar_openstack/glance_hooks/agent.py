@@ -24,7 +24,7 @@ queue with other consumers such as ceilometer:
 
 The agent also listens for the reports of compute hosts
 (``vmar.host.exports`` on ``[vmar_reports] report_topic``, see
-:mod:`vmar_openstack.export.report`) and records each host's last one.
+:mod:`vmar_openstack.host.observe.report`) and records each host's last one.
 Every ``[vmar_agent] map_gc_interval`` seconds it removes the map versions
 no host holds (:mod:`.gc`). From the same reports it tells hosts that read
 from their peers who holds a base (RPC on ``[vmar_reports] holders_topic``,
@@ -450,7 +450,7 @@ class Endpoint:
 
 
 class HostReportEndpoint:
-    """Reports of compute hosts (:mod:`vmar_openstack.export.report`)."""
+    """Reports of compute hosts (:mod:`vmar_openstack.host.observe.report`)."""
 
     filter_rule = oslo_messaging.NotificationFilter(
         event_type=r'^vmar\.host\.(exports|bootset)$')
@@ -642,7 +642,7 @@ class HoldersEndpoint:
     (:meth:`.db.hosts.HostReports.holders`): hosts that hold blocks of the
     base and run a peer server, best first, not the asking host, and only
     those that reported within ``[vmar_agent] holder_max_age``. See
-    :mod:`vmar_openstack.export.discovery` and doc/source/admin/peers.rst.
+    :mod:`vmar_openstack.host.peers.discovery` and doc/source/admin/peers.rst.
     """
 
     target = oslo_messaging.Target(namespace=bus.HOLDERS_NAMESPACE,

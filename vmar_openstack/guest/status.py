@@ -10,7 +10,7 @@ mincores syscalls table_full compactions switches``, two gauges,
 soon after they were reclaimed, cumulative), and its CPU time,
 ``cpu_user_s cpu_sys_s``. The test
 probe prints the same line on the console, and vmar-guest writes it into
-the host's channel (:mod:`vmar_openstack.export.guests`).
+the host's channel (:mod:`vmar_openstack.host.guests.channels`).
 """
 
 PATH = '/run/vmar-guest.status'

@@ -12,7 +12,7 @@ code, so ``vmar-nova-compute`` loads none of it.
   errors that cross the socket;
 * :mod:`.client`: :class:`~.client.Client`, one call per operation.
 
-The server is :mod:`vmar_openstack.export.api`, inside the daemon.
+The server is :mod:`vmar_openstack.host.api`, inside the daemon.
 """
 
 from vmar_openstack.hostapi.client import Client

@@ -4,7 +4,7 @@ The library writes one per image at ingest, found by introspecting the image's
 file systems (:mod:`vmar_openstack.fingerprint.introspect`); vmar-agent
 publishes it next to the image's maps; a host that adds the first export
 of an image prefetches it into its mirrors
-(:mod:`vmar_openstack.export.prefetch`). The file is JSON, specified in
+(:mod:`vmar_openstack.host.cache.prefetch`). The file is JSON, specified in
 ``doc/source/reference/mirror-format.rst`` ("Boot working set"), the only
 specification.
 """

@@ -4,7 +4,7 @@ A map source that can fill mirrors answers ``base_reader(image_id,
 size)`` with one of these. The host keeps it with the mirror (its
 ``.reader`` file, :func:`to_record`), so a restarted daemon rebuilds the
 mirror's fetch node without asking the source; only
-:mod:`vmar_openstack.export.graph` turns a description into
+:mod:`vmar_openstack.host.exports.graph` turns a description into
 ``blockdev-add`` options.
 
 * :class:`File`: a file on the host (a library directory, NFS);

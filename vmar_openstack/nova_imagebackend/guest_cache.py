@@ -20,7 +20,8 @@ guest-private and the guest's own caching while it runs), gets:
 * a virtio-serial channel (``<channel type='unix'>``, port
   :data:`vmar_openstack.names.GUEST_CHANNEL_PORT`) whose socket QEMU binds
   in the export daemon's channel directory: the daemon tells the guest its
-  mode over it and reads its status (:mod:`vmar_openstack.export.guests`);
+  mode over it and reads its status
+  (:mod:`vmar_openstack.host.guests.channels`);
 * a warning in the compute log when the image does not say it carries
   the component (image property :data:`IMAGE_PROPERTY`): the guest then
   keeps its cache as before, unless user-data delivered the component

@@ -11,7 +11,7 @@ answer goes to ``<host_dir>/peers/<base id>.json``::
      "holders": [{"host": "<name>", "peer": "<address>:<port>",
                   "blocks": <blocks held, null for a whole base>}, ...]}
 
-where the range server's :class:`~vmar_openstack.mapsource.peers.
+where the range server's :class:`~vmar_openstack.host.peers.source.
 PeerReader` finds it: it asks those hosts for a run before the store, and
 checks by NBD block status which runs each one has. The daemon asks for a
 mirror when an export that reads it is added (before its prefetch reads)
@@ -30,10 +30,10 @@ import time
 from oslo_log import log as logging
 
 from vmar_openstack import bus
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import periodic
 from vmar_openstack import fileutils
+from vmar_openstack.host.exports import hostdir
 from vmar_openstack import names
+from vmar_openstack import periodic
 
 LOG = logging.getLogger(__name__)
 

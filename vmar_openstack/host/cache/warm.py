@@ -35,13 +35,13 @@ import numpy as np
 from oslo_log import log as logging
 
 from vmar_openstack import exception
-from vmar_openstack.export import periodic
-from vmar_openstack.export import pinned
-from vmar_openstack.export import state as export_state
+from vmar_openstack.host.cache import pinned
+from vmar_openstack.host.exports import state as export_state
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate
 from vmar_openstack.mapformat import layout as layout_format
 from vmar_openstack.mapformat import mirror as mirror_format
+from vmar_openstack import periodic
 
 LOG = logging.getLogger(__name__)
 

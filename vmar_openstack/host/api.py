@@ -20,14 +20,13 @@ import grp
 import os
 import socket
 import socketserver
-import struct
 import threading
 
 from oslo_log import log as logging
 
 from vmar_openstack import exception
-from vmar_openstack.export import status as export_status
 from vmar_openstack import fileutils
+from vmar_openstack.host.observe import status as export_status
 from vmar_openstack.hostapi import client
 from vmar_openstack.hostapi import protocol
 
@@ -110,14 +109,6 @@ OPS = {'hello': _hello, 'add': _add, 'remove': _remove,
        'status': _status, 'health': _health, 'digests': _digests}
 assert set(OPS) == set(protocol.OPS)
 
-_UCRED = struct.Struct('3i')    # pid, uid, gid
-
-
-def peer(sock):
-    """``(pid, uid, gid)`` of a unix socket's peer."""
-    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET,
-                                         socket.SO_PEERCRED, _UCRED.size))
-
 
 def _groups(pid):
     """Supplementary groups of a process (empty if it is gone)."""
@@ -135,7 +126,7 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self):
         server = self.server
-        pid, uid, gid = peer(self.request)
+        pid, uid, gid = fileutils.socket_peer(self.request)
         why = server.refused(pid, uid, gid)
         if why:
             LOG.warning('host API: refused pid %d uid %d: %s', pid, uid,

@@ -46,9 +46,9 @@ import numpy as np
 from oslo_log import log as logging
 
 from vmar_openstack import exception
-from vmar_openstack.export import graph
-from vmar_openstack.export import state as export_state
 from vmar_openstack import fileutils
+from vmar_openstack.host.exports import graph
+from vmar_openstack.host.exports import state as export_state
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate
 from vmar_openstack.mapformat import bootset as bootset_format

@@ -9,7 +9,7 @@ persistent fetch totals of the host.
 from prometheus_client import core
 from prometheus_client import registry as prom_registry
 
-from vmar_openstack.export import status
+from vmar_openstack.host.observe import status
 
 
 class ExportCollector(prom_registry.Collector):

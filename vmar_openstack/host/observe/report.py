@@ -54,10 +54,10 @@ import uuid
 from oslo_log import log as logging
 
 from vmar_openstack import bus
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import periodic
-from vmar_openstack.export import state as export_state
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.exports import state as export_state
 from vmar_openstack import names
+from vmar_openstack import periodic
 
 LOG = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from oslo_log import log as logging
 
 from vmar_openstack import exception
 from vmar_openstack import fileutils
+from vmar_openstack.host.peers import source as peer_source
 from vmar_openstack.mapformat import mirror as mirror_format
-from vmar_openstack.mapsource import peers as peer_source
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)

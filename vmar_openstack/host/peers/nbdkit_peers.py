@@ -1,6 +1,6 @@
 """nbdkit python plugin: the host's peer fetcher.
 
-Run by ``vmar-export serve`` (:func:`vmar_openstack.export.peers.
+Run by ``vmar-export serve`` (:func:`vmar_openstack.host.peers.server.
 fetcher_command`) when the host reads from peers
 (:func:`.peers.enabled`): each lazy mirror's fetch quorum has an NBD
 client of it as its first child, then the store's reader. An export named
@@ -17,7 +17,7 @@ configuration), ``digests=PATH`` (an image's digest list on this host),
 ``holders=PATH`` (the file of its holders, with discovery), ``{}``
 standing for the image id, and ``counts=PATH`` (where the peer reads are
 counted): the export daemon says where
-(:func:`vmar_openstack.export.peers.fetcher_command`).
+(:func:`vmar_openstack.host.peers.server.fetcher_command`).
 """
 
 import errno
@@ -49,7 +49,7 @@ def config_complete():
         raise RuntimeError('the peer fetcher needs digests= (where the '
                            'host keeps its digest lists)')
     from vmar_openstack import conf as vmar_conf
-    from vmar_openstack.mapsource import peers
+    from vmar_openstack.host.peers import source as peers
 
     conf = vmar_conf.from_files(_keys['config-file'])
     p = conf.vmar_peers

@@ -31,8 +31,8 @@ import time
 from oslo_log import log as logging
 
 from vmar_openstack import exception
-from vmar_openstack.export import locks
 from vmar_openstack import fileutils
+from vmar_openstack.host.exports import locks
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import alternate as alt_format
 from vmar_openstack.mapformat import bootset as bootset_format

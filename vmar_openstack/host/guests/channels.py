@@ -49,10 +49,10 @@ import time
 
 from oslo_log import log as logging
 
-from vmar_openstack.export import api
-from vmar_openstack.export import periodic
+from vmar_openstack import fileutils
 from vmar_openstack.guest import status as guest_status
 from vmar_openstack import names
+from vmar_openstack import periodic
 
 LOG = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ class Channel:
             s.close()
             return False
         s.setblocking(False)
-        peer = api.peer(s)[0]
+        peer = fileutils.socket_peer(s)[0]
         self.pid = qemu_of(self.instance, peer)
         self.sock = s
         self.connected_at = now

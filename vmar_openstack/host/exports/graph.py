@@ -11,7 +11,7 @@ For every export the daemon has:
 * for a mirror: its ``fetch`` child, a ``quorum`` node ``vq<id>`` that
   reads its children in turn until one answers (``read-pattern=fifo``):
   first ``vp<id>``, the host's peer fetcher, when the host reads from
-  peers (:mod:`vmar_openstack.mapsource.peers`), then ``vf<id>``, the
+  peers (:mod:`vmar_openstack.host.peers.source`), then ``vf<id>``, the
   source's reader of the base's own data, then one
   ``va<id>.<hash>`` per alternate map, a ``vmar`` node reading the base's
   blocks from the reader ``vf<other id>`` of an image that holds them
@@ -24,7 +24,7 @@ For every export the daemon has:
   behind ``vmar-`` (QMP ids must start with a letter). The patched daemon
   lists no export (patch ``nbd/server: List no export`` of ``qemu/patches``).
 
-Every function takes an open :class:`~vmar_openstack.export.qmp.Monitor`.
+Every function takes an open :class:`~vmar_openstack.host.exports.qmp.Monitor`.
 """
 
 import base64

@@ -1,9 +1,11 @@
 """The export service: which exports a host has, and who holds them.
 
-:class:`ExportService` keeps the record (:mod:`.state`), the files
-(:mod:`.hostdir`) and the daemon (:mod:`.graph`, over :mod:`.qmp`) in step.
-It lives in ``vmar-export serve``, the one process that changes the
-host's exports; the host API (:mod:`.api`) calls it from a thread per
+:class:`ExportService` keeps the record (:mod:`.exports.state`), the
+files (:mod:`.exports.hostdir`) and the daemon (:mod:`.exports.graph`, over
+:mod:`.exports.qmp`) in step.
+It lives in ``vmar-export serve`` (:mod:`.daemon` wires it to its
+threads), the one process that changes the host's exports; the host API
+(:mod:`.api`) calls it from a thread per
 connection. Each public operation runs under the state's in-process lock,
 and the map source's I/O for one image outside it, so many callers can be
 served at once.
@@ -11,7 +13,6 @@ served at once.
 
 import contextlib
 import functools
-import grp
 import os
 import threading
 import uuid
@@ -20,25 +21,17 @@ import numpy as np
 from oslo_log import log as logging
 
 from vmar_openstack import exception
-from vmar_openstack.export import api
-from vmar_openstack.export import discovery as export_discovery
-from vmar_openstack.export import graph
-from vmar_openstack.export import guests as export_guests
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import metrics as export_metrics
-from vmar_openstack.export import peer_digests
-from vmar_openstack.export import prefetch
-from vmar_openstack.export import qmp
-from vmar_openstack.export import report as export_report
-from vmar_openstack.export import state as export_state
-from vmar_openstack.export import supervisor
-from vmar_openstack.export import warm as export_warm
 from vmar_openstack import fileutils
+from vmar_openstack.host.cache import prefetch
+from vmar_openstack.host.exports import graph
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.exports import qmp
+from vmar_openstack.host.exports import state as export_state
+from vmar_openstack.host.peers import digests as peer_digests
+from vmar_openstack.host.peers import source as peer_source
 from vmar_openstack import mapformat
 from vmar_openstack.mapformat import bootset as bootset_format
 from vmar_openstack import mapsource
-from vmar_openstack.mapsource import peers as peer_source
-from vmar_openstack import metrics
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
@@ -63,10 +56,11 @@ class ExportService:
         self.unrestored = 0
         # set while the daemon runs with every export it could restore
         self.ready = threading.Event()
-        self.guests = None      # export_guests.Guests, while serving
-        self.warm = None        # export_warm.Warm, while serving
-        self.discovery = None   # export_discovery.Discovery, while serving
-        self.reporter = None    # export_report.Reporter, while serving
+        # the daemon's threads, while it serves (set by :mod:`..daemon`)
+        self.guests = None      # guests.channels.Guests
+        self.warm = None        # cache.warm.Warm
+        self.discovery = None   # peers.discovery.Discovery
+        self.reporter = None    # observe.report.Reporter
         # base id -> bytes_fetched of its mirror node when last counted
         self._fills_seen = {}
         if (c.map_source == 'dir' and os.path.realpath(c.map_source_dir)
@@ -559,33 +553,6 @@ class ExportService:
         """
         LOG.info('SIGHUP: reloading the configuration files')
         self.conf.mutate_config_files()
-
-    def serve(self, stop_event=None, max_backoff=10):
-        """Run and supervise the daemon until SIGTERM/SIGINT.
-
-        See :class:`.supervisor.Supervisor`.
-        """
-        metrics.serve(self.conf, self.conf.vmar_host.metrics_port,
-                      export_metrics.registry(self))
-        self.reporter = export_report.start(self.conf, self.host_dir,
-                                            self.recorded_bootsets)
-        # nobody takes the lock files of before the host API any more
-        self.files.drop_old_locks()
-        fileutils.unlink(os.path.join(self.host_dir, export_state.OLD_LOCK))
-        group = self.conf.vmar_host.export_socket_group
-        self.guests = export_guests.start(
-            self.conf, grp.getgrnam(group).gr_gid if group else None)
-        self.warm = export_warm.start(self.conf, self.files, self.host_dir)
-        self.discovery = export_discovery.start(self.conf, self.host_dir)
-        server = api.ApiServer(self).start()
-        try:
-            supervisor.Supervisor(self).serve(stop_event, max_backoff)
-        finally:
-            server.stop()
-            for thread in (self.discovery, self.warm, self.reporter,
-                           self.guests):
-                if thread:
-                    thread.stop()
 
 
 def _existing(state, image_id, version, host_cache):

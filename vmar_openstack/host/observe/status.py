@@ -18,12 +18,12 @@ import dataclasses
 import os
 import subprocess
 
-from vmar_openstack.export import discovery
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import prefetch
-from vmar_openstack.mapsource import peers as peer_source
+from vmar_openstack.host.cache import pagecache
+from vmar_openstack.host.cache import prefetch
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.peers import discovery
+from vmar_openstack.host.peers import source as peer_source
 from vmar_openstack import names
-from vmar_openstack import pagecache
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """A run of a file held in the page cache in 4 KiB pages, locked.
 
-What :mod:`vmar_openstack.export.warm` keeps of a base: the pages of one
+What :mod:`vmar_openstack.host.cache.warm` keeps of a base: the pages of one
 run of its blocks, mapped read-only and locked (``mlock(2)``). They are
 the page cache's own, shared with every QEMU that reads the file.
 

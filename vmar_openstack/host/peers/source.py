@@ -9,7 +9,7 @@ asks a :class:`PeerReader`: the first
 peer (the base's holders the export daemon found, :mod:`vmar_openstack.
 export.discovery`, best first, then ``[vmar_peers] peers`` in order)
 whose peer server
-(:mod:`vmar_openstack.export.peers`) holds the whole run, by NBD block
+(:mod:`vmar_openstack.host.peers.server`) holds the whole run, by NBD block
 status, sends it over NBD with TLS (libnbd, the system Python's
 ``python3-libnbd``), and every block is checked against the image's
 digest list before it is returned. A peer that cannot be reached or does
@@ -474,7 +474,7 @@ def read_holders(path):
     """``([holder peer, ...], lead peer or None)`` of a holders file.
 
     Peers as ``(host, port)``, best first, as discovery wrote them
-    (:mod:`vmar_openstack.export.discovery`). A file that is gone or
+    (:mod:`vmar_openstack.host.peers.discovery`). A file that is gone or
     unreadable holds none (unreadable is logged).
     """
     try:

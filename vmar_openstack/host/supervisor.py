@@ -16,10 +16,10 @@ import time
 from oslo_log import log as logging
 
 from vmar_openstack import exception
-from vmar_openstack.export import graph
-from vmar_openstack.export import nbdkit_proc
-from vmar_openstack.export import peers
-from vmar_openstack.export import prefetch
+from vmar_openstack.host.cache import prefetch
+from vmar_openstack.host.exports import graph
+from vmar_openstack.host.peers import nbdkit_proc
+from vmar_openstack.host.peers import server as peers
 
 LOG = logging.getLogger(__name__)
 

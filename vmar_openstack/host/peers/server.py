@@ -14,9 +14,9 @@ import sysconfig
 from oslo_log import log as logging
 
 from vmar_openstack import exception
-from vmar_openstack.export import hostdir
-from vmar_openstack.export import nbdkit_proc
-from vmar_openstack.mapsource import peers as peer_source
+from vmar_openstack.host.exports import hostdir
+from vmar_openstack.host.peers import nbdkit_proc
+from vmar_openstack.host.peers import source as peer_source
 from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
@@ -65,8 +65,8 @@ def command(conf, pid_file):
     return cmd
 
 
-FETCHER_PLUGIN = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'mapsource', 'nbdkit_peers.py')
+FETCHER_PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              'nbdkit_peers.py')
 
 
 def _system_python_env():

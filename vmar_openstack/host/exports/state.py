@@ -13,8 +13,8 @@ import json
 import os
 
 from vmar_openstack import exception
-from vmar_openstack.export import locks
 from vmar_openstack import fileutils
+from vmar_openstack.host.exports import locks
 from vmar_openstack import names
 
 # How an export's base files are cached on the host (names.HOST_CACHE)
@@ -100,7 +100,7 @@ class Fetched:
         self.bases[image_id] = self.bases.get(image_id, 0) + n
 
     def add(self, fetches):
-        """Count :class:`vmar_openstack.export.hostdir.Fetch` records."""
+        """Count :class:`vmar_openstack.host.exports.hostdir.Fetch` records."""
         for f in fetches:
             self.count += 1
             self.seconds += f.seconds
