@@ -263,6 +263,64 @@ class TestLookingForTheQemu(testtools.TestCase):
         looked.assert_not_called()
 
 
+class TestReconnect(testtools.TestCase):
+    """A channel connected again keeps its QEMU's peak, if the same QEMU."""
+
+    def setUp(self):
+        super().setUp()
+        tmp = self.useFixture(fixtures.TempDir()).path
+        self.path = os.path.join(tmp, 'channel.sock')
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(self.server.close)
+        self.server.bind(self.path)
+        self.server.listen(4)
+        self.ch = guests.Channel(self.path, (str(uuid.uuid4()), 'private'),
+                                 None)
+        self.addCleanup(self.ch.close)
+
+    def connect(self, qemu_pid):
+        """Connect again (as a silent channel is), to ``qemu_pid``."""
+        self.ch.close()
+        with mock.patch.object(guests, 'qemu_of', return_value=qemu_pid):
+            self.assertTrue(self.ch.connect(now=0))
+        self.server.accept()[0].close()
+
+    def sleeper(self):
+        """A process of its own (a stand-in QEMU); its pid."""
+        p = subprocess.Popen([sys.executable, '-c',
+                              'import time; time.sleep(60)'])
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        return p.pid
+
+    def test_the_same_qemu_keeps_its_peak(self):
+        qemu = self.sleeper()
+        self.connect(qemu)
+        self.ch.ram, self.ch.ram_peak = 100 * MIB, 150 * MIB
+        self.connect(qemu)
+        self.assertEqual((qemu, 100 * MIB, 150 * MIB),
+                         (self.ch.pid, self.ch.ram, self.ch.ram_peak))
+
+    def test_another_qemu_starts_anew(self):
+        self.connect(self.sleeper())
+        self.ch.ram, self.ch.ram_peak = 100 * MIB, 150 * MIB
+        other = self.sleeper()
+        self.connect(other)
+        self.assertEqual((other, None, None),
+                         (self.ch.pid, self.ch.ram, self.ch.ram_peak))
+
+    def test_a_pid_used_again_is_another_qemu(self):
+        qemu = self.sleeper()
+        self.connect(qemu)
+        self.ch.ram, self.ch.ram_peak = 100 * MIB, 150 * MIB
+        started = guests._started(qemu)
+        self.assertIsNotNone(started)
+        with mock.patch.object(guests, '_started',
+                               return_value=started + 1):
+            self.connect(qemu)
+        self.assertEqual((None, None), (self.ch.ram, self.ch.ram_peak))
+
+
 class FakeGuest:
     """A guest's channel as QEMU serves it: one client at a time.
 

@@ -135,6 +135,20 @@ def _cmdline(pid):
         return ()
 
 
+def _started(pid):
+    """When process ``pid`` started (clock ticks after boot); None if gone.
+
+    With the pid, it names one process: a pid is reused, never with the
+    same start time.
+    """
+    try:
+        with open('/proc/%d/stat' % pid, 'rb') as f:
+            # after "(comm)", which may hold spaces: field 22 is the 20th
+            return int(f.read().rsplit(b')', 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _runs(pid, uuid):
     """Whether process ``pid`` is the QEMU of the domain ``uuid``."""
     args = _cmdline(pid)
@@ -306,6 +320,7 @@ class Channel:
         self.wanted = self.reason = None
         self.sent_mode = self.sent_at = None
         self.ram = self.ram_peak = None
+        self.peak_of = None         # (pid, start time) of ram_peak's QEMU
         self.looked_at = None       # when its QEMU was last looked for
         self.connected_at = None
         self.reconnects = 0
@@ -322,10 +337,17 @@ class Channel:
         s.setblocking(False)
         peer = fileutils.socket_peer(s)[0]
         self.pid = qemu_of(self.instance, peer)
+        qemu = (self.pid, _started(self.pid)) if self.pid else None
+        if qemu != self.peak_of:
+            # another QEMU (a restart, a move back): its own peak. The
+            # same one keeps it: a channel the guest does not answer yet
+            # is connected again every SILENT seconds, and what the guest
+            # gave back meanwhile is still given back.
+            self.ram = self.ram_peak = None
+            self.peak_of = qemu
         self.sock = s
         self.connected_at = now
         self.sent_mode = self.sent_at = None
-        self.ram = self.ram_peak = None     # perhaps another QEMU now
         LOG.info('guest channel of %s (%s) connected, QEMU pid %s%s',
                  self.instance, self.flavor_mode, self.pid,
                  '' if self.pid == peer else
@@ -405,6 +427,7 @@ class Channel:
                 LOG.info('guest channel of %s: its QEMU is pid %s, not %s',
                          self.instance, pid, self.pid)
                 self.pid, self.ram_peak = pid, None
+                self.peak_of = (pid, _started(pid)) if pid else None
                 self.ram = guest_ram_resident(pid) if pid else None
         if self.ram is not None:
             self.ram_peak = max(self.ram_peak or 0, self.ram)
