@@ -12,9 +12,18 @@
 # (qemu/build.sh --deb) installed with apt alone in another
 # (tools/package-check.sh).
 #
-# Usage: tools/run-tests.sh [--no-fresh-root] [--multinode] [--upstream-qemu]
-#                            [--bench]
+# Usage: tools/run-tests.sh [--no-fresh-root] [--full] [--multinode]
+#                            [--upstream-qemu] [--bench]
 #   --no-fresh-root  skip the fresh-machine stage (CI always runs it)
+#   --full           the heavier parts CI's run leaves out to stay within
+#                    its bounds: the daemon's whole functional suite on the
+#                    other QEMUs (test_ceph, test_peers and Glance's lazy
+#                    hosts besides test_export and test_mirror: 55 tests,
+#                    17-32 minutes beside the others on two cores) and the
+#                    cloud's user path with every lifecycle operation
+#                    (tools/cloud_scenario.py's lifecycle_images: hard
+#                    reboot, rebuild, a plain server of a snapshot, a cold
+#                    snapshot saved whole; about 6 minutes more)
 #   --bench          also the paper's experiment, reduced, after the cloud's
 #                    user path (bench/bench_boot.py --reduced: every
 #                    configuration, real TCG boots; about 13 minutes on two
@@ -35,16 +44,18 @@ set -euo pipefail
 TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"
 FRESH_ROOT=1
+FULL=0
 MULTINODE=0
 UPSTREAM_QEMU=0
 BENCH=0
 for arg in "$@"; do
     case $arg in
         --no-fresh-root) FRESH_ROOT=0 ;;
+        --full) FULL=1 ;;
         --multinode) MULTINODE=1 ;;
         --upstream-qemu) UPSTREAM_QEMU=1 ;;
         --bench) BENCH=1 ;;
-        *) echo "usage: $0 [--no-fresh-root] [--multinode]" \
+        *) echo "usage: $0 [--no-fresh-root] [--full] [--multinode]" \
             "[--upstream-qemu] [--bench]" >&2; exit 2 ;;
     esac
 done
@@ -184,10 +195,16 @@ if [ "$FRESH_ROOT" = 1 ]; then
 fi
 
 # The tests that run qemu-storage-daemon's vmar graph, run again on the other
-# QEMUs: exports, mirrors, Glance's lazy hosts and fills, Ceph, the peer
-# server's TLS clients
-DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph|test_peers)\.'
-DAEMON_TESTS+='|^tests\.functional\.test_glance\..*\.test_lazy_'
+# QEMUs: exports and mirrors; with --full also Glance's lazy hosts and fills,
+# Ceph and the peer server's TLS clients (the qemu-iotests of the drivers
+# ran on every QEMU above)
+DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror)\.'
+if [ "$FULL" = 1 ]; then
+    DAEMON_TESTS='^tests\.functional\.(test_export|test_mirror|test_ceph|test_peers)\.'
+    DAEMON_TESTS+='|^tests\.functional\.test_glance\..*\.test_lazy_'
+    # the user path's every step (tests/functional/test_cloud.py)
+    export VMAR_CLOUD_ALL_STEPS=1
+fi
 # The library's tests on the database servers (MariaDB, PostgreSQL, Galera)
 # run no QEMU: they follow the other QEMUs' tests in that chain, which ends
 # long before the functional tests' (the longest chain) would reach them
