@@ -275,6 +275,55 @@ class TestGalera(GaleraTestCase):
                          {n: _failures(rs) for n, rs in results.items()},
                          'adds failed after node 3 rejoined')
 
+    def test_rejoins_by_ist_after_100_adds(self):
+        """A node down for 100 adds rejoins from the others' gcache.
+
+        IST, not a full state transfer, as long as the write sets
+        replicated while it was down fit gcache.size: the sizing advice of
+        doc/source/admin/scale.rst ("Galera") rests on that. The test
+        measures those bytes (``wsrep_replicated_bytes`` of the nodes that
+        wrote) and requires them under the cluster's gcache first, so that
+        a layout whose adds outgrow it fails here and not in production.
+        """
+        self.galera.kill(3)
+        before = {n: self._replicated(n) for n in (1, 2)}
+        writers = self.start_writers(per_node=50, first=200, nodes=(1, 2))
+        results = self.wait_writers(writers, timeout=1200)
+        ok = [r['id'] for rs in results.values() for r in rs if r['ok']]
+        self.assertEqual({1: [], 2: []},
+                         {n: _failures(rs) for n, rs in results.items()},
+                         'adds failed with node 3 down')
+        self.assertEqual(100, len(ok))
+        written = sum(self._replicated(n) - before[n] for n in (1, 2))
+        self.assertGreater(written, 0)
+        self.assertLess(written, galera_env.size_bytes(self.galera.gcache),
+                        'the write sets of 100 adds outgrow gcache.size')
+        how = self.galera.restart(3)
+        self._keep('ist', {'adds': len(ok), 'replicated_bytes': written,
+                           'gcache': self.galera.gcache, 'rejoined_by': how})
+        self.assertEqual('IST', how, 'node 3 rejoined by %s after %d bytes '
+                         'of write sets (gcache.size %s)'
+                         % (how, written, self.galera.gcache))
+        self.assert_library_everywhere(ok)
+        # and it takes writes again
+        again = self.start_writers(per_node=2, first=400, nodes=(3,))
+        results = self.wait_writers(again)
+        self.assertEqual([], _failures(results[3]))
+        ok += [r['id'] for r in results[3]]
+        self.assert_library_everywhere(ok)
+
+    def _keep(self, name, figures):
+        """Write ``figures`` to $VMAR_GALERA_RESULTS/<test>-NAME.json."""
+        keep = os.environ.get('VMAR_GALERA_RESULTS')
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            with open(os.path.join(keep, '%s-%s.json' % (
+                    self.id().rsplit('.', 1)[-1], name)), 'w') as f:
+                json.dump(figures, f, indent=1)
+
+    def _replicated(self, node):
+        return int(self.galera.status(node)['wsrep_replicated_bytes'])
+
 
 def _where(error):
     """The library's innermost frames of ``error``'s traceback."""

@@ -33,6 +33,15 @@ PROVIDERS = ('/usr/lib/galera/libgalera_smm.so', '/usr/lib/libgalera_smm.so',
              '/usr/lib64/galera/libgalera_smm.so')
 
 
+def size_bytes(text):
+    """Bytes of a MariaDB/Galera size option: ``64M``, ``1G``, ``4096``."""
+    text = str(text).strip().upper()
+    scale = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30, 'T': 1 << 40}
+    if text and text[-1] in scale:
+        return int(text[:-1]) * scale[text[-1]]
+    return int(text)
+
+
 def _find(names, hint):
     for name in names:
         path = name if os.path.isabs(name) else shutil.which(name) or (
