@@ -28,6 +28,7 @@
 #include "qemu/memalign.h"
 #include "qemu/module.h"
 #include "qemu/option.h"
+#include "qemu/stats64.h"
 #include "qemu/timer.h"
 #include "block/block_int.h"
 #include "block/block-io.h"
@@ -64,20 +65,30 @@ typedef struct BDRVVmarState {
     uint32_t n_targets;
     BdrvChild **targets;
 
-    /* Counters: vmar_get_specific_info */
-    uint64_t requests;
-    uint64_t errors;
-    uint64_t bytes_read;
-    uint64_t bytes_zero;
-    uint64_t target_reads;
-    uint64_t block_status_calls;
-    uint64_t bytes_gap;
+    /*
+     * Counters (vmar_get_specific_info).  Requests of one node may run in
+     * several threads at once (multiqueue): nothing on the read path
+     * writes the state but these, and a request adds its counts once, at
+     * its end.  Its map lookups keep their cursor on its stack.
+     */
+    Stat64 requests;
+    Stat64 errors;
+    Stat64 bytes_read;
+    Stat64 bytes_zero;
+    Stat64 target_reads;
+    Stat64 block_status_calls;
+    Stat64 bytes_gap;
+    Stat64 lookups;
+    Stat64 probes;
 
     /* Destination of the gaps between gathered runs, never read */
     void *gap_buf;
     uint64_t gather_gap;
 
-    /* Blocks read in the record window after the first read, or NULL */
+    /*
+     * Blocks read in the record window after the first read, or NULL (set
+     * with atomic operations; the first read sets record_start_ns once)
+     */
     unsigned long *touched;
     int64_t record_window_ns;
     int64_t record_start_ns;        /* 0: no read yet */
@@ -449,8 +460,9 @@ out:
 
 static bool vmar_recording(BDRVVmarState *s, int64_t now)
 {
-    return !s->record_start_ns ||
-           now - s->record_start_ns <= s->record_window_ns;
+    int64_t start = qatomic_read(&s->record_start_ns);
+
+    return !start || now - start <= s->record_window_ns;
 }
 
 /* Mark the blocks of a read in the record window */
@@ -464,12 +476,25 @@ static void vmar_record(BDRVVmarState *s, uint64_t offset, uint64_t bytes)
     if (!vmar_recording(s, now) || offset >= vsize || !bytes) {
         return;
     }
-    if (!s->record_start_ns) {
-        s->record_start_ns = now;
-    }
+    /* the first read starts the window; a concurrent first read loses */
+    qatomic_cmpxchg(&s->record_start_ns, 0, now);
     bytes = MIN(bytes, vsize - offset);
     first = offset >> shift;
-    bitmap_set(s->touched, first, ((offset + bytes - 1) >> shift) - first + 1);
+    bitmap_set_atomic(s->touched, first,
+                      ((offset + bytes - 1) >> shift) - first + 1);
+}
+
+/* The touched bitmap as base64, each word read atomically */
+static char *vmar_touched_base64(BDRVVmarState *s)
+{
+    size_t words = BITS_TO_LONGS(s->map->n_blocks), i;
+    g_autofree unsigned long *copy = g_new(unsigned long, words);
+
+    for (i = 0; i < words; i++) {
+        copy[i] = qatomic_read(&s->touched[i]);
+    }
+    return g_base64_encode((const guchar *)copy,
+                           DIV_ROUND_UP(s->map->n_blocks, 8));
 }
 
 static ImageInfoSpecific * GRAPH_RDLOCK
@@ -480,22 +505,21 @@ vmar_get_specific_info(BlockDriverState *bs, Error **errp)
     ImageInfoSpecificVmar *info = g_new0(ImageInfoSpecificVmar, 1);
 
     *info = (ImageInfoSpecificVmar) {
-        .requests       = s->requests,
-        .bytes_read     = s->bytes_read,
-        .bytes_zero     = s->bytes_zero,
-        .target_reads   = s->target_reads,
-        .errors         = s->errors,
+        .requests       = stat64_get(&s->requests),
+        .bytes_read     = stat64_get(&s->bytes_read),
+        .bytes_zero     = stat64_get(&s->bytes_zero),
+        .target_reads   = stat64_get(&s->target_reads),
+        .errors         = stat64_get(&s->errors),
         .extents        = s->map ? s->map->hdr.n_extents : 0,
-        .lookups        = s->map ? s->map->lookups : 0,
-        .probes         = s->map ? s->map->probes : 0,
+        .lookups        = stat64_get(&s->lookups),
+        .probes         = stat64_get(&s->probes),
     };
     if (s->touched) {
         info->has_recording = true;
         info->recording = vmar_recording(
             s, qemu_clock_get_ns(QEMU_CLOCK_REALTIME));
         VMAR_QAPI_SET_HAS(info, touched);
-        info->touched = g_base64_encode((const guchar *)s->touched,
-                                        DIV_ROUND_UP(s->map->n_blocks, 8));
+        info->touched = vmar_touched_base64(s);
     }
     spec->type = IMAGE_INFO_SPECIFIC_KIND_VMAR;
     spec->u.vmar.data = info;
@@ -506,9 +530,12 @@ static void GRAPH_UNLOCKED vmar_close(BlockDriverState *bs)
 {
     BDRVVmarState *s = bs->opaque;
 
-    trace_vmar_close(bs, s->requests, s->bytes_read, s->bytes_zero,
-                     s->target_reads, s->block_status_calls, s->bytes_gap,
-                     s->map->lookups, s->map->probes);
+    trace_vmar_close(bs, stat64_get(&s->requests),
+                     stat64_get(&s->bytes_read), stat64_get(&s->bytes_zero),
+                     stat64_get(&s->target_reads),
+                     stat64_get(&s->block_status_calls),
+                     stat64_get(&s->bytes_gap), stat64_get(&s->lookups),
+                     stat64_get(&s->probes));
     vmar_free_state(bs, s, false);
 }
 
@@ -575,7 +602,7 @@ static coroutine_fn void vmar_start_read_task(AioTaskPool **pool,
  */
 static bool vmar_gather(BDRVVmarState *s, VmarAioTask *t, BdrvChild *child,
                         uint64_t offset, uint64_t bytes, QEMUIOVector *qiov,
-                        size_t qiov_offset)
+                        size_t qiov_offset, uint64_t *bytes_gap)
 {
     uint64_t end = t->offset + t->bytes;
     int niov;
@@ -598,7 +625,7 @@ static bool vmar_gather(BDRVVmarState *s, VmarAioTask *t, BdrvChild *child,
     }
     if (offset > end) {
         qemu_iovec_add(&t->local, s->gap_buf, offset - end);
-        s->bytes_gap += offset - end;
+        *bytes_gap += offset - end;
     }
     qemu_iovec_concat(&t->local, qiov, qiov_offset, bytes);
     t->bytes = offset + bytes - t->offset;
@@ -625,12 +652,14 @@ vmar_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
     uint64_t mask = ((uint64_t)1 << shift) - 1;
     uint64_t vsize = map->hdr.virtual_size;
     int64_t req_offset = offset, req_bytes = bytes;
+    uint64_t bytes_read = 0, bytes_zero = 0, bytes_gap = 0, target_reads = 0;
     AioTaskPool *aio = NULL;
     VmarAioTask group[VMAR_GROUPS];
+    VmarCursor cursor;
     int n_groups = 0;
     int i, ret = 0;
 
-    s->requests++;
+    vmar_cursor_init(map, &cursor);
     trace_vmar_co_preadv(bs, offset, bytes);
     if (s->touched) {
         vmar_record(s, offset, bytes);
@@ -641,7 +670,7 @@ vmar_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
         uint64_t start = MAX((uint64_t)offset, vsize);
         uint64_t tail = (uint64_t)offset + bytes - start;
         qemu_iovec_memset(qiov, qiov_offset + (start - offset), 0, tail);
-        s->bytes_zero += tail;
+        bytes_zero += tail;
         bytes -= tail;
     }
 
@@ -652,21 +681,21 @@ vmar_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
         BdrvChild *child;
         VmarRun run;
 
-        vmar_map_lookup(map, block, (end + mask) >> shift, &run);
+        vmar_map_lookup(map, &cursor, block, (end + mask) >> shift, &run);
         cur = MIN((block + run.n_blocks) << shift, end) - offset;
 
         if (!run.mapped) {
             qemu_iovec_memset(qiov, qiov_offset, 0, cur);
-            s->bytes_zero += cur;
+            bytes_zero += cur;
             goto next;
         }
 
         child = s->targets[map->extents[run.extent].target];
         toff = (run.target_block << shift) + (offset & mask);
-        s->bytes_read += cur;
+        bytes_read += cur;
         for (i = 0; i < n_groups; i++) {
             if (vmar_gather(s, &group[i], child, toff, cur, qiov,
-                            qiov_offset)) {
+                            qiov_offset, &bytes_gap)) {
                 goto next;
             }
         }
@@ -683,7 +712,7 @@ vmar_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
             .qiov = qiov,
             .qiov_offset = qiov_offset,
         };
-        s->target_reads++;
+        target_reads++;
 
 next:
         bytes -= cur;
@@ -710,8 +739,15 @@ next:
         }
         aio_task_pool_free(aio);
     }
+    stat64_add(&s->requests, 1);
+    stat64_add(&s->bytes_read, bytes_read);
+    stat64_add(&s->bytes_zero, bytes_zero);
+    stat64_add(&s->bytes_gap, bytes_gap);
+    stat64_add(&s->target_reads, target_reads);
+    stat64_add(&s->lookups, cursor.lookups);
+    stat64_add(&s->probes, cursor.probes);
     if (ret < 0) {
-        s->errors++;
+        stat64_add(&s->errors, 1);
         trace_vmar_co_preadv_error(bs, req_offset, req_bytes, ret);
     }
     return ret;
@@ -729,9 +765,10 @@ vmar_co_block_status(BlockDriverState *bs, VmarBlockStatusMode mode,
     uint64_t vsize = m->hdr.virtual_size;
     uint64_t block, end, limit;
     uint32_t n_extents;
+    VmarCursor cursor;
     VmarRun run, first;
 
-    s->block_status_calls++;
+    stat64_add(&s->block_status_calls, 1);
     if ((uint64_t)offset >= vsize) {
         /* Tail of the last sector past virtual_size */
         *pnum = bytes;
@@ -745,7 +782,8 @@ vmar_co_block_status(BlockDriverState *bs, VmarBlockStatusMode mode,
      */
     block = (uint64_t)offset >> shift;
     limit = ((uint64_t)offset + bytes + mask) >> shift;
-    vmar_map_lookup(m, block, limit, &first);
+    vmar_cursor_init(m, &cursor);
+    vmar_map_lookup(m, &cursor, block, limit, &first);
     end = block + first.n_blocks;
 
     /*
@@ -756,7 +794,7 @@ vmar_co_block_status(BlockDriverState *bs, VmarBlockStatusMode mode,
      */
     n_extents = first.mapped;
     while (end < limit) {
-        vmar_map_lookup(m, end, limit, &run);
+        vmar_map_lookup(m, &cursor, end, limit, &run);
         if (run.mapped != first.mapped) {
             break;
         }
@@ -764,17 +802,14 @@ vmar_co_block_status(BlockDriverState *bs, VmarBlockStatusMode mode,
         end += run.n_blocks;
     }
     *pnum = MIN(end << shift, vsize) - offset;
+    stat64_add(&s->lookups, cursor.lookups);
+    stat64_add(&s->probes, cursor.probes);
 
     if (!first.mapped) {
         return BDRV_BLOCK_ZERO;
     }
     if (n_extents > 1) {
-        /*
-         * Several extents: no single offset in a single target.  The read
-         * that usually follows starts in the first one, so make that the
-         * cached extent again (the cursor stays valid: it is independent).
-         */
-        m->last_extent = first.extent;
+        /* Several extents: no single offset in a single target */
         return BDRV_BLOCK_DATA;
     }
     *map = (first.target_block << shift) + (offset & mask);

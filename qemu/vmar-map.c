@@ -566,9 +566,6 @@ int vmar_map_parse(const uint8_t *buf, size_t len, VmarMap **pmap,
         /* power of two, checked by vmar_header_parse() */
     }
     m->n_blocks = vmar_div_round_up(m->hdr.virtual_size, m->block_shift);
-    m->last_extent = m->hdr.n_extents;
-    m->next_extent = 0;     /* extent 0 is the first to end after block 0 */
-    m->next_block = 0;
 
     /* Sizes are bounded by len, which holds all these tables */
     m->targets = calloc(m->hdr.n_targets, sizeof(*m->targets));
@@ -605,7 +602,8 @@ static bool vmar_filter_bit(const VmarMap *m, uint64_t granule)
  * A run of @idx from @block, clipped to @limit.  The cursor moves to the
  * run's end: the extent after @idx if the run reaches the extent's end.
  */
-static void vmar_run_from_extent(VmarMap *m, uint32_t idx, uint64_t block,
+static void vmar_run_from_extent(const VmarMap *m, VmarCursor *c,
+                                 uint32_t idx, uint64_t block,
                                  uint64_t limit, VmarRun *run)
 {
     const VmarExtent *e = &m->extents[idx];
@@ -615,9 +613,9 @@ static void vmar_run_from_extent(VmarMap *m, uint32_t idx, uint64_t block,
     run->extent = idx;
     run->target_block = (uint64_t)e->target_block + (block - e->src_block);
     run->n_blocks = (end < limit ? end : limit) - block;
-    m->last_extent = idx;
-    m->next_block = block + run->n_blocks;
-    m->next_extent = m->next_block < end ? idx : idx + 1;
+    c->last_extent = idx;
+    c->next_block = block + run->n_blocks;
+    c->next_extent = c->next_block < end ? idx : idx + 1;
 }
 
 /*
@@ -625,7 +623,7 @@ static void vmar_run_from_extent(VmarMap *m, uint32_t idx, uint64_t block,
  * the first extent that ends after the run (its start is >= the run's end),
  * or UINT32_MAX if unknown; the cursor moves to the run's end.
  */
-static void vmar_run_zero(VmarMap *m, uint64_t block, uint64_t next,
+static void vmar_run_zero(VmarCursor *c, uint64_t block, uint64_t next,
                           uint64_t limit, uint32_t next_extent, VmarRun *run)
 {
     run->mapped = false;
@@ -633,10 +631,10 @@ static void vmar_run_zero(VmarMap *m, uint64_t block, uint64_t next,
     run->target_block = 0;
     run->n_blocks = (next < limit ? next : limit) - block;
     if (next_extent == UINT32_MAX) {
-        m->next_block = UINT64_MAX;
+        c->next_block = UINT64_MAX;
     } else {
-        m->next_block = block + run->n_blocks;
-        m->next_extent = next_extent;
+        c->next_block = block + run->n_blocks;
+        c->next_extent = next_extent;
     }
 }
 
@@ -656,8 +654,17 @@ static uint64_t vmar_filter_next(const VmarMap *m, uint64_t g, uint64_t limit)
     return g;
 }
 
-void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
-                     VmarRun *run)
+void vmar_cursor_init(const VmarMap *m, VmarCursor *c)
+{
+    c->last_extent = m->hdr.n_extents;
+    c->next_extent = 0;     /* extent 0 is the first to end after block 0 */
+    c->next_block = 0;
+    c->lookups = 0;
+    c->probes = 0;
+}
+
+void vmar_map_lookup(const VmarMap *m, VmarCursor *c, uint64_t block,
+                     uint64_t limit, VmarRun *run)
 {
     const VmarHeader *h = &m->hdr;
     const VmarSection *s;
@@ -667,18 +674,18 @@ void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
     if (limit > m->n_blocks) {
         limit = m->n_blocks;
     }
-    m->lookups++;
+    c->lookups++;
 
     /* Last-extent cache: reads inside the previous extent cost nothing */
-    if (m->last_extent < h->n_extents) {
-        const VmarExtent *e = &m->extents[m->last_extent];
+    if (c->last_extent < h->n_extents) {
+        const VmarExtent *e = &m->extents[c->last_extent];
         if (block >= e->src_block &&
             block < (uint64_t)e->src_block + e->length) {
-            vmar_run_from_extent(m, m->last_extent, block, limit, run);
+            vmar_run_from_extent(m, c, c->last_extent, block, limit, run);
             return;
         }
     }
-    cursor = block == m->next_block;
+    cursor = block == c->next_block;
 
     /*
      * Occupancy filter: a clear bit means the whole granule is zero.  If
@@ -688,8 +695,8 @@ void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
     g = block >> h->filter_shift;
     if (!vmar_filter_bit(m, g)) {
         g = vmar_filter_next(m, g + 1, limit);
-        vmar_run_zero(m, block, g << h->filter_shift, limit,
-                      cursor ? m->next_extent : UINT32_MAX, run);
+        vmar_run_zero(c, block, g << h->filter_shift, limit,
+                      cursor ? c->next_extent : UINT32_MAX, run);
         return;
     }
 
@@ -698,7 +705,7 @@ void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
         /* s->first starts after the section, all before it end before */
         next = s->first < h->n_extents ? m->extents[s->first].src_block
                                        : m->n_blocks;
-        vmar_run_zero(m, block, next, limit, s->first, run);
+        vmar_run_zero(c, block, next, limit, s->first, run);
         return;
     }
 
@@ -708,16 +715,16 @@ void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
      * zero gap before it (count >= 1 here, so this is within the bound).
      */
     if (cursor) {
-        if (m->next_extent >= h->n_extents) {
-            vmar_run_zero(m, block, m->n_blocks, limit, h->n_extents, run);
+        if (c->next_extent >= h->n_extents) {
+            vmar_run_zero(c, block, m->n_blocks, limit, h->n_extents, run);
             return;
         }
-        m->probes++;
-        next = m->extents[m->next_extent].src_block;
+        c->probes++;
+        next = m->extents[c->next_extent].src_block;
         if (block >= next) {
-            vmar_run_from_extent(m, m->next_extent, block, limit, run);
+            vmar_run_from_extent(m, c, c->next_extent, block, limit, run);
         } else {
-            vmar_run_zero(m, block, next, limit, m->next_extent, run);
+            vmar_run_zero(c, block, next, limit, c->next_extent, run);
         }
         return;
     }
@@ -727,7 +734,7 @@ void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
     hi = (uint64_t)s->first + s->count;
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
-        m->probes++;
+        c->probes++;
         if (m->extents[mid].src_block <= block) {
             lo = mid + 1;
         } else {
@@ -738,9 +745,9 @@ void vmar_map_lookup(VmarMap *m, uint64_t block, uint64_t limit,
     if (lo > s->first &&
         block < (uint64_t)m->extents[lo - 1].src_block +
                 m->extents[lo - 1].length) {
-        vmar_run_from_extent(m, (uint32_t)(lo - 1), block, limit, run);
+        vmar_run_from_extent(m, c, (uint32_t)(lo - 1), block, limit, run);
         return;
     }
     next = lo < h->n_extents ? m->extents[lo].src_block : m->n_blocks;
-    vmar_run_zero(m, block, next, limit, (uint32_t)lo, run);
+    vmar_run_zero(c, block, next, limit, (uint32_t)lo, run);
 }

@@ -80,20 +80,25 @@ typedef struct VmarMap {
     VmarExtent *extents;
     VmarSection *sections;
     uint8_t *filter;
+} VmarMap;
 
-    /*
-     * Lookup state and counters (see "Lookup cost" in the spec).  The
-     * cursor remembers where the previous run ended: when next_block is
-     * not UINT64_MAX, next_extent is the first extent that ends after
-     * next_block (n_extents if none), so a lookup that continues a
-     * sequential walk needs one probe at most.
-     */
+/*
+ * A reader's lookup state (see "Lookup cost" in the spec).  A VmarMap is
+ * never written once parsed: each reader (in the QEMU driver, each
+ * request) keeps a cursor of its own, so lookups from any number of
+ * threads at once need no lock.  The cursor remembers where the reader's
+ * previous run ended: when next_block is not UINT64_MAX, next_extent is
+ * the first extent that ends after next_block (n_extents if none), so a
+ * lookup that continues a sequential walk needs one probe at most.  It
+ * also counts the reader's lookups and probes.
+ */
+typedef struct VmarCursor {
     uint32_t last_extent;   /* n_extents when none */
     uint32_t next_extent;
     uint64_t next_block;    /* UINT64_MAX when unknown */
     uint64_t lookups;
     uint64_t probes;
-} VmarMap;
+} VmarCursor;
 
 /*
  * Parse and check the fixed 128-byte header.  @len is the number of bytes
@@ -123,18 +128,22 @@ typedef struct VmarRun {
     uint64_t n_blocks;      /* run length in blocks, >= 1 */
 } VmarRun;
 
+/* A fresh cursor for @map: no previous extent, at block 0, no counts */
+void vmar_cursor_init(const VmarMap *map, VmarCursor *cursor);
+
 /*
  * Look up source block @block (< map->n_blocks) and return the run of
  * blocks starting there that is either read from one extent or zero,
  * clipped to end at @limit (exclusive, block number, > @block, clamped to
- * n_blocks).  Updates map->lookups and map->probes as the spec's "Lookup
- * cost" defines, the last-extent cache and the cursor.  A lookup in the
- * previous extent costs nothing; one that starts where the previous run
- * ended compares the next extent only (one probe); any other does the
- * filter, section and binary search of the spec.
+ * n_blocks).  Counts the lookup and its probes in @cursor as the spec's
+ * "Lookup cost" defines, and moves the cursor to the run's end.  A lookup
+ * in the cursor's previous extent costs nothing; one that starts where
+ * the previous run ended compares the next extent only (one probe); any
+ * other does the filter, section and binary search of the spec.  Reads
+ * @map only.
  */
-void vmar_map_lookup(VmarMap *map, uint64_t block, uint64_t limit,
-                     VmarRun *run);
+void vmar_map_lookup(const VmarMap *map, VmarCursor *cursor, uint64_t block,
+                     uint64_t limit, VmarRun *run);
 
 /* Format a 16-byte UUID as 36 lowercase characters plus NUL */
 void vmar_uuid_format(const uint8_t id[16], char out[37]);

@@ -70,17 +70,18 @@ static uint64_t probe_bound(uint32_t count)
     return bits;
 }
 
-static void check_lookup(VmarMap *m, uint64_t b, uint64_t limit)
+static void check_lookup(const VmarMap *m, VmarCursor *c, uint64_t b,
+                         uint64_t limit)
 {
     const VmarSection *s = &m->sections[b >> m->hdr.section_shift];
-    uint64_t probes = m->probes, lookups = m->lookups, next = 0;
+    uint64_t probes = c->probes, lookups = c->lookups, next = 0;
     uint64_t lim = limit > m->n_blocks ? m->n_blocks : limit;
     int64_t e;
     VmarRun run;
 
-    vmar_map_lookup(m, b, limit, &run);
-    CHECK(m->lookups == lookups + 1);
-    CHECK(m->probes - probes <= probe_bound(s->count));
+    vmar_map_lookup(m, c, b, limit, &run);
+    CHECK(c->lookups == lookups + 1);
+    CHECK(c->probes - probes <= probe_bound(s->count));
     CHECK(run.n_blocks >= 1 && b + run.n_blocks <= lim);
 
     e = ref_lookup(m, b, &next);
@@ -103,19 +104,27 @@ static void exercise(VmarMap *m, const uint8_t *data, size_t size)
 {
     uint64_t b = 0, seed = size * 0x9e3779b97f4a7c15ULL;
     char uuid[37], id[VMAR_ID_B64_LEN + 1];
+    VmarCursor walk, other;
     int i;
 
+    vmar_cursor_init(m, &walk);
+    vmar_cursor_init(m, &other);
     vmar_uuid_format(m->targets[0].image_id, uuid);
     vmar_id_b64url(m->targets[0].image_id, id);
     CHECK(strlen(uuid) == 36 && strlen(id) == VMAR_ID_B64_LEN);
 
-    /* Sequential walk, as a full read of the disk does */
+    /*
+     * Sequential walk, as a full read of the disk does, with the lookups
+     * of another reader interleaved: its cursor must not change this one's
+     * answers (each request of the QEMU driver has a cursor of its own)
+     */
     for (i = 0; i < 2048 && b < m->n_blocks; i++) {
         uint64_t before = b;
         VmarRun run;
 
-        check_lookup(m, b, m->n_blocks);
-        vmar_map_lookup(m, b, m->n_blocks, &run);
+        check_lookup(m, &walk, b, m->n_blocks);
+        check_lookup(m, &other, (b * 7 + 3) % m->n_blocks, m->n_blocks);
+        vmar_map_lookup(m, &walk, b, m->n_blocks, &run);
         b += run.n_blocks;
         CHECK(b > before);
     }
@@ -127,7 +136,7 @@ static void exercise(VmarMap *m, const uint8_t *data, size_t size)
                (i < (int)size ? data[i] : 0);
         b = (seed >> 11) % m->n_blocks;
         lim = b + 1 + ((seed >> 3) % 64);
-        check_lookup(m, b, lim);
+        check_lookup(m, &walk, b, lim);
     }
 }
 

@@ -87,10 +87,11 @@ static void dump(const VmarMap *m)
     printf("]}\n");
 }
 
-static int rebuild(VmarMap *m, const char *base_dir, const char *suffix,
-                   const char *out_path)
+static int rebuild(const VmarMap *m, const char *base_dir,
+                   const char *suffix, const char *out_path)
 {
     uint64_t bsz = m->hdr.block_size, vsize = m->hdr.virtual_size;
+    VmarCursor cursor;
     FILE **files = calloc(m->hdr.n_targets, sizeof(*files));
     FILE *out = fopen(out_path, "wb");
     uint8_t *buf = malloc(bsz);
@@ -122,13 +123,14 @@ static int rebuild(VmarMap *m, const char *base_dir, const char *suffix,
         }
     }
 
+    vmar_cursor_init(m, &cursor);
     while (b < m->n_blocks) {
-        uint64_t before = m->probes, k, probes;
+        uint64_t before = cursor.probes, k, probes;
         const VmarSection *s = &m->sections[b >> m->hdr.section_shift];
         VmarRun run;
 
-        vmar_map_lookup(m, b, m->n_blocks, &run);
-        probes = m->probes - before;
+        vmar_map_lookup(m, &cursor, b, m->n_blocks, &run);
+        probes = cursor.probes - before;
         if (probes > (uint64_t)ceil_log2_plus1(s->count)) {
             fprintf(stderr, "vmar-check: lookup of block %llu cost %llu "
                     "probes, section count %u\n", (unsigned long long)b,
@@ -163,8 +165,8 @@ static int rebuild(VmarMap *m, const char *base_dir, const char *suffix,
         }
         b += run.n_blocks;
     }
-    printf("lookups %llu probes %llu\n", (unsigned long long)m->lookups,
-           (unsigned long long)m->probes);
+    printf("lookups %llu probes %llu\n", (unsigned long long)cursor.lookups,
+           (unsigned long long)cursor.probes);
     ret = 0;
 
 done:
