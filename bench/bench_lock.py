@@ -166,6 +166,7 @@ def run_writer(args):
     lib = ingest.Library(conf)
     cloud = bench_scale.Cloud(args.bases, args.derived, args.scale)
     replicated = WriteSets(conf) if args.wsrep else None
+    compact = Compactions(lib)
     out = []
     for i in range(args.images):
         kind, seeds = cloud.next()
@@ -179,11 +180,14 @@ def run_writer(args):
             visibility='public' if kind != 'snapshot' else 'private')
         dt = time.perf_counter() - t
         holds = timer.holds[k0:]
+        b1 = replicated.bytes() if replicated else 0
+        steps = compact.run()
         out.append({'i': i, 'op': 'add', 'kind': kind,
                     'data_gib': len(seeds) * BS / 2 ** 30, 's': dt,
-                    'holds': holds,
-                    'writeset_bytes': (replicated.bytes() - b0
-                                       if replicated else None)})
+                    'holds': holds, 'compaction_steps': steps,
+                    'writeset_bytes': (b1 - b0 if replicated else None),
+                    'compaction_writeset_bytes': (
+                        replicated.bytes() - b1 if replicated else None)})
         if args.delete_every and i and i % args.delete_every == 0:
             k0 = len(timer.holds)
             t = time.perf_counter()
@@ -195,9 +199,46 @@ def run_writer(args):
             except exception.ImageNotFound:
                 pending = None
             out.append({'i': i, 'op': 'delete', 's': time.perf_counter() - t,
-                        'holds': timer.holds[k0:], 'pending': pending})
+                        'holds': timer.holds[k0:], 'pending': pending,
+                        'compaction_steps': compact.run()})
     with open(args.out, 'w') as f:
         json.dump(out, f)
+
+
+class Compactions:
+    """The library's compaction after each change, run and timed apart.
+
+    The library compacts after every change it commits, outside the lock
+    (``Library.compact``); here the bench runs that same call itself, so
+    that the change's write sets and the compaction's are told apart.
+    Each step's seconds: on SQLite a step holds the database's one write
+    lock, which every locked transaction also needs. Code of before the
+    runs (a baseline) has no compaction: nothing is run.
+    """
+
+    def __init__(self, lib):
+        self.lib = lib if hasattr(lib, 'compact') else None
+        if self.lib is None:
+            return
+        lib._compact_after_change = lambda: None
+        step = lib._compact_step
+
+        def timed():
+            t = time.perf_counter()
+            try:
+                return step()
+            finally:
+                self.lib.step_seconds.append(time.perf_counter() - t)
+        lib.step_seconds = []
+        lib._compact_step = timed
+
+    def run(self):
+        """Seconds of each step of one compaction; None: no compaction."""
+        if self.lib is None:
+            return None
+        k = len(self.lib.step_seconds)
+        self.lib.compact()
+        return self.lib.step_seconds[k:]
 
 
 class WriteSets:
@@ -255,6 +296,7 @@ def run_prepare(args):
 def run_check(args):
     """vmar-manage check's problems and warnings, into ``--out``."""
     _load_code(args.code)
+    import sqlalchemy as sa
     from vmar_openstack.db import api as db_api
     from vmar_openstack.db import session as db_session
     from vmar_openstack.ingest import check
@@ -263,9 +305,15 @@ def run_check(args):
     with db_session.reader(conf) as s:
         rows = db_api.row_counts(s, ('vmar_fingerprints',
                                      'vmar_fingerprints_recent'))
+        try:     # keys left in runs (none once every change compacted)
+            in_runs = int(s.execute(sa.text(
+                'SELECT COALESCE(SUM(n_keys - n_done), 0) FROM '
+                'vmar_fingerprint_runs')).scalar())
+        except sa.exc.DBAPIError:
+            in_runs = 0     # code of before the runs
     with open(args.out, 'w') as f:
         json.dump({'problems': problems, 'warnings': warnings,
-                   'fingerprint_rows': sum(rows.values())}, f)
+                   'fingerprint_rows': sum(rows.values()) + in_runs}, f)
 
 
 def pct(values, q):
@@ -290,11 +338,21 @@ def summarise(adds, deletes, pending):
             if a.get('writeset_bytes') is not None]
     ws = None
     if sets:
+        compacted = sum(a.get('compaction_writeset_bytes') or 0
+                        for a in adds)
         ws = {'p50_bytes': pct(sets, 50), 'p99_bytes': pct(sets, 99),
-              'total_bytes': sum(sets),
+              'total_bytes': sum(sets), 'compaction_bytes': compacted,
               'mb_per_gib_of_data': sum(sets) / 2 ** 20
               / sum(a['data_gib'] for a in adds)}
-    return {'writesets': ws, 'first_tenth': part(adds[:tenth]),
+    steps = [x for o in adds + deletes
+             for x in (o.get('compaction_steps') or [])]
+    compaction = None
+    if steps:
+        compaction = {'steps': len(steps), 'step_p50_s': pct(steps, 50),
+                      'step_p99_s': pct(steps, 99), 'step_max_s': max(steps),
+                      'seconds': sum(steps)}
+    return {'writesets': ws, 'compaction': compaction,
+            'first_tenth': part(adds[:tenth]),
             'last_tenth':
             part(adds[-tenth:]), 'all': part(adds),
             'adds_left_the_lock': sum(len(a['holds']) > 1 for a in adds),
@@ -368,6 +426,8 @@ def run_variant(args, name, code, work, galera=None):
         new_gib = r['check']['fingerprint_rows'] * BS / 2 ** 30
         r['writesets']['mb_per_gib_of_new_data'] = (
             r['writesets']['total_bytes'] / 2 ** 20 / new_gib)
+        r['writesets']['compaction_mb_per_gib_of_new_data'] = (
+            r['writesets']['compaction_bytes'] / 2 ** 20 / new_gib)
     return r
 
 
@@ -381,9 +441,18 @@ def report(results):
         if r['writesets']:
             w = r['writesets']
             print('  write sets per add p50 %.1f MB, p99 %.1f MB; %.2f MB '
-                  'per GiB of data, %.2f MB per GiB of new data' % (
+                  'per GiB of data, %.2f MB per GiB of new data; the '
+                  'compactions after the adds %.2f MB per GiB of new '
+                  'data' % (
                       w['p50_bytes'] / 1e6, w['p99_bytes'] / 1e6,
-                      w['mb_per_gib_of_data'], w['mb_per_gib_of_new_data']))
+                      w['mb_per_gib_of_data'], w['mb_per_gib_of_new_data'],
+                      w['compaction_mb_per_gib_of_new_data']))
+        if r.get('compaction'):
+            c = r['compaction']
+            print('  compaction: %d steps, %.1f s; a step p50 %.3f s, p99 '
+                  '%.3f s, max %.3f s' % (
+                      c['steps'], c['seconds'], c['step_p50_s'],
+                      c['step_p99_s'], c['step_max_s']))
         for part in ('first_tenth', 'last_tenth', 'all'):
             p = r[part]
             print('  %-11s hold per add p50 %.3f s, p99 %.3f s, max %.3f '

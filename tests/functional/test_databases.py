@@ -1,8 +1,8 @@
 """The library on real MariaDB and PostgreSQL servers.
 
-The oracle, scope, collision, lookahead, tier, split, migration and host
-holdings tests of the unit suite run again here on each server, plus
-concurrent ingests from separate processes.
+The oracle, scope, collision, lookahead, tier, run, split, migration and
+host holdings tests of the unit suite run again here on each server,
+plus concurrent ingests from separate processes.
 """
 
 import subprocess
@@ -62,6 +62,14 @@ class TestTiersMariaDB(MariaDB, test_clusters.TestTiers):
 
 
 class TestTiersPostgreSQL(PostgreSQL, test_clusters.TestTiers):
+    pass
+
+
+class TestRunsMariaDB(MariaDB, test_clusters.TestRuns):
+    pass
+
+
+class TestRunsPostgreSQL(PostgreSQL, test_clusters.TestRuns):
     pass
 
 

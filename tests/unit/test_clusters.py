@@ -1,7 +1,8 @@
 """How an add changes the cluster tables (vmar_openstack.db.store, bulk).
 
-The two tiers of the fingerprint table, and splits made the cheap way
-round: the maps and ``vmar-manage check`` must not see either.
+The fingerprint index's runs, overrides and two row tiers, and splits
+made the cheap way round: the maps and ``vmar-manage check`` must not see
+any of them.
 """
 
 import hashlib
@@ -13,10 +14,12 @@ from tests import base
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import bulk
 from vmar_openstack.db import members as db_members
+from vmar_openstack.db import migration
 from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack.fingerprint import keys as fp_keys
+from vmar_openstack import ingest
 from vmar_openstack.ingest import check
 from vmar_openstack import mapgen
 
@@ -44,14 +47,20 @@ class TestTiers(base.LibraryTestCase):
     def _slice(key, slices):
         return (key + (1 << 63)) // ((1 << 64) // slices)
 
-    def test_each_add_moves_one_slice_of_the_small_tier(self):
+    def _compaction_turn(self):
+        with db_session.reader(self.conf) as s:
+            return s.execute(sa.text(
+                "SELECT generation FROM vmar_locks WHERE name = "
+                "'compaction'")).scalar()
+
+    def test_each_compaction_moves_one_slice_of_the_small_tier(self):
         self.useFixture(fixtures.MockPatchObject(bulk, 'SLICES', 4))
         seen = set()
         for n, seeds in enumerate((range(1, 25), range(13, 49),
                                    range(40, 90)), 1):
             self._add(n, seeds)
-            # the add ran with the generation before its own increment
-            done = (self._generation() - 1) % 4
+            # the add's compaction moved a slice at its last turn
+            done = self._compaction_turn() % 4
             seen.add(done)
             main, recent = self._tiers()
             self.assertEqual(set(), set(main) & set(recent))
@@ -86,6 +95,172 @@ class TestTiers(base.LibraryTestCase):
         problems = check.check(self.conf)[0]
         self.assertIn('1 fingerprint keys are in both tiers of the '
                       'fingerprint table', problems)
+
+
+class TestRuns(base.LibraryTestCase):
+    """An add's new keys as one run; compaction outside the library lock."""
+
+    def setUp(self):
+        super().setUp()
+        # this library compacts only when a test says so
+        self.lib._compact_after_change = lambda: None
+
+    def _add(self, lib, n, seeds, visibility='private'):
+        lib.add(_uuid(n), self.image('i%d' % n, seeds),
+                visibility=visibility, owner='p1')
+
+    def _index(self, conf=None):
+        with db_session.reader(conf or self.conf) as s:
+            runs = s.execute(sa.select(
+                models.FingerprintRun.cluster_id, models.FingerprintRun.n_keys,
+                models.FingerprintRun.n_done)).all()
+            overrides = s.execute(sa.select(
+                sa.func.count()).select_from(
+                    models.FingerprintOverride)).scalar()
+            rows = sum(s.execute(sa.select(sa.func.count()).select_from(
+                t)).scalar() for t in (models.Fingerprint,
+                                       models.RecentFingerprint))
+            return [tuple(r) for r in runs], overrides, rows
+
+    def _keys(self, conf=None):
+        """Every key of the index, with its cluster's member set."""
+        with db_session.reader(conf or self.conf) as s:
+            store = db_store.ClusterStore(s)
+            rows = store.fingerprint_rows()
+            members = store.cluster_members({c for _k, c in rows})
+            return [(k, members[c]) for k, c in rows]
+
+    def _maps(self, conf=None):
+        with db_session.reader(conf or self.conf) as s:
+            return {i.image_id: s.get(models.MapVersion,
+                                      (i.seq, i.map_version)).sha256
+                    for i in db_store.ClusterStore(s).list_images()}
+
+    def _other_library(self):
+        """A second library in a directory of its own, that compacts."""
+        tmp = self.useFixture(fixtures.TempDir()).path
+        conf = base.new_conf()
+        conf.set_override('state_dir', tmp, group='vmar')
+        conf.set_override('hash_workers', 2, group='vmar')
+        conf.set_override('connection', 'sqlite:///%s/vmar.sqlite' % tmp,
+                          group='vmar_database')
+        migration.upgrade('head', conf=conf)
+        self.addCleanup(lambda: db_session.get_engine(conf).dispose())
+        return ingest.Library(conf), conf
+
+    def test_an_add_writes_one_run_and_no_row(self):
+        self._add(self.lib, 1, range(1, 101))
+        runs, overrides, rows = self._index()
+        self.assertEqual(1, len(runs))
+        self.assertEqual((100, 0), runs[0][1:])
+        self.assertEqual((0, 0), (overrides, rows))
+        before = self._keys()
+        self.assertEqual(100, len(before))
+        self.assertEqual([], check.check(self.conf)[0])
+        self.assertGreater(self.lib.compact(), 0)
+        self.assertEqual(([], 0, 100), self._index())
+        self.assertEqual(before, self._keys())
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_runs_give_the_maps_of_rows(self):
+        # splits (moves of run keys), shadows, deletes and a re-add of
+        # deleted content, never compacted here, compacted after every
+        # change in the other library, and compacted at the end here
+        other, other_conf = self._other_library()
+        steps = [
+            ('add', 1, range(1, 301), 'public'),
+            ('add', 2, list(range(1, 291)) + list(range(1000, 1010)),
+             'private'),
+            ('add', 3, list(range(1, 11)) + list(range(2000, 2200)),
+             'private'),
+            ('add', 4, range(1, 301), 'private'),
+            ('delete', 1), ('delete', 3),
+            ('add', 5, list(range(2000, 2100)) + list(range(1, 50)),
+             'public'),
+        ]
+        for step in steps:
+            for lib in (self.lib, other):
+                if step[0] == 'add':
+                    self._add(lib, *step[1:])
+                else:
+                    lib.delete(_uuid(step[1]))
+            self.assertEqual([], check.check(self.conf)[0], step)
+            self.assertEqual([], check.check(other_conf)[0], step)
+            self.assertEqual(self._maps(other_conf), self._maps(), step)
+            self.assertEqual(self._keys(other_conf), self._keys(), step)
+        runs, overrides, _rows = self._index()
+        # one per add with new keys (image 4's are all image 1's)
+        self.assertEqual(4, len(runs))
+        self.assertGreater(overrides, 0)    # the moves and the deletes
+        self.assertEqual(([], 0), self._index(other_conf)[:2])
+        maps, keys = self._maps(), self._keys()
+        self.lib.compact()
+        self.assertEqual(([], 0), self._index()[:2])
+        self.assertEqual(maps, self._maps())
+        self.assertEqual(keys, self._keys())
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_deleted_keys_added_again(self):
+        self._add(self.lib, 1, range(1, 51))
+        self.lib.delete(_uuid(1))
+        self.assertEqual([], self._keys())
+        self._add(self.lib, 2, range(1, 51))
+        keys = self._keys()
+        self.assertEqual(50, len(keys))
+        with db_session.reader(self.conf) as s:
+            seq = db_api.get_image(s, _uuid(2)).seq
+        self.assertEqual({frozenset([seq])}, {m for _k, m in keys})
+        self.assertEqual([], check.check(self.conf)[0])
+        self.lib.compact()
+        self.assertEqual(([], 0, 50), self._index())
+        self.assertEqual(keys, self._keys())
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_a_killed_compaction_loses_one_step(self):
+        self.useFixture(fixtures.MockPatchObject(bulk, 'COMPACT_KEYS', 7))
+        self._add(self.lib, 1, range(1, 101))
+        self._add(self.lib, 2, list(range(1, 51)) + list(range(200, 230)))
+        keys = self._keys()
+        real = bulk.BulkSQL._put_rows
+        calls = []
+
+        def dies(sql, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 5:
+                raise RuntimeError('killed')
+            return real(sql, *args, **kwargs)
+        with fixtures.MockPatchObject(bulk.BulkSQL, '_put_rows', dies):
+            self.assertRaises(RuntimeError, self.lib.compact)
+        runs, _overrides, rows = self._index()
+        self.assertGreater(rows, 0)
+        self.assertGreater(sum(n - d for _c, n, d in runs), 0)
+        self.assertEqual(keys, self._keys())
+        self.assertEqual([], check.check(self.conf)[0])
+        self.lib.compact()
+        self.assertEqual(([], 0, 130), self._index())
+        self.assertEqual(keys, self._keys())
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_check_reports_a_key_in_a_run_and_a_row(self):
+        self._add(self.lib, 1, range(1, 9))
+        with db_session.reader(self.conf) as s:
+            key, cid = db_store.ClusterStore(s).fingerprint_rows()[0]
+        with db_session.locked_writer(self.conf) as s:
+            s.execute(sa.insert(models.Fingerprint).values(
+                fp_key=key, cluster_id=cid))
+        problems = check.check(self.conf)[0]
+        self.assertEqual(1, sum('1 fingerprint keys of run' in p and
+                                'also in a row tier' in p for p in problems))
+
+    def test_downgrade_waits_for_the_compaction(self):
+        self._add(self.lib, 1, range(1, 9))
+        e = self.assertRaises(RuntimeError, migration.downgrade, '0024',
+                              conf=self.conf)
+        self.assertIn('vmar-manage db compact', str(e))
+        self.lib.compact()
+        migration.downgrade('0024', conf=self.conf)
+        migration.upgrade('head', conf=self.conf)
+        self.assertEqual([], check.check(self.conf)[0])
 
 
 class TestSplits(base.LibraryTestCase):

@@ -84,6 +84,12 @@ def db_version():
     _out(migration.current() or 'none')
 
 
+def db_compact():
+    # what every change and vmar-agent's pass do, to the end
+    steps = ingest.Library(CONF).compact()
+    _out('fingerprint index compacted (%d steps)' % steps)
+
+
 # -- image ------------------------------------------------------------------
 
 def image_add():
@@ -520,6 +526,10 @@ def add_command_parsers(subparsers):
                        'service of this release first)')
     p.add_argument('revision', help='the revision to go back to')
     p.set_defaults(func=db_downgrade)
+    dbs.add_parser('compact', help='write the fingerprint runs and '
+                   'overrides into the row tiers now (outside the library '
+                   'lock; before a downgrade past 0025)'
+                   ).set_defaults(func=db_compact)
 
     image = subparsers.add_parser('image', help='images in the library')
     imgs = image.add_subparsers(dest='action')

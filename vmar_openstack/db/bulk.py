@@ -11,22 +11,44 @@ it in C:
 
 Batches stay under MariaDB's default 16 MiB packet limit.
 
-The fingerprint table has two tiers (a two-level LSM tree):
-``vmar_fingerprints`` and the small ``vmar_fingerprints_recent``. An add
-that brings few new keys inserts them into the small table, whose pages
-are few; an insert into the large one dirties about one page per key, since
-keys are hashes, and the commit writes every dirty page. Every add then
-moves one of :data:`SLICES` key ranges of the small table into the large
-one, each page of that range written once for many keys. A key is in one
-tier only; :meth:`BulkSQL.lookup`, :meth:`~BulkSQL.move` and
-:meth:`~BulkSQL.delete` cover both, and :meth:`~BulkSQL.add_fingerprints`
-picks the tier.
+The fingerprint index has three parts:
+
+* **Runs** (``vmar_fingerprint_runs``): the new keys of an add, all in
+  the cluster the add made for them, as one blob of sorted keys (8 bytes
+  a key). An add's locked transaction writes its run and nothing per
+  key.
+* **Overrides** (``vmar_fingerprint_overrides``): every move and delete
+  of a locked transaction, one row per key: the key's cluster now, or 0
+  for a key gone from the row tiers and from the runs whose id is below
+  the row's ``hides``.
+* **Row tiers** (a two-level LSM tree): ``vmar_fingerprints`` and the
+  small ``vmar_fingerprints_recent``. A key is in one tier only. Only a
+  compaction writes them.
+
+A key's cluster is its override's, if it has one (a key gone: the newest
+run above ``hides`` that holds it, if any); else its row's; else that of
+the newest run holding it. Without an override a key is in a row tier or
+in a run, not both: a compaction writes a run's keys into the tiers and
+marks them done (``n_done``) in one transaction.
+
+A compaction (:meth:`BulkSQL.compact_step`) takes no library lock: it
+changes where a key's cluster is written, never what it is, so no
+ingest's snapshot goes stale for it. Compactions take turns through the
+``compaction`` row of ``vmar_locks``, fold the oldest run first, a slice
+of :data:`COMPACT_KEYS` keys a transaction, with the overrides of those
+keys (read with a lock, so that a locked transaction's new override is
+either folded or left, never lost); then the overrides no run holds;
+then one of :data:`SLICES` key ranges of the small tier moves into the
+large one (each page of that range written once for many keys). A locked
+transaction that read a run before a compaction folded it writes an
+override, which wins over the row the compaction wrote.
 
 Only :class:`vmar_openstack.db.store.ClusterStore` uses this module.
 """
 
 import itertools
 import json
+import typing
 
 import numpy as np
 import sqlalchemy as sa
@@ -37,6 +59,14 @@ BATCH = 200000
 
 FINGERPRINTS = 'vmar_fingerprints'
 RECENT = 'vmar_fingerprints_recent'
+RUNS = 'vmar_fingerprint_runs'
+OVERRIDES = 'vmar_fingerprint_overrides'
+COMPACTION_LOCK = 'compaction'
+# a run's id: the content generation of its add, shifted, and its place
+# among the runs of that transaction
+RUN_BITS = 10
+# keys a compaction writes into the row tiers per transaction
+COMPACT_KEYS = 1 << 16
 CLUSTERS = 'vmar_clusters'
 # rows the small tier holds at most: 64 Ki keys and their cluster ids fill
 # a few hundred pages
@@ -60,6 +90,22 @@ def _cursor_sql(conn, sql):
     if conn.dialect.paramstyle != 'qmark':
         sql = sql.replace('%', '%%').replace('?', '%s')
     return sql
+
+
+class Run(typing.NamedTuple):
+    """A run's keys not compacted yet (``keys``, sorted int64)."""
+    id: int
+    cluster_id: int
+    n_done: int
+    keys: np.ndarray
+
+
+def _members(q, keys):
+    """Mask of the sorted ``q`` found in the sorted ``keys``."""
+    if not len(keys) or not len(q):
+        return np.zeros(len(q), bool)
+    at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+    return keys[at] == q
 
 
 class BulkSQL:
@@ -152,17 +198,13 @@ class BulkSQL:
 
         Returns the found keys and then one array per name in ``columns``
         (integer SQL expressions over the row ``f``, never NULL). For the
-        fingerprint table, both tiers: the small one for the keys the large
-        one does not hold.
+        fingerprint index, each key's cluster as the module docstring
+        resolves it (overrides, row tiers, runs), keys sorted.
         """
-        found = self._lookup(keys, table, key, columns)
-        if table == FINGERPRINTS and self.has_recent() and (
-                len(found[0]) < len(keys)):
-            rest = np.asarray(keys, dtype=np.int64)
-            rest = rest[~np.isin(rest, found[0], assume_unique=True)]
-            more = self._lookup(rest, RECENT, key, columns)
-            found = [np.concatenate(p) for p in zip(found, more)]
-        return found
+        if table != FINGERPRINTS:
+            return self._lookup(keys, table, key, columns)
+        q = np.unique(np.asarray(keys, dtype=np.int64))
+        return self._resolve(q, *self._lookup_tiers(q))
 
     def _lookup(self, keys, table, key, columns):
         src, col = self.source()
@@ -175,6 +217,347 @@ class BulkSQL:
                     sql, (batch,), len(columns) + 1)):
                 part.append(values)
         return [np.concatenate(p) for p in parts]
+
+    def _lookup_tiers(self, keys):
+        """(keys, clusters) of the row tiers' rows of ``keys``."""
+        found = self._lookup(keys, FINGERPRINTS, 'fp_key', ('cluster_id',))
+        if self.has_recent() and len(found[0]) < len(keys):
+            rest = keys[~np.isin(keys, found[0], assume_unique=True)]
+            more = self._lookup(rest, RECENT, 'fp_key', ('cluster_id',))
+            found = [np.concatenate(p) for p in zip(found, more)]
+        return found
+
+    def _resolve(self, q, tier_k, tier_c, overrides=None):
+        """(keys, clusters) of the sorted distinct keys ``q`` found.
+
+        ``tier_k``, ``tier_c``: the row tiers' rows among ``q``;
+        ``overrides``: their ``(keys, clusters, hides)``, read if None.
+        """
+        cluster = np.full(len(q), -1, np.int64)
+        cluster[np.searchsorted(q, tier_k)] = tier_c
+        run_id = np.full(len(q), -1, np.int64)
+        run_c = np.full(len(q), -1, np.int64)
+        for run in self.runs():           # oldest first: the newest wins
+            hit = _members(q, run.keys)
+            run_id[hit] = run.id
+            run_c[hit] = run.cluster_id
+        cluster = np.where((cluster < 0) & (run_id >= 0), run_c, cluster)
+        if overrides is None and self.has_overrides():
+            overrides = self._lookup(q, OVERRIDES, 'fp_key',
+                                     ('cluster_id', 'hides'))
+        if overrides is not None and len(overrides[0]):
+            ok, oc, oh = overrides
+            at = np.searchsorted(q, ok)
+            live = run_id[at] >= oh
+            cluster[at] = np.where(oc > 0, oc,
+                                   np.where(live, run_c[at], -1))
+        found = cluster >= 0
+        return [q[found], cluster[found]]
+
+    def lookup_overrides(self, keys, lock=False):
+        """``(keys, clusters, hides)`` of the overrides of ``keys``.
+
+        ``lock``: lock the rows read (``FOR UPDATE``; SQLite has one
+        writer at a time).
+        """
+        src, col = self.source()
+        sql = ('SELECT f.fp_key, f.cluster_id, f.hides FROM %s JOIN %s f '
+               'ON f.fp_key = %s'
+               % (src.replace(':keys', '?'), OVERRIDES, col))
+        if lock and self.dialect != 'sqlite':
+            sql += ' FOR UPDATE' if self.dialect != 'postgresql' else (
+                ' FOR UPDATE OF f')
+        parts = [[np.empty(0, np.int64)] for _ in range(3)]
+        for batch in _batches(keys):
+            for part, values in zip(parts, self.fetch_columns(
+                    sql, (batch,), 3)):
+                part.append(values)
+        return [np.concatenate(p) for p in parts]
+
+    def runs(self):
+        """The runs' keys not compacted yet, oldest run first (cached).
+
+        The cache holds the runs this transaction read and wrote.
+        """
+        runs = self.session.info.get('vmar_runs')
+        if runs is None:
+            runs = []
+            for rid, cid, n_done, blob in self.fetch_rows(
+                    'SELECT id, cluster_id, n_done, key_blob FROM %s '
+                    'ORDER BY id' % RUNS):
+                keys = np.frombuffer(bytes(blob), '<i8').astype(np.int64)
+                runs.append(Run(int(rid), int(cid), int(n_done),
+                                keys[int(n_done):]))
+            self.session.info['vmar_runs'] = runs
+        return runs
+
+    def has_recent(self):
+        """Whether the small fingerprint tier has rows (cached)."""
+        return self._has('vmar_recent', RECENT)
+
+    def has_overrides(self):
+        """Whether any override is left (cached)."""
+        return self._has('vmar_overrides', OVERRIDES)
+
+    def _has(self, name, table):
+        value = self.session.info.get(name)
+        if value is None:
+            value = self.session.execute(sa.text(
+                'SELECT 1 FROM %s LIMIT 1' % table)).first() is not None
+            self.session.info[name] = value
+        return value
+
+    def tiers(self):
+        """The row tiers that may hold a key."""
+        return (FINGERPRINTS, RECENT) if self.has_recent() else (
+            FINGERPRINTS,)
+
+    def scan_fingerprints(self, page=1 << 20):
+        """Every (key, cluster) of the index, sorted by key, as int64 arrays.
+
+        The row tiers read in pages along the primary key; for a caller
+        about to look up about as many keys as the index holds, for which
+        a scan costs a third of the lookups (vmar_openstack.ingest.ahead).
+        """
+        keys, clusters = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        for table in self.tiers():
+            last = None
+            while True:
+                where = '' if last is None else 'WHERE fp_key > ? '
+                k, c = self.fetch_columns(
+                    'SELECT fp_key, cluster_id FROM %s %sORDER BY '
+                    'fp_key LIMIT %d' % (table, where, page),
+                    () if last is None else (last,))
+                keys.append(k)
+                clusters.append(c)
+                if len(k) < page:
+                    break
+                last = int(k[-1])
+        tier_k, tier_c = np.concatenate(keys), np.concatenate(clusters)
+        overrides = self.all_overrides()
+        q = np.unique(np.concatenate(
+            [tier_k, overrides[0]] + [r.keys for r in self.runs()]))
+        return self._resolve(q, tier_k, tier_c, overrides)
+
+    def all_overrides(self):
+        """``(keys, clusters, hides)`` of every override."""
+        if not self.has_overrides():
+            return [np.empty(0, np.int64)] * 3
+        return self.fetch_columns(
+            'SELECT fp_key, cluster_id, hides FROM %s' % OVERRIDES, (), 3)
+
+    def tier_rows(self):
+        """``(large, small)``: each row tier's (keys, clusters)."""
+        return tuple(self.fetch_columns(
+            'SELECT fp_key, cluster_id FROM %s' % t) for t in
+            (FINGERPRINTS, RECENT))
+
+    # -- writes of locked transactions ----------------------------------
+
+    def _next_run_id(self):
+        """The id the next run of this transaction gets."""
+        info = self.session.info
+        if not info.get('vmar_content'):
+            raise RuntimeError('fingerprint keys change only in a content '
+                               'transaction (session.locked_writer)')
+        made = info.get('vmar_runs_made', 0)
+        if made >= 1 << RUN_BITS:
+            raise RuntimeError('more than %d runs in one transaction'
+                               % (1 << RUN_BITS))
+        return ((info['vmar_content_generation'] + 1) << RUN_BITS) | made
+
+    def add_fingerprints(self, keys, cluster_id):
+        """Record new fingerprint keys (in no run or tier), in one cluster.
+
+        One run row: the keys' sorted blob.
+        """
+        keys = np.unique(np.asarray(keys, dtype=np.int64))
+        if not len(keys):
+            return
+        runs = self.runs()
+        rid = self._next_run_id()
+        self.session.execute(
+            sa.text('INSERT INTO %s (id, cluster_id, n_keys, n_done, '
+                    'key_blob) VALUES (:id, :cid, :n, 0, :keys)' % RUNS),
+            {'id': rid, 'cid': int(cluster_id), 'n': len(keys),
+             'keys': keys.astype('<i8').tobytes()})
+        self.session.info['vmar_runs_made'] = (
+            self.session.info.get('vmar_runs_made', 0) + 1)
+        runs.append(Run(rid, int(cluster_id), 0, keys))
+
+    def move(self, keys, cluster_id):
+        """Point the given existing keys at ``cluster_id`` (overrides)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        self.moved.append(keys)
+        self._override(keys, int(cluster_id))
+
+    def delete(self, keys):
+        """Forget the given fingerprint keys (overrides of cluster 0)."""
+        self._override(np.asarray(keys, dtype=np.int64), 0)
+
+    def _override(self, keys, cluster_id):
+        if not len(keys):
+            return
+        self.runs()     # the runs the new override must hide: read first
+        src, col = self.source()
+        head = ('INSERT INTO %s (fp_key, cluster_id, hides) SELECT %s, '
+                ':cid, :hides FROM %s' % (OVERRIDES, col, src))
+        if self.dialect in ('mysql', 'mariadb'):
+            sql = (head + ' ON DUPLICATE KEY UPDATE cluster_id = '
+                   'VALUES(cluster_id), hides = VALUES(hides)')
+        else:
+            # SQLite needs a WHERE to read ON CONFLICT after a SELECT
+            sql = (head + (' WHERE true' if self.dialect == 'sqlite'
+                           else '') + ' ON CONFLICT (fp_key) DO UPDATE SET '
+                   'cluster_id = excluded.cluster_id, hides = '
+                   'excluded.hides')
+        params = {'cid': cluster_id, 'hides': self._next_run_id()}
+        for batch in _batches(keys):
+            params['keys'] = batch
+            self.session.execute(sa.text(sql), params)
+        self.session.info['vmar_overrides'] = True
+
+    # -- compaction (no library lock) -----------------------------------
+
+    def compact_step(self, limit=None):
+        """One transaction's share of the compaction; False: nothing left.
+
+        In a session of :func:`session.writer` (no library lock). Folds
+        up to ``limit`` keys of the oldest run into the row tiers, or
+        else the overrides no run holds, or else moves one key range of
+        the small tier into the large one.
+        """
+        limit = limit or COMPACT_KEYS
+        turn = self._take_compaction_turn()
+        runs = self.runs()
+        if runs:
+            self._fold_run(runs[0], limit)
+            return True
+        if self.has_overrides() and self._fold_orphans(limit):
+            return True
+        if self.has_recent():
+            self.merge_slice(turn % SLICES)
+        return False
+
+    def _take_compaction_turn(self):
+        self.session.execute(sa.text(
+            'UPDATE vmar_locks SET generation = generation + 1 WHERE name '
+            '= :n'), {'n': COMPACTION_LOCK})
+        turn = self.session.execute(sa.text(
+            'SELECT generation FROM vmar_locks WHERE name = :n'),
+            {'n': COMPACTION_LOCK}).scalar()
+        if turn is None:
+            raise RuntimeError('no compaction row in vmar_locks: run '
+                               'vmar-manage db sync')
+        return turn
+
+    def _fold_run(self, run, limit):
+        part = run.keys[:limit]
+        ok, oc, oh = self.lookup_overrides(part, lock=True)
+        plain = part[~np.isin(part, ok, assume_unique=True)]
+        # an override of a key of this run: folded, unless it hides the
+        # run (the key went after the run was written; a newer run may
+        # hold it again, and a row may be stale: the orphan pass ends it)
+        fold = (oc > 0) | (oh <= run.id)
+        target = np.where(oc > 0, oc, run.cluster_id)[fold]
+        self._put_rows(plain, np.full(len(plain), run.cluster_id, np.int64),
+                       fresh=True)
+        self._put_rows(ok[fold], target, fresh=False)
+        self._drop_overrides(ok[fold])
+        n_done = run.n_done + len(part)
+        if len(part) == len(run.keys):
+            self.session.execute(sa.text('DELETE FROM %s WHERE id = :id'
+                                         % RUNS), {'id': run.id})
+        else:
+            self.session.execute(sa.text(
+                'UPDATE %s SET n_done = :d WHERE id = :id' % RUNS),
+                {'d': n_done, 'id': run.id})
+
+    def _fold_orphans(self, limit):
+        """Fold up to ``limit`` overrides of keys no run holds; how many."""
+        ok, oc, _oh = self.fetch_columns(
+            'SELECT fp_key, cluster_id, hides FROM %s ORDER BY fp_key '
+            'LIMIT %d' % (OVERRIDES, int(limit)), (), 3)
+        if not len(ok):
+            return 0
+        # lock them: a locked transaction may be writing one now
+        ok, oc, _oh = self.lookup_overrides(ok, lock=True)
+        live = oc > 0
+        self._put_rows(ok[live], oc[live], fresh=False)
+        self._delete_rows(ok[~live])
+        self._drop_overrides(ok)
+        return len(ok)
+
+    def _put_rows(self, keys, clusters, fresh):
+        """Write rows ``(key, cluster)`` into the row tiers.
+
+        ``fresh``: no tier holds these keys; otherwise a row of either
+        tier is replaced.
+        """
+        if not len(keys):
+            return
+        if not fresh:
+            self._delete_rows(keys)
+        held = 0
+        if self.has_recent() and len(keys) <= MERGE_ROWS:
+            held = self.session.execute(sa.text(
+                'SELECT COUNT(*) FROM %s' % RECENT)).scalar()
+        table = RECENT if held + len(keys) <= MERGE_ROWS else FINGERPRINTS
+        order = np.argsort(clusters, kind='stable')
+        keys, clusters = keys[order], clusters[order]
+        starts = np.flatnonzero(np.diff(clusters, prepend=clusters[0] - 1))
+        for lo, hi in zip(starts, np.append(starts[1:], len(keys))):
+            self._insert(np.sort(keys[lo:hi]), int(clusters[lo]), table)
+        if table == RECENT:
+            self.session.info['vmar_recent'] = True
+
+    def _delete_rows(self, keys):
+        """Delete the row tiers' rows of ``keys``."""
+        self._delete_keys(self.tiers(), keys)
+
+    def _drop_overrides(self, keys):
+        self._delete_keys((OVERRIDES,), keys)
+        self.session.info.pop('vmar_overrides', None)
+
+    def _delete_keys(self, tables, keys):
+        """Delete the rows of ``keys`` (by ``fp_key``) from ``tables``."""
+        if not len(keys):
+            return
+        src, col = self.source()
+        stmts = []
+        for t in tables:
+            if self.dialect in ('mysql', 'mariadb'):
+                stmts.append('DELETE f FROM %s f JOIN %s ON f.fp_key = %s'
+                             % (t, src, col))
+            else:
+                stmts.append('DELETE FROM %s WHERE fp_key IN '
+                             '(SELECT %s FROM %s)' % (t, col, src))
+        for batch in _batches(keys):
+            for stmt in stmts:
+                self.session.execute(sa.text(stmt), {'keys': batch})
+
+    def merge_slice(self, i):
+        """Move the small tier's keys in key range ``i`` to the large tier."""
+        width = (1 << 64) // SLICES
+        lo = -(1 << 63) + i * width
+        bounds = {'lo': lo, 'hi': lo + width - 1}
+        self.session.execute(sa.text(
+            'INSERT INTO %s (fp_key, cluster_id) SELECT fp_key, cluster_id '
+            'FROM %s WHERE fp_key BETWEEN :lo AND :hi ORDER BY fp_key'
+            % (FINGERPRINTS, RECENT)), bounds)
+        self.session.execute(sa.text(
+            'DELETE FROM %s WHERE fp_key BETWEEN :lo AND :hi' % RECENT),
+            bounds)
+        self.session.info.pop('vmar_recent', None)
+
+    def _insert(self, keys, cluster_id, table):
+        """Insert one row (key, ``cluster_id``) into ``table`` per key."""
+        src, col = self.source()
+        stmt = sa.text('INSERT INTO %s (fp_key, cluster_id) SELECT %s, :cid '
+                       'FROM %s' % (table, col, src))
+        for batch in _batches(keys):
+            self.session.execute(stmt, {'keys': batch,
+                                        'cid': int(cluster_id)})
 
     def rows_by_id(self, ids, columns):
         """Rows ``(id, *columns)`` of the clusters ``ids``, as tuples.
@@ -200,141 +583,6 @@ class BulkSQL:
         return int(self.session.execute(sa.text(
             'SELECT COALESCE(SUM(n_blocks - zero_blocks), 0) '
             'FROM vmar_images')).scalar())
-
-    def scan_fingerprints(self, page=1 << 20):
-        """Every (key, cluster) of both tiers, sorted by key, as int64 arrays.
-
-        Read in pages along the primary key; for a caller about to look up
-        about as many keys as the table holds, for which a scan costs a
-        third of the lookups (vmar_openstack.ingest.ahead).
-        """
-        keys, clusters = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        for table in self.tiers():
-            last = None
-            while True:
-                where = '' if last is None else 'WHERE fp_key > ? '
-                k, c = self.fetch_columns(
-                    'SELECT fp_key, cluster_id FROM %s %sORDER BY '
-                    'fp_key LIMIT %d' % (table, where, page),
-                    () if last is None else (last,))
-                keys.append(k)
-                clusters.append(c)
-                if len(k) < page:
-                    break
-                last = int(k[-1])
-        keys, clusters = np.concatenate(keys), np.concatenate(clusters)
-        if self.has_recent():   # two sorted runs: one sort
-            order = np.argsort(keys, kind='stable')
-            keys, clusters = keys[order], clusters[order]
-        return keys, clusters
-
-    def tiers(self):
-        """The fingerprint tables that may hold a key."""
-        return (FINGERPRINTS, RECENT) if self.has_recent() else (
-            FINGERPRINTS,)
-
-    def has_recent(self):
-        """Whether the small fingerprint tier has rows (cached)."""
-        value = self.session.info.get('vmar_recent')
-        if value is None:
-            value = self.session.execute(sa.text(
-                'SELECT 1 FROM %s LIMIT 1' % RECENT)).first() is not None
-            self.session.info['vmar_recent'] = value
-        return value
-
-    def add_fingerprints(self, keys, cluster_id):
-        """Insert new fingerprint keys (in neither tier), all in one cluster.
-
-        Into the small tier while it stays under :data:`MERGE_ROWS` rows,
-        otherwise into the large one. Then one of :data:`SLICES` key ranges
-        of the small tier moves to the large one, a different range each
-        mutation (by the lock row's generation): each add writes the pages
-        of 1/SLICES of the large table, and no add pays for a whole merge.
-        """
-        held = 0
-        if self.has_recent() and len(keys) <= MERGE_ROWS:
-            held = self.session.execute(sa.text(
-                'SELECT COUNT(*) FROM %s' % RECENT)).scalar()
-        if held + len(keys) <= MERGE_ROWS:
-            self._insert(keys, cluster_id, RECENT)
-            self.session.info['vmar_recent'] = held + len(keys) > 0
-        else:
-            self._insert(keys, cluster_id, FINGERPRINTS)
-        if self.has_recent():
-            self.merge_slice(
-                self.session.info.get('vmar_generation', 0) % SLICES)
-
-    def merge_slice(self, i):
-        """Move the small tier's keys in key range ``i`` to the large tier."""
-        width = (1 << 64) // SLICES
-        lo = -(1 << 63) + i * width
-        bounds = {'lo': lo, 'hi': lo + width - 1}
-        self.session.execute(sa.text(
-            'INSERT INTO %s (fp_key, cluster_id) SELECT fp_key, cluster_id '
-            'FROM %s WHERE fp_key BETWEEN :lo AND :hi ORDER BY fp_key'
-            % (FINGERPRINTS, RECENT)), bounds)
-        self.session.execute(sa.text(
-            'DELETE FROM %s WHERE fp_key BETWEEN :lo AND :hi' % RECENT),
-            bounds)
-
-    def _insert(self, keys, cluster_id, table):
-        """Insert one row (key, ``cluster_id``) into ``table`` per key."""
-        src, col = self.source()
-        stmt = sa.text('INSERT INTO %s (fp_key, cluster_id) SELECT %s, :cid '
-                       'FROM %s' % (table, col, src))
-        for batch in _batches(keys):
-            self.session.execute(stmt, {'keys': batch,
-                                        'cid': int(cluster_id)})
-
-    def move(self, keys, cluster_id):
-        """Point the given existing keys (either tier) at ``cluster_id``."""
-        self.moved.append(np.asarray(keys, dtype=np.int64))
-        src, col = self.source()
-        recent = self.has_recent()
-        stmts = []
-        if self.dialect in ('mysql', 'mariadb'):
-            for t in self.tiers():
-                stmts.append('UPDATE %s f JOIN %s ON f.fp_key = %s '
-                             'SET f.cluster_id = :cid' % (t, src, col))
-        elif self.dialect == 'sqlite':
-            if recent:
-                stmts.append('UPDATE %s SET cluster_id = :cid WHERE fp_key '
-                             'IN (SELECT %s FROM %s)' % (RECENT, col, src))
-            # an upsert of rows that all exist: one pass over the keys,
-            # without the temporary b-tree SQLite builds for "IN (subquery)"
-            # (25 to 40 % faster for half a million keys); keys of the small
-            # tier are left out, or the upsert would copy them into the
-            # large one
-            stmts.append('INSERT INTO %s (fp_key, cluster_id) '
-                         'SELECT %s, :cid FROM %s WHERE %s '
-                         'ON CONFLICT (fp_key) DO UPDATE '
-                         'SET cluster_id = excluded.cluster_id'
-                         % (FINGERPRINTS, col, src,
-                            'NOT EXISTS (SELECT 1 FROM %s r WHERE r.fp_key '
-                            '= %s)' % (RECENT, col) if recent else 'true'))
-        else:
-            for t in self.tiers():
-                stmts.append('UPDATE %s SET cluster_id = :cid WHERE fp_key '
-                             'IN (SELECT %s FROM %s)' % (t, col, src))
-        for batch in _batches(keys):
-            for stmt in stmts:
-                self.session.execute(sa.text(stmt),
-                                     {'keys': batch, 'cid': int(cluster_id)})
-
-    def delete(self, keys):
-        """Delete the given fingerprint keys, from either tier."""
-        src, col = self.source()
-        stmts = []
-        for t in self.tiers():
-            if self.dialect in ('mysql', 'mariadb'):
-                stmts.append('DELETE f FROM %s f JOIN %s ON f.fp_key = %s'
-                             % (t, src, col))
-            else:
-                stmts.append('DELETE FROM %s WHERE fp_key IN '
-                             '(SELECT %s FROM %s)' % (t, col, src))
-        for batch in _batches(keys):
-            for stmt in stmts:
-                self.session.execute(sa.text(stmt), {'keys': batch})
 
     # -- cluster rows ------------------------------------------------------
 

@@ -10,6 +10,10 @@
 * ``vmar_fingerprints_recent``: the small second tier of that table, where
   the new keys of small adds go until it is merged (vmar_openstack.db.bulk).
   A key is in one of the two, never both.
+* ``vmar_fingerprint_runs``: the new keys of each add as one sorted blob,
+  until a compaction outside the library lock writes them into the row
+  tiers; ``vmar_fingerprint_overrides``: keys moved or gone since their
+  row or run was written (vmar_openstack.db.bulk).
 * ``vmar_clusters``: a cluster is a set of images; it holds the fingerprints
   found in exactly those images (paper Fig. 4-5). The row keeps the member
   list itself (adding a member appends to it: one row written, where a
@@ -120,6 +124,39 @@ class RecentFingerprint(Base):
 
     fp_key = sa.Column(BigInt, primary_key=True, autoincrement=False)
     cluster_id = sa.Column(BigInt, nullable=False)
+
+
+class FingerprintRun(Base):
+    """The new keys of one add, in one cluster, as one sorted blob.
+
+    ``key_blob``: the keys' little-endian int64s, ascending; the first
+    ``n_done`` of them are in the row tiers already (compacted). ``id``:
+    the content generation of the add, shifted left by
+    :data:`vmar_openstack.db.bulk.RUN_BITS`, plus the run's place in its
+    transaction: ids grow with time (vmar_openstack.db.bulk).
+    """
+    __tablename__ = 'vmar_fingerprint_runs'
+
+    id = sa.Column(sa.BigInteger, primary_key=True, autoincrement=False)
+    cluster_id = sa.Column(sa.BigInteger, nullable=False)
+    n_keys = sa.Column(sa.Integer, nullable=False)
+    n_done = sa.Column(sa.Integer, nullable=False, default=0)
+    key_blob = sa.Column(sa.LargeBinary(length=2 ** 32 - 1),
+                         nullable=False)
+
+
+class FingerprintOverride(Base):
+    """A key moved to another cluster, or gone, since its row was written.
+
+    ``cluster_id`` 0: the key is gone from the row tiers and from every
+    run whose id is below ``hides``; otherwise it is in that cluster,
+    whatever the tiers and the runs say (vmar_openstack.db.bulk).
+    """
+    __tablename__ = 'vmar_fingerprint_overrides'
+
+    fp_key = sa.Column(BigInt, primary_key=True, autoincrement=False)
+    cluster_id = sa.Column(sa.BigInteger, nullable=False)
+    hides = sa.Column(sa.BigInteger, nullable=False)
 
 
 class Cluster(Base):

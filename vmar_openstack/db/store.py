@@ -468,10 +468,37 @@ class ClusterStore:
         return self._sql.count_fingerprints_at_most()
 
     def fingerprint_rows(self):
-        """Every ``(key, cluster id)`` of the large and of the small tier."""
-        return tuple(self.session.execute(sa.select(t.fp_key, t.cluster_id))
-                     .fetchall()
-                     for t in (models.Fingerprint, models.RecentFingerprint))
+        """Every ``(key, cluster id)`` of the index, as lookups see it."""
+        keys, clusters = self._sql.scan_fingerprints()
+        return list(zip(keys.tolist(), clusters.tolist()))
+
+    def index_problems(self):
+        """What breaks the fingerprint index's own rules, as sentences.
+
+        A key in both row tiers; a key in a row tier and in a run without
+        an override saying which holds (vmar_openstack.db.bulk).
+        """
+        problems = []
+        (large, _c), (recent, _r) = self._sql.tier_rows()
+        both = np.intersect1d(large, recent)
+        if len(both):
+            problems.append('%d fingerprint keys are in both tiers of the '
+                            'fingerprint table' % len(both))
+        overridden = self._sql.all_overrides()[0]
+        rows = np.union1d(large, recent)
+        for run in self._sql.runs():
+            twice = np.setdiff1d(np.intersect1d(rows, run.keys), overridden)
+            if len(twice):
+                problems.append('%d fingerprint keys of run %d are also in '
+                                'a row tier' % (len(twice), run.id))
+        return problems
+
+    def compact_step(self):
+        """One transaction's share of the index's compaction.
+
+        In a session of :func:`session.writer`. False: nothing was left.
+        """
+        return self._sql.compact_step()
 
     # -- clusters ------------------------------------------------------------
 

@@ -786,6 +786,12 @@ def run(conf, handler, stop_event, started=None):
                                 PENDING_PASS_SECONDS)
             except Exception as e:
                 LOG.warning('rewriting pending maps failed: %s', e)
+            try:
+                # what a writer killed before its compaction left
+                handler.library.compact(PENDING_PASS_SECONDS)
+            except Exception as e:
+                LOG.warning('compacting the fingerprint index failed: %s',
+                            e)
         if gc_interval and time.monotonic() >= next_gc:
             next_gc = time.monotonic() + gc_interval
             try:

@@ -48,12 +48,8 @@ def check(conf):
                                 'digests' % (img.image_id, img.zero_blocks))
             for k in fp_keys.image_key_set(img, d).tolist():
                 expected[k].add(img.seq)
-        rows, recent = store.fingerprint_rows()
-        both = {k for k, _c in rows} & {k for k, _c in recent}
-        if both:
-            problems.append('%d fingerprint keys are in both tiers of the '
-                            'fingerprint table' % len(both))
-        rows += recent
+        problems.extend(store.index_problems())
+        rows = store.fingerprint_rows()
         clusters = store.cluster_rows()
         members, base_problems = _member_sets(store, clusters)
         problems.extend(base_problems)

@@ -424,6 +424,39 @@ class Library:
             for p in written:
                 fileutils.unlink(p)
             raise
+        if content is not None:
+            self._compact_after_change()
+
+    def _compact_after_change(self):
+        # the change is committed: a failed compaction is left for the
+        # next one (vmar-agent's pass, or the next change)
+        try:
+            self.compact()
+        except Exception as e:
+            LOG.warning('compacting the fingerprint index failed (left '
+                        'for later): %s', e)
+
+    def compact(self, max_seconds=None):
+        """Write the fingerprint index's runs and overrides into its rows.
+
+        Outside the library lock, one short transaction per step
+        (:mod:`vmar_openstack.db.bulk`); a killed compaction loses only
+        its current step. ``max_seconds``: stop after the first step past
+        this long. Returns the steps done.
+        """
+        start = time.monotonic()
+        steps = 0
+        while self._compact_step():
+            steps += 1
+            if max_seconds is not None and (
+                    time.monotonic() - start > max_seconds):
+                break
+        return steps
+
+    @db_session.retry_conflicts()
+    def _compact_step(self):
+        with db_session.writer(self.conf) as s:
+            return db_store.ClusterStore(s).compact_step()
 
     def digest_list(self, image_id):
         """The base's digest list, bytes.
