@@ -106,18 +106,40 @@ class LockTimer:
 
     Wraps ``db_session._take_lock`` (the hold starts when it returns) and
     ``db_session.locked_writer`` (it ends when the transaction commits or
-    rolls back), as both codes measured have them.
+    rolls back), as both codes measured have them. On SQLite the lock is
+    the database's one write lock, taken by the transaction's ``BEGIN
+    IMMEDIATE`` at its first statement: the hold starts once that is
+    done (``session.connection()``), not while it waits.
+
+    ``writer_holds``: the same of ``db_session.writer``'s transactions
+    (the compaction's; on SQLite they hold the same write lock).
     """
 
     def __init__(self, db_session):
         self.holds = []
+        self.writer_holds = []
         taken = threading.local()
         real_take = db_session._take_lock
         real_writer = db_session.locked_writer
+        real_plain = db_session.writer
 
         def take(session, timeout):
             real_take(session, timeout)
+            session.connection()
             taken.t = time.perf_counter()
+
+        @contextlib.contextmanager
+        def plain(*a, **k):
+            t = None
+            try:
+                with real_plain(*a, **k) as s:
+                    s.connection()
+                    t = time.perf_counter()
+                    yield s
+            finally:
+                if t is not None:
+                    self.writer_holds.append(time.perf_counter() - t)
+        db_session.writer = plain
 
         @contextlib.contextmanager
         def writer(*a, **k):
@@ -166,7 +188,7 @@ def run_writer(args):
     lib = ingest.Library(conf)
     cloud = bench_scale.Cloud(args.bases, args.derived, args.scale)
     replicated = WriteSets(conf) if args.wsrep else None
-    compact = Compactions(lib)
+    compact = Compactions(lib, timer)
     out = []
     for i in range(args.images):
         kind, seeds = cloud.next()
@@ -211,34 +233,25 @@ class Compactions:
     The library compacts after every change it commits, outside the lock
     (``Library.compact``); here the bench runs that same call itself, so
     that the change's write sets and the compaction's are told apart.
-    Each step's seconds: on SQLite a step holds the database's one write
-    lock, which every locked transaction also needs. Code of before the
-    runs (a baseline) has no compaction: nothing is run.
+    Each step's hold (:class:`LockTimer` ``writer_holds``): on SQLite a
+    step holds the database's one write lock, which every locked
+    transaction also needs. Code of before the runs (a baseline) has no
+    compaction: nothing is run.
     """
 
-    def __init__(self, lib):
+    def __init__(self, lib, timer):
         self.lib = lib if hasattr(lib, 'compact') else None
-        if self.lib is None:
-            return
-        lib._compact_after_change = lambda: None
-        step = lib._compact_step
-
-        def timed():
-            t = time.perf_counter()
-            try:
-                return step()
-            finally:
-                self.lib.step_seconds.append(time.perf_counter() - t)
-        lib.step_seconds = []
-        lib._compact_step = timed
+        self.timer = timer
+        if self.lib is not None:
+            lib._compact_after_change = lambda: None
 
     def run(self):
         """Seconds of each step of one compaction; None: no compaction."""
         if self.lib is None:
             return None
-        k = len(self.lib.step_seconds)
+        k = len(self.timer.writer_holds)
         self.lib.compact()
-        return self.lib.step_seconds[k:]
+        return self.timer.writer_holds[k:]
 
 
 class WriteSets:
