@@ -85,6 +85,19 @@ class TestTiers(base.LibraryTestCase):
         self.assertEqual(28, len(main) + len(recent))
         self.assertEqual([], check.check(self.conf)[0])
 
+    def test_a_large_run_goes_to_the_large_tier_in_every_step(self):
+        # compacted 5 keys a step, a run of 24 would fit the small tier
+        # step by step: each key would be written there, then again
+        self.useFixture(fixtures.MockPatchObject(bulk, 'MERGE_ROWS', 10))
+        self.useFixture(fixtures.MockPatchObject(bulk, 'COMPACT_KEYS', 5))
+        self._add(1, range(1, 25))
+        main, recent = self._tiers()
+        self.assertEqual((24, 0), (len(main), len(recent)))
+        self._add(2, range(100, 104))
+        main, recent = self._tiers()
+        self.assertEqual((24, 4), (len(main), len(recent)))
+        self.assertEqual([], check.check(self.conf)[0])
+
     def test_check_reports_a_key_in_both_tiers(self):
         self._add(1, range(1, 9))
         main, recent = self._tiers()

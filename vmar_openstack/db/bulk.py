@@ -460,9 +460,13 @@ class BulkSQL:
         # hold it again, and a row may be stale: the orphan pass ends it)
         fold = (oc > 0) | (oh <= run.id)
         target = np.where(oc > 0, oc, run.cluster_id)[fold]
+        # a large run's keys go straight to the large tier: through the
+        # small one each key is written three times (Galera replicates
+        # each write)
+        large = run.n_done + len(run.keys) > MERGE_ROWS
         self._put_rows(plain, np.full(len(plain), run.cluster_id, np.int64),
-                       fresh=True)
-        self._put_rows(ok[fold], target, fresh=False)
+                       fresh=True, large=large)
+        self._put_rows(ok[fold], target, fresh=False, large=large)
         self._drop_overrides(ok[fold])
         n_done = run.n_done + len(part)
         if len(part) == len(run.keys):
@@ -488,18 +492,19 @@ class BulkSQL:
         self._drop_overrides(ok)
         return len(ok)
 
-    def _put_rows(self, keys, clusters, fresh):
+    def _put_rows(self, keys, clusters, fresh, large=False):
         """Write rows ``(key, cluster)`` into the row tiers.
 
         ``fresh``: no tier holds these keys; otherwise a row of either
-        tier is replaced.
+        tier is replaced. ``large``: into the large tier, whatever the
+        small one holds.
         """
         if not len(keys):
             return
         if not fresh:
             self._delete_rows(keys)
-        held = 0
-        if self.has_recent() and len(keys) <= MERGE_ROWS:
+        held = MERGE_ROWS if large else 0
+        if not large and self.has_recent() and len(keys) <= MERGE_ROWS:
             held = self.session.execute(sa.text(
                 'SELECT COUNT(*) FROM %s' % RECENT)).scalar()
         table = RECENT if held + len(keys) <= MERGE_ROWS else FINGERPRINTS
