@@ -100,6 +100,18 @@ class Run(typing.NamedTuple):
     keys: np.ndarray
 
 
+def _distinct_sorted(keys):
+    """``keys`` as a sorted int64 array of distinct keys.
+
+    Most callers pass them so already (an image's key set, a set
+    difference): checked in one pass, sorted only if not.
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():
+        keys = np.unique(keys)
+    return keys
+
+
 def _members(q, keys):
     """Mask of the sorted ``q`` found in the sorted ``keys``."""
     if not len(keys) or not len(q):
@@ -203,14 +215,22 @@ class BulkSQL:
         """
         if table != FINGERPRINTS:
             return self._lookup(keys, table, key, columns)
-        q = np.unique(np.asarray(keys, dtype=np.int64))
+        q = _distinct_sorted(keys)
         return self._resolve(q, *self._lookup_tiers(q))
 
-    def _lookup(self, keys, table, key, columns):
+    def _lookup(self, keys, table, key, columns, lock=False):
+        """Rows of ``table`` by ``key``: the key, then ``columns``.
+
+        ``lock``: lock the rows read (``FOR UPDATE``; SQLite has one
+        writer at a time).
+        """
         src, col = self.source()
         sql = ('SELECT f.%s, %s FROM %s JOIN %s f ON f.%s = %s'
                % (key, ', '.join(columns), src.replace(':keys', '?'), table,
                   key, col))
+        if lock and self.dialect != 'sqlite':
+            sql += (' FOR UPDATE OF f' if self.dialect == 'postgresql'
+                    else ' FOR UPDATE')
         parts = [[np.empty(0, np.int64)] for _ in range(len(columns) + 1)]
         for batch in _batches(keys):
             for part, values in zip(parts, self.fetch_columns(
@@ -243,8 +263,7 @@ class BulkSQL:
             run_c[hit] = run.cluster_id
         cluster = np.where((cluster < 0) & (run_id >= 0), run_c, cluster)
         if overrides is None and self.has_overrides():
-            overrides = self._lookup(q, OVERRIDES, 'fp_key',
-                                     ('cluster_id', 'hides'))
+            overrides = self.lookup_overrides(q)
         if overrides is not None and len(overrides[0]):
             ok, oc, oh = overrides
             at = np.searchsorted(q, ok)
@@ -255,24 +274,9 @@ class BulkSQL:
         return [q[found], cluster[found]]
 
     def lookup_overrides(self, keys, lock=False):
-        """``(keys, clusters, hides)`` of the overrides of ``keys``.
-
-        ``lock``: lock the rows read (``FOR UPDATE``; SQLite has one
-        writer at a time).
-        """
-        src, col = self.source()
-        sql = ('SELECT f.fp_key, f.cluster_id, f.hides FROM %s JOIN %s f '
-               'ON f.fp_key = %s'
-               % (src.replace(':keys', '?'), OVERRIDES, col))
-        if lock and self.dialect != 'sqlite':
-            sql += ' FOR UPDATE' if self.dialect != 'postgresql' else (
-                ' FOR UPDATE OF f')
-        parts = [[np.empty(0, np.int64)] for _ in range(3)]
-        for batch in _batches(keys):
-            for part, values in zip(parts, self.fetch_columns(
-                    sql, (batch,), 3)):
-                part.append(values)
-        return [np.concatenate(p) for p in parts]
+        """``(keys, clusters, hides)`` of the overrides of ``keys``."""
+        return self._lookup(keys, OVERRIDES, 'fp_key',
+                            ('cluster_id', 'hides'), lock)
 
     def runs(self):
         """The runs' keys not compacted yet, oldest run first (cached).
@@ -371,7 +375,7 @@ class BulkSQL:
 
         One run row: the keys' sorted blob.
         """
-        keys = np.unique(np.asarray(keys, dtype=np.int64))
+        keys = _distinct_sorted(keys)
         if not len(keys):
             return
         runs = self.runs()

@@ -442,9 +442,9 @@ class ClusterStore:
     # -- fingerprint keys ----------------------------------------------------
 
     def lookup(self, keys):
-        """(keys, cluster ids) of those of ``keys`` in either tier.
+        """(keys, cluster ids) of those of ``keys`` in the index.
 
-        Unsorted.
+        Sorted by key.
         """
         return self._sql.lookup(keys)
 
@@ -455,9 +455,7 @@ class ClusterStore:
         index on ``cluster_id``, whose upkeep doubled the cost of every
         insert and move (see doc/source/reference/design.rst).
         """
-        found_k, found_c = self.lookup(keys)
-        order = np.argsort(found_k)
-        return found_k[order], found_c[order]
+        return self.lookup(keys)
 
     def scan_fingerprints(self):
         """Every (key, cluster) of both tiers, sorted by key."""
