@@ -46,6 +46,11 @@ class IrreversibleMigration(VmarException, RuntimeError):
                'earliest revision reachable from %(current)s is %(floor)s')
 
 
+class DowngradeRefused(VmarException, RuntimeError):
+    message = ('schema revision %(revision)s is not undone: %(reason)s; '
+               'nothing was changed')
+
+
 class NativeHasherMissing(VmarException, RuntimeError):
     message = ('the native block hasher is not built; reinstall the '
                'package with gcc, python3-dev and libssl-dev present')

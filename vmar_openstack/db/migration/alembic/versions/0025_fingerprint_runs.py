@@ -20,6 +20,8 @@ Create Date: 2026-12-03
 from alembic import op
 import sqlalchemy as sa
 
+from vmar_openstack import exception
+
 revision = '0025'
 down_revision = '0024'
 branch_labels = None
@@ -53,10 +55,11 @@ def downgrade():
                for t in ('vmar_fingerprint_runs',
                          'vmar_fingerprint_overrides'))
     if left:
-        raise RuntimeError(
-            '%d fingerprint runs and overrides are not compacted: run '
-            '"vmar-manage db compact" with no writer running, then '
-            'downgrade again' % left)
+        raise exception.DowngradeRefused(
+            revision=revision,
+            reason='%d fingerprint runs and overrides are not compacted '
+            '(run "vmar-manage db compact" with no writer running, then '
+            'downgrade again)' % left)
     op.execute("DELETE FROM vmar_locks WHERE name = 'compaction'")
     op.drop_table('vmar_fingerprint_overrides')
     op.drop_table('vmar_fingerprint_runs')
