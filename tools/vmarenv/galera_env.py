@@ -211,10 +211,20 @@ class Galera(process.Service):
                            env=self._env())
         if r.returncode:
             if check:
-                raise process.ServiceError('%s: %r failed: %s' % (
-                    node.name, statement, r.stderr.strip()))
+                raise process.ServiceError('%s: %r failed: %s%s' % (
+                    node.name, statement, r.stderr.strip(),
+                    self._death(node)))
             return None
         return [line.split('\t') for line in r.stdout.splitlines()]
+
+    @staticmethod
+    def _death(node):
+        """How ``node`` ended, with its log's tail, if it is not running."""
+        if node.proc is None or node.alive():
+            return ''
+        return '\n%s exited with %s\n%s' % (
+            node.name, node.proc.returncode,
+            process.log_tail([node.error_log, node.out_log], lines=60))
 
     def status(self, index):
         """wsrep_% status variables of a node, {} if it does not answer."""
