@@ -320,7 +320,7 @@ def run_check(args):
                                      'vmar_fingerprints_recent'))
         try:     # keys left in runs (none once every change compacted)
             in_runs = int(s.execute(sa.text(
-                'SELECT COALESCE(SUM(n_keys - n_done), 0) FROM '
+                'SELECT COALESCE(SUM(n_keys), 0) FROM '
                 'vmar_fingerprint_runs')).scalar())
         except sa.exc.DBAPIError:
             in_runs = 0     # code of before the runs

@@ -14,9 +14,9 @@ Batches stay under MariaDB's default 16 MiB packet limit.
 The fingerprint index has three parts:
 
 * **Runs** (``vmar_fingerprint_runs``): the new keys of an add, all in
-  the cluster the add made for them, as one blob of sorted keys (8 bytes
-  a key). An add's locked transaction writes its run and nothing per
-  key.
+  the cluster the add made for them, as blobs of sorted keys (8 bytes a
+  key), in pieces of :data:`COMPACT_KEYS`. An add's locked transaction
+  writes its run and nothing per key.
 * **Overrides** (``vmar_fingerprint_overrides``): every move and delete
   of a locked transaction, one row per key: the key's cluster now, or 0
   for a key gone from the row tiers and from the runs whose id is below
@@ -28,16 +28,17 @@ The fingerprint index has three parts:
 A key's cluster is its override's, if it has one (a key gone: the newest
 run above ``hides`` that holds it, if any); else its row's; else that of
 the newest run holding it. Without an override a key is in a row tier or
-in a run, not both: a compaction writes a run's keys into the tiers and
-marks them done (``n_done``) in one transaction.
+in a run, not both: a compaction writes a piece's keys into the tiers
+and deletes the piece in one transaction. No run row is ever updated:
+with Galera's full row images an update replicates the blob twice.
 
 A compaction (:meth:`BulkSQL.compact_step`) takes no library lock: it
 changes where a key's cluster is written, never what it is, so no
 ingest's snapshot goes stale for it. Compactions take turns through the
-``compaction`` row of ``vmar_locks``, fold the oldest run first, a slice
-of :data:`COMPACT_KEYS` keys a transaction, with the overrides of those
-keys (read with a lock, so that a locked transaction's new override is
-either folded or left, never lost); then the overrides no run holds;
+``compaction`` row of ``vmar_locks``, fold the oldest run first, a
+piece a transaction, with the overrides of those keys (read with a lock,
+so that a locked transaction's new override is either folded or left,
+never lost); then the overrides no run holds;
 then one of :data:`SLICES` key ranges of the small tier moves into the
 large one (each page of that range written once for many keys). A locked
 transaction that read a run before a compaction folded it writes an
@@ -65,7 +66,8 @@ COMPACTION_LOCK = 'compaction'
 # a run's id: the content generation of its add, shifted, and its place
 # among the runs of that transaction
 RUN_BITS = 10
-# keys a compaction writes into the row tiers per transaction
+# keys of a run's piece: what a compaction writes into the row tiers per
+# transaction
 COMPACT_KEYS = 1 << 16
 CLUSTERS = 'vmar_clusters'
 # rows the small tier holds at most: 64 Ki keys and their cluster ids fill
@@ -93,10 +95,10 @@ def _cursor_sql(conn, sql):
 
 
 class Run(typing.NamedTuple):
-    """A run's keys not compacted yet (``keys``, sorted int64)."""
+    """A piece of a run not compacted yet (``keys``, sorted int64)."""
     id: int
+    piece: int
     cluster_id: int
-    n_done: int
     keys: np.ndarray
 
 
@@ -279,19 +281,17 @@ class BulkSQL:
                             ('cluster_id', 'hides'), lock)
 
     def runs(self):
-        """The runs' keys not compacted yet, oldest run first (cached).
+        """The runs' pieces not compacted yet, oldest first (cached).
 
-        The cache holds the runs this transaction read and wrote.
+        The cache holds the pieces this transaction read and wrote.
         """
         runs = self.session.info.get('vmar_runs')
         if runs is None:
-            runs = []
-            for rid, cid, n_done, blob in self.fetch_rows(
-                    'SELECT id, cluster_id, n_done, key_blob FROM %s '
-                    'ORDER BY id' % RUNS):
-                keys = np.frombuffer(bytes(blob), '<i8').astype(np.int64)
-                runs.append(Run(int(rid), int(cid), int(n_done),
-                                keys[int(n_done):]))
+            runs = [Run(int(rid), int(piece), int(cid),
+                        np.frombuffer(bytes(blob), '<i8').astype(np.int64))
+                    for rid, piece, cid, blob in self.fetch_rows(
+                        'SELECT id, piece, cluster_id, key_blob FROM %s '
+                        'ORDER BY id, piece' % RUNS)]
             self.session.info['vmar_runs'] = runs
         return runs
 
@@ -373,21 +373,25 @@ class BulkSQL:
     def add_fingerprints(self, keys, cluster_id):
         """Record new fingerprint keys (in no run or tier), in one cluster.
 
-        One run row: the keys' sorted blob.
+        One run: a row per piece of :data:`COMPACT_KEYS` sorted keys.
         """
         keys = _distinct_sorted(keys)
         if not len(keys):
             return
         runs = self.runs()
         rid = self._next_run_id()
+        pieces = [Run(rid, i, int(cluster_id), keys[lo:lo + COMPACT_KEYS])
+                  for i, lo in enumerate(range(0, len(keys), COMPACT_KEYS))]
         self.session.execute(
-            sa.text('INSERT INTO %s (id, cluster_id, n_keys, n_done, '
-                    'key_blob) VALUES (:id, :cid, :n, 0, :keys)' % RUNS),
-            {'id': rid, 'cid': int(cluster_id), 'n': len(keys),
-             'keys': keys.astype('<i8').tobytes()})
+            sa.text('INSERT INTO %s (id, piece, cluster_id, n_keys, '
+                    'key_blob) VALUES (:id, :piece, :cid, :n, :keys)'
+                    % RUNS),
+            [{'id': rid, 'piece': p.piece, 'cid': p.cluster_id,
+              'n': len(p.keys), 'keys': p.keys.astype('<i8').tobytes()}
+             for p in pieces])
         self.session.info['vmar_runs_made'] = (
             self.session.info.get('vmar_runs_made', 0) + 1)
-        runs.append(Run(rid, int(cluster_id), 0, keys))
+        runs.extend(pieces)
 
     def move(self, keys, cluster_id):
         """Point the given existing keys at ``cluster_id`` (overrides)."""
@@ -427,17 +431,19 @@ class BulkSQL:
         """One transaction's share of the compaction; False: nothing left.
 
         In a session of :func:`session.writer` (no library lock). Folds
-        up to ``limit`` keys of the oldest run into the row tiers, or
-        else the overrides no run holds, or else moves one key range of
+        the oldest run's first piece into the row tiers, or else up to
+        ``limit`` overrides no run holds, or else moves one key range of
         the small tier into the large one.
         """
-        limit = limit or COMPACT_KEYS
         turn = self._take_compaction_turn()
         runs = self.runs()
         if runs:
-            self._fold_run(runs[0], limit)
+            # a run of more than one piece is large: into the large tier
+            self._fold_piece(runs[0], large=runs[0].piece > 0 or (
+                len(runs) > 1 and runs[1].id == runs[0].id))
             return True
-        if self.has_overrides() and self._fold_orphans(limit):
+        if self.has_overrides() and self._fold_orphans(
+                limit or COMPACT_KEYS):
             return True
         if self.has_recent():
             self.merge_slice(turn % SLICES)
@@ -455,8 +461,8 @@ class BulkSQL:
                                'vmar-manage db sync')
         return turn
 
-    def _fold_run(self, run, limit):
-        part = run.keys[:limit]
+    def _fold_piece(self, run, large):
+        part = run.keys
         ok, oc, oh = self.lookup_overrides(part, lock=True)
         plain = part[~np.isin(part, ok, assume_unique=True)]
         # an override of a key of this run: folded, unless it hides the
@@ -467,19 +473,13 @@ class BulkSQL:
         # a large run's keys go straight to the large tier: through the
         # small one each key is written three times (Galera replicates
         # each write)
-        large = run.n_done + len(run.keys) > MERGE_ROWS
         self._put_rows(plain, np.full(len(plain), run.cluster_id, np.int64),
                        fresh=True, large=large)
         self._put_rows(ok[fold], target, fresh=False, large=large)
         self._drop_overrides(ok[fold])
-        n_done = run.n_done + len(part)
-        if len(part) == len(run.keys):
-            self.session.execute(sa.text('DELETE FROM %s WHERE id = :id'
-                                         % RUNS), {'id': run.id})
-        else:
-            self.session.execute(sa.text(
-                'UPDATE %s SET n_done = :d WHERE id = :id' % RUNS),
-                {'d': n_done, 'id': run.id})
+        self.session.execute(sa.text(
+            'DELETE FROM %s WHERE id = :id AND piece = :piece' % RUNS),
+            {'id': run.id, 'piece': run.piece})
 
     def _fold_orphans(self, limit):
         """Fold up to ``limit`` overrides of keys no run holds; how many."""

@@ -10,10 +10,10 @@
 * ``vmar_fingerprints_recent``: the small second tier of that table, where
   the new keys of small adds go until it is merged (vmar_openstack.db.bulk).
   A key is in one of the two, never both.
-* ``vmar_fingerprint_runs``: the new keys of each add as one sorted blob,
-  until a compaction outside the library lock writes them into the row
-  tiers; ``vmar_fingerprint_overrides``: keys moved or gone since their
-  row or run was written (vmar_openstack.db.bulk).
+* ``vmar_fingerprint_runs``: the new keys of each add as sorted blobs (a
+  run, in pieces), until a compaction outside the library lock writes them
+  into the row tiers; ``vmar_fingerprint_overrides``: keys moved or gone
+  since their row or run was written (vmar_openstack.db.bulk).
 * ``vmar_clusters``: a cluster is a set of images; it holds the fingerprints
   found in exactly those images (paper Fig. 4-5). The row keeps the member
   list itself (adding a member appends to it: one row written, where a
@@ -127,20 +127,24 @@ class RecentFingerprint(Base):
 
 
 class FingerprintRun(Base):
-    """The new keys of one add, in one cluster, as one sorted blob.
+    """A piece of the new keys of one add, in one cluster, as a blob.
 
-    ``key_blob``: the keys' little-endian int64s, ascending; the first
-    ``n_done`` of them are in the row tiers already (compacted). ``id``:
-    the content generation of the add, shifted left by
-    :data:`vmar_openstack.db.bulk.RUN_BITS`, plus the run's place in its
-    transaction: ids grow with time (vmar_openstack.db.bulk).
+    An add's new keys, sorted, cut in pieces of at most
+    :data:`vmar_openstack.db.bulk.COMPACT_KEYS`: ``piece`` counts from 0
+    in key order, ``key_blob`` holds the piece's ``n_keys`` keys as
+    little-endian int64s, ascending. A compaction writes a whole piece
+    into the row tiers and deletes its row in one transaction, so no row
+    of a run is ever updated (a Galera row event of an update carries the
+    blob twice). ``id``: the content generation of the add, shifted left
+    by :data:`vmar_openstack.db.bulk.RUN_BITS`, plus the run's place in
+    its transaction: ids grow with time (vmar_openstack.db.bulk).
     """
     __tablename__ = 'vmar_fingerprint_runs'
 
     id = sa.Column(sa.BigInteger, primary_key=True, autoincrement=False)
+    piece = sa.Column(sa.Integer, primary_key=True, autoincrement=False)
     cluster_id = sa.Column(sa.BigInteger, nullable=False)
     n_keys = sa.Column(sa.Integer, nullable=False)
-    n_done = sa.Column(sa.Integer, nullable=False, default=0)
     key_blob = sa.Column(sa.LargeBinary(length=2 ** 32 - 1),
                          nullable=False)
 

@@ -4,10 +4,11 @@ An add inserted each of its new keys as a row of the fingerprint table
 under the library lock: a base of 700,000 new blocks held the lock 5 to
 12 s and replicated about 56 bytes of Galera write set per key (issue
 51). ``vmar_fingerprint_runs`` keeps an add's new keys as one sorted
-blob (8 bytes a key) that a compaction writes into the row tiers later,
-outside the lock; ``vmar_fingerprint_overrides`` keeps the keys moved or
-gone since (vmar_openstack.db.bulk). The ``compaction`` row of
-``vmar_locks`` makes compactions take turns.
+blob (8 bytes a key), in pieces that a compaction writes into the row
+tiers later, outside the lock, a piece at a time;
+``vmar_fingerprint_overrides`` keeps the keys moved or gone since
+(vmar_openstack.db.bulk). The ``compaction`` row of ``vmar_locks`` makes
+compactions take turns.
 
 Downgrade: refused while a run or an override is left; run ``vmar-manage
 db compact`` first (with no writer running), then downgrade.
@@ -35,9 +36,10 @@ def upgrade():
         'vmar_fingerprint_runs',
         sa.Column('id', sa.BigInteger, primary_key=True,
                   autoincrement=False),
+        sa.Column('piece', sa.Integer, primary_key=True,
+                  autoincrement=False),
         sa.Column('cluster_id', sa.BigInteger, nullable=False),
         sa.Column('n_keys', sa.Integer, nullable=False),
-        sa.Column('n_done', sa.Integer, nullable=False),
         sa.Column('key_blob', sa.LargeBinary(length=2 ** 32 - 1),
                   nullable=False))
     op.create_table(
