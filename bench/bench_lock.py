@@ -109,7 +109,9 @@ class LockTimer:
     rolls back), as both codes measured have them. On SQLite the lock is
     the database's one write lock, taken by the transaction's ``BEGIN
     IMMEDIATE`` at its first statement: the hold starts once that is
-    done (``session.connection()``), not while it waits.
+    done (``session.connection()``), not while it waits. It ends at the
+    commit: what runs after it (``db_session._committed``: an SQLite
+    checkpoint, passive, which blocks no writer) is not in it.
 
     ``writer_holds``: the same of ``db_session.writer``'s transactions
     (the compaction's; on SQLite they hold the same write lock).
@@ -122,6 +124,13 @@ class LockTimer:
         real_take = db_session._take_lock
         real_writer = db_session.locked_writer
         real_plain = db_session.writer
+        real_committed = getattr(db_session, '_committed', None)
+
+        def committed(engine):
+            taken.end = time.perf_counter()
+            return real_committed(engine)
+        if real_committed is not None:
+            db_session._committed = committed
 
         def take(session, timeout):
             real_take(session, timeout)
@@ -130,7 +139,7 @@ class LockTimer:
 
         @contextlib.contextmanager
         def plain(*a, **k):
-            t = None
+            t = taken.end = None
             try:
                 with real_plain(*a, **k) as s:
                     s.connection()
@@ -138,18 +147,20 @@ class LockTimer:
                     yield s
             finally:
                 if t is not None:
-                    self.writer_holds.append(time.perf_counter() - t)
+                    self.writer_holds.append(
+                        (taken.end or time.perf_counter()) - t)
         db_session.writer = plain
 
         @contextlib.contextmanager
         def writer(*a, **k):
-            taken.t = None
+            taken.t = taken.end = None
             try:
                 with real_writer(*a, **k) as s:
                     yield s
             finally:
                 if taken.t is not None:
-                    self.holds.append(time.perf_counter() - taken.t)
+                    self.holds.append((taken.end or time.perf_counter())
+                                      - taken.t)
         db_session._take_lock = take
         db_session.locked_writer = writer
 

@@ -62,6 +62,11 @@ def _engine(url, debug, lock_timeout):
             # (_Checkpointer); a connection that closes last still
             # checkpoints and removes the WAL
             cur.execute('PRAGMA wal_autocheckpoint=0')
+            # the WAL's file shrinks back when a writer restarts it from
+            # its start, so that its size says how far checkpoints lag
+            # (_Checkpointer.MAX_WAL), not how large it once grew
+            cur.execute('PRAGMA journal_size_limit=%d'
+                        % _Checkpointer.WAL_KEPT)
             cur.close()
 
         @event.listens_for(engine, 'begin')
@@ -81,11 +86,16 @@ class _Checkpointer:
     commit time of an ingest into a large library. Here a thread of its own
     does it (passive: it never waits for, or blocks, readers and writers)
     after each commit, and the committing thread does it itself only when
-    the WAL has grown past :attr:`MAX_WAL` because the thread lags. It never
+    the WAL has grown past :attr:`MAX_WAL` because the thread lags (the
+    file is cut back to :attr:`WAL_KEPT` whenever a writer restarts the
+    WAL: without that, a WAL once past it stayed so, and every commit
+    after checkpointed in its committing thread). It never
     creates a database: one removed meanwhile is left alone.
     """
 
     MAX_WAL = 256 << 20
+    # what a restarted WAL keeps of its file (PRAGMA journal_size_limit)
+    WAL_KEPT = 16 << 20
 
     def __init__(self, path):
         self.path = path
@@ -94,6 +104,9 @@ class _Checkpointer:
         self.pending = False
         self.busy = False
         self.thread = None
+        # the last checkpoint left frames behind (a reader's snapshot
+        # needed them): the next reader to end queues another
+        self.behind = False
 
     def committed(self):
         try:
@@ -103,6 +116,21 @@ class _Checkpointer:
         if big:
             self.checkpoint()
             return
+        self._queue()
+
+    def released(self):
+        """A read transaction of this process ended.
+
+        A checkpoint copies only the frames no open snapshot needs, and the
+        WAL starts again from its beginning only after one copied them all:
+        while readers overlap commits (an ingest's snapshot lives through
+        its hashing), a checkpoint after each commit alone never does, and
+        the WAL grows without end. A reader's end is when one can.
+        """
+        if self.behind:
+            self._queue()
+
+    def _queue(self):
         with self.cond:
             self.pending = True
             self.cond.notify_all()
@@ -118,7 +146,9 @@ class _Checkpointer:
         conn = sqlite3.connect('file:%s?mode=rw' % urllib.parse.quote(
             self.path), uri=True, timeout=60)
         try:
-            conn.execute('PRAGMA wal_checkpoint(PASSIVE)').fetchall()
+            _busy, frames, copied = conn.execute(
+                'PRAGMA wal_checkpoint(PASSIVE)').fetchone()
+            self.behind = copied < frames
         finally:
             conn.close()
 
@@ -169,11 +199,25 @@ def wait_for_checkpoints(timeout=60):
     return ok
 
 
-def _committed(engine):
+def _sqlite_file(engine):
+    """The database file of an SQLite engine, else None."""
     u = engine.url
     if u.get_backend_name() == 'sqlite' and u.database not in (None, '',
                                                                ':memory:'):
-        _checkpointer(os.path.abspath(u.database)).committed()
+        return os.path.abspath(u.database)
+    return None
+
+
+def _committed(engine):
+    path = _sqlite_file(engine)
+    if path:
+        _checkpointer(path).committed()
+
+
+def _released(engine):
+    path = _sqlite_file(engine)
+    if path:
+        _checkpointer(path).released()
 
 
 def configured(conf_obj=None):
@@ -229,6 +273,7 @@ def reader(conf_obj=None, snapshot=False):
             yield s
         finally:
             s.rollback()
+    _released(engine)
 
 
 @contextlib.contextmanager
