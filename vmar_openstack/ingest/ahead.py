@@ -345,6 +345,14 @@ class Ahead:
         self.map_used = True
         return self._prepared()
 
+    def wait_map(self):
+        """Wait until the map :meth:`start_map` began is built.
+
+        Before the lock: a transaction that waited for it there would hold
+        the lock through the per-block work of the build.
+        """
+        self._prepared()
+
     def _prepared(self):
         if self._thread is not None:
             self._thread.join()

@@ -615,7 +615,10 @@ class Library:
             return self._commit_add_once(image_id, fps, ref, desc,
                                          on_map_written, ahead,
                                          not ahead.map_used, may_leave)
+        # the map's build and the changes' read before the lock, the
+        # build first: the later the read, the less the lock's own
         for _attempt in range(self.STALE_REFRESHES):
+            ahead.wait_map()
             ahead.read_changes()
             try:
                 return commit(True)
@@ -623,6 +626,7 @@ class Library:
                 LOG.debug('image %s: %s; refreshing the snapshot outside '
                           'the library lock', image_id, stale)
                 ahead.refresh()
+        ahead.wait_map()
         ahead.read_changes()
         return commit(False)
 
