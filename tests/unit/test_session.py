@@ -55,6 +55,31 @@ class TestCheckpoints(base.LibraryTestCase):
         db_session._checkpointer(path).checkpoint()
         self.assertFalse(os.path.exists(path))
 
+    def test_the_wal_shrinks_back_once_a_reader_ends(self):
+        # commits while a snapshot is open: no checkpoint copies their
+        # frames, and the WAL grows past what it keeps
+        wal = '%s/vmar.sqlite-wal' % self.tmp
+        with db_session.writer(self.conf) as s:
+            s.execute(sa.text('CREATE TABLE filler (b BLOB)'))
+            s.execute(sa.text('CREATE TABLE small (a INTEGER)'))
+        with db_session.reader(self.conf, snapshot=True) as r:
+            r.execute(sa.text('SELECT COUNT(*) FROM vmar_images')).scalar()
+            for _ in range(6):
+                with db_session.writer(self.conf) as s:
+                    s.execute(sa.text('INSERT INTO filler VALUES (:b)'),
+                              {'b': os.urandom(4 << 20)})
+            self.assertTrue(db_session.wait_for_checkpoints(30))
+        grown = os.stat(wal).st_size
+        self.assertGreater(grown, db_session._Checkpointer.WAL_KEPT)
+        # the reader's end let a checkpoint copy every frame: the next
+        # writer starts the WAL again and cuts its file back
+        self.assertTrue(db_session.wait_for_checkpoints(30))
+        with db_session.writer(self.conf) as s:
+            s.execute(sa.text('INSERT INTO small VALUES (1)'))
+        self.assertLessEqual(os.stat(wal).st_size,
+                             db_session._Checkpointer.WAL_KEPT)
+        self.assertLess(os.stat(wal).st_size, grown)
+
     def test_connections_do_not_checkpoint_on_commit(self):
         engine = db_session.get_engine(self.conf)
         with engine.connect() as c:
