@@ -73,6 +73,31 @@ class TestAhead(base.LibraryTestCase):
         # both adds (the first image's and the second's)
         self.assertEqual(['vmar-map-ahead'] * 2, threads)
 
+    def test_the_threads_map_is_built_before_the_lock(self):
+        # the build is slow; the locked transaction must not wait for it
+        events = []
+        real_build = ahead.Ahead._build
+        real_take = db_session._take_lock
+        go = threading.Event()
+
+        def build(obj, *a):
+            go.wait(0.5)    # slow, unless the lock is taken first
+            real_build(obj, *a)
+            events.append('built')
+
+        def take(*a, **k):
+            events.append('lock')
+            go.set()        # a build still waiting would now end
+            return real_take(*a, **k)
+        self.useFixture(mockpatch('_build', build))
+        self.useFixture(mockpatch('THREAD_MIN_BLOCKS', 0))
+        self.useFixture(fixtures.MockPatchObject(db_session, '_take_lock',
+                                                 take))
+        self.lib.add(_uuid(1), self.image('a', [1, 2, 3, None, 4]),
+                     visibility='public')
+        self.assertEqual(['built', 'lock'], events[:2])
+        self.assertEqual(([], []), check.check(self.conf))
+
     def _snapshot_map_is_used(self):
         self.lib.add(_uuid(1), self.image('a', [1, 2, 3, None, 4]),
                      visibility='public')
