@@ -98,6 +98,26 @@ class TestAhead(base.LibraryTestCase):
         self.assertEqual(['built', 'lock'], events[:2])
         self.assertEqual(([], []), check.check(self.conf))
 
+    def test_the_new_keys_are_found_before_the_lock(self):
+        self.lib.add(_uuid(1), self.image('a', [1, 2, 3]),
+                     visibility='public')
+        seen = []
+        real = db_store.ClusterStore.add_keys
+
+        def add_keys(store, seq, keys, public, found=None, new=None):
+            seen.append((keys, found, new))
+            return real(store, seq, keys, public, found=found, new=new)
+        self.useFixture(fixtures.MockPatchObject(
+            db_store.ClusterStore, 'add_keys', add_keys))
+        self.lib.add(_uuid(2), self.image('b', [2, 3, 7, None, 8]),
+                     visibility='public')
+        (keys, found, new), = seen
+        self.assertIsNotNone(new)
+        self.assertEqual(2, len(new))
+        self.assertEqual(sorted(set(keys.tolist()) - set(found[0].tolist())),
+                         new.tolist())
+        self.assertEqual(([], []), check.check(self.conf))
+
     def _snapshot_map_is_used(self):
         self.lib.add(_uuid(1), self.image('a', [1, 2, 3, None, 4]),
                      visibility='public')

@@ -698,7 +698,7 @@ class ClusterStore:
 
     # -- adding and removing an image's keys ----------------------------------
 
-    def add_keys(self, seq, keys, public, found=None):
+    def add_keys(self, seq, keys, public, found=None, new=None):
         """Add image ``seq`` as a member for every key in ``keys``.
 
         ``keys``: the image's distinct keys, sorted.
@@ -706,14 +706,15 @@ class ClusterStore:
         ``public``: whether the image is public (clusters keep their
         smallest public member). ``found``: the ``(keys, clusters)`` of
         those of ``keys`` in the table, if already known (they must be
-        current).
+        current); ``new``: the others, if known too (sorted).
 
         Returns the image's ``(keys, cluster ids)`` afterwards, unsorted, so
         that map generation need not read them back (most callers do not
         need them: no sort on the ingest path).
         """
         found_k, found_c = found or self.lookup(keys)
-        new = np.setdiff1d(keys, found_k, assume_unique=True)
+        if new is None or found is None:
+            new = np.setdiff1d(keys, found_k, assume_unique=True)
         self._added = (new, fp_keys.unique(found_c))
         out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         if len(found_k):

@@ -107,6 +107,7 @@ class Ahead:
         self._thread = None
         self._result = None
         self._error = None
+        self._new = None        # (found keys, the image's keys not in them)
         self._expected = 0
         self._table = None      # (keys, clusters) of a scan; False: none
         self._read = None       # read_changes(): (since, upto, Changes)
@@ -221,12 +222,33 @@ class Ahead:
         clusters[np.searchsorted(keys, found[0])] = found[1]
         args = (prov, digests, index, clusters, scope, path)
         if len(index.blocks) < self.THREAD_MIN_BLOCKS:
-            self._build(*args)
+            self._prepare(found, args)
         else:
             self._thread = threading.Thread(
-                target=self._build, args=args, name='vmar-map-ahead',
-                daemon=True)
+                target=self._prepare, args=(found, args),
+                name='vmar-map-ahead', daemon=True)
             self._thread.start()
+
+    def _prepare(self, found, build_args):
+        try:
+            self._new = (found[0], np.setdiff1d(self.keys, found[0],
+                                                assume_unique=True))
+        except BaseException as e:   # re-raised by map_result()
+            self._error = e
+            return
+        self._build(*build_args)
+
+    def new_keys(self, found):
+        """The image's keys not in ``found``, if found ahead (else None).
+
+        For the locked transaction's ``add_keys``: computed beside the
+        map's build, for the snapshot's answer; None if ``found`` is
+        another.
+        """
+        new = self._new
+        if new is not None and found is not None and new[0] is found[0]:
+            return new[1]
+        return None
 
     # -- in the locked transaction, and after it ----------------------------
 
@@ -366,7 +388,7 @@ class Ahead:
             self._thread = None
         if self._result is not None:
             fileutils.unlink(self._result.tmp_path)
-        self._result = self._error = None
+        self._result = self._error = self._new = None
 
     def close(self):
         """Wait for the map thread; remove a map file nobody installed."""

@@ -657,7 +657,8 @@ class Library:
             self.lists.ensure(ref, fps.digests)
             store.record_digests(img, ref)
             known = store.add_keys(img.seq, ahead.keys,
-                                   img.visibility == 'public', found=found)
+                                   img.visibility == 'public', found=found,
+                                   new=ahead.new_keys(found))
             store.flush()
             # The new image has the largest sequence id, so it is never the
             # smallest candidate of another image: no other map changes.
