@@ -31,6 +31,20 @@ class TestKeyFilter(testtools.TestCase):
         f = keyfilter.KeyFilter.of(self.keys[:3])
         self.assertLess(f.might_contain(self.others).mean(), 0.0015)
 
+    def test_the_bits_are_where_the_format_says(self):
+        # probe i of a key is bit (lo + i * hi) mod m: bit b % 8 of byte
+        # b // 8 (filters written by one release are read by another)
+        keys = np.random.default_rng(7).integers(
+            -2 ** 63, 2 ** 63 - 1, 300, dtype=np.int64)
+        f = keyfilter.KeyFilter.of(keys)
+        want = set()
+        for k in keys.tolist():
+            u = k % (1 << 64)
+            lo, hi = u & 0xFFFFFFFF, (u >> 32) | 1
+            want.update((lo + i * hi) % f.n_bits for i in range(f.probes))
+        have = {b for b in range(f.n_bits) if f.bits[b // 8] >> (b % 8) & 1}
+        self.assertEqual(want, have)
+
     def test_round_trip(self):
         f = keyfilter.KeyFilter.of(self.keys[:1000])
         g = keyfilter.KeyFilter.from_bytes(f.to_bytes())

@@ -45,10 +45,10 @@ class KeyFilter:
         """The filter of the int64 ``keys`` (any order, repeats allowed)."""
         keys = np.asarray(keys, dtype=np.int64)
         n_bits = max(MIN_BITS, bits_per_key * len(keys))
-        bits = np.zeros((n_bits + 7) // 8, dtype=np.uint8)
-        pos = _positions(keys, n_bits, probes)
-        np.bitwise_or.at(bits, pos >> 3,
-                         (1 << (pos & 7)).astype(np.uint8))
+        # one bool per bit, then packed: bit b is bit b % 8 of byte b // 8
+        flags = np.zeros(n_bits, dtype=bool)
+        flags[_positions(keys, n_bits, probes)] = True
+        bits = np.packbits(flags, bitorder='little')
         return cls(bits, n_bits, probes, len(keys))
 
     def might_contain(self, keys):
