@@ -11,11 +11,13 @@ import threading
 from unittest import mock
 
 import fixtures
+import sqlalchemy as sa
 
 from tests import base
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import content_log as db_content_log
 from vmar_openstack.db import migration
+from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
@@ -104,18 +106,27 @@ class TestAhead(base.LibraryTestCase):
         seen = []
         real = db_store.ClusterStore.add_keys
 
-        def add_keys(store, seq, keys, public, found=None, new=None):
-            seen.append((keys, found, new))
-            return real(store, seq, keys, public, found=found, new=new)
+        def add_keys(store, seq, keys, public, found=None, new=None,
+                     new_filter=None):
+            seen.append((keys, found, new, new_filter))
+            return real(store, seq, keys, public, found=found, new=new,
+                        new_filter=new_filter)
         self.useFixture(fixtures.MockPatchObject(
             db_store.ClusterStore, 'add_keys', add_keys))
         self.lib.add(_uuid(2), self.image('b', [2, 3, 7, None, 8]),
                      visibility='public')
-        (keys, found, new), = seen
+        (keys, found, new, new_filter), = seen
         self.assertIsNotNone(new)
         self.assertEqual(2, len(new))
         self.assertEqual(sorted(set(keys.tolist()) - set(found[0].tolist())),
                          new.tolist())
+        # and the content log's filter of them, made with them
+        self.assertEqual(2, new_filter.n_keys)
+        with db_session.reader(self.conf) as s:
+            row = s.execute(sa.select(models.ContentChange.key_filter)
+                            .order_by(models.ContentChange.generation.desc())
+                            ).scalars().first()
+        self.assertEqual(new_filter.to_bytes(), row)
         self.assertEqual(([], []), check.check(self.conf))
 
     def _snapshot_map_is_used(self):

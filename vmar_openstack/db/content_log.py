@@ -43,8 +43,12 @@ class Changes:
 
 
 def record(session, generation, kind, new_keys=None, moved_keys=None,
-           clusters=None, keep_seconds=3600):
-    """Log content generation ``generation``; forget what is too old."""
+           clusters=None, keep_seconds=3600, new_filter=None):
+    """Log content generation ``generation``; forget what is too old.
+
+    ``new_filter``: the :class:`KeyFilter` of ``new_keys``, if the caller
+    made it before the lock.
+    """
     now = models.utcnow()
     session.execute(sa.delete(models.ContentChange).where(
         models.ContentChange.created_at
@@ -54,7 +58,9 @@ def record(session, generation, kind, new_keys=None, moved_keys=None,
     row = models.ContentChange(generation=generation, kind=kind,
                                created_at=now)
     if kind == ADD:
-        row.key_filter = keyfilter.KeyFilter.of(new_keys).to_bytes()
+        if new_filter is None:
+            new_filter = keyfilter.KeyFilter.of(new_keys)
+        row.key_filter = new_filter.to_bytes()
         row.moved_filter = keyfilter.KeyFilter.of(moved_keys).to_bytes()
         row.clusters = np.ascontiguousarray(clusters, '<i8').tobytes()
     session.add(row)

@@ -158,10 +158,11 @@ class ClusterStore:
         if add:
             if self._added is None:
                 raise RuntimeError('an add logged before its add_keys')
-            new, clusters = self._added
+            new, clusters, new_filter = self._added
             moved = np.concatenate([np.empty(0, np.int64)] + self._sql.moved)
             content_log.record(self.session, generation, content_log.ADD,
-                               new, moved, clusters, keep)
+                               new, moved, clusters, keep,
+                               new_filter=new_filter)
         else:
             content_log.record(self.session, generation, content_log.OTHER,
                                keep_seconds=keep)
@@ -698,7 +699,8 @@ class ClusterStore:
 
     # -- adding and removing an image's keys ----------------------------------
 
-    def add_keys(self, seq, keys, public, found=None, new=None):
+    def add_keys(self, seq, keys, public, found=None, new=None,
+                 new_filter=None):
         """Add image ``seq`` as a member for every key in ``keys``.
 
         ``keys``: the image's distinct keys, sorted.
@@ -706,7 +708,8 @@ class ClusterStore:
         ``public``: whether the image is public (clusters keep their
         smallest public member). ``found``: the ``(keys, clusters)`` of
         those of ``keys`` in the table, if already known (they must be
-        current); ``new``: the others, if known too (sorted).
+        current); ``new``: the others, if known too (sorted), and
+        ``new_filter`` their :class:`KeyFilter` for the content log.
 
         Returns the image's ``(keys, cluster ids)`` afterwards, unsorted, so
         that map generation need not read them back (most callers do not
@@ -715,7 +718,8 @@ class ClusterStore:
         found_k, found_c = found or self.lookup(keys)
         if new is None or found is None:
             new = np.setdiff1d(keys, found_k, assume_unique=True)
-        self._added = (new, fp_keys.unique(found_c))
+            new_filter = None
+        self._added = (new, fp_keys.unique(found_c), new_filter)
         out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         if len(found_k):
             shadow = self._dominated(found_c, seq)

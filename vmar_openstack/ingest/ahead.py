@@ -35,6 +35,7 @@ from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
+from vmar_openstack.fingerprint import keyfilter
 from vmar_openstack.fingerprint import keys as fp_keys
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
@@ -107,7 +108,8 @@ class Ahead:
         self._thread = None
         self._result = None
         self._error = None
-        self._new = None        # (found keys, the image's keys not in them)
+        # (found keys, the image's keys not in them, their KeyFilter)
+        self._new = None
         self._expected = 0
         self._table = None      # (keys, clusters) of a scan; False: none
         self._read = None       # read_changes(): (since, upto, Changes)
@@ -231,24 +233,24 @@ class Ahead:
 
     def _prepare(self, found, build_args):
         try:
-            self._new = (found[0], np.setdiff1d(self.keys, found[0],
-                                                assume_unique=True))
+            new = np.setdiff1d(self.keys, found[0], assume_unique=True)
+            self._new = (found[0], new, keyfilter.KeyFilter.of(new))
         except BaseException as e:   # re-raised by map_result()
             self._error = e
             return
         self._build(*build_args)
 
     def new_keys(self, found):
-        """The image's keys not in ``found``, if found ahead (else None).
+        """``(keys, KeyFilter)``: the image's keys not in ``found``.
 
-        For the locked transaction's ``add_keys``: computed beside the
-        map's build, for the snapshot's answer; None if ``found`` is
-        another.
+        For the locked transaction's ``add_keys`` and its content log
+        row: computed beside the map's build, for the snapshot's answer;
+        ``(None, None)`` if ``found`` is another.
         """
         new = self._new
         if new is not None and found is not None and new[0] is found[0]:
-            return new[1]
-        return None
+            return new[1:]
+        return None, None
 
     # -- in the locked transaction, and after it ----------------------------
 

@@ -656,9 +656,10 @@ class Library:
             img = store.add_image(**vars(desc))
             self.lists.ensure(ref, fps.digests)
             store.record_digests(img, ref)
+            new, new_filter = ahead.new_keys(found)
             known = store.add_keys(img.seq, ahead.keys,
                                    img.visibility == 'public', found=found,
-                                   new=ahead.new_keys(found))
+                                   new=new, new_filter=new_filter)
             store.flush()
             # The new image has the largest sequence id, so it is never the
             # smallest candidate of another image: no other map changes.
