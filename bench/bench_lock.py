@@ -383,7 +383,12 @@ def summarise(adds, deletes, pending):
             'deletes': len(deletes),
             'delete_hold_p99_s': pct([sum(d['holds']) for d in deletes], 99),
             'pending_rewritten': pending['rewritten'],
-            'pending_hold_p99_s': pct(pending['holds'], 99)}
+            'pending_hold_p99_s': pct(pending['holds'], 99),
+            # the tail: which adds held longest, and how
+            'longest_adds': [
+                {'i': a['i'], 'kind': a['kind'], 'data_gib': a['data_gib'],
+                 'holds_s': a['holds']}
+                for a in sorted(adds, key=lambda a: -sum(a['holds']))[:5]]}
 
 
 def run_variant(args, name, code, work, galera=None):
@@ -484,6 +489,11 @@ def report(results):
                       part, p['hold_p50_s'], p['hold_p99_s'],
                       p['hold_max_s'], p['add_s_per_gib'],
                       p['transactions_per_add']))
+        print('  longest holds: ' + '; '.join(
+            '#%d %s %.2f GiB %s s' % (a['i'], a['kind'], a['data_gib'],
+                                      '+'.join('%.3f' % h
+                                               for h in a['holds_s']))
+            for a in r['longest_adds']))
     if len(results) == 2:
         base, new = results['baseline'], results['new']
         for part in ('first_tenth', 'last_tenth', 'all'):
