@@ -21,6 +21,7 @@ from vmar_openstack.db import models
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
 from vmar_openstack import exception
+from vmar_openstack.fingerprint import keyfilter
 from vmar_openstack import ingest
 from vmar_openstack.ingest import ahead
 from vmar_openstack.ingest import check
@@ -176,6 +177,45 @@ class TestAhead(base.LibraryTestCase):
         self.assertEqual([], locked)
         self.assertEqual([(_uuid(1), 0, 1, 0), (_uuid(2), 1, 2, 1),
                           (_uuid(3), 3, 1, 3)], self._map(_uuid(3)))
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def test_filters_read_before_the_lock_are_tested_there(self):
+        # an add commits while c is hashed, before c reads the log: c's
+        # keys meet that add's filters outside the lock, never inside
+        self.lib.add(_uuid(1), self.image('a', [1, 2]), visibility='public')
+        other = ingest.Library(self.conf)
+        path_b = self.image('b', [3, 4, 5])
+        state = {'locked': False}
+        tested = []
+        real_take = db_session._take_lock
+        real_test = keyfilter.KeyFilter.might_contain
+
+        def take(*a, **k):
+            real_take(*a, **k)
+            state['locked'] = True
+
+        def might_contain(f, keys):
+            tested.append(state['locked'])
+            return real_test(f, keys)
+        self.useFixture(fixtures.MockPatchObject(db_session, '_take_lock',
+                                                 take))
+        self.useFixture(fixtures.MockPatchObject(
+            keyfilter.KeyFilter, 'might_contain', might_contain))
+        observer = lambda *a: state.update(locked=False)  # noqa: E731
+        db_session.LOCK_HOLD_OBSERVERS.append(observer)
+        self.addCleanup(db_session.LOCK_HOLD_OBSERVERS.remove, observer)
+        self._add_during_hashing(
+            _uuid(3), [1, 4, 5, 6],
+            lambda: other.add(_uuid(2), path_b, visibility='public'),
+            visibility='public')
+        self.assertIn(False, tested)        # tested, before the lock
+        self.assertNotIn(True, tested)      # and not again under it
+        self.assertEqual(
+            self._serial_map([(_uuid(1), [1, 2], {'visibility': 'public'}),
+                              (_uuid(2), [3, 4, 5], {'visibility': 'public'}),
+                              (_uuid(3), [1, 4, 5, 6],
+                               {'visibility': 'public'})]),
+            self._map(_uuid(3)))
         self.assertEqual(([], []), check.check(self.conf))
 
     def _builds_under_the_lock(self, image_id=None):
