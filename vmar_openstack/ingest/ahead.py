@@ -262,6 +262,14 @@ class Ahead:
             return
         self._build(*build_args)
 
+    def _unfound(self):
+        """The image's keys the snapshot's answer lacks (sorted)."""
+        new, _filter = self.new_keys(self.found_keys)
+        if new is None:
+            fk = self.found_keys[0]
+            new = self.keys[~fp_keys.isin(self.keys, fk)]
+        return new
+
     def new_keys(self, found):
         """``(keys, KeyFilter)``: the image's keys not in ``found``.
 
@@ -303,8 +311,7 @@ class Ahead:
         pre = self._tested
         if pre is None or pre[0] != since or pre[1] is not fk:
             # not tested before the lock (or against other keys)
-            pre = (since, fk, self.keys[~fp_keys.isin(self.keys, fk)],
-                   None, None)
+            pre = (since, fk, self._unfound(), None, None)
         _since, _fk, unfound, inserted, moved = pre
         ik, ic = _exact(store, unfound,
                         _maybe(unfound, changes.inserted, inserted))
@@ -347,7 +354,7 @@ class Ahead:
         self._tested = None
         if changes is not None and now != self.generation:
             fk = self.found_keys[0]
-            unfound = self.keys[~fp_keys.isin(self.keys, fk)]
+            unfound = self._unfound()
             self._tested = (self.generation, fk, unfound,
                             _tested(unfound, changes.inserted),
                             _tested(fk, changes.moved))
