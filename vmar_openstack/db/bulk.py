@@ -35,7 +35,7 @@ with Galera's full row images an update replicates the blob twice.
 A compaction (:meth:`BulkSQL.compact_step`) takes no library lock: it
 changes where a key's cluster is written, never what it is, so no
 ingest's snapshot goes stale for it. Compactions take turns through the
-``compaction`` row of ``vmar_locks``, fold the oldest run first, a
+row of ``vmar_compaction``, fold the oldest run first, a
 piece a transaction, with the overrides of those keys (read with a lock,
 so that a locked transaction's new override is either folded or left,
 never lost); then the overrides no run holds;
@@ -62,7 +62,6 @@ FINGERPRINTS = 'vmar_fingerprints'
 RECENT = 'vmar_fingerprints_recent'
 RUNS = 'vmar_fingerprint_runs'
 OVERRIDES = 'vmar_fingerprint_overrides'
-COMPACTION_LOCK = 'compaction'
 # a run's id: the content generation of its add, shifted, and its place
 # among the runs of that transaction
 RUN_BITS = 10
@@ -451,13 +450,11 @@ class BulkSQL:
 
     def _take_compaction_turn(self):
         self.session.execute(sa.text(
-            'UPDATE vmar_locks SET generation = generation + 1 WHERE name '
-            '= :n'), {'n': COMPACTION_LOCK})
+            'UPDATE vmar_compaction SET turn = turn + 1 WHERE id = 1'))
         turn = self.session.execute(sa.text(
-            'SELECT generation FROM vmar_locks WHERE name = :n'),
-            {'n': COMPACTION_LOCK}).scalar()
+            'SELECT turn FROM vmar_compaction WHERE id = 1')).scalar()
         if turn is None:
-            raise RuntimeError('no compaction row in vmar_locks: run '
+            raise RuntimeError('no row in vmar_compaction: run '
                                'vmar-manage db sync')
         return turn
 

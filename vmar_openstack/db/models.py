@@ -33,7 +33,8 @@
 * ``vmar_publications``: the hidden Glance images vmar-agent publishes,
   each claimed by one publisher at a time (vmar_openstack.db.publications).
 * ``vmar_locks``: the row that serialises library mutations, with a count
-  of the mutations committed so far.
+  of the mutations committed so far; ``vmar_compaction``: the row through
+  which compactions of the fingerprint index take turns.
 """
 
 import dataclasses
@@ -405,6 +406,19 @@ class Lock(Base):
     # delete (session.locked_writer(content=True), db.content_log)
     content_generation = sa.Column(sa.BigInteger, nullable=False,
                                    default=0, server_default='0')
+
+
+class CompactionTurn(Base):
+    """The one row compactions take turns through (db.bulk).
+
+    Not a row of ``vmar_locks``: PostgreSQL's locked transactions lock
+    that table whole (db.session), and a compaction never waits for them.
+    """
+    __tablename__ = 'vmar_compaction'
+
+    id = sa.Column(sa.Integer, primary_key=True, autoincrement=False)
+    # compaction transactions committed so far
+    turn = sa.Column(sa.BigInteger, nullable=False)
 
 
 class ContentChange(Base):

@@ -4,8 +4,24 @@ Every mutation of the library runs in one transaction that first takes the
 library lock, so two ingests never interleave their cluster updates:
 
 * SQLite: the transaction starts with ``BEGIN IMMEDIATE`` (one writer);
-* MariaDB/MySQL and PostgreSQL: ``SELECT ... FOR UPDATE`` on the single
-  ``vmar_locks`` row, with a lock wait timeout.
+* MariaDB/MySQL: ``SELECT ... FOR UPDATE`` on the library's
+  ``vmar_locks`` row, with a lock wait timeout;
+* PostgreSQL: ``LOCK TABLE vmar_locks IN EXCLUSIVE MODE``, with a lock
+  timeout.
+
+Every statement of a locked transaction then sees the library as it was
+when the lock was taken. A compaction of the fingerprint index commits
+beside it (:mod:`vmar_openstack.db.bulk`: it takes no library lock), and
+moves keys from runs to row tiers between two statements of one lookup:
+a transaction that saw the tiers before and the runs after would find
+such a key nowhere. InnoDB's REPEATABLE READ takes its snapshot at the
+first plain read, after the lock; SQLite's writer excludes compactions.
+PostgreSQL's locked transactions run in REPEATABLE READ too, whose
+snapshot is taken at the first query: so the lock is taken by a
+statement that is no query (``LOCK TABLE``; ``SELECT ... FOR UPDATE``
+would take the snapshot before it waits, and every waiter would then
+fail on the lock row its predecessor updated). Plain reads of the table
+(the counters) do not wait for that lock.
 
 Hashing happens before the lock is taken, so only the short cluster update is
 serialised.
@@ -373,7 +389,11 @@ def locked_writer(conf_obj=None, content=False):
     """
     c = conf_obj or conf.CONF
     engine = get_engine(c)
-    with orm.Session(engine, info=_info(c)) as s:
+    bind = engine
+    if engine.dialect.name == 'postgresql':
+        # one snapshot, taken after the lock (see the module's docstring)
+        bind = engine.execution_options(isolation_level='REPEATABLE READ')
+    with orm.Session(bind, info=_info(c)) as s:
         with s.begin():
             _take_lock(s, c.vmar_database.lock_timeout)
             s.info['vmar_lock_taken'] = time.monotonic()
@@ -470,9 +490,17 @@ def _take_lock(session, timeout):
         session.execute(sa.text("SET LOCAL lock_timeout = '%ds'"
                                 % int(timeout)))
     try:
-        row = session.execute(sa.text(
-            'SELECT name FROM vmar_locks WHERE name = :n FOR UPDATE'),
-            {'n': LIBRARY_LOCK}).first()
+        if name == 'postgresql':
+            # no query before it: the snapshot comes after the lock
+            session.execute(sa.text(
+                'LOCK TABLE vmar_locks IN EXCLUSIVE MODE'))
+            row = session.execute(sa.text(
+                'SELECT name FROM vmar_locks WHERE name = :n'),
+                {'n': LIBRARY_LOCK}).first()
+        else:
+            row = session.execute(sa.text(
+                'SELECT name FROM vmar_locks WHERE name = :n FOR UPDATE'),
+                {'n': LIBRARY_LOCK}).first()
     except sa.exc.OperationalError as e:
         if conflict(e):
             # a Galera node aborted us for a replicated write set (a

@@ -30,7 +30,8 @@ from vmar_openstack import names
 
 def check(conf):
     problems = []
-    with db_session.reader(conf) as s:
+    # one state of the library: a compaction may commit meanwhile
+    with db_session.reader(conf, snapshot=True) as s:
         store = db_store.ClusterStore(s)
         images = store.list_images()
         by_seq = {i.seq: i for i in images}

@@ -7,8 +7,9 @@ under the library lock: a base of 700,000 new blocks held the lock 5 to
 blob (8 bytes a key), in pieces that a compaction writes into the row
 tiers later, outside the lock, a piece at a time;
 ``vmar_fingerprint_overrides`` keeps the keys moved or gone since
-(vmar_openstack.db.bulk). The ``compaction`` row of ``vmar_locks`` makes
-compactions take turns.
+(vmar_openstack.db.bulk). The row of ``vmar_compaction`` makes
+compactions take turns: not a row of ``vmar_locks``, which PostgreSQL
+locks as a table while a locked transaction runs (db.session).
 
 Downgrade: refused while a run or an override is left; run ``vmar-manage
 db compact`` first (with no writer running), then downgrade.
@@ -47,8 +48,11 @@ def upgrade():
         sa.Column('fp_key', BigInt, primary_key=True, autoincrement=False),
         sa.Column('cluster_id', sa.BigInteger, nullable=False),
         sa.Column('hides', sa.BigInteger, nullable=False))
-    op.execute("INSERT INTO vmar_locks (name, generation, maps_epoch, "
-               "content_generation) VALUES ('compaction', 0, 0, 0)")
+    op.create_table(
+        'vmar_compaction',
+        sa.Column('id', sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column('turn', sa.BigInteger, nullable=False))
+    op.execute('INSERT INTO vmar_compaction (id, turn) VALUES (1, 0)')
 
 
 def downgrade():
@@ -62,6 +66,6 @@ def downgrade():
             reason='%d fingerprint runs and overrides are not compacted '
             '(run "vmar-manage db compact" with no writer running, then '
             'downgrade again)' % left)
-    op.execute("DELETE FROM vmar_locks WHERE name = 'compaction'")
+    op.drop_table('vmar_compaction')
     op.drop_table('vmar_fingerprint_overrides')
     op.drop_table('vmar_fingerprint_runs')
