@@ -6,9 +6,11 @@ import time
 
 import fixtures
 import sqlalchemy as sa
+import testtools
 
 from tests import base
 from vmar_openstack.db import session as db_session
+from vmar_openstack import exception
 
 
 class TestCheckpoints(base.LibraryTestCase):
@@ -162,3 +164,51 @@ class TestConflicts(base.LibraryTestCase):
         self.assertRaises(sa.exc.OperationalError, work,
                           sa.exc.OperationalError, _Orig(1213, 'dl'))
         self.assertEqual(1 + 3, len(calls))
+
+
+class TestLibraryLock(base.LibraryTestCase):
+    """The library lock, and the time it is held."""
+
+    def _hold_another_writer(self):
+        """A writer transaction (a compaction's, a report's) in a thread.
+
+        Returns ``(release, ended)``: set ``release`` to commit it;
+        ``ended`` then holds the time it committed.
+        """
+        inside, release, ended = (threading.Event(), threading.Event(),
+                                  [])
+
+        def hold():
+            with db_session.writer(self.conf) as s:
+                s.execute(sa.text('UPDATE vmar_compaction SET turn = '
+                                  'turn + 1'))
+                inside.set()
+                release.wait(30)
+            ended.append(time.monotonic())
+        t = threading.Thread(target=hold)
+        t.start()
+        self.addCleanup(t.join)
+        self.addCleanup(release.set)
+        self.assertTrue(inside.wait(30))
+        return release, ended
+
+    def test_the_hold_starts_once_sqlite_made_it_the_writer(self):
+        if db_session.get_engine(self.conf).dialect.name != 'sqlite':
+            self.skipTest('the lock of the other databases is a statement')
+        release, ended = self._hold_another_writer()
+        # the other writer commits while this one waits for it
+        threading.Timer(0.2, release.set).start()
+        with db_session.locked_writer(self.conf) as s:
+            taken = s.info['vmar_lock_taken']
+        self.assertEqual(1, len(ended))
+        self.assertGreaterEqual(taken, ended[0])
+
+    def test_a_busy_lock_is_a_lock_timeout(self):
+        if db_session.get_engine(self.conf).dialect.name != 'sqlite':
+            self.skipTest('the lock of the other databases is a statement')
+        self.conf.set_override('lock_timeout', 1, group='vmar_database')
+        self._hold_another_writer()
+        with testtools.ExpectedException(exception.LockTimeout,
+                                         'library lock busy for 1s'):
+            with db_session.locked_writer(self.conf):
+                pass

@@ -481,8 +481,6 @@ def maps_changed(session):
 
 def _take_lock(session, timeout):
     name = dialect(session)
-    if name == 'sqlite':
-        return  # BEGIN IMMEDIATE already made us the only writer
     if name in ('mysql', 'mariadb'):
         session.execute(sa.text('SET SESSION innodb_lock_wait_timeout = %d'
                                 % int(timeout)))
@@ -490,6 +488,13 @@ def _take_lock(session, timeout):
         session.execute(sa.text("SET LOCAL lock_timeout = '%ds'"
                                 % int(timeout)))
     try:
+        if name == 'sqlite':
+            # BEGIN IMMEDIATE (the engine's 'begin' event) makes us the
+            # only writer: it waits here, up to the busy timeout, for the
+            # writer before (a compaction step, a report), and not in
+            # the first statement, inside the time the lock is held
+            session.connection()
+            return
         if name == 'postgresql':
             # no query before it: the snapshot comes after the lock
             session.execute(sa.text(
