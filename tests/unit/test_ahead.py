@@ -104,19 +104,33 @@ class TestAhead(base.LibraryTestCase):
     def test_the_new_keys_are_found_before_the_lock(self):
         self.lib.add(_uuid(1), self.image('a', [1, 2, 3]),
                      visibility='public')
-        seen = []
+        seen, grouped_inside = [], []
         real = db_store.ClusterStore.add_keys
+        real_group = db_store.group_by_cluster
 
         def add_keys(store, seq, keys, public, found=None, new=None,
-                     new_filter=None):
-            seen.append((keys, found, new, new_filter))
+                     new_filter=None, grouped=None):
+            seen.append((keys, found, new, new_filter, grouped))
             return real(store, seq, keys, public, found=found, new=new,
-                        new_filter=new_filter)
+                        new_filter=new_filter, grouped=grouped)
+
+        def group_by_cluster(keys, clusters):
+            if seen:    # inside add_keys
+                grouped_inside.append(len(keys))
+            return real_group(keys, clusters)
         self.useFixture(fixtures.MockPatchObject(
             db_store.ClusterStore, 'add_keys', add_keys))
+        self.useFixture(fixtures.MockPatchObject(
+            db_store, 'group_by_cluster', group_by_cluster))
         self.lib.add(_uuid(2), self.image('b', [2, 3, 7, None, 8]),
                      visibility='public')
-        (keys, found, new, new_filter), = seen
+        (keys, found, new, new_filter, grouped), = seen
+        # the found keys grouped by cluster before the lock, not in it
+        self.assertEqual([], grouped_inside)
+        want_k, want_span = real_group(*found)
+        self.assertEqual(want_k.tolist(), grouped[0].tolist())
+        self.assertEqual(want_span, grouped[1])
+        self.assertEqual(2, len(grouped[0]))
         self.assertIsNotNone(new)
         self.assertEqual(2, len(new))
         self.assertEqual(sorted(set(keys.tolist()) - set(found[0].tolist())),

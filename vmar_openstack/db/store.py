@@ -82,11 +82,12 @@ def _smaller(a, b):
     return min(a, b)
 
 
-def _spans(keys, clusters):
+def group_by_cluster(keys, clusters):
     """``keys`` ordered by cluster, and ``{cluster id: (lo, hi)}``.
 
     Each cluster's keys are ``keys[lo:hi]`` of the keys returned, in the
-    order they came within the cluster.
+    order they came within the cluster. Per key, and so made before the
+    library lock where it can be (``add_keys`` ``grouped``).
     """
     order = fp_keys.stable_order(clusters)
     keys, clusters = keys[order], clusters[order]
@@ -700,7 +701,7 @@ class ClusterStore:
     # -- adding and removing an image's keys ----------------------------------
 
     def add_keys(self, seq, keys, public, found=None, new=None,
-                 new_filter=None):
+                 new_filter=None, grouped=None):
         """Add image ``seq`` as a member for every key in ``keys``.
 
         ``keys``: the image's distinct keys, sorted.
@@ -709,7 +710,9 @@ class ClusterStore:
         smallest public member). ``found``: the ``(keys, clusters)`` of
         those of ``keys`` in the table, if already known (they must be
         current); ``new``: the others, if known too (sorted), and
-        ``new_filter`` their :class:`KeyFilter` for the content log.
+        ``new_filter`` their :class:`KeyFilter` for the content log;
+        ``grouped``: :func:`group_by_cluster` of ``found``, if made too.
+        The work per key is then done before this call.
 
         Returns the image's ``(keys, cluster ids)`` afterwards, unsorted, so
         that map generation need not read them back (most callers do not
@@ -719,19 +722,25 @@ class ClusterStore:
         if new is None or found is None:
             new = np.setdiff1d(keys, found_k, assume_unique=True)
             new_filter = None
-        self._added = (new, fp_keys.unique(found_c), new_filter)
+        if grouped is None or found is None:
+            grouped = group_by_cluster(found_k, found_c)
+        by_cluster, span = grouped
+        ids = np.array(sorted(span), dtype=np.int64)
+        self._added = (new, ids, new_filter)
         out_k, out_c = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-        if len(found_k):
-            shadow = self._dominated(found_c, seq)
-            if shadow.any():
-                self._add_shadows([(c, seq) for c in
-                                   fp_keys.unique(found_c[shadow]).tolist()])
-                out_k.append(found_k[shadow])
-                out_c.append(found_c[shadow])
-                found_k, found_c = found_k[~shadow], found_c[~shadow]
-        if len(found_k):
-            k, c = self._regroup(found_k, found_c, seq, True, public,
-                                 image_keys=keys)
+        covered = self._covered(ids, seq)
+        if covered:
+            # clusters with a public member before seq: it only shadows
+            self._add_shadows([(c, seq) for c in covered])
+            for c in covered:
+                lo, hi = span[c]
+                out_k.append(by_cluster[lo:hi])
+                out_c.append(np.full(hi - lo, c, np.int64))
+            gone = set(covered)
+            span = {c: v for c, v in span.items() if c not in gone}
+        if span:
+            k, c = self._regroup(by_cluster, None, seq, True, public,
+                                 image_keys=keys, span=span)
             out_k.append(k)
             out_c.append(c)
         if len(new):
@@ -791,7 +800,7 @@ class ClusterStore:
                     break       # read again: a later one gained keys
 
     def _regroup(self, keys, clusters, seq, adding, public=False,
-                 image_keys=None):
+                 image_keys=None, span=None):
         """Add image ``seq`` to, or remove it from, the clusters of ``keys``.
 
         ``keys`` are the image's keys found in the table and ``clusters``
@@ -802,9 +811,12 @@ class ClusterStore:
         gets a new cluster for the part, and only those keys move; or,
         given the image's sorted distinct ``image_keys``, the other part
         when that moves fewer (:meth:`_flips`). Returns ``(keys, cluster
-        ids)`` of the kept keys after the change.
+        ids)`` of the kept keys after the change. ``span``: ``keys`` are
+        already grouped by cluster (:func:`group_by_cluster`), and these
+        are the clusters to change (``clusters`` is not read).
         """
-        keys, span = _spans(keys, clusters)
+        if span is None:
+            keys, span = group_by_cluster(keys, clusters)
         info = self._cluster_info(list(span))
         whole = [c for c, (lo, hi) in span.items()
                  if hi - lo == info[c].n_fingerprints]
@@ -903,15 +915,15 @@ class ClusterStore:
 
     # -- shadow holders ------------------------------------------------------
 
-    def _dominated(self, clusters, seq):
-        """Mask of ``clusters`` (one per key) image ``seq`` only shadows.
+    def _covered(self, ids, seq):
+        """Those of the clusters ``ids`` image ``seq`` only shadows, sorted.
 
         Those with a public member before ``seq``.
         """
-        ids = fp_keys.unique(clusters)
+        if not len(ids):
+            return []
         cl, _low, low_pub = self.cluster_minima(ids)
-        covered = cl[(low_pub >= 0) & (low_pub < seq)]
-        return fp_keys.isin(clusters, np.sort(covered))
+        return sorted(cl[(low_pub >= 0) & (low_pub < seq)].tolist())
 
     def _add_shadows(self, pairs):
         """Record ``(cluster id, seq)`` shadow holders, those not yet."""

@@ -127,7 +127,8 @@ class Ahead:
         self._thread = None
         self._result = None
         self._error = None
-        # (found keys, the image's keys not in them, their KeyFilter)
+        # (found keys, the image's keys not in them, their KeyFilter,
+        # the found keys grouped by cluster)
         self._new = None
         self._expected = 0
         self._table = None      # (keys, clusters) of a scan; False: none
@@ -256,7 +257,8 @@ class Ahead:
     def _prepare(self, found, build_args):
         try:
             new = np.setdiff1d(self.keys, found[0], assume_unique=True)
-            self._new = (found[0], new, keyfilter.KeyFilter.of(new))
+            self._new = (found[0], new, keyfilter.KeyFilter.of(new),
+                         db_store.group_by_cluster(*found))
         except BaseException as e:   # re-raised by map_result()
             self._error = e
             return
@@ -264,23 +266,25 @@ class Ahead:
 
     def _unfound(self):
         """The image's keys the snapshot's answer lacks (sorted)."""
-        new, _filter = self.new_keys(self.found_keys)
+        new, _filter, _grouped = self.new_keys(self.found_keys)
         if new is None:
             fk = self.found_keys[0]
             new = self.keys[~fp_keys.isin(self.keys, fk)]
         return new
 
     def new_keys(self, found):
-        """``(keys, KeyFilter)``: the image's keys not in ``found``.
+        """``(keys, KeyFilter, grouped)``: the image's keys not in ``found``.
 
         For the locked transaction's ``add_keys`` and its content log
-        row: computed beside the map's build, for the snapshot's answer;
-        ``(None, None)`` if ``found`` is another.
+        row, with ``found`` grouped by cluster
+        (:func:`vmar_openstack.db.store.group_by_cluster`): computed
+        beside the map's build, for the snapshot's answer; ``(None, None,
+        None)`` if ``found`` is another.
         """
         new = self._new
         if new is not None and found is not None and new[0] is found[0]:
             return new[1:]
-        return None, None
+        return None, None, None
 
     # -- in the locked transaction, and after it ----------------------------
 

@@ -656,10 +656,11 @@ class Library:
             img = store.add_image(**vars(desc))
             self.lists.ensure(ref, fps.digests)
             store.record_digests(img, ref)
-            new, new_filter = ahead.new_keys(found)
+            new, new_filter, grouped = ahead.new_keys(found)
             known = store.add_keys(img.seq, ahead.keys,
                                    img.visibility == 'public', found=found,
-                                   new=new, new_filter=new_filter)
+                                   new=new, new_filter=new_filter,
+                                   grouped=grouped)
             store.flush()
             # The new image has the largest sequence id, so it is never the
             # smallest candidate of another image: no other map changes.
