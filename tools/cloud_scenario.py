@@ -175,15 +175,18 @@ class Scenario(object):
         self.echo = echo
         self.figures = {}
 
-    def wait(self, what, probe, timeout=None, interval=2):
+    def wait(self, what, probe, timeout=None, interval=2, left=None):
+        """Poll ``probe`` until it is true; ``left()`` says what is not."""
         deadline = time.monotonic() + (timeout or self.TIMEOUT)
         while True:
             result = probe()
             if result:
                 return result
             if time.monotonic() > deadline:
-                raise ScenarioError('timed out after %d s waiting for %s'
-                                    % (timeout or self.TIMEOUT, what))
+                raise ScenarioError('timed out after %d s waiting for %s%s'
+                                    % (timeout or self.TIMEOUT, what,
+                                       '; left: %s' % left() if left
+                                       else ''))
             time.sleep(interval)
 
     def server(self, name):
@@ -1082,14 +1085,20 @@ class UserPath(Scenario):
 
         library = [self.cloud.path('vmar', d) for d in ('maps', 'bases')]
 
-        def clean():
-            left = [f for d in library if os.path.isdir(d)
-                    for f in os.listdir(d)]
+        def left():
             # mirrors stay, unreferenced, up to [vmar_host] mirror_cache_gb
-            return (not self.map_images() and not left
-                    and not self._vmar_files(('maps', 'bases', 'bootsets',
-                                              'layouts')))
-        self.wait('maps and bases to go', clean, timeout=300)
+            return {
+                'map images': sorted(
+                    '%s (of %s)' % (i, p.get('vmar_map_of'))
+                    for i, p in self.map_images().items()),
+                'library files': sorted(
+                    os.path.join(d, f) for d in library if os.path.isdir(d)
+                    for f in os.listdir(d)),
+                'host files': sorted(self._vmar_files(
+                    ('maps', 'bases', 'bootsets', 'layouts')))}
+
+        self.wait('maps and bases to go',
+                  lambda: not any(left().values()), timeout=300, left=left)
         state = os.path.join(self.host_dir, 'exports.json')
         if os.path.exists(state):
             with open(state) as f:

@@ -109,13 +109,16 @@ class TestCloud(testtools.TestCase):
     def _logs(self):
         """The tails of the logs that say why a step failed."""
         out = []
-        for name in ('nova-compute', 'vmar-agent', 'vmar-export',
-                     'nova-conductor'):
+        for name in ('vmar-agent', 'glance-api', 'vmar-export',
+                     'nova-compute', 'nova-conductor'):
             path = os.path.join(self.state, 'log', name + '.log')
             if os.path.exists(path):
                 with open(path, errors='replace') as f:
-                    out.append('--- %s\n%s' % (path, ''.join(
-                        f.readlines()[-60:])))
+                    # the image cache manager's INFO lines every 10 s
+                    # would push out the lines that say why
+                    lines = [line for line in f
+                             if 'nova.virt.libvirt.imagecache' not in line]
+                out.append('--- %s\n%s' % (path, ''.join(lines[-40:])))
         return '\n'.join(out)
 
     def openstack(self, openrc, *args):
