@@ -33,9 +33,24 @@ growth of its node's ``wsrep_replicated_bytes`` across each add is that
 add's write sets: per add, and per GiB of data and of new data (the
 fingerprint rows at the end, 4 KiB each).
 
+``--pool MIB`` (with ``--db mariadb``): the issue's control plane, a
+database whose index does not fit its memory. A mariadbd of the bench's
+own (``galera_env.Galera(size=1, wsrep=False)``) with a buffer pool of
+MIB, in a memory cgroup of ``--memory`` MiB (v1
+``memory.limit_in_bytes``, which counts the server's page cache too), so
+that what the pool does not hold is read from the disk. The report then
+gives each add's seconds per GiB of data about adds #200, #500, #1,000,
+#2,000 and the last (the adds within ``WINDOW`` of it), the database's
+bytes per GiB of the data its images hold, and the writers' RSS per
+unique key. ``--baseline-images N`` stops the baseline at its add #N,
+and either variant stops once an add is ``--cliff`` times slower per
+GiB than its own adds about #200 (the cliff of an index that left the
+pool).
+
 Usage: bench_lock.py [--db sqlite|mariadb|postgresql|galera] [--images N]
        [--writers N] [--bases N] [--derived P] [--scale S]
        [--delete-every N] [--rewrite-at-once N] [--baseline REV]
+       [--baseline-images N] [--cliff X] [--pool MIB [--memory MIB]]
        [--smoke] [--json OUT]
 """
 
@@ -43,6 +58,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -55,6 +71,12 @@ TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(TOP, 'bench')
 
 BS = 4096
+
+# adds about a mark whose seconds per GiB are the mark's (the images' data
+# varies tenfold: lognormal sizes, and bases, derived images and
+# snapshots of very different shares new)
+WINDOW = 50
+MARKS = (200, 500, 1000, 2000)
 
 
 def _load_code(root):
@@ -205,6 +227,14 @@ def run_writer(args):
         kind, seeds = cloud.next()
         if i % args.of != args.index:
             continue
+        if os.path.exists(args.stop):
+            break
+        if cliff_reached(out, i, args.cliff):
+            # every writer stops at the next add: the cliff is the
+            # library's, not this writer's
+            with open(args.stop, 'w') as f:
+                f.write('at the cliff, add #%d' % (i + 1))
+            break
         fps = fingerprints_of(seeds)
         k0 = len(timer.holds)
         b0 = replicated.bytes() if replicated else 0
@@ -228,14 +258,46 @@ def run_writer(args):
                 # the oldest first: the first bases, canonical for
                 # the blocks most images hold (the most maps pend)
                 d = lib.delete(image_uuid(i // args.delete_every - 1))
-                pending = d.pending
+                pending, deleted = d.pending, True
             except exception.ImageNotFound:
-                pending = None
+                pending, deleted = None, False
             out.append({'i': i, 'op': 'delete', 's': time.perf_counter() - t,
                         'holds': timer.holds[k0:], 'pending': pending,
+                        'image': i // args.delete_every - 1,
+                        'deleted': deleted,
                         'compaction_steps': compact.run()})
     with open(args.out, 'w') as f:
         json.dump(out, f)
+
+
+def per_gib(adds):
+    gib = sum(a['data_gib'] for a in adds)
+    return sum(a['s'] for a in adds) / gib if gib else None
+
+
+def cliff_reached(ops, i, cliff):
+    """Whether this writer's last 10 adds are ``cliff`` times slower.
+
+    Per GiB of data, than its adds about #200; ``cliff`` 0: never.
+    """
+    if not cliff or i < MARKS[0] + WINDOW:
+        return False
+    adds = [o for o in ops if o['op'] == 'add']
+    ref = per_gib([a for a in adds if abs(a['i'] - MARKS[0]) < WINDOW])
+    return bool(ref) and per_gib(adds[-10:]) >= cliff * ref
+
+
+def marks(adds):
+    """Seconds per GiB of data of the adds within WINDOW of each mark."""
+    last = max(a['i'] for a in adds) + 1
+    out = {}
+    for m in MARKS + (last,):
+        if m <= last:
+            lo = min(m - WINDOW, last - 2 * WINDOW) if m == last else (
+                m - WINDOW)
+            out[m] = per_gib([a for a in adds
+                              if lo <= a['i'] + 1 < m + WINDOW])
+    return out
 
 
 class Compactions:
@@ -308,7 +370,9 @@ def run_pending(args):
     rewritten += len(lib.rewrite_pending(per_pass,
                                          agent.PENDING_PASS_SECONDS))
     with open(args.out, 'w') as f:
-        json.dump({'rewritten': rewritten, 'holds': timer.holds}, f)
+        json.dump({'rewritten': rewritten, 'holds': timer.holds,
+                   'max_rss_bytes': resource.getrusage(
+                       resource.RUSAGE_SELF).ru_maxrss * 1024}, f)
 
 
 def run_prepare(args):
@@ -325,7 +389,11 @@ def run_check(args):
     from vmar_openstack.db import session as db_session
     from vmar_openstack.ingest import check
     conf = library_conf(args.conf)
-    problems, warnings = check.check(conf)
+    # None: not run (vmar-manage check holds every digest list and a set
+    # per key in memory: some 30 MB an image of real size)
+    problems = warnings = None
+    if not args.no_check:
+        problems, warnings = check.check(conf)
     with db_session.reader(conf) as s:
         rows = db_api.row_counts(s, ('vmar_fingerprints',
                                      'vmar_fingerprints_recent'))
@@ -335,9 +403,13 @@ def run_check(args):
                 'vmar_fingerprint_runs')).scalar())
         except sa.exc.DBAPIError:
             in_runs = 0     # code of before the runs
+    with db_session.reader(conf) as s:
+        database = db_api.database_bytes(s)
     with open(args.out, 'w') as f:
         json.dump({'problems': problems, 'warnings': warnings,
-                   'fingerprint_rows': sum(rows.values()) + in_runs}, f)
+                   'fingerprint_rows': sum(rows.values()) + in_runs,
+                   'database_bytes': sum(database.values()),
+                   'database_tables': database}, f)
 
 
 def pct(values, q):
@@ -379,6 +451,7 @@ def summarise(adds, deletes, pending):
             'first_tenth': part(adds[:tenth]),
             'last_tenth':
             part(adds[-tenth:]), 'all': part(adds),
+            'add_s_per_gib_about': marks(adds),
             'adds_left_the_lock': sum(len(a['holds']) > 1 for a in adds),
             'deletes': len(deletes),
             'delete_hold_p99_s': pct([sum(d['holds']) for d in deletes], 99),
@@ -391,7 +464,7 @@ def summarise(adds, deletes, pending):
                 for a in sorted(adds, key=lambda a: -sum(a['holds']))[:5]]}
 
 
-def run_variant(args, name, code, work, galera=None):
+def run_variant(args, name, code, work, galera=None, images=None):
     sys.path.insert(0, TOP)
     import bench_scale
     from tools.vmarenv import glance_env
@@ -417,11 +490,18 @@ def run_variant(args, name, code, work, galera=None):
     me = [sys.executable, os.path.abspath(__file__)]
     common = ['--code', code, '--conf', confs[-1]]
     subprocess.run(me + ['_prepare'] + common, check=True)
-    stream = ['--images', str(args.images), '--bases', str(args.bases),
+    stream = ['--images', str(images or args.images),
+              '--bases', str(args.bases),
               '--derived', str(args.derived), '--scale', str(args.scale),
               '--delete-every', str(args.delete_every)]
     stop = os.path.join(state, 'stop', 'now')
     os.makedirs(os.path.dirname(stop))
+    # the writers stop at their next add once this file is there: written
+    # by the first that reached the cliff, or by hand (say why in it)
+    cliff = os.path.join(state, 'stop', 'writers')
+    stream += ['--stop', cliff, '--cliff', str(args.cliff or 0)]
+    print('%s: to stop its writers early: echo why > %s' % (name, cliff),
+          flush=True)
     pend_out = os.path.join(state, 'pending.json')
     pend = subprocess.Popen(me + ['_pending'] + common + [
         '--stop', stop, '--out', pend_out])
@@ -432,7 +512,8 @@ def run_variant(args, name, code, work, galera=None):
         procs.append(subprocess.Popen(
             me + ['_writer', '--code', code, '--conf', confs[w]] + stream
             + ['--index', str(w), '--of', str(args.writers), '--out',
-               outs[-1]] + (['--wsrep'] if galera is not None else [])))
+               outs[-1]] + (['--wsrep'] if galera is not None
+                            and galera.wsrep else [])))
     failed = [p.wait() for p in procs]
     wall = time.monotonic() - t
     open(stop, 'w').close()
@@ -440,17 +521,30 @@ def run_variant(args, name, code, work, galera=None):
     if any(failed) or pend.returncode:
         raise SystemExit('%s: a writer or the pending pass failed' % name)
     check_out = os.path.join(state, 'check.json')
-    subprocess.run(me + ['_check'] + common + ['--out', check_out],
-                   check=True)
+    subprocess.run(me + ['_check'] + common + ['--out', check_out] + (
+        ['--no-check'] if args.no_check else []), check=True)
     ops = [o for f in outs for o in json.load(open(f))]
     with open(pend_out) as f:
         pending = json.load(f)
-    r = summarise([o for o in ops if o['op'] == 'add'],
-                  [o for o in ops if o['op'] == 'delete'], pending)
+    adds = [o for o in ops if o['op'] == 'add']
+    deletes = [o for o in ops if o['op'] == 'delete']
+    r = summarise(adds, deletes, pending)
     r['wall_s'] = wall
     r['code'] = code
+    r['stopped'] = None
+    if os.path.exists(cliff):
+        with open(cliff) as f:
+            r['stopped'] = f.read().strip() or 'by hand'
     with open(check_out) as f:
         r['check'] = json.load(f)
+    gone = {d['image'] for d in deletes if d['deleted']}
+    r['data_gib_held'] = sum(a['data_gib'] for a in adds
+                             if a['i'] not in gone)
+    r['database_mb_per_gib_held'] = (r['check']['database_bytes'] / 1e6
+                                     / r['data_gib_held'])
+    # the pending pass's process is vmar-agent's part: its RSS (the
+    # writers' holds the bench's stream of every parent image's seeds)
+    r['agent_max_rss_bytes'] = pending.get('max_rss_bytes')
     if r['writesets']:
         new_gib = r['check']['fingerprint_rows'] * BS / 2 ** 30
         r['writesets']['mb_per_gib_of_new_data'] = (
@@ -466,7 +560,22 @@ def report(results):
               'pending maps rewritten: %d; vmar-manage check: %d problems' % (
                   name, r['code'], r['all']['adds'], r['wall_s'],
                   r['adds_left_the_lock'], r['pending_rewritten'],
-                  len(r['check']['problems'])))
+                  -1 if r['check']['problems'] is None
+                  else len(r['check']['problems'])))
+        about = r['add_s_per_gib_about']
+        first = min(about)
+        print('  add s per GiB of data, the adds within %d of each: %s%s' % (
+            WINDOW, ', '.join(
+                '#%s %.3f (%.2f x #%s)' % (m, v, v / about[first], first)
+                for m, v in sorted(about.items(), key=lambda x: int(x[0]))),
+            '; stopped: %s' % r['stopped'] if r['stopped'] else ''))
+        print('  database %.1f MB for %.1f GiB of data held: %.2f MB per '
+              'GiB; %d unique keys; the pending pass\'s RSS (vmar-agent\'s '
+              'part) at most %.0f MB' % (
+                  r['check']['database_bytes'] / 1e6, r['data_gib_held'],
+                  r['database_mb_per_gib_held'],
+                  r['check']['fingerprint_rows'],
+                  (r['agent_max_rss_bytes'] or 0) / 1e6))
         if r['writesets']:
             w = r['writesets']
             print('  write sets per add p50 %.1f MB, p99 %.1f MB; %.2f MB '
@@ -504,6 +613,41 @@ def report(results):
                             / base[part]['hold_p50_s'],
                             new[part]['add_s_per_gib']
                             / base[part]['add_s_per_gib']))
+        common = sorted(set(base['add_s_per_gib_about'])
+                        & set(new['add_s_per_gib_about']), key=int)
+        print('new / baseline, add s per GiB about: ' + ', '.join(
+            '#%s %.3f' % (m, new['add_s_per_gib_about'][m]
+                          / base['add_s_per_gib_about'][m]) for m in common))
+        print('new / baseline, database per GiB held %.3f' % (
+            new['database_mb_per_gib_held']
+            / base['database_mb_per_gib_held']))
+
+
+def private_server(args, work):
+    """A mariadbd of the bench's own in a memory cgroup: (server, group).
+
+    The buffer pool is ``--pool`` MiB; the group's limit, ``--memory``
+    MiB, counts the server's heap and the page cache of its files, so the
+    index's pages the pool does not hold come from the disk. Durable
+    commits (``innodb_flush_log_at_trx_commit=1``) and a redo log of a
+    quarter of the pool, as a control plane's server has.
+    """
+    sys.path.insert(0, TOP)
+    from tools import memcg
+    from tools.vmarenv import galera_env
+    os.chmod(work, 0o755)       # mariadbd runs as the mysql user
+    os.makedirs(os.path.join(work, 'mariadb'))
+    group = memcg.MemoryCgroup('vmar-bench-lock-%d' % os.getpid())
+    group.set_limit((args.memory or args.pool + 1024) << 20)
+    server = galera_env.Galera(
+        os.path.join(work, 'mariadb'), size=1, wsrep=False,
+        buffer_pool='%dM' % args.pool, options={
+            'innodb_flush_log_at_trx_commit': 1,
+            'innodb_log_file_size': '%dM' % max(32, args.pool // 4)},
+        database='vmar_bench')
+    server.on_spawn = group.add
+    server.start()
+    return server, group
 
 
 def main():
@@ -521,10 +665,14 @@ def main():
                 s.add_argument(a, type=t, required=True)
             s.add_argument('--out', required=True)
             s.add_argument('--wsrep', action='store_true')
+            s.add_argument('--stop', required=True)
+            s.add_argument('--cliff', type=float, required=True)
         if name == '_pending':
             s.add_argument('--stop', required=True)
         if name in ('_pending', '_check'):
             s.add_argument('--out', required=True)
+        if name == '_check':
+            s.add_argument('--no-check', action='store_true')
     p.add_argument('--db', default='sqlite',
                    choices=('sqlite', 'mariadb', 'postgresql', 'galera'),
                    help='galera: a cluster of three (tools/vmarenv/'
@@ -541,6 +689,20 @@ def main():
     p.add_argument('--delete-every', type=int, default=20)
     p.add_argument('--rewrite-at-once', type=int, default=4)
     p.add_argument('--baseline', metavar='REV')
+    p.add_argument('--baseline-images', type=int, metavar='N',
+                   help='the baseline stops at its add #N')
+    p.add_argument('--cliff', type=float, metavar='X',
+                   help='a variant stops once an add takes X times as long '
+                   'per GiB as its adds about #200')
+    p.add_argument('--no-check', action='store_true',
+                   help='no vmar-manage check after (it holds every digest '
+                   'list in memory: some 30 MB an image of real size)')
+    p.add_argument('--pool', type=int, metavar='MIB',
+                   help='with --db mariadb: a server of the bench\'s own, '
+                   'with an InnoDB buffer pool of MIB, in a memory cgroup')
+    p.add_argument('--memory', type=int, metavar='MIB',
+                   help='the memory cgroup\'s limit (default: --pool + '
+                   '1024), page cache included')
     p.add_argument('--smoke', action='store_true',
                    help='20 images at 1/64 of real size (CI)')
     p.add_argument('--json')
@@ -557,11 +719,15 @@ def main():
     if args.smoke:
         args.images, args.scale, args.bases = 20, 64, 4
         args.delete_every = 5
+    if args.pool and args.db != 'mariadb':
+        p.error('--pool needs --db mariadb')
     work = tempfile.mkdtemp(prefix='bench-lock-', dir=args.workdir)
     results = {}
-    galera = None
+    galera = group = None
     try:
-        if args.db == 'galera':
+        if args.pool:
+            galera, group = private_server(args, work)
+        elif args.db == 'galera':
             sys.path.insert(0, TOP)
             from tools.vmarenv import galera_env
             os.chmod(work, 0o755)       # mariadbd runs as the mysql user
@@ -572,8 +738,9 @@ def main():
             subprocess.run(['git', '-C', TOP, 'worktree', 'add', '--detach',
                             '-q', tree, args.baseline], check=True)
             try:
-                results['baseline'] = run_variant(args, 'baseline', tree,
-                                                  work, galera)
+                results['baseline'] = run_variant(
+                    args, 'baseline', tree, work, galera,
+                    images=args.baseline_images)
             finally:
                 subprocess.run(['git', '-C', TOP, 'worktree', 'remove',
                                 '--force', tree], check=False)
@@ -581,6 +748,8 @@ def main():
     finally:
         if galera is not None:
             galera.stop()
+        if group is not None:
+            group.remove()
         shutil.rmtree(work, ignore_errors=True)
     report(results)
     if args.json:

@@ -787,7 +787,9 @@ class Cloud:
             kind = 'snapshot'
         if kind != 'snapshot':
             self.parents.append(i)
-        self.images.append((kind, seeds))
+        # no image is made of a snapshot: its seeds are not kept (at
+        # real size a stream of 2,000 images keeps gigabytes of them)
+        self.images.append((kind, seeds if kind != 'snapshot' else None))
         return kind, seeds
 
 

@@ -15,6 +15,10 @@ has three members, all Synced, a database and a user are created, and
 :meth:`kill` SIGKILLs a node; :meth:`restart` recovers its position
 (``--wsrep-recover``, as ``mysqld_safe`` does) and starts it again, so it
 rejoins by IST from the others' gcache.
+
+``Galera(size=1, wsrep=False)`` is one plain mariadbd of its own (no
+wsrep provider): a server whose buffer pool and memory a benchmark sets
+(``bench/bench_lock.py --pool``), apart from the host's.
 """
 
 import os
@@ -88,8 +92,18 @@ class Galera(process.Service):
 
     def __init__(self, work_dir=None, size=3, database='vmar_galera',
                  user='vmar', password=None, timeout=180, sst_method=None,
-                 buffer_pool='64M', gcache='64M', **tagging):
+                 buffer_pool='64M', gcache='64M', wsrep=True, options=None,
+                 **tagging):
         super(Galera, self).__init__(work_dir, **tagging)
+        if not wsrep and size != 1:
+            raise ValueError('a server without wsrep is one node')
+        self.wsrep = wsrep
+        # mysqld options over the defaults below: {'innodb_log_file_size':
+        # '512M'}
+        self.options = dict(options or {})
+        # called with each mariadbd's pid once spawned (a memory cgroup's
+        # add: before the server touched its buffer pool)
+        self.on_spawn = None
         self.size = size
         self.database = database
         self.user = user
@@ -116,7 +130,7 @@ class Galera(process.Service):
         self.install_db = _find(['mariadb-install-db', 'mysql_install_db'],
                                 _APT)
         self.client = _find(['mariadb', 'mysql'], _APT)
-        self.provider = _find(PROVIDERS, _APT)
+        self.provider = _find(PROVIDERS, _APT) if self.wsrep else None
         try:
             pwd.getpwnam('mysql')
             self.run_as = 'mysql' if os.geteuid() == 0 else None
@@ -124,7 +138,7 @@ class Galera(process.Service):
             self.run_as = 'root'
         if self.run_as is None:     # not root: run as ourselves
             self.run_as = pwd.getpwuid(os.geteuid()).pw_name
-        if self.sst_method is None:
+        if self.sst_method is None and self.wsrep:
             if (shutil.which('rsync') and shutil.which('wsrep_sst_rsync')
                     and self.run_as != 'root'):
                 self.sst_method = 'rsync'
@@ -147,31 +161,32 @@ class Galera(process.Service):
             'evs.install_timeout=PT4S',
             'pc.recovery=false',
         ])
+        mysqld = [
+            ('user', self.run_as), ('datadir', node.datadir),
+            ('tmpdir', node.tmpdir), ('socket', node.socket),
+            ('pid-file', node.pid_file), ('log-error', node.error_log),
+            ('port', node.port), ('bind-address', '127.0.0.1'),
+            ('skip-name-resolve', None), ('skip-log-bin', None),
+            ('innodb_buffer_pool_size', self.buffer_pool),
+            ('innodb_log_file_size', '32M'),
+            ('innodb_flush_log_at_trx_commit', 2),
+            ('innodb_use_native_aio', 0),
+            ('innodb_autoinc_lock_mode', 2),
+            ('performance_schema', 'OFF'), ('max_connections', 100),
+            ('binlog_format', 'ROW'),
+            ('default_storage_engine', 'InnoDB'),
+            ('character-set-server', 'utf8mb4'),
+            ('collation-server', 'utf8mb4_general_ci')]
+        given = dict(self.options)
+        mysqld = [(k, given.pop(k, v)) for k, v in mysqld] + sorted(
+            given.items())
         with open(node.cnf, 'w') as f:
+            f.write('\n'.join(['[mysqld]'] + [
+                k if v is None else '%s=%s' % (k, v) for k, v in mysqld]
+                + ['', '']))
+            if not self.wsrep:
+                return
             f.write('\n'.join([
-                '[mysqld]',
-                'user=%s' % self.run_as,
-                'datadir=%s' % node.datadir,
-                'tmpdir=%s' % node.tmpdir,
-                'socket=%s' % node.socket,
-                'pid-file=%s' % node.pid_file,
-                'log-error=%s' % node.error_log,
-                'port=%d' % node.port,
-                'bind-address=127.0.0.1',
-                'skip-name-resolve',
-                'skip-log-bin',
-                'innodb_buffer_pool_size=%s' % self.buffer_pool,
-                'innodb_log_file_size=32M',
-                'innodb_flush_log_at_trx_commit=2',
-                'innodb_use_native_aio=0',
-                'innodb_autoinc_lock_mode=2',
-                'performance_schema=OFF',
-                'max_connections=100',
-                'binlog_format=ROW',
-                'default_storage_engine=InnoDB',
-                'character-set-server=utf8mb4',
-                'collation-server=utf8mb4_general_ci',
-                '',
                 # mariadb-install-db reads [mysqld] only; wsrep options go
                 # in [galera], read by mariadbd itself
                 '[galera]',
@@ -244,6 +259,8 @@ class Galera(process.Service):
             cmd, env=self._env(), stdin=subprocess.DEVNULL,
             stdout=node.logfile, stderr=subprocess.STDOUT,
             start_new_session=True, cwd=node.dir)
+        if self.on_spawn is not None:
+            self.on_spawn(node.proc.pid)
 
     def _close_log(self, node):
         if node.logfile:
@@ -302,8 +319,12 @@ class Galera(process.Service):
         if r.returncode:
             self._fail('mariadb-install-db failed: %s%s'
                        % (r.stdout, r.stderr))
-        self._spawn_node(first, ['--wsrep-new-cluster'])
-        self._wait_synced([1], 1, what='node1 bootstrapped')
+        if not self.wsrep:
+            self._spawn_node(first)
+            self._wait_answers(first)
+        else:
+            self._spawn_node(first, ['--wsrep-new-cluster'])
+            self._wait_synced([1], 1, what='node1 bootstrapped')
         for node in self.nodes[1:]:
             # one joiner at a time: each SST takes a donor out of Synced
             self._spawn_node(node)
@@ -322,6 +343,17 @@ class Galera(process.Service):
         self.startup_seconds = time.time() - t0
         return self
 
+    def _wait_answers(self, node):
+        deadline = time.time() + self.timeout
+        while self.sql(node.index, 'SELECT 1', check=False) is None:
+            if not node.alive():
+                self._fail('%s exited with %s while starting' % (
+                    node.name, node.proc.returncode))
+            if time.time() > deadline:
+                self._fail('%s did not answer within %ds' % (
+                    node.name, self.timeout))
+            time.sleep(0.5)
+
     def url(self, index, database=None):
         """The SQLAlchemy URL of node ``index`` (1-based)."""
         return 'mysql+pymysql://%s:%s@127.0.0.1:%d/%s?charset=utf8mb4' % (
@@ -333,6 +365,8 @@ class Galera(process.Service):
 
     def wait_same_position(self, timeout=60):
         """Wait until every live node applied the same last write set."""
+        if not self.wsrep:
+            return {}
         deadline = time.time() + timeout
         while True:
             seen = {}
