@@ -469,8 +469,15 @@ class ClusterStore:
 
     def fingerprint_rows(self):
         """Every ``(key, cluster id)`` of the index, as lookups see it."""
-        keys, clusters = self._sql.scan_fingerprints()
-        return list(zip(keys.tolist(), clusters.tolist()))
+        return list(zip(*(a.tolist() for a in self.fingerprint_index())))
+
+    def fingerprint_index(self):
+        """``(keys, cluster ids)`` of the index as lookups see it.
+
+        int64 arrays, sorted by key: 16 bytes a key, where a list of
+        pairs takes ten times that.
+        """
+        return self._sql.scan_fingerprints()
 
     def index_problems(self):
         """What breaks the fingerprint index's own rules, as sentences.

@@ -14,6 +14,7 @@ that was killed before it committed.
 import collections
 import hashlib
 import os
+import tempfile
 
 import numpy as np
 
@@ -28,29 +29,25 @@ from vmar_openstack import mapgen
 from vmar_openstack import names
 
 
+# (key, holder) pairs compared with the index in one pass: 16 Mi pairs
+# take about 0.8 GB (the pairs, their order, their clusters' codes)
+PAIRS_PER_PASS = 1 << 24
+# problems of single keys reported in full; the rest are counted
+KEY_DETAILS = 10
+
+
 def check(conf):
     problems = []
     # one state of the library: a compaction may commit meanwhile
-    with db_session.reader(conf, snapshot=True) as s:
+    with db_session.reader(conf, snapshot=True) as s, \
+            tempfile.TemporaryDirectory(prefix='.check-',
+                                        dir=conf.vmar.state_dir) as spill:
         store = db_store.ClusterStore(s)
         images = store.list_images()
         by_seq = {i.seq: i for i in images}
-        digests = {}
-        expected = collections.defaultdict(set)   # key -> member seqs
-        for img in images:
-            try:
-                d = store.load_digests(img)
-            except exception.LibraryInconsistent as e:
-                problems.append(e.kwargs['what'])
-                continue
-            digests[img.seq] = d
-            if int((~d.any(axis=1)).sum()) != img.zero_blocks:
-                problems.append('image %s: zero_blocks %d does not match its '
-                                'digests' % (img.image_id, img.zero_blocks))
-            for k in fp_keys.image_key_set(img, d).tolist():
-                expected[k].add(img.seq)
+        held = _spill_key_sets(store, images, spill, problems)
         problems.extend(store.index_problems())
-        rows = store.fingerprint_rows()
+        keys, cids = store.fingerprint_index()
         clusters = store.cluster_rows()
         members, base_problems = _member_sets(store, clusters)
         problems.extend(base_problems)
@@ -59,28 +56,10 @@ def check(conf):
                 problems.append('cluster %d names missing image seq %d'
                                 % (cid, seq))
         shadows = _shadows(store, clusters, members, by_seq, problems)
-        counts = collections.Counter()
-        actual_keys = set()
-        for key, cid in rows:
-            actual_keys.add(key)
-            counts[cid] += 1
-            if cid not in clusters:
-                problems.append('fingerprint %d points to missing cluster %d'
-                                % (key, cid))
-                continue
-            want = expected.get(key)
-            if want is None:
-                problems.append('fingerprint %d is in no image' % key)
-            elif not members[cid] <= want or (
-                    want - members[cid] - shadows[cid]):
-                problems.append('fingerprint %d is in cluster %s (shadow '
-                                'holders %s) but in images %s' % (
-                                    key, sorted(members[cid]),
-                                    sorted(shadows[cid]), sorted(want)))
-        missing = set(expected) - actual_keys
-        if missing:
-            problems.append('%d fingerprint keys of images are missing from '
-                            'the fingerprint table' % len(missing))
+        problems.extend(_index_against_holders(keys, cids, held, clusters,
+                                               members, shadows))
+        ids, n = np.unique(cids, return_counts=True)
+        counts = collections.Counter(dict(zip(ids.tolist(), n.tolist())))
         for cid, c in clusters.items():
             if counts[cid] != c.n_fingerprints:
                 problems.append('cluster %d counts %d fingerprints, has %d'
@@ -106,6 +85,139 @@ def check(conf):
         warnings = (pending + _orphans(conf, images)
                     + _unnamed_lists(store))
     return problems, warnings
+
+
+def _spill_key_sets(store, images, spill, problems):
+    """Each image's sorted key set, in a file of ``spill``: {seq: path}.
+
+    The digest lists of a library of real size do not fit in memory
+    together (8 MiB per GiB of virtual disk each, 30 MB an image); their
+    key sets are read back a key range at a time.
+    """
+    held = {}
+    for img in images:
+        try:
+            d = store.load_digests(img)
+        except exception.LibraryInconsistent as e:
+            problems.append(e.kwargs['what'])
+            continue
+        if int((~d.any(axis=1)).sum()) != img.zero_blocks:
+            problems.append('image %s: zero_blocks %d does not match its '
+                            'digests' % (img.image_id, img.zero_blocks))
+        keys = fp_keys.image_key_set(img, d).astype(np.int64)
+        if len(keys):       # (an empty file cannot be mapped)
+            path = os.path.join(spill, '%d.npy' % img.seq)
+            np.save(path, keys)
+            held[img.seq] = path
+    return held
+
+
+def _key_ranges(keys, pairs):
+    """Bounds ``[(lo, hi)]`` of key ranges of about PAIRS_PER_PASS pairs.
+
+    Ranges of equal shares of the index's keys, covering every int64;
+    ``hi`` None: no bound.
+    """
+    n = max(1, -(-pairs // PAIRS_PER_PASS))
+    cuts = [int(keys[len(keys) * i // n]) for i in range(1, n)] if len(
+        keys) else []
+    cuts = sorted(set(cuts))
+    return list(zip([None] + cuts, cuts + [None]))
+
+
+def _pairs_in(held, lo, hi):
+    """The (key, holder seq) pairs of keys in ``[lo, hi)``, by key."""
+    ks, ss = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    for seq, path in held.items():
+        a = np.load(path, mmap_mode='r')
+        i = 0 if lo is None else int(np.searchsorted(a, lo))
+        j = len(a) if hi is None else int(np.searchsorted(a, hi))
+        ks.append(np.array(a[i:j]))
+        ss.append(np.full(j - i, seq, np.int64))
+    ks, ss = np.concatenate(ks), np.concatenate(ss)
+    order = np.argsort(ks, kind='stable')
+    return ks[order], ss[order]
+
+
+def _codes(sets):
+    """Sorted ``cluster << 32 | seq`` of ``{cluster: seqs}``."""
+    out = [np.empty(0, np.int64)]
+    for cid, seqs in sets.items():
+        if seqs:
+            out.append((np.int64(cid) << 32)
+                       | np.fromiter(seqs, np.int64, len(seqs)))
+    return np.sort(np.concatenate(out))
+
+
+def _index_against_holders(keys, cids, held, clusters, members, shadows):
+    """The index's keys against the images that hold them, as problems.
+
+    Each key of an image is in the index, in a cluster that exists, whose
+    members all hold it, and every other holder is a shadow holder of
+    that cluster; each key of the index is some image's. One key range of
+    ``(key, holder)`` pairs at a time (:data:`PAIRS_PER_PASS`), from the
+    key sets :func:`_spill_key_sets` wrote.
+    """
+    problems, extra = [], collections.Counter()
+
+    def detail(kind, text):
+        """A key's problem: ``text()`` for the first KEY_DETAILS."""
+        if len(problems) < KEY_DETAILS:
+            problems.append(text())
+        else:
+            extra[kind] += 1
+    ids = np.fromiter(sorted(clusters), np.int64, len(clusters))
+    n_members = np.fromiter((len(members[c]) for c in ids.tolist()),
+                            np.int64, len(ids))
+    member_codes, shadow_codes = _codes(members), _codes(shadows)
+    pairs = sum(int(np.load(p, mmap_mode='r').shape[0])
+                for p in held.values())
+    missing = 0
+    for lo, hi in _key_ranges(keys, pairs):
+        ek, es = _pairs_in(held, lo, hi)
+        r0 = 0 if lo is None else int(np.searchsorted(keys, lo))
+        r1 = len(keys) if hi is None else int(np.searchsorted(keys, hi))
+        rk, rc = keys[r0:r1], cids[r0:r1]
+        # the row of each pair's key (rows are distinct, by key)
+        pos = np.minimum(np.searchsorted(rk, ek), max(0, len(rk) - 1))
+        in_index = (rk[pos] == ek) if len(rk) else np.zeros(len(ek), bool)
+        missing += len(np.unique(ek[~in_index]))
+        held_rows = np.zeros(len(rk), bool)
+        held_rows[pos[in_index]] = True
+        c_at = np.minimum(np.searchsorted(ids, rc), max(0, len(ids) - 1))
+        known = (ids[c_at] == rc) if len(ids) else np.zeros(len(rc), bool)
+        for k, c in zip(rk[~known].tolist(), rc[~known].tolist()):
+            detail('in a missing cluster', lambda k=k, c=c: (
+                'fingerprint %d points to missing cluster %d' % (k, c)))
+        for k in rk[known & ~held_rows].tolist():
+            detail('held by no image',
+                   lambda k=k: 'fingerprint %d is in no image' % k)
+        # each pair of a key in a cluster that exists: member, shadow,
+        # or neither (a wrong holder)
+        p_row = pos[in_index]
+        ok = known[p_row]
+        p_row, p_seq = p_row[ok], es[in_index][ok]
+        code = (rc[p_row] << 32) | p_seq
+        is_member = np.isin(code, member_codes)
+        stray = ~is_member & ~np.isin(code, shadow_codes)
+        n_held = np.bincount(p_row[is_member], minlength=len(rk))
+        want = np.where(known, n_members[c_at], 0) if len(ids) else (
+            np.zeros(len(rk), np.int64))
+        bad = known & held_rows & (n_held != want)
+        bad[p_row[stray]] = True
+        for r in np.flatnonzero(bad).tolist():
+            c = int(rc[r])
+            detail('held by others than their cluster', lambda r=r, c=c: (
+                'fingerprint %d is in cluster %s (shadow holders %s) but '
+                'in images %s' % (int(rk[r]), sorted(members[c]),
+                                  sorted(shadows[c]),
+                                  sorted(p_seq[p_row == r].tolist()))))
+    for kind, n in sorted(extra.items()):
+        problems.append('%d more fingerprint keys %s' % (n, kind))
+    if missing:
+        problems.append('%d fingerprint keys of images are missing from '
+                        'the fingerprint table' % missing)
+    return problems
 
 
 def _unnamed_lists(store):
@@ -222,7 +334,13 @@ def _check_maps(conf, store, images):
         except exception.MapFormatError as e:
             problems.append('image %s: %s' % (img.image_id, e))
             continue
-        fresh = resolver.build(img)
+        try:
+            fresh = resolver.build(img)
+        except exception.LibraryInconsistent as e:
+            # what breaks it is reported above, by key
+            problems.append('image %s: no map can be built: %s' % (
+                img.image_id, e.kwargs['what']))
+            continue
         if (np.array_equal(bmap.extents, fresh.extents)
                 and bmap.targets == fresh.targets):
             continue
