@@ -15,6 +15,8 @@ import sys
 import fixtures
 import testtools
 
+from tools import memcg
+
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
@@ -70,16 +72,31 @@ class TestHostsReporting(testtools.TestCase):
 
 class TestLockHold(testtools.TestCase):
 
-    def test_two_writers_and_the_pending_pass_on_mariadb(self):
-        """``bench_lock.py --smoke``: 20 adds, 3 deletes, the pass beside."""
-        res = smoke(self, None, 'mariadb', script='bench_lock.py')
+    def test_two_writers_and_the_pending_pass_on_a_capped_mariadb(self):
+        """``bench_lock.py --smoke --pool``: 20 adds, 3 deletes, the pass.
+
+        On a MariaDB of the bench's own, with a small buffer pool in a
+        memory cgroup: the issue's real-size run, reduced.
+        """
+        groups = set(os.listdir(memcg.ROOT))
+        res = smoke(self, None, 'mariadb', '--pool', '64', '--memory', '512',
+                    script='bench_lock.py')
         new = res['results']['new']
         self.assertEqual(20, new['all']['adds'])
         self.assertEqual(3, new['deletes'])
         self.assertEqual([], new['check']['problems'])
+        self.assertIsNone(new['stopped'])
         # the deletes left maps pending (rewrite_at_once 4), and the pass
         # rewrote them beside the writers
         self.assertGreater(new['pending_rewritten'], 0)
+        # the figures of the real-size run: adds per GiB about the last
+        # mark, the database per GiB of the images it holds
+        self.assertEqual(['20'], list(new['add_s_per_gib_about']))
+        self.assertGreater(new['database_mb_per_gib_held'], 0)
+        self.assertGreater(new['check']['database_bytes'],
+                           new['check']['fingerprint_rows'] * 8)
+        # the server and its cgroup went with the run
+        self.assertEqual(groups, set(os.listdir(memcg.ROOT)))
 
 
 class TestLibrary(testtools.TestCase):
