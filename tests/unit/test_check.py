@@ -6,6 +6,7 @@ and in many.
 """
 
 import os
+import tempfile
 
 import fixtures
 import sqlalchemy as sa
@@ -141,3 +142,17 @@ class TestCheckIndex(base.LibraryTestCase):
         check.check(self.conf)
         self.assertEqual([], [n for n in os.listdir(self.tmp)
                               if n.startswith('.check-')])
+
+    def test_a_reader_who_may_not_write_the_state_dir(self):
+        real = tempfile.TemporaryDirectory
+        used = []
+
+        def temp(prefix=None, dir=None):
+            if dir is not None:
+                raise PermissionError(13, 'Permission denied', dir)
+            used.append(prefix)
+            return real(prefix=prefix)
+        self.useFixture(fixtures.MockPatchObject(
+            check.tempfile, 'TemporaryDirectory', temp))
+        self.assertEqual([], check.check(self.conf)[0])
+        self.assertEqual(['vmar-check-'], used)

@@ -40,8 +40,7 @@ def check(conf):
     problems = []
     # one state of the library: a compaction may commit meanwhile
     with db_session.reader(conf, snapshot=True) as s, \
-            tempfile.TemporaryDirectory(prefix='.check-',
-                                        dir=conf.vmar.state_dir) as spill:
+            _spill_dir(conf) as spill:
         store = db_store.ClusterStore(s)
         images = store.list_images()
         by_seq = {i.seq: i for i in images}
@@ -85,6 +84,18 @@ def check(conf):
         warnings = (pending + _orphans(conf, images)
                     + _unnamed_lists(store))
     return problems, warnings
+
+
+def _spill_dir(conf):
+    """A temporary directory for the key sets: in ``[vmar] state_dir``.
+
+    Or the system's, for a user who may only read the library.
+    """
+    try:
+        return tempfile.TemporaryDirectory(prefix='.check-',
+                                           dir=conf.vmar.state_dir)
+    except OSError:
+        return tempfile.TemporaryDirectory(prefix='vmar-check-')
 
 
 def _spill_key_sets(store, images, spill, problems):
