@@ -90,6 +90,9 @@ class LibraryTestCase(testtools.TestCase):
         self.conf = new_conf()
         self.conf.set_override('state_dir', self.tmp, group='vmar')
         self.conf.set_override('hash_workers', 2, group='vmar')
+        # how many maps a change rewrites is the count's alone, however
+        # slow the machine (test_pending sets the time)
+        self.conf.set_override('rewrite_seconds', 3600, group='vmar')
         # a host of the test's own, reading this library
         self.conf.set_override('host_dir', os.path.join(self.tmp, 'host'),
                                group='vmar_host')

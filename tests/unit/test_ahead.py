@@ -553,13 +553,17 @@ class TestAhead(base.LibraryTestCase):
             'vmar_agent_library_lock_hold_seconds_count', {'kind': 'content'})
         self.lib.add(_uuid(1), self.image('a', [1, 2]), visibility='public')
         self.lib.remap(_uuid(1))
-        self.assertRaises(exception.ImageNotFound, self.lib.delete, _uuid(9))
+        self.assertRaises(exception.ImageNotFound, self.lib.update_metadata,
+                          _uuid(9), owner='p9')
         self.assertEqual([(True, True), (False, True), (True, False)], seen)
+        # a delete of an image not there fails before it takes the lock
+        self.assertRaises(exception.ImageNotFound, self.lib.delete, _uuid(9))
+        self.assertEqual(3, len(seen))
         self.assertEqual((before or 0) + 2, reg.get_sample_value(
             'vmar_agent_library_lock_hold_seconds_count',
             {'kind': 'content'}))
         with db_session.reader(self.conf) as s:
-            # the remap and the failed delete changed no cluster
+            # the remap and the failed change changed no cluster
             self.assertEqual(1, db_session.content_generation(s))
 
     def test_generation_counts_commits_only(self):

@@ -1,9 +1,12 @@
-"""Maps a change leaves for vmar-agent ([vmar] rewrite_at_once)."""
+"""Maps a change leaves for vmar-agent ([vmar] rewrite_at_once, _seconds)."""
+
+from unittest import mock
 
 from tests import base
 from vmar_openstack.db import api as db_api
 from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import session as db_session
+from vmar_openstack.db import store as db_store
 from vmar_openstack.ingest import check
 from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
@@ -89,6 +92,93 @@ class TestPendingMaps(base.LibraryTestCase):
         # it any more
         out = self.lib.update_metadata(_uuid(1), visibility='private')
         self.assertEqual((2, 4), (len(out.regenerated), out.pending))
+        self.lib.rewrite_pending(10)
+        for s in self.snaps:
+            self.assertEqual({s}, self.targets(s))
+        self.assertEqual(([], []), check.check(self.conf))
+
+    def loads_under_lock(self, holders_of=None, change=None):
+        """Delete the base (or ``change()``); the lists its clusters read.
+
+        Those ``remove_keys`` reads, in the locked transaction (no map is
+        rebuilt under the lock here).
+        """
+        self.conf.set_override('rewrite_at_once', 0, group='vmar')
+        loads, removing = [], []
+        real_load = db_store.ClusterStore.load_digests
+        real_remove = db_store.ClusterStore.remove_keys
+
+        def load(store, image):
+            if removing:
+                loads.append(image.image_id)
+            return real_load(store, image)
+
+        def remove(store, seq, keys):
+            removing.append(seq)
+            try:
+                return real_remove(store, seq, keys)
+            finally:
+                removing.pop()
+
+        with mock.patch.object(db_store.ClusterStore, 'load_digests',
+                               load), \
+                mock.patch.object(db_store.ClusterStore, 'remove_keys',
+                                  remove), \
+                mock.patch.object(db_store.ClusterStore, 'holders_of',
+                                  holders_of
+                                  or db_store.ClusterStore.holders_of):
+            (change or (lambda: self.lib.delete(_uuid(1))))()
+        self.lib.rewrite_pending(10)
+        for s in self.snaps:
+            self.assertEqual({s}, self.targets(s))
+        self.assertEqual([], check.check(self.conf)[0])
+        return loads
+
+    def test_a_delete_reads_its_shadows_lists_before_the_lock(self):
+        # the six snapshots shadow the public base: its delete promotes
+        # them, from what was read of their lists before the lock
+        self.assertEqual([], self.loads_under_lock())
+
+    def test_new_content_reads_its_shadows_lists_before_the_lock(self):
+        self.assertEqual([], self.loads_under_lock(change=lambda: (
+            self.lib.update_content(_uuid(1), self.image(
+                'new', range(200, 208))))))
+
+    def test_a_list_changed_since_is_read_under_the_lock(self):
+        real = db_store.ClusterStore.holders_of
+
+        def stale(store, image):
+            # as if every shadow's content changed after the snapshot
+            got = real(store, image)
+            return got._replace(held={(q, 'f' * 64): bits for (q, _sha), bits
+                                      in got.held.items()})
+
+        self.assertEqual(set(self.snaps), set(self.loads_under_lock(stale)))
+
+    def test_a_delete_stops_at_its_time(self):
+        self.conf.set_override('rewrite_at_once', 6, group='vmar')
+        self.conf.set_override('rewrite_seconds', 0, group='vmar')
+        db_hosts.HostReports(self.conf).record(
+            'h1', [(self.snaps[2], 1)])
+        out = self.lib.delete(_uuid(1))
+        # the first map past the time ends the rewrites: the exported one
+        self.assertEqual([self.snaps[2]], list(out.regenerated))
+        self.assertEqual(5, out.pending)
+        self.assertEqual(set(self.snaps) - {self.snaps[2]},
+                         {p[0] for p in self.lib.pending_maps()})
+        self.assertEqual([], check.check(self.conf)[0])
+        self.assertEqual(5, len(self.lib.rewrite_pending(10)))
+        for s in self.snaps:
+            self.assertEqual({s}, self.targets(s))
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_a_change_past_its_time_writes_its_own_map_only(self):
+        self.conf.set_override('rewrite_at_once', 6, group='vmar')
+        self.conf.set_override('rewrite_seconds', 0, group='vmar')
+        out = self.lib.update_metadata(_uuid(1), visibility='private')
+        self.assertEqual((2, {}, 6),
+                         (out.map_version, out.regenerated, out.pending))
+        self.assertEqual([], check.check(self.conf)[0])
         self.lib.rewrite_pending(10)
         for s in self.snaps:
             self.assertEqual({s}, self.targets(s))

@@ -124,8 +124,24 @@ library_opts = [
                     'every map of '
                     'the library.\n\nPossible values: 0 (every map waits '
                     'for the agent) or more. The maps read by running '
-                    'servers go first.\n\nRelated options: [vmar_agent] '
+                    'servers go first.\n\nRelated options: '
+                    'rewrite_seconds, [vmar_agent] '
                     'pending_maps_per_minute.'),
+    cfg.FloatOpt('rewrite_seconds', default=1.0, min=0,
+                 help='Seconds a change of one image spends, at most, '
+                      'rewriting maps of other images in its own '
+                      'transaction, under the library lock: it stops '
+                      'after the first map written past this long, and '
+                      'the maps it did not reach are left pending as '
+                      'those past rewrite_at_once are. Every ingest waits '
+                      'for the lock meanwhile, and a map\'s build takes '
+                      'seconds per GiB of its image\'s data '
+                      '(doc/source/admin/scale.rst).\n\nPossible values: '
+                      'seconds; 0: a delete rewrites one other map at '
+                      'most, and another change none past the changed '
+                      'image\'s own.'
+                      '\n\nRelated options: rewrite_at_once, '
+                      '[vmar_agent] pending_maps_per_minute.'),
     cfg.IntOpt('hash_workers', default=os.cpu_count() or 1, min=1,
                sample_default='<number of CPUs>',
                help='Threads (native hasher) or processes (hashlib '

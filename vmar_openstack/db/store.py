@@ -75,6 +75,13 @@ class ClusterRow(typing.NamedTuple):
     removed: str
 
 
+class Holders(typing.NamedTuple):
+    """Which keys of one image other images hold (``holders_of``)."""
+
+    keys: object       # the image's sorted distinct keys, int64
+    held: dict         # (seq, digests_sha256) -> packed bits over keys
+
+
 def _smaller(a, b):
     """min() where None means "none"."""
     if a is None or b is None:
@@ -111,6 +118,8 @@ class ClusterStore:
         self._orphans = set()  # base ids a cluster may have stopped using
         # what add_keys inserted and joined: (new keys, old cluster ids)
         self._added = None
+        # which keys of a leaving image its shadows hold (holders_of)
+        self._holders = None
 
     def flush(self):
         self.session.flush()
@@ -777,6 +786,54 @@ class ClusterStore:
         if len(found_k):
             self._regroup(found_k, found_c, seq, False)
 
+    def holders_of(self, image, digests=None):
+        """Which of ``image``'s keys each image shadowing it holds.
+
+        Read before a locked transaction removes ``image`` (from a
+        snapshot), for its promotions (:meth:`_promotions`) to use
+        (:meth:`use_holders`): those are a read of every shadow's digest
+        list. Each image's answer is tagged with its digest list, and
+        bits, not keys, are kept: about 12 KiB per shadow and GiB of
+        ``image``'s data.
+        """
+        if digests is None:
+            digests = self.load_digests(image)
+        keys = fp_keys.image_key_set(image, digests)
+        _found, clusters = self.key_clusters(keys)
+        seqs = set()
+        for shadow in self.shadows_of(fp_keys.unique(clusters).tolist()
+                                      ).values():
+            seqs.update(shadow.tolist())
+        held = {}
+        for seq, other in self.images_by_seq(sorted(seqs)).items():
+            if other.digests_sha256 is None:
+                continue        # a list of before 0023: read under the lock
+            held[seq, other.digests_sha256] = np.packbits(fp_keys.isin(
+                keys, fp_keys.image_key_set(other, self.load_digests(other))))
+        return Holders(keys, held)
+
+    def use_holders(self, holders):
+        """Promotions of this transaction read ``holders`` where it fits."""
+        self._holders = holders
+
+    def _holds(self, image, keys):
+        """Which of the sorted ``keys`` ``image`` holds, a bool array.
+
+        From the holders read before the lock when they name ``image``'s
+        digest list and cover ``keys``; else from the list.
+        """
+        pre = self._holders
+        bits = None if pre is None else pre.held.get(
+            (image.seq, image.digests_sha256))
+        if bits is not None and len(pre.keys):
+            idx = np.minimum(np.searchsorted(pre.keys, keys),
+                             len(pre.keys) - 1)
+            if (pre.keys[idx] == keys).all():
+                return np.unpackbits(bits, count=len(pre.keys)).astype(
+                    bool)[idx]
+        return fp_keys.isin(keys, fp_keys.image_key_set(
+            image, self.load_digests(image)))
+
     def recover_uncovered(self, image, digests=None):
         """Make members of the shadows ``image`` no longer covers.
 
@@ -1102,8 +1159,7 @@ class ClusterStore:
             if covered.all():
                 break
             img = images[q]
-            held[q] = fp_keys.isin(keys, fp_keys.image_key_set(
-                img, self.load_digests(img)))
+            held[q] = self._holds(img, keys)
             if (held[q] & ~covered).any():
                 promoted.append(q)
             if img.visibility == 'public':

@@ -220,15 +220,17 @@ class Library:
         fps, _placed = self._fingerprint(image_id, path, disk_format,
                                          expected_size, progress, keep_base)
         ref = self.lists.put(fps.digests)
-        return self._replace_content(image_id, fps, disk_format, ref)
+        return self._replace_content(image_id, fps, disk_format, ref,
+                                     self._holders_of(image_id))
 
     @db_session.retry_conflicts()
-    def _replace_content(self, image_id, fps, disk_format, ref):
+    def _replace_content(self, image_id, fps, disk_format, ref, holders):
         with self._mutation(OTHER) as (store, written):
             img = self._get(store, image_id)
             old = store.load_digests(img)
             old_keys = fp_keys.image_key_set(img, old)
             affected = self._affected(store, img, old)
+            store.use_holders(holders)
             store.remove_keys(img.seq, old_keys)
             self._fill_image(img, fps, disk_format)
             self.lists.ensure(ref, fps.digests)
@@ -266,14 +268,16 @@ class Library:
     def delete(self, image_id):
         """Remove an image; regenerate the maps that pointed into it."""
         image_id = _check_uuid(image_id)
+        holders = self._holders_of(image_id)
         with self._mutation(OTHER) as (store, written):
             img = self._get(store, image_id)
             digests = store.load_digests(img)
             affected = self._affected(store, img, digests)
+            store.use_holders(holders)
             store.remove_keys(img.seq, fp_keys.image_key_set(img, digests))
             old_versions = store.delete_image(img)
-            now, pending = self._pend_beyond_bound(store, img, affected)
-            regenerated = self._write_maps(store, now, written)
+            regenerated, pending = self._rewrite_within_bounds(
+                store, written, img, affected)
         for v in old_versions:
             fileutils.unlink(paths.map_path(self.conf, image_id, v))
         self._unplace(image_id)
@@ -400,6 +404,17 @@ class Library:
         return recorded, missing
 
     # -- helpers -----------------------------------------------------------
+
+    def _holders_of(self, image_id):
+        """What the promotions of an image's shadows read, before the lock.
+
+        The digest list of each image that shadows it, read from a
+        snapshot (:meth:`ClusterStore.holders_of`), for a change that
+        removes its keys (:meth:`ClusterStore.use_holders`).
+        """
+        with db_session.reader(self.conf) as s:
+            store = db_store.ClusterStore(s)
+            return store.holders_of(self._get(store, image_id))
 
     @contextlib.contextmanager
     def _mutation(self, content=None):
@@ -706,30 +721,43 @@ class Library:
                     out.add(y)
         return out
 
-    def _pend_beyond_bound(self, store, img, affected):
-        """``(maps of affected to rewrite now, how many others pend)``.
+    def _rewrite_within_bounds(self, store, written, img, affected,
+                               first=(), **kwargs):
+        """Write ``first``, then maps of ``affected`` within the bounds.
 
-        At most ``[vmar] rewrite_at_once``, those some host exports first:
-        the others are recorded for vmar-agent (:meth:`rewrite_pending`),
-        with ``img`` as their cause.
+        Of the other images ``affected``, those some host exports first,
+        at most ``[vmar] rewrite_at_once``, and none after the first map
+        written past ``[vmar] rewrite_seconds``: the library lock is held
+        all the while. The others are recorded for vmar-agent
+        (:meth:`rewrite_pending`), with ``img`` as their cause. ``kwargs``
+        go to :meth:`_write_maps`. Returns ``({image id: new map
+        version}, how many maps were left pending)``.
         """
-        affected = set(affected) - {img.seq}
-        bound = self.conf.vmar.rewrite_at_once
-        if len(affected) <= bound:
-            return affected, 0
-        exported = store.exported_seqs(affected)
-        order = sorted(affected, key=lambda q: (q not in exported, q))
-        store.pend_maps(order[bound:], img.image_id)
-        LOG.info('image %s: %d maps of other images left for vmar-agent to '
-                 'rewrite ([vmar] rewrite_at_once = %d)', img.image_id,
-                 len(order) - bound, bound)
-        return set(order[:bound]), len(order) - bound
+        first = list(first)
+        order = sorted(set(affected) - {img.seq} - set(first))
+        if order:
+            exported = store.exported_seqs(order)
+            order.sort(key=lambda q: (q not in exported, q))
+        deadline = time.monotonic() + self.conf.vmar.rewrite_seconds
+        versions = self._write_maps(
+            store, first + order[:self.conf.vmar.rewrite_at_once], written,
+            deadline=deadline if order else None, **kwargs)
+        # written in the order given, each once: the first ones
+        left = order[len(versions) - len(first):]
+        if left:
+            store.pend_maps(left, img.image_id)
+            LOG.info('image %s: %d maps of other images left for vmar-agent '
+                     'to rewrite ([vmar] rewrite_at_once = %d, '
+                     'rewrite_seconds = %g)', img.image_id, len(left),
+                     self.conf.vmar.rewrite_at_once,
+                     self.conf.vmar.rewrite_seconds)
+        return versions, len(left)
 
     def _regenerate(self, store, written, img, affected, known=None,
                     digests=None, on_written=None, built=None):
-        now, pending = self._pend_beyond_bound(store, img, affected)
-        versions = self._write_maps(store, {img.seq} | now, written,
-                                    known, digests, on_written, built)
+        versions, pending = self._rewrite_within_bounds(
+            store, written, img, affected, first=[img.seq], known=known,
+            digests=digests, on_written=on_written, built=built)
         version = versions.pop(img.image_id)
         LOG.info('image %s: map v%d, %d other maps regenerated',
                  img.image_id, version, len(versions))
