@@ -118,6 +118,13 @@ class TestCloud(testtools.TestCase):
                     # would push out the lines that say why
                     lines = [line for line in f
                              if 'nova.virt.libvirt.imagecache' not in line]
+                # a failure the tail no longer holds (an event retried,
+                # then parked) says what broke first
+                bad = [line for line in lines[:-40]
+                       if ' WARNING ' in line or ' ERROR ' in line]
+                if bad:
+                    out.append('--- %s, its warnings and errors before\n%s'
+                               % (path, ''.join(bad[-10:])))
                 out.append('--- %s\n%s' % (path, ''.join(lines[-40:])))
         return '\n'.join(out)
 

@@ -172,6 +172,28 @@ class TestPublish(PublishTestCase):
             self.assertEqual(1, self.glance.images.calls.count(
                 ('create', mid)))
 
+    def test_a_map_published_beside_its_image_delete_is_withdrawn(self):
+        self.handler._add(ID, self.meta, self.path, 'it')
+        self.assertEqual(1, self.handler.publisher.current(ID))
+        # a version written without a record ahead, as a pass of the
+        # pending maps writes them
+        self.assertEqual(2, self.lib.remap(ID))
+        real = self.glance.images.create
+
+        def create(**kw):
+            # the image's delete runs once the map was read, before its
+            # record is created: the delete lists only v1
+            self.glance.images.create = real
+            self.handler.delete({'id': ID})
+            return real(**kw)
+        self.glance.images.create = create
+        self.assertIsNone(self.handler.publisher.current(ID))
+        self.assertIn(('create', names.map_image_id(ID, 2)),
+                      self.glance.images.calls)
+        self.assertEqual(set(), {names.map_image_id(ID, v) for v in (1, 2)}
+                         & set(self.glance.images.store))
+        self.assertIsNone(self.handler._known(ID))
+
 
 class TestPublishDigests(TestPublish):
 

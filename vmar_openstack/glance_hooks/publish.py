@@ -134,7 +134,11 @@ class Publisher:
         return self._get_or_create(mid, image_id, version, sha)
 
     def current(self, image_id):
-        """Publish the image's current map version; returns the version."""
+        """Publish the image's current map version; returns the version.
+
+        None: the image is not in the library, or left it meanwhile (a
+        pass of the pending maps publishes beside the image's delete).
+        """
         with db_session.reader(self.conf) as s:
             img = db_api.get_image(s, image_id)
             if img is None:
@@ -155,6 +159,13 @@ class Publisher:
             version = self.library.remap(image_id)
             self.publish(image_id, version,
                          ingest.map_path(self.conf, image_id, version))
+        if not self.library.has_image(image_id):
+            # deleted while this published: the delete listed the image's
+            # maps (delete_all) before this one was there, or after
+            self.delete_version(image_id, version)
+            LOG.info('map v%d of %s withdrawn: the image was deleted while '
+                     'it was published', version, image_id)
+            return None
         return version
 
     def publish(self, image_id, version, path):
