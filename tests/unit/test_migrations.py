@@ -348,7 +348,7 @@ class TestMigration0016(MigrationTestCase):
         with db_session.locked_writer(self.conf) as s:
             db_store.ClusterStore(s).pend_maps([1], 'cause-id')
         self.assertEqual([('id-1', 'cause-id')],
-                         [p[:2] for p in lib.pending_maps()])
+                         [(p.image_id, p.cause) for p in lib.pending_maps()])
 
 
 class TestMigration0017(MigrationTestCase):

@@ -48,8 +48,8 @@ class TestPendingMaps(base.LibraryTestCase):
         self.assertEqual(4, out.pending)
         pending = self.lib.pending_maps()
         self.assertEqual(set(self.snaps) - set(out.regenerated),
-                         {p[0] for p in pending})
-        self.assertEqual({_uuid(1)}, {p[1] for p in pending})
+                         {p.image_id for p in pending})
+        self.assertEqual({_uuid(1)}, {p.cause for p in pending})
         for s in self.snaps:
             # a pending map still reads the deleted base; a rewritten one
             # reads the snapshot's own blocks
@@ -72,7 +72,7 @@ class TestPendingMaps(base.LibraryTestCase):
 
     def test_a_pass_stops_at_its_time(self):
         self.lib.delete(_uuid(1))
-        first = self.lib.pending_maps()[0][0]
+        first = self.lib.pending_maps()[0].image_id
         # the first map past the time ends the pass: one, the oldest
         self.assertEqual([first], list(self.lib.rewrite_pending(
             10, seconds=0)))
@@ -80,11 +80,11 @@ class TestPendingMaps(base.LibraryTestCase):
 
     def test_a_rewrite_or_a_delete_of_a_pending_map_clears_it(self):
         self.lib.delete(_uuid(1))
-        pending = [p[0] for p in self.lib.pending_maps()]
+        pending = [p.image_id for p in self.lib.pending_maps()]
         self.lib.remap(pending[0])
         self.lib.delete(pending[1])
         self.assertEqual(set(pending[2:]),
-                         {p[0] for p in self.lib.pending_maps()})
+                         {p.image_id for p in self.lib.pending_maps()})
         self.assertEqual([], check.check(self.conf)[0])
 
     def test_a_metadata_change_is_bounded_too(self):
@@ -165,7 +165,7 @@ class TestPendingMaps(base.LibraryTestCase):
         self.assertEqual([self.snaps[2]], list(out.regenerated))
         self.assertEqual(5, out.pending)
         self.assertEqual(set(self.snaps) - {self.snaps[2]},
-                         {p[0] for p in self.lib.pending_maps()})
+                         {p.image_id for p in self.lib.pending_maps()})
         self.assertEqual([], check.check(self.conf)[0])
         self.assertEqual(5, len(self.lib.rewrite_pending(10)))
         for s in self.snaps:

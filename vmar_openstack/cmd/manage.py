@@ -318,10 +318,10 @@ def map_gc():
 
 
 def map_pending():
-    for image_id, cause, since in ingest.Library(CONF).pending_maps():
+    for p in ingest.Library(CONF).pending_maps():
         _out('%s  since %s  (after a change of %s)'
-             % (image_id, since.isoformat(sep=' ', timespec='seconds'),
-                cause))
+             % (p.image_id, p.since.isoformat(sep=' ', timespec='seconds'),
+                p.cause))
 
 
 def map_rewrite():

@@ -75,6 +75,15 @@ class ClusterRow(typing.NamedTuple):
     removed: str
 
 
+class Pending(typing.NamedTuple):
+    """A map left for vmar-agent to rewrite (``pending_maps``)."""
+
+    seq: int
+    image_id: str
+    cause: str         # the image whose change made it stale
+    since: object      # datetime, naive UTC
+
+
 class Holders(typing.NamedTuple):
     """Which keys of one image other images hold (``holders_of``)."""
 
@@ -347,7 +356,7 @@ class ClusterStore:
                 models.PendingMap.seq.in_(seqs[i:i + 500])))
 
     def pending_maps(self, limit=None):
-        """``[(seq, image id, cause, since)]`` of pending maps, oldest first.
+        """The :class:`Pending` maps, oldest first.
 
         The maps of images some compute host exports first.
         """
@@ -359,7 +368,8 @@ class ClusterStore:
              .order_by(sa.case((exported, 0), else_=1), pm.since, pm.seq))
         if limit is not None:
             q = q.limit(limit)
-        return [tuple(r) for r in self.session.execute(q)]
+        return [Pending(r.seq, r.image_id, r.cause, r.since)
+                for r in self.session.execute(q)]
 
     def pending_count(self):
         return self.session.execute(sa.select(sa.func.count()).select_from(

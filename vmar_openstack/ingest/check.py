@@ -320,7 +320,7 @@ def _member_sets(store, clusters):
 def _check_maps(conf, store, images):
     """Problems of the current maps; and the maps pending, as warnings."""
     problems, warnings = [], []
-    pending = {row[0]: row[2:] for row in store.pending_maps()}
+    pending = {p.seq: p for p in store.pending_maps()}
     resolver = mapgen.Resolver(store, conf.vmar.dedup_scope)
     for img in images:
         mv = store.map_version(img.seq, img.map_version)
@@ -356,10 +356,11 @@ def _check_maps(conf, store, images):
                 and bmap.targets == fresh.targets):
             continue
         if img.seq in pending:
-            cause, since = pending[img.seq]
+            p = pending[img.seq]
             warnings.append('image %s: map v%d waits for vmar-agent to '
                             'rewrite it (after a change of image %s, %s)'
-                            % (img.image_id, img.map_version, cause, since))
+                            % (img.image_id, img.map_version, p.cause,
+                               p.since))
         else:
             problems.append('image %s: map v%d is stale: the cluster tables '
                             'give a different map' % (img.image_id,

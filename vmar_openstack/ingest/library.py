@@ -781,14 +781,13 @@ class Library:
                 return {}
         deadline = None if seconds is None else time.monotonic() + seconds
         with self._mutation() as (store, written):
-            seqs = [row[0] for row in store.pending_maps(limit)]
+            seqs = [p.seq for p in store.pending_maps(limit)]
             return self._write_maps(store, seqs, written, deadline=deadline)
 
     def pending_maps(self):
-        """``[(image id, cause, since)]`` of the maps left pending."""
+        """The maps left pending: :class:`db.store.Pending` rows."""
         with db_session.reader(self.conf) as s:
-            return [row[1:] for row in
-                    db_store.ClusterStore(s).pending_maps()]
+            return db_store.ClusterStore(s).pending_maps()
 
     def _write_maps(self, store, seqs, written, known=None, digests=None,
                     on_written=None, built=None, deadline=None):
