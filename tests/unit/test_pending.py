@@ -7,9 +7,11 @@ from vmar_openstack.db import api as db_api
 from vmar_openstack.db import hosts as db_hosts
 from vmar_openstack.db import session as db_session
 from vmar_openstack.db import store as db_store
+from vmar_openstack.ingest import ahead as ingest_ahead
 from vmar_openstack.ingest import check
 from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
+from vmar_openstack import mapgen
 
 
 def _uuid(n):
@@ -197,3 +199,108 @@ class TestPendingMaps(base.LibraryTestCase):
     def generation(self):
         with db_session.reader(self.conf) as s:
             return db_session.generation(s)
+
+    def pass_(self, between=None):
+        """A pass of up to 10 pending maps, with ``between`` before its lock.
+
+        ``between(n)`` runs after the pass's ``n``-th build of its maps in
+        a snapshot, before it takes the lock. Returns ``(the maps
+        rewritten, the images whose maps the pass built under the lock,
+        how many times it built them in a snapshot)``.
+        """
+        under, prepared, meanwhile = [], [], []
+        real_build = mapgen.Resolver.build
+        real_prepare = ingest_ahead.Rewrites.prepare.__func__
+
+        def build(resolver, image, *args, **kwargs):
+            if (not meanwhile
+                    and resolver.store.session.info.get('vmar_lock_taken')):
+                under.append(image.image_id)
+            return real_build(resolver, image, *args, **kwargs)
+
+        def prepare(cls, *args, **kwargs):
+            out = real_prepare(cls, *args, **kwargs)
+            prepared.append(out)
+            if between is not None:
+                meanwhile.append(True)
+                try:
+                    between(len(prepared))
+                finally:
+                    meanwhile.pop()
+            return out
+
+        with mock.patch.object(mapgen.Resolver, 'build', build), \
+                mock.patch.object(ingest_ahead.Rewrites, 'prepare',
+                                  classmethod(prepare)):
+            done = self.lib.rewrite_pending(10)
+        return done, under, len(prepared)
+
+    def assert_rewritten(self, snaps):
+        """The maps of ``snaps`` read their own blocks; the library checks.
+
+        The checker compares every current map with the one the tables
+        give now, and finds any map file left behind.
+        """
+        self.assertEqual([], self.lib.pending_maps())
+        for s in snaps:
+            self.assertEqual({s}, self.targets(s))
+        self.assertEqual([], check.check(self.conf)[0])
+
+    def test_a_pass_builds_its_maps_before_the_lock(self):
+        self.conf.set_override('rewrite_at_once', 0, group='vmar')
+        self.lib.delete(_uuid(1))
+        done, under, prepared = self.pass_()
+        self.assertEqual((set(self.snaps), [], 1),
+                         (set(done), under, prepared))
+        self.assert_rewritten(self.snaps)
+
+    def test_an_add_meanwhile_keeps_the_maps_built(self):
+        # a public image of the snapshots' blocks and one of a snapshot's
+        # own: of the largest seq, it is the target of no other map
+        self.conf.set_override('rewrite_at_once', 0, group='vmar')
+        self.lib.delete(_uuid(1))
+        done, under, prepared = self.pass_(lambda n: self.lib.add(
+            _uuid(20), self.image('n', list(range(1, 9)) + [103]),
+            visibility='public', owner='p9'))
+        self.assertEqual((set(self.snaps), [], 1),
+                         (set(done), under, prepared))
+        self.assert_rewritten(self.snaps)
+
+    def test_a_delete_meanwhile_builds_them_again(self):
+        self.conf.set_override('rewrite_at_once', 0, group='vmar')
+        self.lib.delete(_uuid(1))
+
+        def between(n):
+            if n == 1:
+                self.lib.delete(self.snaps[0])
+
+        done, under, prepared = self.pass_(between)
+        self.assertEqual((set(self.snaps[1:]), [], 2),
+                         (set(done), under, prepared))
+        self.assert_rewritten(self.snaps[1:])
+
+    def test_a_pass_stale_each_time_builds_under_the_lock_at_last(self):
+        self.conf.set_override('rewrite_at_once', 0, group='vmar')
+        self.lib.delete(_uuid(1))
+        done, under, prepared = self.pass_(
+            lambda n: self.lib.update_metadata(self.snaps[n - 1],
+                                               owner='q%d' % n))
+        # each change rewrote its own image's map; the others, built in
+        # three snapshots, are built at last under the lock
+        self.assertEqual(self.lib.STALE_REFRESHES, prepared)
+        self.assertEqual(set(self.snaps[prepared:]), set(done))
+        self.assertEqual(set(self.snaps[prepared:]), set(under))
+        self.assert_rewritten(self.snaps)
+
+    def test_a_map_rewritten_meanwhile_is_left_as_it_is(self):
+        self.conf.set_override('rewrite_at_once', 0, group='vmar')
+        self.lib.delete(_uuid(1))
+        remapped = self.snaps[0]
+        done, under, prepared = self.pass_(
+            lambda n: self.lib.remap(remapped))
+        self.assertEqual((set(self.snaps[1:]), [], 1),
+                         (set(done), under, prepared))
+        with db_session.reader(self.conf) as s:
+            # the remap's version (v2), not one the pass built before it
+            self.assertEqual(2, db_api.get_image(s, remapped).map_version)
+        self.assert_rewritten(self.snaps)

@@ -66,6 +66,21 @@ def record(session, generation, kind, new_keys=None, moved_keys=None,
     session.add(row)
 
 
+def only_adds(session, first, last):
+    """Whether generations ``first + 1`` to ``last`` were all adds.
+
+    False when the log no longer holds one of them. The kinds only: no
+    filter is read.
+    """
+    if last == first:
+        return True
+    cc = models.ContentChange
+    adds = session.execute(sa.select(sa.func.count()).where(
+        cc.generation > first, cc.generation <= last,
+        cc.kind == ADD)).scalar()
+    return adds == last - first
+
+
 def since(session, first, last):
     """:class:`Changes` of generations ``first + 1`` to ``last``, or None.
 

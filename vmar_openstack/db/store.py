@@ -164,6 +164,14 @@ class ClusterStore:
         return content_log.since(self.session, since,
                                  self.content_generation())
 
+    def only_adds_since(self, since):
+        """Whether each change after generation ``since`` was an add.
+
+        Those this transaction sees; False if the log no longer holds one.
+        """
+        return content_log.only_adds(self.session, since,
+                                     self.content_generation())
+
     def log_content_change(self, add):
         """Log this transaction's change of the clusters (before commit).
 
@@ -340,14 +348,9 @@ class ClusterStore:
         ``cause``: the image whose change made them stale. A map pending
         already keeps its first cause and time.
         """
-        pm = models.PendingMap
-        seqs = sorted(set(seqs))
-        have = set()
-        for i in range(0, len(seqs), 500):
-            have.update(self.session.execute(sa.select(pm.seq).where(
-                pm.seq.in_(seqs[i:i + 500]))).scalars())
-        self.session.add_all(pm(seq=s, cause=cause) for s in seqs
-                             if s not in have)
+        have = self.pending_among(seqs)
+        self.session.add_all(models.PendingMap(seq=s, cause=cause)
+                             for s in sorted(set(seqs)) if s not in have)
 
     def clear_pending(self, seqs):
         seqs = sorted(set(seqs))
@@ -370,6 +373,16 @@ class ClusterStore:
             q = q.limit(limit)
         return [Pending(r.seq, r.image_id, r.cause, r.since)
                 for r in self.session.execute(q)]
+
+    def pending_among(self, seqs):
+        """Those of image ``seqs`` whose maps are pending."""
+        pm = models.PendingMap
+        seqs = sorted(set(seqs))
+        out = set()
+        for i in range(0, len(seqs), 500):
+            out.update(self.session.execute(sa.select(pm.seq).where(
+                pm.seq.in_(seqs[i:i + 500]))).scalars())
+        return out
 
     def pending_count(self):
         return self.session.execute(sa.select(sa.func.count()).select_from(

@@ -713,8 +713,9 @@ def listener(conf, endpoint):
         executor='threading', pool=a.pool, allow_requeue=True)
 
 
-# the library lock a pass of the pending maps holds, at most (plus the
-# last map's build): a sixth of the time, one pass every PENDING_PERIOD
+# how long a pass of the pending maps builds them (plus the last map's
+# build), outside the library lock: a sixth of the time, one pass every
+# PENDING_PERIOD
 PENDING_PASS_SECONDS = 1.0
 PENDING_PERIOD = 6
 

@@ -21,11 +21,19 @@ share no block with it), and the snapshot's answers and map stand.
 Otherwise the transaction leaves the lock (:class:`StaleSnapshot`), and
 :meth:`Ahead.refresh` looks those keys up again in a new snapshot and
 builds the map again, outside the lock.
+
+vmar-agent's pass of the maps a change left pending
+(:meth:`Library.rewrite_pending`) builds them the same way
+(:class:`Rewrites`): in a snapshot, then the locked transaction installs
+them. An add changes no other image's map, so they stand while every
+change committed since was an add; after any other (an update, a
+delete), the pass leaves the lock and builds them again.
 """
 
 import dataclasses
 import hashlib
 import threading
+import time
 import types
 
 import numpy as np
@@ -37,6 +45,7 @@ from vmar_openstack import fileutils
 from vmar_openstack import fingerprint
 from vmar_openstack.fingerprint import keyfilter
 from vmar_openstack.fingerprint import keys as fp_keys
+from vmar_openstack.ingest import paths
 from vmar_openstack import mapformat
 from vmar_openstack import mapgen
 
@@ -94,6 +103,84 @@ class PreparedMap:
     tmp_path: str
     size: int
     sha256: str
+
+
+def prepare_map(path, image, version, result):
+    """``result`` as map ``version`` of ``image``, in a temporary file.
+
+    The file is beside ``path``, the map's name (:class:`PreparedMap`).
+    """
+    data = mapformat.encode(image.image_id, image.virtual_size,
+                            image.block_size, version, result.targets,
+                            result.extents)
+    return PreparedMap(result, version, fileutils.write_temp(path, data),
+                       len(data), hashlib.sha256(data).hexdigest())
+
+
+class Rewrites:
+    """The maps of pending images, built in a snapshot (:meth:`prepare`).
+
+    For one pass of :meth:`Library.rewrite_pending`: its locked
+    transaction installs those that :meth:`usable` gives, if the maps
+    still :meth:`stand`, and :meth:`discard` removes the others' files.
+    """
+
+    def __init__(self, generation):
+        self.generation = generation
+        self.maps = {}      # seq -> PreparedMap, in the order built
+
+    @classmethod
+    def prepare(cls, conf, limit, seconds=None):
+        """Build up to ``limit`` pending maps, oldest first.
+
+        ``seconds``: stop after the first map built past this long.
+        """
+        deadline = None if seconds is None else time.monotonic() + seconds
+        with db_session.reader(conf, snapshot=True) as s:
+            store = db_store.ClusterStore(s)
+            out = cls(store.content_generation())
+            try:
+                pending = store.pending_maps(limit)
+                imgs = store.images_by_seq([p.seq for p in pending])
+                resolver = mapgen.Resolver(store, conf.vmar.dedup_scope)
+                for p in pending:
+                    image = imgs[p.seq]
+                    result = resolver.build(image)
+                    result.own_keys = None     # for an add's check only
+                    version = image.map_version + 1
+                    out.maps[p.seq] = prepare_map(
+                        paths.map_path(conf, image.image_id, version),
+                        image, version, result)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+            except BaseException:
+                out.discard()
+                raise
+        return out
+
+    def stand(self, store):
+        """Whether ``store`` would build the same maps (locked).
+
+        True while every change of the clusters since the snapshot was an
+        add: a new image has the largest sequence id, so it is never the
+        smallest candidate of a cluster of another image.
+        """
+        return store.only_adds_since(self.generation)
+
+    def usable(self, store):
+        """Seqs of the maps built that are still pending, as built.
+
+        Not those a change or a pass since rewrote (their version moved)
+        or made pending again since, nor those of images deleted.
+        """
+        imgs = store.images_by_seq(store.pending_among(list(self.maps)))
+        return [q for q, m in self.maps.items()
+                if q in imgs and imgs[q].map_version + 1 == m.version]
+
+    def discard(self):
+        """Remove the files of the maps nobody installed."""
+        for m in self.maps.values():
+            fileutils.unlink(m.tmp_path)
 
 
 class Ahead:
@@ -399,13 +486,8 @@ class Ahead:
                                        digests={prov.seq: digests})
             resolver.register(prov)
             result = resolver.build(prov, (index.keys, clusters), index)
-            version = prov.map_version + 1
-            data = mapformat.encode(prov.image_id, prov.virtual_size,
-                                    prov.block_size, version,
-                                    result.targets, result.extents)
-            self._result = PreparedMap(
-                result, version, fileutils.write_temp(path, data),
-                len(data), hashlib.sha256(data).hexdigest())
+            self._result = prepare_map(path, prov, prov.map_version + 1,
+                                       result)
         except BaseException as e:   # re-raised by map_result()
             self._error = e
 

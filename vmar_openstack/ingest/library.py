@@ -770,15 +770,31 @@ class Library:
     def rewrite_pending(self, limit, seconds=None):
         """Rewrite up to ``limit`` pending maps, oldest first.
 
-        ``seconds``: stop after the first map written past this long (the
-        library lock is held all the while). Returns ``{image id: new map
-        version}``. Takes the lock only when some map is pending: an
-        ingest beside an idle pass keeps its lookups (the lock's
-        generation does not move).
+        ``seconds``: stop after the first map built past this long.
+        Returns ``{image id: new map version}``. The maps are built in a
+        snapshot, and the locked transaction installs them
+        (:class:`~vmar_openstack.ingest.ahead.Rewrites`); if a change other
+        than an add committed meanwhile, they are built again, outside the
+        lock, and at the last try under it. Takes the lock only when some
+        map is pending: an ingest beside an idle pass keeps its lookups
+        (the lock's generation does not move).
         """
         with db_session.reader(self.conf) as s:
             if not db_store.ClusterStore(s).pending_count():
                 return {}
+        for _attempt in range(self.STALE_REFRESHES):
+            rewrites = ingest_ahead.Rewrites.prepare(self.conf, limit,
+                                                     seconds)
+            try:
+                with self._mutation() as (store, written):
+                    if rewrites.stand(store):
+                        return self._write_maps(
+                            store, rewrites.usable(store), written,
+                            built=rewrites.maps)
+            finally:
+                rewrites.discard()
+            LOG.debug('pending maps: a change of the clusters since their '
+                      'snapshot; building them again outside the lock')
         deadline = None if seconds is None else time.monotonic() + seconds
         with self._mutation() as (store, written):
             seqs = [p.seq for p in store.pending_maps(limit)]
