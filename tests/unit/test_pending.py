@@ -200,13 +200,15 @@ class TestPendingMaps(base.LibraryTestCase):
         with db_session.reader(self.conf) as s:
             return db_session.generation(s)
 
-    def pass_(self, between=None):
+    def pass_(self, between=None, run=None):
         """A pass of up to 10 pending maps, with ``between`` before its lock.
 
         ``between(n)`` runs after the pass's ``n``-th build of its maps in
-        a snapshot, before it takes the lock. Returns ``(the maps
-        rewritten, the images whose maps the pass built under the lock,
-        how many times it built them in a snapshot)``.
+        a snapshot, before it takes the lock. ``run``: what to run instead
+        of the pass (a change, which rewrites some after its commit).
+        Returns ``(what the pass or run returned, the images whose maps
+        were built under the lock, how many times maps were built in a
+        snapshot)``.
         """
         under, prepared, meanwhile = [], [], []
         real_build = mapgen.Resolver.build
@@ -232,7 +234,7 @@ class TestPendingMaps(base.LibraryTestCase):
         with mock.patch.object(mapgen.Resolver, 'build', build), \
                 mock.patch.object(ingest_ahead.Rewrites, 'prepare',
                                   classmethod(prepare)):
-            done = self.lib.rewrite_pending(10)
+            done = (run or (lambda: self.lib.rewrite_pending(10)))()
         return done, under, len(prepared)
 
     def assert_rewritten(self, snaps):
@@ -303,4 +305,43 @@ class TestPendingMaps(base.LibraryTestCase):
         with db_session.reader(self.conf) as s:
             # the remap's version (v2), not one the pass built before it
             self.assertEqual(2, db_api.get_image(s, remapped).map_version)
+        self.assert_rewritten(self.snaps)
+
+    def test_a_delete_writes_no_map_under_the_lock(self):
+        # it rewrites two maps after its commit, the exported one first
+        db_hosts.HostReports(self.conf).record(
+            'h1', [(self.snaps[-1], 1)])
+        out, under, prepared = self.pass_(
+            run=lambda: self.lib.delete(_uuid(1)))
+        self.assertEqual(([], 1, 2, 4),
+                         (under, prepared, len(out.regenerated),
+                          out.pending))
+        self.assertIn(self.snaps[-1], out.regenerated)
+        for s in out.regenerated:
+            self.assertEqual({s}, self.targets(s))
+        self.assertEqual([], check.check(self.conf)[0])
+        self.lib.rewrite_pending(10)
+        self.assert_rewritten(self.snaps)
+
+    def test_a_metadata_change_writes_its_own_map_only_under_the_lock(self):
+        out, under, prepared = self.pass_(
+            run=lambda: self.lib.update_metadata(_uuid(1),
+                                                 visibility='private'))
+        self.assertEqual(([_uuid(1)], 1, 2, 4),
+                         (under, prepared, len(out.regenerated),
+                          out.pending))
+        self.lib.rewrite_pending(10)
+        self.assert_rewritten(self.snaps)
+
+    def test_a_failed_rewrite_after_a_change_leaves_the_maps_pending(self):
+        with mock.patch.object(ingest_ahead.Rewrites, 'prepare',
+                               side_effect=OSError(28, 'No space left')):
+            out = self.lib.delete(_uuid(1))
+        # the delete stands; every other map waits for the agent
+        self.assertEqual(({}, 6), (out.regenerated, out.pending))
+        self.assertFalse(self.lib.has_image(_uuid(1)))
+        self.assertEqual(set(self.snaps),
+                         {p.image_id for p in self.lib.pending_maps()})
+        self.assertEqual([], check.check(self.conf)[0])
+        self.assertEqual(6, len(self.lib.rewrite_pending(10)))
         self.assert_rewritten(self.snaps)

@@ -358,10 +358,11 @@ class ClusterStore:
             self.session.execute(sa.delete(models.PendingMap).where(
                 models.PendingMap.seq.in_(seqs[i:i + 500])))
 
-    def pending_maps(self, limit=None):
+    def pending_maps(self, limit=None, among=None):
         """The :class:`Pending` maps, oldest first.
 
-        The maps of images some compute host exports first.
+        The maps of images some compute host exports first. ``among``:
+        those of these image seqs only.
         """
         pm, img = models.PendingMap, models.Image
         exported = sa.exists().where(
@@ -369,10 +370,14 @@ class ClusterStore:
         q = (sa.select(pm.seq, img.image_id, pm.cause, pm.since)
              .join(img, img.seq == pm.seq)
              .order_by(sa.case((exported, 0), else_=1), pm.since, pm.seq))
-        if limit is not None:
+        if among is not None:
+            among = set(among)
+        elif limit is not None:
             q = q.limit(limit)
-        return [Pending(r.seq, r.image_id, r.cause, r.since)
-                for r in self.session.execute(q)]
+        rows = [Pending(r.seq, r.image_id, r.cause, r.since)
+                for r in self.session.execute(q)
+                if among is None or r.seq in among]
+        return rows if limit is None else rows[:limit]
 
     def pending_among(self, seqs):
         """Those of image ``seqs`` whose maps are pending."""
@@ -387,19 +392,6 @@ class ClusterStore:
     def pending_count(self):
         return self.session.execute(sa.select(sa.func.count()).select_from(
             models.PendingMap)).scalar()
-
-    def exported_seqs(self, seqs):
-        """Those of image ``seqs`` some compute host exports."""
-        img, he = models.Image, models.HostExport
-        seqs = sorted(set(seqs))
-        out = set()
-        for i in range(0, len(seqs), 500):
-            out.update(self.session.execute(
-                sa.select(img.seq).where(
-                    img.seq.in_(seqs[i:i + 500]),
-                    sa.exists().where(he.image_id == img.image_id)))
-                .scalars())
-        return out
 
     # -- digest lists --------------------------------------------------------
 

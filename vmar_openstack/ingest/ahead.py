@@ -130,17 +130,17 @@ class Rewrites:
         self.maps = {}      # seq -> PreparedMap, in the order built
 
     @classmethod
-    def prepare(cls, conf, limit, seconds=None):
+    def prepare(cls, conf, limit, deadline=None, among=None):
         """Build up to ``limit`` pending maps, oldest first.
 
-        ``seconds``: stop after the first map built past this long.
+        ``deadline`` (``time.monotonic()``): stop after the first map
+        built past it. ``among``: of these images only (seqs).
         """
-        deadline = None if seconds is None else time.monotonic() + seconds
         with db_session.reader(conf, snapshot=True) as s:
             store = db_store.ClusterStore(s)
             out = cls(store.content_generation())
             try:
-                pending = store.pending_maps(limit)
+                pending = store.pending_maps(limit, among)
                 imgs = store.images_by_seq([p.seq for p in pending])
                 resolver = mapgen.Resolver(store, conf.vmar.dedup_scope)
                 for p in pending:

@@ -57,6 +57,22 @@ class Outcome:
     pending: int = 0           # other maps left for vmar-agent to rewrite
 
 
+@dataclasses.dataclass
+class _Left:
+    """The maps of other images a change left pending, to rewrite after.
+
+    ``seqs``: their images; ``deadline``: ``time.monotonic()`` at which
+    the change stops rewriting them (``[vmar] rewrite_seconds`` after it
+    began to write maps); ``own``: the change wrote its image's own map
+    first, so that none is rewritten once ``deadline`` is past.
+    """
+
+    cause: str
+    seqs: list
+    deadline: float
+    own: bool
+
+
 def _check_uuid(image_id):
     try:
         return str(uuid.UUID(image_id))
@@ -220,8 +236,8 @@ class Library:
         fps, _placed = self._fingerprint(image_id, path, disk_format,
                                          expected_size, progress, keep_base)
         ref = self.lists.put(fps.digests)
-        return self._replace_content(image_id, fps, disk_format, ref,
-                                     self._holders_of(image_id))
+        return self._rewrite_after(*self._replace_content(
+            image_id, fps, disk_format, ref, self._holders_of(image_id)))
 
     @db_session.retry_conflicts()
     def _replace_content(self, image_id, fps, disk_format, ref, holders):
@@ -241,13 +257,17 @@ class Library:
             affected |= self._affected(store, img, fps.digests)
             return self._regenerate(store, written, img, affected)
 
-    @db_session.retry_conflicts()
     def update_metadata(self, image_id, owner=None, visibility=None):
         """Change owner and/or visibility: an update for dedup scope."""
         image_id = _check_uuid(image_id)
         if visibility is not None and visibility not in db_api.VISIBILITIES:
             raise ValueError('visibility must be one of %s'
                              % ', '.join(db_api.VISIBILITIES))
+        return self._rewrite_after(*self._update_metadata(
+            image_id, owner, visibility))
+
+    @db_session.retry_conflicts()
+    def _update_metadata(self, image_id, owner, visibility):
         with self._mutation(OTHER) as (store, written):
             img = self._get(store, image_id)
             digests = store.load_digests(img)
@@ -264,11 +284,14 @@ class Library:
             affected |= self._affected(store, img, digests)
             return self._regenerate(store, written, img, affected)
 
-    @db_session.retry_conflicts()
     def delete(self, image_id):
         """Remove an image; regenerate the maps that pointed into it."""
         image_id = _check_uuid(image_id)
-        holders = self._holders_of(image_id)
+        return self._rewrite_after(*self._delete(
+            image_id, self._holders_of(image_id)))
+
+    @db_session.retry_conflicts()
+    def _delete(self, image_id, holders):
         with self._mutation(OTHER) as (store, written):
             img = self._get(store, image_id)
             digests = store.load_digests(img)
@@ -276,12 +299,12 @@ class Library:
             store.use_holders(holders)
             store.remove_keys(img.seq, fp_keys.image_key_set(img, digests))
             old_versions = store.delete_image(img)
-            regenerated, pending = self._rewrite_within_bounds(
-                store, written, img, affected)
+            _versions, left = self._pend_others(store, written, img,
+                                                affected)
         for v in old_versions:
             fileutils.unlink(paths.map_path(self.conf, image_id, v))
         self._unplace(image_id)
-        return Outcome(image_id, 0, 0, regenerated, pending=pending)
+        return Outcome(image_id, 0, 0, {}), left
 
     @db_session.retry_conflicts()
     def drop_map_version(self, image_id, version):
@@ -683,10 +706,11 @@ class Library:
             if built is None:
                 order = np.argsort(known[0])
                 known = (known[0][order], known[1][order])
-            return self._regenerate(
+            outcome, _none = self._regenerate(
                 store, written, img, set(), known={img.seq: known},
                 digests={img.seq: fps.digests}, on_written=on_map_written,
                 built=None if built is None else {img.seq: built})
+            return outcome
 
     def _affected(self, store, img, digests=None):
         """Other images whose canonical target is ``img`` for some cluster.
@@ -721,52 +745,75 @@ class Library:
                     out.add(y)
         return out
 
-    def _rewrite_within_bounds(self, store, written, img, affected,
-                               first=(), **kwargs):
-        """Write ``first``, then maps of ``affected`` within the bounds.
+    def _pend_others(self, store, written, img, affected, first=(),
+                     **kwargs):
+        """Write the maps of ``first``; leave those of ``affected`` pending.
 
-        Of the other images ``affected``, those some host exports first,
-        at most ``[vmar] rewrite_at_once``, and none after the first map
-        written past ``[vmar] rewrite_seconds``: the library lock is held
-        all the while. The others are recorded for vmar-agent
-        (:meth:`rewrite_pending`), with ``img`` as their cause. ``kwargs``
-        go to :meth:`_write_maps`. Returns ``({image id: new map
-        version}, how many maps were left pending)``.
+        In the change's locked transaction: the maps of the other images
+        ``affected`` are recorded pending, with ``img`` as their cause, and
+        the change rewrites some after its commit, outside the lock
+        (:meth:`_rewrite_after`). ``kwargs`` go to :meth:`_write_maps`.
+        Returns ``({image id: new map version} of first, _Left)``.
         """
-        first = list(first)
-        order = sorted(set(affected) - {img.seq} - set(first))
-        if order:
-            exported = store.exported_seqs(order)
-            order.sort(key=lambda q: (q not in exported, q))
         deadline = time.monotonic() + self.conf.vmar.rewrite_seconds
-        versions = self._write_maps(
-            store, first + order[:self.conf.vmar.rewrite_at_once], written,
-            deadline=deadline if order else None, **kwargs)
-        # written in the order given, each once: the first ones
-        left = order[len(versions) - len(first):]
-        if left:
-            store.pend_maps(left, img.image_id)
-            LOG.info('image %s: %d maps of other images left for vmar-agent '
-                     'to rewrite ([vmar] rewrite_at_once = %d, '
-                     'rewrite_seconds = %g)', img.image_id, len(left),
-                     self.conf.vmar.rewrite_at_once,
-                     self.conf.vmar.rewrite_seconds)
-        return versions, len(left)
+        first = list(first)
+        versions = (self._write_maps(store, first, written, **kwargs)
+                    if first else {})
+        others = sorted(set(affected) - {img.seq} - set(first))
+        if others:
+            store.pend_maps(others, img.image_id)
+        return versions, _Left(img.image_id, others, deadline, bool(first))
 
     def _regenerate(self, store, written, img, affected, known=None,
                     digests=None, on_written=None, built=None):
-        versions, pending = self._rewrite_within_bounds(
+        """The image's own map; the others' left for :meth:`_rewrite_after`.
+
+        Returns ``(Outcome, _Left)``.
+        """
+        versions, left = self._pend_others(
             store, written, img, affected, first=[img.seq], known=known,
             digests=digests, on_written=on_written, built=built)
         version = versions.pop(img.image_id)
-        LOG.info('image %s: map v%d, %d other maps regenerated',
-                 img.image_id, version, len(versions))
+        LOG.info('image %s: map v%d', img.image_id, version)
         shared = img.n_blocks - img.zero_blocks
         frac = (img.redirected_blocks / shared) if shared else 0.0
         return Outcome(img.image_id, img.seq, version, versions, frac,
-                       pending=pending)
+                       pending=len(left.seqs)), left
 
-    @db_session.retry_conflicts()
+    def _rewrite_after(self, outcome, left):
+        """Rewrite maps a committed change left pending, outside the lock.
+
+        At most ``[vmar] rewrite_at_once`` of them, those some host
+        exports first, and none after the first map built past ``[vmar]
+        rewrite_seconds`` (counted from the change's first map): built in
+        a snapshot, installed in a short locked transaction, as vmar-agent
+        does (:meth:`rewrite_pending`). The others stay pending for the
+        agent; so do these if their rewrite fails (the change stands).
+        Returns ``outcome``, with them.
+        """
+        limit = self.conf.vmar.rewrite_at_once
+        done = {}
+        if (left.seqs and limit
+                and not (left.own and time.monotonic() >= left.deadline)):
+            try:
+                done = self._rewrite_pending(limit, left.deadline,
+                                             among=left.seqs)
+            except Exception as e:
+                LOG.warning('image %s: rewriting the maps of other images '
+                            'after its change failed (left for vmar-agent): '
+                            '%s', left.cause, e)
+        outcome.regenerated.update(done)
+        outcome.pending = len(left.seqs) - len(done)
+        if done:
+            LOG.info('image %s: %d maps of other images regenerated',
+                     left.cause, len(done))
+        if outcome.pending:
+            LOG.info('image %s: %d maps of other images left for vmar-agent '
+                     'to rewrite ([vmar] rewrite_at_once = %d, '
+                     'rewrite_seconds = %g)', left.cause, outcome.pending,
+                     limit, self.conf.vmar.rewrite_seconds)
+        return outcome
+
     def rewrite_pending(self, limit, seconds=None):
         """Rewrite up to ``limit`` pending maps, oldest first.
 
@@ -782,9 +829,18 @@ class Library:
         with db_session.reader(self.conf) as s:
             if not db_store.ClusterStore(s).pending_count():
                 return {}
+        return self._rewrite_pending(
+            limit, None if seconds is None else time.monotonic() + seconds)
+
+    @db_session.retry_conflicts()
+    def _rewrite_pending(self, limit, deadline, among=None):
+        """:meth:`rewrite_pending` until ``deadline``, of images ``among``.
+
+        ``among``: those of these images' maps only (all if None).
+        """
         for _attempt in range(self.STALE_REFRESHES):
             rewrites = ingest_ahead.Rewrites.prepare(self.conf, limit,
-                                                     seconds)
+                                                     deadline, among)
             try:
                 with self._mutation() as (store, written):
                     if rewrites.stand(store):
@@ -795,9 +851,8 @@ class Library:
                 rewrites.discard()
             LOG.debug('pending maps: a change of the clusters since their '
                       'snapshot; building them again outside the lock')
-        deadline = None if seconds is None else time.monotonic() + seconds
         with self._mutation() as (store, written):
-            seqs = [p.seq for p in store.pending_maps(limit)]
+            seqs = [p.seq for p in store.pending_maps(limit, among)]
             return self._write_maps(store, seqs, written, deadline=deadline)
 
     def pending_maps(self):
