@@ -11,6 +11,7 @@ CI's run leaves out the steps of :data:`cloud_scenario.UserPath.FULL_ONLY`
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,9 +107,16 @@ class TestCloud(testtools.TestCase):
                 result.stdout[-3000:], result.stderr[-6000:]))
         return result
 
-    def _logs(self):
-        """The tails of the logs that say why a step failed."""
+    def _logs(self, failure=''):
+        """The tails of the logs that say why a step failed.
+
+        First the agent's lines that name an image the ``failure`` text
+        names (the output of a long failure is cut in its middle).
+        """
         out = []
+        ids = set(re.findall(
+            r'[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}',
+            failure))
         for name in ('vmar-agent', 'glance-api', 'vmar-export',
                      'nova-compute', 'nova-conductor'):
             path = os.path.join(self.state, 'log', name + '.log')
@@ -118,6 +126,11 @@ class TestCloud(testtools.TestCase):
                     # would push out the lines that say why
                     lines = [line for line in f
                              if 'nova.virt.libvirt.imagecache' not in line]
+                named = [line for line in lines
+                         if any(i in line for i in ids)]
+                if named and name == 'vmar-agent':
+                    out.insert(0, '--- %s, its lines naming %s\n%s' % (
+                        path, ', '.join(sorted(ids)), ''.join(named[-25:])))
                 # a failure the tail no longer holds (an event retried,
                 # then parked) says what broke first
                 bad = [line for line in lines[:-40]
@@ -206,7 +219,7 @@ class TestCloud(testtools.TestCase):
         try:
             figures = path.run(steps)
         except cloud_scenario.ScenarioError as e:
-            self.fail('%s\n%s' % (e, self._logs()))
+            self.fail('%s\n%s' % (e, self._logs(str(e))))
         out_dir = os.path.join(TOP, 'bench', 'out')
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, 'cloud-user-path.json'), 'w') as f:

@@ -213,12 +213,17 @@ class Handler:
 
     def delete(self, payload):
         image_id = payload['id']
-        if self._known(image_id) is not None:
+        if self._known(image_id) is None:
+            LOG.info('image.delete of %s: not in the library', image_id)
+        else:
             try:
                 out = self.library.delete(image_id)
             except exception.ImageNotFound:
                 out = None
             if out is not None:
+                LOG.info('image.delete of %s: out of the library; %d maps '
+                         'of other images rewritten, %d left pending',
+                         image_id, len(out.regenerated), out.pending)
                 self.publish_regenerated(out.regenerated)
         # the versions hosts that serve peers still export: a server of it
         # moving to another host fetches its map there (its blocks from
@@ -227,7 +232,8 @@ class Handler:
         # nova-api refuses the move: nothing is kept.
         held = db_hosts.HostReports(self.conf).exported_versions(
             image_id, peers_only=True)
-        self.publisher.delete_all(image_id, keep=held)
+        gone = self.publisher.delete_all(image_id, keep=held)
+        LOG.info('image.delete of %s: %d map images deleted', image_id, gone)
 
     def update(self, payload):
         image_id = payload['id']
