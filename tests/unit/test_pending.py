@@ -1,5 +1,6 @@
 """Maps a change leaves for vmar-agent ([vmar] rewrite_at_once, _seconds)."""
 
+import os
 from unittest import mock
 
 from tests import base
@@ -345,3 +346,20 @@ class TestPendingMaps(base.LibraryTestCase):
         self.assertEqual([], check.check(self.conf)[0])
         self.assertEqual(6, len(self.lib.rewrite_pending(10)))
         self.assert_rewritten(self.snaps)
+
+    def test_a_failed_writer_keeps_the_files_a_commit_records(self):
+        # two Galera nodes both hold the lock until one's commit fails:
+        # the one that failed wrote the same names as the one committed
+        with db_session.reader(self.conf) as s:
+            version = db_api.get_image(s, self.snaps[0]).map_version
+        recorded = paths.map_path(self.conf, self.snaps[0], version)
+        unrecorded = paths.map_path(self.conf, self.snaps[0], version + 1)
+        with open(recorded, 'rb') as f, open(unrecorded, 'wb') as g:
+            g.write(f.read())
+        with self.assertRaises(RuntimeError):
+            with self.lib._mutation() as (_store, written):
+                written.extend([recorded, unrecorded])
+                raise RuntimeError('certification failed')
+        self.assertTrue(os.path.exists(recorded))
+        self.assertFalse(os.path.exists(unrecorded))
+        self.assertEqual([], check.check(self.conf)[0])

@@ -264,6 +264,19 @@ class ClusterStore:
         self.session.flush()
         return versions
 
+    def recorded_map_versions(self, pairs):
+        """Those of ``(image id, version)`` pairs a map version records."""
+        want = set(pairs)
+        ids = sorted({i for i, _v in want})
+        out = set()
+        mv, img = models.MapVersion, models.Image
+        for i in range(0, len(ids), 500):
+            out.update((r.image_id, r.version) for r in self.session.execute(
+                sa.select(img.image_id, mv.version)
+                .join(img, img.seq == mv.seq)
+                .where(img.image_id.in_(ids[i:i + 500]))))
+        return out & want
+
     def map_version(self, seq, version):
         """The map version row of image ``seq``, or None."""
         return self.session.get(models.MapVersion, (seq, version))

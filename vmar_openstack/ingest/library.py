@@ -40,6 +40,7 @@ from vmar_openstack.mapformat import delta as delta_format
 from vmar_openstack.mapformat import layout as layout_format
 from vmar_openstack.mapformat import mirror as mirror_format
 from vmar_openstack import mapgen
+from vmar_openstack import names
 
 LOG = logging.getLogger(__name__)
 
@@ -459,11 +460,34 @@ class Library:
                 if content is not None:
                     store.log_content_change(add=content == ADD)
         except BaseException:
-            for p in written:
-                fileutils.unlink(p)
+            self._unlink_unrecorded(written)
             raise
         if content is not None:
             self._compact_after_change()
+
+    def _unlink_unrecorded(self, written):
+        """Remove the map files of a failed transaction no commit records.
+
+        On Galera two writers can both hold the library lock until one's
+        commit fails; the one that failed must not remove the file of a
+        map version the other committed (the same name, the same data).
+        If the database cannot tell, the files stay (an unrecorded map
+        file is harmless; ``vmar-manage check`` names it).
+        """
+        if not written:
+            return
+        named = [names.parse_map_file(os.path.basename(p)) for p in written]
+        try:
+            with db_session.reader(self.conf) as s:
+                recorded = db_store.ClusterStore(s).recorded_map_versions(
+                    [n for n in named if n is not None])
+        except Exception as e:
+            LOG.warning('keeping %d map files of a failed transaction: %s',
+                        len(written), e)
+            return
+        for p, n in zip(written, named):
+            if n not in recorded:
+                fileutils.unlink(p)
 
     def _compact_after_change(self):
         # the change is committed: a failed compaction is left for the
@@ -881,14 +905,15 @@ class Library:
             pre = (built or {}).get(seq)
             if pre is not None and pre.version == version:
                 result, size, sha = pre.result, pre.size, pre.sha256
-                fileutils.install(pre.tmp_path, path)
+                tmp = pre.tmp_path
             else:
                 result = resolver.build(image, known.get(seq))
                 data = mapformat.encode(
                     image.image_id, image.virtual_size, image.block_size,
                     version, result.targets, result.extents)
-                mapformat.write_atomic(path, data)
                 size, sha = len(data), hashlib.sha256(data).hexdigest()
+                tmp = fileutils.write_temp(path, data)
+            fileutils.install_unless_same(tmp, path, sha)
             written.append(path)
             store.record_map_version(
                 seq, version, size, sha, len(result.extents),
