@@ -7,7 +7,6 @@ file.
 
 import contextlib
 import grp
-import hashlib
 import os
 import socket
 import struct
@@ -83,30 +82,6 @@ def install(tmp, path):
         unlink(tmp)
         raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def install_unless_same(tmp, path, sha256):
-    """:func:`install` ``tmp`` as ``path``, unless ``path`` has its data.
-
-    Returns whether it installed ``tmp``. A file already there with the
-    SHA-256 ``sha256`` (another writer's of the same data, beside this
-    one: two Galera nodes both hold the library lock until one's commit
-    fails) is kept, and ``tmp`` removed; any other file there is
-    replaced.
-    """
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        with open(path, 'rb') as f:
-            same = hashlib.sha256(f.read()).hexdigest() == sha256
-        if same:
-            unlink(tmp)
-            return False
-        install(tmp, path)
-        return True
-    unlink(tmp)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-    return True
 
 
 def unlink(path):

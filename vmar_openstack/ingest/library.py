@@ -905,15 +905,14 @@ class Library:
             pre = (built or {}).get(seq)
             if pre is not None and pre.version == version:
                 result, size, sha = pre.result, pre.size, pre.sha256
-                tmp = pre.tmp_path
+                fileutils.install(pre.tmp_path, path)
             else:
                 result = resolver.build(image, known.get(seq))
                 data = mapformat.encode(
                     image.image_id, image.virtual_size, image.block_size,
                     version, result.targets, result.extents)
+                mapformat.write_atomic(path, data)
                 size, sha = len(data), hashlib.sha256(data).hexdigest()
-                tmp = fileutils.write_temp(path, data)
-            fileutils.install_unless_same(tmp, path, sha)
             written.append(path)
             store.record_map_version(
                 seq, version, size, sha, len(result.extents),
